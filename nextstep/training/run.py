@@ -1,0 +1,137 @@
+"""One training run end to end: read a data set directory, train, evaluate on its test file, export.
+
+    train file --split by student--> fit + validation (early stopping, tuning)
+    test file  --------------------> metrics.test (never used to choose anything)
+"""
+
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models.deep_gpcm import MODELS, DeepGPCM, GPCMConfig
+from .data import KTDataset, Vocabulary, load_dataset, split_students
+from .export import export_artifact
+from .loop import Encoded, TrainConfig, fit, predict_sequences
+from .metrics import ordinal_metrics
+from .report import write_report
+
+TASK = "knowledge_tracing"
+
+
+def encode(ds: KTDataset, vocab: Vocabulary) -> list[Encoded]:
+    return [(vocab.encode(s.questions), s.responses) for s in ds.sequences]
+
+
+def fingerprint(*paths: str | Path) -> str:
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(Path(p).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def irt_recovery(model: DeepGPCM, vocab: Vocabulary, truth_file: Path, test_pred: dict) -> dict:
+    """Spearman correlations of learned item parameters with the generating ones (synthetic data)."""
+    from scipy.stats import spearmanr
+
+    truth = json.loads(truth_file.read_text())["question_params"]
+    true_beta = np.asarray(truth["difficulties"]["beta"], dtype=float)  # (Q, K-1)
+    true_alpha = np.asarray(truth["discrimination"]["alpha"], dtype=float)
+    with torch.no_grad():
+        rows = torch.arange(2, len(vocab))
+        beta = model.head.thresholds(model.question_embed(rows)).numpy()  # depends on the item alone
+    ids = np.asarray(vocab.ids)
+    keep = (ids >= 0) & (ids < len(true_beta))
+    # alpha also sees the learner's state: average it over the item's test predictions
+    alpha = np.array([test_pred["alpha"][test_pred["questions"] == i + 2].mean() for i in range(len(ids))])
+    has_alpha = keep & ~np.isnan(alpha)
+    return {
+        "beta_mean_spearman": float(spearmanr(beta[keep].mean(1), true_beta[ids[keep]].mean(1))[0]),
+        "beta_per_threshold_spearman": [float(spearmanr(beta[keep][:, j], true_beta[ids[keep]][:, j])[0])
+                                        for j in range(true_beta.shape[1])],
+        "alpha_spearman": float(spearmanr(alpha[has_alpha], true_alpha[ids[has_alpha]])[0]),
+        "n_items": int(keep.sum()),
+    }
+
+
+def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainConfig,
+                fmt: str | None = None, progress: bool = True) -> dict:
+    if model_name not in MODELS:
+        raise ValueError(f"unknown model {model_name!r}; expected one of {sorted(MODELS)}")
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    started = time.perf_counter()
+    train_ds, test_ds = load_dataset(data_dir, fmt)
+    fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
+    vocab = Vocabulary.build(np.concatenate([s.questions for s in train_ds.sequences]))
+    torch.manual_seed(cfg.seed)
+    model = MODELS[model_name](GPCMConfig(n_questions=len(vocab), n_cats=train_ds.n_cats, **cfg.model))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    history = fit(model, encode(fit_ds, vocab), encode(valid_ds, vocab), cfg,
+                  checkpoint=out_dir / "checkpoint.pt", progress=progress)
+    train_seconds = time.perf_counter() - started
+
+    test_enc = encode(test_ds, vocab)
+    test_pred = predict_sequences(model, test_enc, max_len=cfg.eval_max_len)
+    metrics = {"test": ordinal_metrics(test_pred["probs"], test_pred["targets"]),
+               "valid": {k.removeprefix("valid_"): v for k, v in history[-1].items() if k.startswith("valid_")}}
+    best_epoch = min(history, key=lambda h: h[f"valid_{cfg.monitor}"])
+    metrics["valid"] = {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}
+    truth = data_dir / "true_irt_parameters.json"
+    if truth.exists():
+        metrics["irt_recovery"] = irt_recovery(model, vocab, truth, test_pred)
+    write_report(out_dir / "report", metrics, history, test_pred["probs"], test_pred["targets"])
+
+    parity_q, parity_r = _parity_batch(test_enc)
+    manifest = {
+        "name": model_name,
+        "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+        "task": TASK,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": {"dir": str(data_dir), "format": train_ds.fmt, "train_file": train_ds.path,
+                 "test_file": test_ds.path, "fingerprint": fingerprint(train_ds.path, test_ds.path),
+                 "n_train_students": len(fit_ds), "n_valid_students": len(valid_ds),
+                 "n_test_students": len(test_ds), "n_cats": train_ds.n_cats},
+        "responses": {"n_cats": train_ds.n_cats},
+        "metrics": metrics,
+        "train_config": asdict(cfg),
+        "training": {"epochs_run": len(history), "best_epoch": best_epoch["epoch"],
+                     "seconds": round(train_seconds, 1), "torch": torch.__version__},
+        "report": "report/",
+    }
+    manifest = export_artifact(model, out_dir, manifest=manifest, vocab_json=vocab.to_json(),
+                               parity_questions=parity_q, parity_responses=parity_r)
+    (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # weights.pt holds the best weights
+    return manifest
+
+
+def _parity_batch(seqs: list[Encoded], n: int = 8, length: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real held-out sequences, cut to a common length, for the export parity check."""
+    chosen = [s for s in seqs if len(s[0]) >= length][:n] or seqs[:n]
+    T = min(length, min(len(s[0]) for s in chosen))
+    q = torch.from_numpy(np.stack([s[0][:T] for s in chosen]))
+    r = torch.from_numpy(np.stack([s[1][:T] for s in chosen]))
+    return q, r
+
+
+def load_model(artifact_dir: str | Path) -> tuple[DeepGPCM, Vocabulary, dict]:
+    """The PyTorch model, vocabulary and manifest of an exported artifact."""
+    artifact_dir = Path(artifact_dir)
+    manifest = json.loads((artifact_dir / "manifest.json").read_text())
+    saved = torch.load(artifact_dir / manifest["weights"], weights_only=True)
+    model = MODELS[saved["family"]](GPCMConfig(**saved["config"]))
+    model.load_state_dict(saved["state_dict"])
+    vocab = Vocabulary.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
+    return model.eval(), vocab, manifest
+
+
+def evaluate_artifact(artifact_dir: str | Path, data_dir: str | Path, fmt: str | None = None) -> dict:
+    """Re-measure an artifact on the test file of a data set directory."""
+    model, vocab, manifest = load_model(artifact_dir)
+    _, test_ds = load_dataset(data_dir, fmt)
+    eval_max_len = manifest.get("train_config", {}).get("eval_max_len")
+    pred = predict_sequences(model, encode(test_ds, vocab), max_len=eval_max_len)
+    return ordinal_metrics(pred["probs"], pred["targets"])
