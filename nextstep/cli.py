@@ -9,15 +9,18 @@ from pathlib import Path
 
 
 def _train_config(args):
+    from .models.deep_gpcm import GPCMConfig
     from .training.loop import TrainConfig
 
     values = {}
     if args.config:
         values = json.loads(Path(args.config).read_text())
-        known = {f.name for f in fields(TrainConfig)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise SystemExit(f"--config {args.config}: unknown keys {unknown}; expected some of {sorted(known)}")
+        for where, given, cls in (("", values, TrainConfig), ("model.", values.get("model", {}), GPCMConfig)):
+            known = {f.name for f in fields(cls)} - {"n_questions", "n_cats"}
+            unknown = sorted(set(given) - known)
+            if unknown:
+                raise SystemExit(f"--config {args.config}: unknown keys {[where + k for k in unknown]}; "
+                                 f"expected some of {sorted(known)}")
     if args.epochs is not None:
         values["epochs"] = args.epochs
     if args.seed is not None:
@@ -58,7 +61,8 @@ def cmd_demo(args) -> int:
     data = write_gpcm_dataset(work / "data", n_students=200, n_questions=30, seq_len_range=(40, 60), seed=7)
     for name in ("deep_gpcm", "attention_gpcm", "coral_gpcm"):
         out = work / "artifacts" / name / "1"
-        manifest = train_model(name, data, out, cfg=TrainConfig(epochs=args.epochs, max_len=60), progress=False)
+        manifest = train_model(name, data, out, cfg=TrainConfig(epochs=args.epochs, max_len=60), progress=False,
+                               log=False)
         test = manifest["metrics"]["test"]
         print(f"{name:15s} test: accuracy {test['categorical_accuracy']:.3f}  qwk {test['qwk']:.3f}  "
               f"nll {test['nll']:.3f}   parity ok: {manifest['parity']['passed']}")

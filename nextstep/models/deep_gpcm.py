@@ -41,6 +41,7 @@ class GPCMConfig:
     dropout: float = 0.1  # on the summary layer
     ability_scale: float = 1.0  # theta multiplier (seed: ability_scale)
     ordered_thresholds: bool = True  # beta_0 < beta_1 < ... (seed's flaw: unordered)
+    question_in_summary: bool = True  # seed: the summary sees [read; question]; False: theta from memory alone
     # AttentionGPCM only
     embed_dim: int = 64  # interaction embedding size before the value projection
     n_heads: int = 4
@@ -65,7 +66,8 @@ class DeepGPCM(nn.Module):
         self.question_embed = nn.Embedding(cfg.n_questions, cfg.key_dim, padding_idx=0)
         self.memory = DKVMN(cfg.memory_size, cfg.key_dim, cfg.value_dim)
         self.head = IRTHead(cfg.value_dim, cfg.key_dim, cfg.summary_dim, cfg.n_cats, dropout=cfg.dropout,
-                            ability_scale=cfg.ability_scale, ordered_thresholds=cfg.ordered_thresholds)
+                            ability_scale=cfg.ability_scale, ordered_thresholds=cfg.ordered_thresholds,
+                            question_in_summary=cfg.question_in_summary)
         self._build_values(cfg)
 
     # -- what gets written: overridden by AttentionGPCM ------------------------------------------------
@@ -92,7 +94,7 @@ class DeepGPCM(nn.Module):
     def state_spec(self) -> list[dict]:
         """Names, per-entity shapes and dtypes of the state tensors, in the order step() takes them."""
         spec = [{"name": "value_memory", "shape": [self.cfg.memory_size, self.cfg.value_dim],
-                 "dtype": "float32", "init": "learned initial value memory (initial_state.npz)"}]
+                 "dtype": "float32", "init": "learned initial value memory"}]
         return spec
 
     def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:

@@ -82,9 +82,10 @@ def evaluate(model, seqs: list[Encoded], max_len: int | None = None) -> dict[str
 
 
 def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, checkpoint: Path | None = None,
-        progress: bool = True) -> list[dict]:
+        progress: bool = True, log: bool = True) -> list[dict]:
     """Train with Adam and early stopping on validation `cfg.monitor`; leaves the best weights loaded.
 
+    `progress` shows a bar per epoch; `log` prints one line per epoch.
     Returns the per-epoch history (train loss, validation metrics, seconds)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -115,7 +116,7 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, che
         history.append(row)
         score = valid_metrics[cfg.monitor]
         improved = score < best - 1e-5
-        if progress:
+        if log:
             tqdm.write(f"epoch {epoch:3d}  loss {row['train_loss']:.4f}  valid {cfg.monitor} {score:.4f}  "
                        f"acc {valid_metrics['categorical_accuracy']:.4f}  qwk {valid_metrics['qwk']:.4f}"
                        + (f"  auc {valid_metrics['auc']:.4f}" if "auc" in valid_metrics else "")

@@ -59,7 +59,7 @@ def irt_recovery(model: DeepGPCM, vocab: Vocabulary, truth_file: Path, test_pred
 
 
 def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainConfig,
-                fmt: str | None = None, progress: bool = True) -> dict:
+                fmt: str | None = None, progress: bool = True, log: bool = True) -> dict:
     if model_name not in MODELS:
         raise ValueError(f"unknown model {model_name!r}; expected one of {sorted(MODELS)}")
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -71,15 +71,14 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     model = MODELS[model_name](GPCMConfig(n_questions=len(vocab), n_cats=train_ds.n_cats, **cfg.model))
     out_dir.mkdir(parents=True, exist_ok=True)
     history = fit(model, encode(fit_ds, vocab), encode(valid_ds, vocab), cfg,
-                  checkpoint=out_dir / "checkpoint.pt", progress=progress)
+                  checkpoint=out_dir / "checkpoint.pt", progress=progress, log=log)
     train_seconds = time.perf_counter() - started
 
     test_enc = encode(test_ds, vocab)
     test_pred = predict_sequences(model, test_enc, max_len=cfg.eval_max_len)
-    metrics = {"test": ordinal_metrics(test_pred["probs"], test_pred["targets"]),
-               "valid": {k.removeprefix("valid_"): v for k, v in history[-1].items() if k.startswith("valid_")}}
     best_epoch = min(history, key=lambda h: h[f"valid_{cfg.monitor}"])
-    metrics["valid"] = {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}
+    metrics = {"test": ordinal_metrics(test_pred["probs"], test_pred["targets"]),
+               "valid": {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}}
     truth = data_dir / "true_irt_parameters.json"
     if truth.exists():
         metrics["irt_recovery"] = irt_recovery(model, vocab, truth, test_pred)

@@ -78,15 +78,19 @@ class IRTHead(nn.Module):
     """Memory read-out and question embedding -> ability theta, discrimination alpha, thresholds beta.
 
         s     = tanh(W_s [r_t; k_t] + b_s)         summary of what the learner knows about q_t
+                (tanh(W_s r_t + b_s) with question_in_summary=False: theta then cannot absorb item
+                 difficulty, which keeps beta interpretable)
         theta = (w_theta . s + b) * ability_scale
         alpha = softplus(W_alpha [s; k_t] + b)    > 0
         beta  = W_beta k_t + b                    item thresholds, from the question alone
     """
 
     def __init__(self, read_dim: int, key_dim: int, summary_dim: int, n_cats: int, *,
-                 dropout: float, ability_scale: float, ordered_thresholds: bool):
+                 dropout: float, ability_scale: float, ordered_thresholds: bool, question_in_summary: bool):
         super().__init__()
-        self.summary = nn.Sequential(nn.Linear(read_dim + key_dim, summary_dim), nn.Tanh(), nn.Dropout(dropout))
+        self.question_in_summary = question_in_summary
+        in_dim = read_dim + key_dim if question_in_summary else read_dim
+        self.summary = nn.Sequential(nn.Linear(in_dim, summary_dim), nn.Tanh(), nn.Dropout(dropout))
         self.ability = nn.Linear(summary_dim, 1)
         self.discrimination = nn.Linear(summary_dim + key_dim, 1)
         self.thresholds = Thresholds(key_dim, n_cats - 1, ordered_thresholds)
@@ -94,7 +98,7 @@ class IRTHead(nn.Module):
 
     def forward(self, read: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """read (..., dv), keys (..., dk) -> theta (...), alpha (...), beta (..., K-1)."""
-        s = self.summary(torch.cat([read, keys], dim=-1))
+        s = self.summary(torch.cat([read, keys], dim=-1) if self.question_in_summary else read)
         theta = self.ability(s).squeeze(-1) * self.ability_scale
         alpha = F.softplus(self.discrimination(torch.cat([s, keys], dim=-1))).squeeze(-1)
         return theta, alpha, self.thresholds(keys)

@@ -1,0 +1,42 @@
+# NextStep: every command a user or CI needs. `make help` lists them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+DATA   ?= ../shared/data
+
+.PHONY: help setup demo test lint bench train-synthetic train-assist2009 clean
+
+help:  ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+setup: $(BIN)/python  ## create .venv and install nextstep with train, serve and dev extras (CPU torch)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[train,serve,dev]'
+
+demo:  ## train small models on generated data, export them, replay a learner through ONNX Runtime
+	$(BIN)/nextstep demo
+
+test:  ## lint and run the test suite
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint:  ## ruff only
+	$(BIN)/ruff check .
+
+bench:  ## per-step latency of eager PyTorch, TorchScript and ONNX Runtime
+	$(BIN)/python bench/step_latency.py
+
+train-synthetic:  ## the three Deep-GPCM variants on the GPCM synthetic set (artifacts/)
+	for m in deep_gpcm attention_gpcm coral_gpcm; do \
+	  $(BIN)/nextstep train $$m --data $(DATA)/kt/deepgpcm_synthetic_500_200_4 --out artifacts/$$m/synthetic || exit 1; \
+	done
+
+train-assist2009:  ## deep_gpcm on DKVMN's ASSISTments 2009 copy (binary)
+	$(BIN)/nextstep train deep_gpcm --data $(DATA)/kt/dkvmn_assist2009_updated --out artifacts/deep_gpcm/assist2009
+
+clean:
+	rm -rf artifacts .pytest_cache .ruff_cache

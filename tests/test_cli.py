@@ -1,0 +1,149 @@
+"""The `nextstep` command line end to end on small generated data: train -> artifact + report, evaluate
+re-measures the same metrics, --config is checked, and binary data sets get an AUC."""
+
+import contextlib
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+from nextstep.cli import main
+from nextstep.training.synthetic import write_gpcm_dataset
+
+ORDINAL_KEYS = {"categorical_accuracy", "ordinal_accuracy", "qwk", "mae", "nll"}
+SMALL_MODEL = {"model": {"memory_size": 8, "key_dim": 8, "value_dim": 16, "summary_dim": 8}}
+
+
+def _printed_json(text: str, first_key: str) -> dict:
+    """The JSON object a command printed (other libraries may print lines around it)."""
+    start = text.index("{\n" + f'  "{first_key}"')
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
+def _train(argv: list[str]) -> tuple[int, str]:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = main(argv)
+    return code, buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    data = write_gpcm_dataset(root / "data", n_students=60, n_questions=15, seq_len_range=(20, 30), seed=3)
+    out = root / "artifact"
+    config = root / "small.json"  # a small memory keeps the run fast; also exercises --config
+    config.write_text(json.dumps(SMALL_MODEL))
+    code, printed = _train(["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--epochs", "3",
+                            "--config", str(config), "--quiet"])
+    return data, out, code, printed
+
+
+def test_train_writes_an_artifact_with_test_metrics_and_a_report(trained):
+    data, out, code, printed = trained
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    test = manifest["metrics"]["test"]
+    assert set(test) >= ORDINAL_KEYS
+    assert "auc" not in test  # four categories: no binary AUC
+    n_test = sum(int(line) for line in (data / "synthetic_60_15_4_test.txt").read_text().splitlines()[::3])
+    assert test["n"] == n_test and manifest["data"]["n_test_students"] == 12
+    assert 0 <= test["categorical_accuracy"] <= test["ordinal_accuracy"] <= 1
+    assert 0 <= test["mae"] <= 3 and -1 <= test["qwk"] <= 1
+    assert 0 < test["nll"] < 5  # and finite
+    assert manifest["family"] == "deep_gpcm" and manifest["data"]["n_cats"] == 4
+    assert manifest["model_config"]["value_dim"] == 16
+    assert manifest["train_config"]["model"] == SMALL_MODEL["model"]
+    assert manifest["training"]["epochs_run"] == 3 and manifest["train_config"]["epochs"] == 3
+    assert manifest["parity"]["passed"] is True
+    for f in ("step.onnx", "predict.onnx", "step.pt", "predict.pt", "weights.pt", "state_value_memory.npy"):
+        assert (out / f).is_file(), f
+    assert not (out / "checkpoint.pt").exists()
+
+    report = out / "report"
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert metrics["test"] == test
+    assert [h["epoch"] for h in metrics["history"]] == [1, 2, 3]
+    for png in ("learning_curves.png", "confusion_matrix.png", "calibration.png"):
+        content = (report / png).read_bytes()
+        assert content.startswith(b"\x89PNG\r\n\x1a\n") and len(content) > 1000, png
+
+    shown = _printed_json(printed, "artifact")  # what the command printed is what it wrote
+    assert shown["artifact"] == str(out)
+    assert shown["metrics"] == manifest["metrics"] and shown["parity"] == manifest["parity"]
+
+
+def test_evaluate_prints_the_manifest_test_metrics(trained, capsys):
+    data, out, _, _ = trained
+    assert main(["evaluate", str(out), "--data", str(data)]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    expected = json.loads((out / "manifest.json").read_text())["metrics"]["test"]
+    assert set(measured) == set(expected)
+    for key, value in expected.items():
+        assert math.isclose(measured[key], value, rel_tol=0, abs_tol=1e-6), (key, measured[key], value)
+
+
+def test_config_with_an_unknown_key_is_refused(tmp_path, trained):
+    data = trained[0]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"epochs": 1, "learning_rate": 0.01}))
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--config", str(config)])
+    message = str(caught.value.code)
+    assert "learning_rate" in message and "unknown keys ['learning_rate']" in message
+    assert caught.value.code != 0
+    assert not out.exists()
+
+
+def test_config_with_an_unknown_model_key_is_refused_before_training(tmp_path, trained):
+    data = trained[0]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"epochs": 1, "model": {"memry_size": 8}}))
+    out = tmp_path / "never"
+    # TrainConfig keys are checked by the CLI; model keys by GPCMConfig (a TypeError naming the key)
+    with pytest.raises((SystemExit, TypeError)) as caught:
+        main(["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--config", str(config)])
+    assert "memry_size" in str(caught.value)
+    assert not out.exists()
+
+
+def _write_binary(data_dir, seed: int = 0) -> int:
+    """A tiny three-line data set with 0/1 responses; returns the number of test interactions."""
+    rng = np.random.default_rng(seed)
+    data_dir.mkdir()
+    easy = {101: 0.9, 102: 0.8, 103: 0.5, 104: 0.3, 105: 0.15}
+    n_test = 0
+    for split, n_students in (("train", 20), ("test", 6)):
+        lines = []
+        for _ in range(n_students):
+            length = int(rng.integers(8, 15))
+            questions = rng.choice(list(easy), size=length)
+            responses = (rng.random(length) < np.array([easy[q] for q in questions])).astype(int)
+            lines += [str(length), ",".join(map(str, questions)), ",".join(map(str, responses))]
+            n_test += length if split == "test" else 0
+        (data_dir / f"x_{split}.txt").write_text("\n".join(lines) + "\n")
+    return n_test
+
+
+def test_binary_data_gets_an_auc(tmp_path):
+    data = tmp_path / "binary"
+    n_test = _write_binary(data)
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(SMALL_MODEL))
+    out = tmp_path / "artifact"
+    code, _ = _train(["train", "coral_gpcm", "--data", str(data), "--out", str(out), "--epochs", "2",
+                      "--config", str(config), "--quiet"])
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    test = manifest["metrics"]["test"]
+    assert set(test) >= ORDINAL_KEYS | {"auc", "accuracy"}
+    assert 0 <= test["auc"] <= 1 and test["n"] == n_test
+    assert test["accuracy"] == test["categorical_accuracy"]
+    assert manifest["data"]["n_cats"] == 2 and manifest["data"]["format"] == "three_line"
+    assert manifest["model_config"]["n_cats"] == 2
+    assert manifest["model_config"]["memory_size"] == 8  # the --config model overrides were used
+    assert manifest["graphs"]["predict"]["outputs"][0]["shape"][-1] == 2
+    assert "auc" in manifest["metrics"]["valid"]

@@ -1,0 +1,200 @@
+"""Export of each Deep-GPCM variant: the artifact's files and manifest, and that eager PyTorch, TorchScript
+and ONNX Runtime compute the same streaming model when started from the exported initial state."""
+
+import json
+import re
+from dataclasses import asdict
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from nextstep.models.deep_gpcm import MODELS, DeepGPCM, GPCMConfig, GPCMOutput
+from nextstep.training.export import ENGINE_TOLERANCE, STEP_TOLERANCE, ParityError, export_artifact
+from nextstep.training.run import load_model
+
+TINY = GPCMConfig(n_questions=20, memory_size=8, key_dim=8, value_dim=16, summary_dim=8, embed_dim=16,
+                  n_heads=2, window=5)
+K = TINY.n_cats
+VOCAB = {"ids": list(range(100, 118))}  # 18 known ids -> indices 2..19
+OUTPUTS = ("probs", "theta", "alpha", "beta")
+
+
+def random_batch(B: int, T: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, TINY.n_questions, (B, T), generator=g), torch.randint(0, K, (B, T), generator=g)
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def exported(request, tmp_path_factory):
+    name = request.param
+    torch.manual_seed(0)
+    model = MODELS[name](TINY).eval()
+    out = tmp_path_factory.mktemp(name)
+    q, r = random_batch(4, 9, seed=0)
+    manifest = export_artifact(model, out, manifest={"name": f"tiny-{name}", "version": "1"},
+                               vocab_json=VOCAB, parity_questions=q, parity_responses=r)
+    return name, model, out, manifest
+
+
+def test_manifest_describes_the_artifact(exported):
+    name, model, out, manifest = exported
+    on_disk = json.loads((out / "manifest.json").read_text())
+    assert on_disk == json.loads(json.dumps(manifest))  # the returned manifest is the one written
+    assert manifest["name"] == f"tiny-{name}" and manifest["version"] == "1"  # caller's fields kept
+    assert manifest["family"] == name == model.family
+    assert manifest["model_config"] == asdict(TINY)
+
+    spec = manifest["state"]
+    assert [s["name"] for s in spec] == [s["name"] for s in model.state_spec()]
+    expected_names = ["value_memory"] + (["attention_window", "interaction_count"]
+                                         if name == "attention_gpcm" else [])
+    assert [s["name"] for s in spec] == expected_names
+    with torch.no_grad():
+        initial = model.init_state(1)
+    for s, tensor in zip(spec, initial, strict=True):
+        path = out / s["file"]
+        assert path.is_file(), s
+        value = np.load(path)
+        assert list(value.shape) == s["shape"], s
+        assert value.dtype == np.dtype(s["dtype"]), s
+        np.testing.assert_array_equal(value, tensor[0].numpy())
+    learned = model.memory.init_value_memory.detach().numpy()
+    np.testing.assert_array_equal(np.load(out / spec[0]["file"]), learned)
+
+    graphs = manifest["graphs"]
+    for graph in ("step", "predict"):
+        assert (out / graphs[graph]["onnx"]).is_file() and (out / graphs[graph]["torchscript"]).is_file()
+    state_names = [s["name"] for s in spec]
+    assert [i["name"] for i in graphs["step"]["inputs"]] == [*state_names, "question", "response"]
+    assert [o["name"] for o in graphs["step"]["outputs"]] == [f"{n}_next" for n in state_names]
+    assert [i["name"] for i in graphs["predict"]["inputs"]] == [*state_names, "questions"]
+    assert [o["name"] for o in graphs["predict"]["outputs"]] == list(OUTPUTS)
+    assert graphs["predict"]["outputs"][0]["shape"][-1] == K
+
+    parity = manifest["parity"]
+    assert parity["passed"] is True
+    assert parity["batch"] == 4 and parity["steps"] == 9
+    assert 0 <= parity["full_vs_step"] <= STEP_TOLERANCE == parity["step_tolerance"]
+    assert 0 <= parity["eager_vs_torchscript"] <= ENGINE_TOLERANCE == parity["engine_tolerance"]
+    assert 0 <= parity["eager_vs_onnxruntime"] <= ENGINE_TOLERANCE
+
+    assert json.loads((out / manifest["vocabularies"]["questions"]).read_text()) == VOCAB
+
+
+def test_weights_reload_to_the_same_model(exported):
+    name, model, out, _ = exported
+    loaded, vocab, manifest = load_model(out)
+    assert type(loaded) is type(model) and manifest["family"] == name
+    assert vocab.ids == VOCAB["ids"] and vocab.encode(np.array([100, 117, 5])).tolist() == [2, 19, 1]
+    q, r = random_batch(2, 6, seed=3)
+    with torch.no_grad():
+        a, b = model(q, r), loaded(q, r)
+    for x, y in zip(a, b, strict=True):
+        if x is not None:
+            assert torch.equal(x, y)
+
+
+def _session(path):
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _eager_outputs(out: GPCMOutput):
+    return (out.log_probs.exp(), out.theta, out.alpha, out.beta)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+def test_eager_torchscript_and_onnxruntime_agree_from_the_exported_state(exported):
+    name, model, out, manifest = exported
+    B, T = 3, 12
+    q, r = random_batch(B, T, seed=7)
+    names = [s["name"] for s in manifest["state"]]
+    initial = [np.repeat(np.load(out / s["file"])[None], B, axis=0) for s in manifest["state"]]
+
+    step_onnx, predict_onnx = _session(out / "step.onnx"), _session(out / "predict.onnx")
+    step_ts, predict_ts = torch.jit.load(str(out / "step.pt")), torch.jit.load(str(out / "predict.pt"))
+    assert [i.name for i in step_onnx.get_inputs()] == [*names, "question", "response"]
+    assert [i.name for i in predict_onnx.get_inputs()] == [*names, "questions"]
+
+    eager = tuple(torch.from_numpy(x.copy()) for x in initial)
+    scripted = tuple(torch.from_numpy(x.copy()) for x in initial)
+    onnx_state = dict(zip(names, initial, strict=True))
+    worst = {"torchscript": 0.0, "onnxruntime": 0.0, "full": 0.0}
+    with torch.no_grad():
+        full = _eager_outputs(model(q, r))
+        for t in range(T):
+            qm = q[:, t:t + 1]
+            e = _eager_outputs(model.predict(eager, qm))
+            s = predict_ts(*scripted, qm)
+            o = predict_onnx.run(list(OUTPUTS), {**onnx_state, "questions": qm.numpy()})
+            for field, a, b, c, f in zip(OUTPUTS, e, s, o, full, strict=True):
+                assert a.shape == b.shape == c.shape, field
+                worst["torchscript"] = max(worst["torchscript"], (a - b).abs().max().item())
+                worst["onnxruntime"] = max(worst["onnxruntime"], float(np.abs(a.numpy() - c).max()))
+                worst["full"] = max(worst["full"], (a[:, 0] - f[:, t]).abs().max().item())
+            eager = model.step(eager, q[:, t], r[:, t])
+            scripted = step_ts(*scripted, q[:, t], r[:, t])
+            feeds = {**onnx_state, "question": q[:, t].numpy(), "response": r[:, t].numpy()}
+            onnx_next = step_onnx.run(None, feeds)
+            onnx_state = dict(zip(names, onnx_next, strict=True))
+    assert worst["full"] <= 1e-5, worst
+    assert worst["torchscript"] <= 1e-4, worst
+    assert worst["onnxruntime"] <= 1e-4, worst
+    for n, a, b in zip(names, eager, scripted, strict=True):
+        c = onnx_state[n]
+        assert a.shape == b.shape == c.shape, n
+        assert a.dtype == b.dtype and str(a.dtype).removeprefix("torch.") == str(c.dtype), n
+        assert (a - b).abs().max().item() <= 1e-4, n
+        assert np.abs(a.numpy() - c).max() <= 1e-4, n
+    assert not np.allclose(onnx_state["value_memory"], initial[0])  # stepping did change the state
+    if name == "attention_gpcm":
+        assert onnx_state["interaction_count"].tolist() == [T] * B
+
+
+def test_onnx_predict_answers_several_questions_at_once(exported):
+    """predict.onnx has a dynamic number of questions: (B, M) in, (B, M, K) probabilities out."""
+    _, model, out, manifest = exported
+    B = 2
+    state = {s["name"]: np.repeat(np.load(out / s["file"])[None], B, axis=0) for s in manifest["state"]}
+    step_onnx, predict_onnx = _session(out / "step.onnx"), _session(out / "predict.onnx")
+    q, r = random_batch(B, 5, seed=11)
+    for t in range(5):
+        state = dict(zip(state, step_onnx.run(None, {**state, "question": q[:, t].numpy(),
+                                                     "response": r[:, t].numpy()}), strict=True))
+    candidates = np.array([[2, 3, 4, 5, 6, 7, 8], [19, 18, 17, 16, 15, 14, 13]], dtype=np.int64)
+    probs, theta, alpha, beta = predict_onnx.run(list(OUTPUTS), {**state, "questions": candidates})
+    assert probs.shape == (B, 7, K) and theta.shape == alpha.shape == (B, 7) and beta.shape == (B, 7, K - 1)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+    with torch.no_grad():
+        torch_state = tuple(torch.from_numpy(v) for v in state.values())
+        eager = model.predict(torch_state, torch.from_numpy(candidates))
+    for a, c in zip(_eager_outputs(eager), (probs, theta, alpha, beta), strict=True):
+        np.testing.assert_allclose(c, a.numpy(), atol=1e-4, rtol=0)
+
+
+class LeakyForward(DeepGPCM):
+    """A model whose training pass does not match its streaming API."""
+
+    def forward(self, questions, responses):
+        out = super().forward(questions, responses)
+        return out._replace(log_probs=out.log_probs + 1e-3)
+
+
+def test_export_refuses_a_model_whose_forward_disagrees_with_step(tmp_path):
+    torch.manual_seed(0)
+    model = LeakyForward(TINY)
+    q, r = random_batch(2, 5, seed=1)
+    with pytest.raises(ParityError) as caught:
+        export_artifact(model, tmp_path / "bad", manifest={"name": "bad"}, vocab_json=VOCAB,
+                        parity_questions=q, parity_responses=r)
+    message = str(caught.value)
+    assert "'passed': False" in message
+    diffs = {k: float(v) for k, v in re.findall(r"'(full_vs_step|eager_vs_\w+)': ([-0-9.e]+)", message)}
+    # probabilities are off by p (e^0.001 - 1) <= 1e-3; the exported graphs themselves are faithful
+    assert 1e-4 < diffs["full_vs_step"] <= 1.01e-3, diffs
+    assert diffs["eager_vs_torchscript"] <= ENGINE_TOLERANCE
+    assert diffs["eager_vs_onnxruntime"] <= ENGINE_TOLERANCE
+    assert not (tmp_path / "bad" / "manifest.json").exists()  # no artifact that claims to be servable
