@@ -40,7 +40,8 @@ from nextstep.training.export import export_artifact, onnx_session
 
 TARGET_US = 100.0  # DeepGPCM ONNX Runtime batch-1 step+predict median budget (the issue's target)
 TARGET_MODEL = "deep_gpcm"
-ENGINES = ("eager", "torchscript", "onnxruntime")
+ENGINES = ("eager", "torchscript", "onnxruntime", "onnxruntime-fused")
+SEED_SIZES = {"memory_size": 50, "key_dim": 50, "value_dim": 200, "summary_dim": 50}  # seed 000 defaults
 POOL = 512  # distinct pre-built (question, response) inputs per batch size, cycled through
 
 
@@ -161,6 +162,23 @@ class OnnxRuntime:
         return out[0]
 
 
+class OnnxRuntimeFused(OnnxRuntime):
+    """One serving event as ONE call of step_predict.onnx (what the service runs for events + predict)."""
+
+    name = "onnxruntime-fused"
+
+    def __init__(self, model, art: Path, manifest: dict):
+        super().__init__(model, art, manifest)
+        self.fused_sess = onnx_session(art / "step_predict.onnx")
+        self.fused_in = [i.name for i in self.fused_sess.get_inputs()]
+        self.n_state = len(self.state_names)
+
+    def event(self, state, q, r, qm):
+        feeds = {**state, "question": q, "response": r, "questions": qm}
+        outs = self.fused_sess.run(None, {n: feeds[n] for n in self.fused_in})
+        return dict(zip(self.state_names, outs[: self.n_state], strict=True))
+
+
 # -- measurement -------------------------------------------------------------------------------------
 def make_inputs(batch: int, n_questions: int, n_cats: int, rng: np.random.Generator):
     """POOL x (question (B,), response (B,), next question (B, 1)) int64, C-contiguous."""
@@ -192,8 +210,14 @@ def measure(engine, batch: int, raw_inputs, warmup: int, iters: int) -> dict:
         gc.collect()
         gc.disable()
         try:
+            event = getattr(engine, "event", None)
             for i in range(iters):
                 q, r, qm = inputs[(warmup + i) % n]
+                if event is not None:  # fused: the whole event is one call, reported as step+predict only
+                    t0 = clock()
+                    state = event(state, q, r, qm)
+                    t_step[i], t_pred[i] = clock() - t0, 0
+                    continue
                 t0 = clock()
                 state = step(state, q, r)
                 t1 = clock()
@@ -267,6 +291,9 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated model families")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sizes", choices=["seed", "default"], default="seed",
+                   help="model sizes: the seed document's (memory 50, key 50, value 200, summary 50) "
+                        "or GPCMConfig's defaults (the tuned ones)")
     p.add_argument("--json", type=Path, help="write every number here")
     args = p.parse_args(argv)
 
@@ -290,14 +317,15 @@ def main(argv=None) -> int:
         busy = load >= 0.5
         print(f"load average (1 min) before start: {load:.2f}"
               + ("  <- other work is running; expect inflated, noisier numbers" if busy else ""))
-    print(f"settings: n_questions={n_questions}, K={args.cats}, default GPCMConfig sizes; warmup {args.warmup}, "
+    print(f"settings: n_questions={n_questions}, K={args.cats}, {args.sizes} sizes; warmup {args.warmup}, "
           f"{args.repeats} timed calls at batch 1, {args.repeats_batched} at larger batches", flush=True)
 
     rows, exports, checks = [], {}, {}
     with tempfile.TemporaryDirectory(prefix="nextstep-bench-") as tmp:
         for fi, family in enumerate(families):
             torch.manual_seed(args.seed + fi)
-            cfg = GPCMConfig(n_questions=n_questions, n_cats=args.cats)
+            sizes = SEED_SIZES if args.sizes == "seed" else {}
+            cfg = GPCMConfig(n_questions=n_questions, n_cats=args.cats, **sizes)
             model = MODELS[family](cfg).eval()
             art = Path(tmp) / family
             t0 = time.perf_counter()
@@ -306,7 +334,8 @@ def main(argv=None) -> int:
                                "parameters": sum(p.numel() for p in model.parameters())}
             print(f"[{family}] exported in {exports[family]['seconds']:.1f}s "
                   f"({exports[family]['parameters']:,} parameters, parity passed)", flush=True)
-            engines = [Eager(model, art), TorchScript(model, art), OnnxRuntime(model, art, manifest)]
+            engines = [Eager(model, art), TorchScript(model, art), OnnxRuntime(model, art, manifest),
+                       OnnxRuntimeFused(model, art, manifest)]
             rng = np.random.default_rng(args.seed)
             checks[family] = {}
             for batch in batches:
@@ -315,7 +344,7 @@ def main(argv=None) -> int:
                 iters = args.repeats if batch == 1 else args.repeats_batched
                 for eng in engines:
                     res = measure(eng, batch, raw, args.warmup, iters)
-                    parts = ["step+predict", "step", "predict"]
+                    parts = ["step+predict"] if hasattr(eng, "event") else ["step+predict", "step", "predict"]
                     for part in parts:
                         rows.append({"model": family, "engine": eng.name, "part": part, "batch": batch,
                                      "shown": part == "step+predict" or (eng.name == "onnxruntime" and batch == 1),
@@ -335,7 +364,7 @@ def main(argv=None) -> int:
           "'step+predict' is one serving event: step(state, q, r) then predict(state, one question).")
     elapsed = time.perf_counter() - started
 
-    target = next((r for r in rows if r["model"] == TARGET_MODEL and r["engine"] == "onnxruntime"
+    target = next((r for r in rows if r["model"] == TARGET_MODEL and r["engine"] == "onnxruntime-fused"
                    and r["part"] == "step+predict" and r["batch"] == 1), None)
     if target is None:
         verdict = {"measured": False}
@@ -343,7 +372,8 @@ def main(argv=None) -> int:
     else:
         ok = target["median_us"] <= TARGET_US
         verdict = {"measured": True, "median_us": target["median_us"], "target_us": TARGET_US, "met": ok}
-        line = (f"TARGET: DeepGPCM ONNX Runtime batch-1 step+predict median = {target['median_us']:.1f} us "
+        line = (f"TARGET: DeepGPCM ONNX Runtime (fused graph) batch-1 step+predict median = "
+                f"{target['median_us']:.1f} us "
                 f"{'<=' if ok else '>'} {TARGET_US:.0f} us -> {'MET' if ok else 'NOT MET'}")
     print(f"total time {elapsed:.0f}s")
     print(line)

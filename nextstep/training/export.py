@@ -4,6 +4,7 @@ The artifact directory is the contract between training and serving (docs/archit
 
     manifest.json                 what the service needs: state tensors, graphs and their I/O, vocabularies
     step.onnx, predict.onnx       init_state is data (state_*.npy), step and predict are graphs
+    step_predict.onnx             step then predict fused: one call per serving event
     step.pt, predict.pt           TorchScript of the same two functions
     state_<name>.npy              the initial value of each per-entity state tensor (one entity)
     vocab_questions.json          external question id -> model index
@@ -47,6 +48,23 @@ class StepGraph(nn.Module):
         return tuple(self.model.step(tuple(state), question, response))
 
 
+class StepPredictGraph(nn.Module):
+    """(*state, question (B,), response (B,), questions (B, M)) -> (*next state, probs, theta, alpha, beta).
+
+    One serving event (fold in what the learner just did, then answer for the next questions) in one
+    ONNX Runtime call instead of two."""
+
+    def __init__(self, model: DeepGPCM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        *state, question, response, questions = inputs
+        state = self.model.step(tuple(state), question, response)
+        out = self.model.predict(state, questions)
+        return (*state, out.log_probs.exp(), out.theta, out.alpha, out.beta)
+
+
 class PredictGraph(nn.Module):
     """(*state, questions (B, M)) -> probs (B, M, K), theta (B, M), alpha (B, M), beta (B, M, K-1)."""
 
@@ -87,11 +105,13 @@ def onnx_session(path: Path) -> ort.InferenceSession:
 
 
 def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tensor, step_ts, predict_ts,
-                 step_onnx: ort.InferenceSession, predict_onnx: ort.InferenceSession) -> dict:
+                 step_onnx: ort.InferenceSession, predict_onnx: ort.InferenceSession,
+                 fused_onnx: ort.InferenceSession) -> dict:
     """Run one batch of sequences (B, T) through every engine; return max abs differences of all outputs."""
     names = [s["name"] for s in model.state_spec()]
     step_inputs = [i.name for i in step_onnx.get_inputs()]
     predict_inputs = [i.name for i in predict_onnx.get_inputs()]
+    fused_inputs = [i.name for i in fused_onnx.get_inputs()]
     B, T = questions.shape
     with torch.no_grad():
         full = model(questions, responses)
@@ -112,9 +132,14 @@ def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tens
                 diffs["eager_vs_torchscript"] = max(diffs["eager_vs_torchscript"], (a - b).abs().max().item())
                 diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
                                                     float(np.abs(a.numpy() - c).max()))
+            feeds = {**ort_state, "question": q.numpy(), "response": r.numpy(), "questions": qm.numpy()}
+            fused = fused_onnx.run(None, {k: feeds[k] for k in fused_inputs})
             eager = model.step(eager, q, r)
+            after = model.predict(eager, qm)
+            for a, c in zip((*eager, after.log_probs.exp(), after.theta, after.alpha, after.beta), fused, strict=True):
+                diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
+                                                    float(np.abs(a.numpy().astype(np.float64) - c).max()))
             ts = step_ts(*ts, q, r)
-            feeds = {**ort_state, "question": q.numpy(), "response": r.numpy()}
             ort_state = dict(zip(names, step_onnx.run(None, {k: feeds[k] for k in step_inputs}), strict=True))
         for a, c in zip(eager, ort_state.values(), strict=True):  # the final states must agree too
             diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
@@ -149,11 +174,16 @@ def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_jso
                  [*state_dyn, {0: batch}, {0: batch}])
     _export_onnx(PredictGraph(model), (*example_state, q.view(2, 1).repeat(1, 2)), predict_names,
                  list(PREDICT_OUTPUTS), out_dir / "predict.onnx", [*state_dyn, {0: batch, 1: n_query}])
+    _export_onnx(StepPredictGraph(model), (*example_state, q, r, q.view(2, 1).repeat(1, 2)),
+                 [*step_names, "questions"], [*step_outs, *PREDICT_OUTPUTS], out_dir / "step_predict.onnx",
+                 [*state_dyn, {0: batch}, {0: batch}, {0: batch, 1: n_query}])
     step_ts = _trace(StepGraph(model), (*example_state, q, r), out_dir / "step.pt")
     predict_ts = _trace(PredictGraph(model), (*example_state, q.view(2, 1)), out_dir / "predict.pt")
     step_onnx, predict_onnx = onnx_session(out_dir / "step.onnx"), onnx_session(out_dir / "predict.onnx")
+    fused_onnx = onnx_session(out_dir / "step_predict.onnx")
 
-    parity = check_parity(model, parity_questions, parity_responses, step_ts, predict_ts, step_onnx, predict_onnx)
+    parity = check_parity(model, parity_questions, parity_responses, step_ts, predict_ts, step_onnx, predict_onnx,
+                          fused_onnx)
     if not parity["passed"]:
         raise ParityError(f"exported graphs disagree with the model: {parity}")
 
@@ -177,6 +207,7 @@ def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_jso
         "graphs": {
             "step": {"onnx": "step.onnx", "torchscript": "step.pt", **io(step_onnx)},
             "predict": {"onnx": "predict.onnx", "torchscript": "predict.pt", **io(predict_onnx)},
+            "step_predict": {"onnx": "step_predict.onnx", **io(fused_onnx)},
         },
         "vocabularies": {"questions": "vocab_questions.json"},
         "weights": "weights.pt",

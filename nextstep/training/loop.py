@@ -23,7 +23,7 @@ Encoded = tuple[np.ndarray, np.ndarray]  # (question indices, responses), int64,
 
 @dataclass
 class TrainConfig:
-    epochs: int = 30  # upper bound; early stopping usually ends sooner
+    epochs: int = 60  # upper bound; early stopping usually ends sooner
     batch_size: int = 64
     lr: float = 3e-3  # Adam
     weight_decay: float = 0.0
@@ -31,7 +31,8 @@ class TrainConfig:
     max_len: int = 200  # training chunk length
     eval_max_len: int | None = None  # None: evaluate whole sequences (as served)
     valid_fraction: float = 0.1  # share of TRAINING students held out for early stopping
-    patience: int = 5  # epochs without validation improvement before stopping
+    patience: int = 8  # epochs without validation improvement before stopping
+    lr_patience: int = 2  # epochs without improvement before the learning rate is halved
     monitor: str = "nll"  # validation metric for early stopping and the best checkpoint (lower is better)
     loss: str = "ce"  # CombinedLoss spec, e.g. "ce" or "ce=0.6,qwk=0.2,focal=0.2"
     seed: int = 0
@@ -91,6 +92,7 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, che
     rng = np.random.default_rng(cfg.seed)
     loss_fn = CombinedLoss.from_spec(cfg.loss, model.cfg.n_cats)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=cfg.lr_patience)
     chunks = chunk(train, cfg.max_len)
     n_batches = math.ceil(len(chunks) / cfg.batch_size)
     history, best, best_state, stale = [], math.inf, None, 0
@@ -113,8 +115,10 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, che
         valid_metrics = evaluate(model, valid, cfg.eval_max_len)
         row = {"epoch": epoch, "train_loss": total / max(count, 1), "seconds": time.perf_counter() - start,
                **{f"valid_{k}": v for k, v in valid_metrics.items()}}
+        row["lr"] = opt.param_groups[0]["lr"]
         history.append(row)
         score = valid_metrics[cfg.monitor]
+        schedule.step(score)
         improved = score < best - 1e-5
         if log:
             tqdm.write(f"epoch {epoch:3d}  loss {row['train_loss']:.4f}  valid {cfg.monitor} {score:.4f}  "
