@@ -27,13 +27,16 @@ test:  ## lint and run the test suite
 lint:  ## ruff only
 	$(BIN)/ruff check .
 
-bench:  ## per-step latency of eager PyTorch, TorchScript and ONNX Runtime
-	$(BIN)/python bench/step_latency.py
+bench:  ## per-step latency of eager PyTorch, TorchScript and ONNX Runtime (seed sizes, then tuned defaults)
+	$(BIN)/python bench/step_latency.py --sizes seed
+	$(BIN)/python bench/step_latency.py --sizes default --models deep_gpcm
 
-train-synthetic:  ## the three Deep-GPCM variants on the GPCM synthetic set (artifacts/)
-	for m in deep_gpcm attention_gpcm coral_gpcm; do \
-	  $(BIN)/nextstep train $$m --data $(DATA)/kt/deepgpcm_synthetic_500_200_4 --out artifacts/$$m/synthetic || exit 1; \
+train-synthetic:  ## the three Deep-GPCM variants on the GPCM synthetic set (artifacts/), configs/*_synthetic.json
+	for m in deep_gpcm coral_gpcm attention_gpcm; do \
+	  $(BIN)/nextstep train $$m --data $(DATA)/kt/deepgpcm_synthetic_500_200_4 --out artifacts/$$m/synthetic \
+	    --config configs/$${m}_synthetic.json || exit 1; \
 	done
+	$(BIN)/python bench/gpcm_oracle.py --data $(DATA)/kt/deepgpcm_synthetic_500_200_4
 
 train-assist2009:  ## deep_gpcm on DKVMN's ASSISTments 2009 copy (binary)
 	$(BIN)/nextstep train deep_gpcm --data $(DATA)/kt/dkvmn_assist2009_updated --out artifacts/deep_gpcm/assist2009

@@ -24,7 +24,7 @@ Encoded = tuple[np.ndarray, np.ndarray]  # (question indices, responses), int64,
 @dataclass
 class TrainConfig:
     epochs: int = 60  # upper bound; early stopping usually ends sooner
-    batch_size: int = 64
+    batch_size: int = 32
     lr: float = 3e-3  # Adam
     weight_decay: float = 0.0
     grad_clip: float = 10.0  # max global gradient norm
