@@ -36,7 +36,7 @@ train-synthetic:  ## the three Deep-GPCM variants on the GPCM synthetic set (art
 	  $(BIN)/nextstep train $$m --data $(DATA)/kt/deepgpcm_synthetic_500_200_4 --out artifacts/$$m/synthetic \
 	    --config configs/$${m}_synthetic.json || exit 1; \
 	done
-	$(BIN)/python bench/gpcm_oracle.py --data $(DATA)/kt/deepgpcm_synthetic_500_200_4
+	$(BIN)/python bench/gpcm_references.py --data $(DATA)/kt/deepgpcm_synthetic_500_200_4
 
 train-assist2009:  ## deep_gpcm on DKVMN's ASSISTments 2009 copy (binary)
 	$(BIN)/nextstep train deep_gpcm --data $(DATA)/kt/dkvmn_assist2009_updated --out artifacts/deep_gpcm/assist2009

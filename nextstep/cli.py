@@ -42,7 +42,7 @@ def cmd_train(args) -> int:
 def cmd_evaluate(args) -> int:
     from .training.run import evaluate_artifact
 
-    print(json.dumps(evaluate_artifact(args.artifact, args.data, args.format), indent=2))
+    print(json.dumps(evaluate_artifact(args.artifact, args.data, args.format, args.max_len), indent=2))
     return 0
 
 
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("artifact")
     evaluate.add_argument("--data", required=True)
     evaluate.add_argument("--format", choices=["three_line", "pykt", "dtransformer"])
+    evaluate.add_argument("--max-len", type=int, help="score chunks of this length, each from a fresh state")
     evaluate.set_defaults(func=cmd_evaluate)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")

@@ -47,6 +47,7 @@ class GPCMConfig:
     # The seed's summary sees [read; question], which lets theta absorb item difficulty; from memory alone
     # beta stays interpretable (Spearman with the true difficulty 0.92 vs 0.68 on the synthetic set)
     question_in_summary: bool = False
+    item_discrimination: bool = False  # alpha from the question alone (IRT) instead of [summary; question]
     # AttentionGPCM only
     embed_dim: int = 64  # interaction embedding size before the value projection
     n_heads: int = 4
@@ -72,7 +73,8 @@ class DeepGPCM(nn.Module):
         self.memory = DKVMN(cfg.memory_size, cfg.key_dim, cfg.value_dim, cfg.erase_bias)
         self.head = IRTHead(cfg.value_dim, cfg.key_dim, cfg.summary_dim, cfg.n_cats, dropout=cfg.dropout,
                             ability_scale=cfg.ability_scale, ordered_thresholds=cfg.ordered_thresholds,
-                            question_in_summary=cfg.question_in_summary)
+                            question_in_summary=cfg.question_in_summary,
+                            item_discrimination=cfg.item_discrimination)
         self._build_values(cfg)
 
     # -- what gets written: overridden by AttentionGPCM ------------------------------------------------

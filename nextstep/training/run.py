@@ -127,10 +127,15 @@ def load_model(artifact_dir: str | Path) -> tuple[DeepGPCM, Vocabulary, dict]:
     return model.eval(), vocab, manifest
 
 
-def evaluate_artifact(artifact_dir: str | Path, data_dir: str | Path, fmt: str | None = None) -> dict:
-    """Re-measure an artifact on the test file of a data set directory."""
+def evaluate_artifact(artifact_dir: str | Path, data_dir: str | Path, fmt: str | None = None,
+                      max_len: int | None = None) -> dict:
+    """Re-measure an artifact on the test file of a data set directory.
+
+    max_len: cut test sequences into chunks that each start from a fresh state (the protocol of the
+    DKVMN paper); by default the run's own `eval_max_len` (whole sequences unless set)."""
     model, vocab, manifest = load_model(artifact_dir)
     _, test_ds = load_dataset(data_dir, fmt)
-    eval_max_len = manifest.get("train_config", {}).get("eval_max_len")
-    pred = predict_sequences(model, encode(test_ds, vocab), max_len=eval_max_len)
+    if max_len is None:
+        max_len = manifest.get("train_config", {}).get("eval_max_len")
+    pred = predict_sequences(model, encode(test_ds, vocab), max_len=max_len)
     return ordinal_metrics(pred["probs"], pred["targets"])

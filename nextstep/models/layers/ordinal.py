@@ -81,18 +81,21 @@ class IRTHead(nn.Module):
                 (tanh(W_s r_t + b_s) with question_in_summary=False: theta then cannot absorb item
                  difficulty, which keeps beta interpretable)
         theta = (w_theta . s + b) * ability_scale
-        alpha = softplus(W_alpha [s; k_t] + b)    > 0
+        alpha = softplus(W_alpha [s; k_t] + b)    > 0  (softplus(W_alpha k_t + b) with item_discrimination:
+                                                     a property of the item alone, as in IRT)
         beta  = W_beta k_t + b                    item thresholds, from the question alone
     """
 
     def __init__(self, read_dim: int, key_dim: int, summary_dim: int, n_cats: int, *,
-                 dropout: float, ability_scale: float, ordered_thresholds: bool, question_in_summary: bool):
+                 dropout: float, ability_scale: float, ordered_thresholds: bool, question_in_summary: bool,
+                 item_discrimination: bool = False):
         super().__init__()
         self.question_in_summary = question_in_summary
+        self.item_discrimination = item_discrimination
         in_dim = read_dim + key_dim if question_in_summary else read_dim
         self.summary = nn.Sequential(nn.Linear(in_dim, summary_dim), nn.Tanh(), nn.Dropout(dropout))
         self.ability = nn.Linear(summary_dim, 1)
-        self.discrimination = nn.Linear(summary_dim + key_dim, 1)
+        self.discrimination = nn.Linear(key_dim if item_discrimination else summary_dim + key_dim, 1)
         self.thresholds = Thresholds(key_dim, n_cats - 1, ordered_thresholds)
         self.ability_scale = ability_scale
 
@@ -100,7 +103,8 @@ class IRTHead(nn.Module):
         """read (..., dv), keys (..., dk) -> theta (...), alpha (...), beta (..., K-1)."""
         s = self.summary(torch.cat([read, keys], dim=-1) if self.question_in_summary else read)
         theta = self.ability(s).squeeze(-1) * self.ability_scale
-        alpha = F.softplus(self.discrimination(torch.cat([s, keys], dim=-1))).squeeze(-1)
+        alpha = F.softplus(self.discrimination(keys if self.item_discrimination else torch.cat([s, keys], -1)))
+        alpha = alpha.squeeze(-1)
         return theta, alpha, self.thresholds(keys)
 
 
