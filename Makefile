@@ -12,10 +12,9 @@ help:  ## list the targets
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-setup: $(BIN)/python  ## create .venv and install nextstep with train, serve and dev extras (CPU torch)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[train,serve,dev]'
+setup: $(BIN)/python  ## create .venv and install nextstep with train, serve and dev extras (pinned: constraints.txt)
+	$(BIN)/pip install -q -c constraints.txt torch
+	$(BIN)/pip install -q -c constraints.txt -e '.[train,serve,dev]'
 
 demo:  ## train small models on generated data, export them, replay a learner through ONNX Runtime
 	$(BIN)/nextstep demo
@@ -39,7 +38,8 @@ train-synthetic:  ## the three Deep-GPCM variants on the GPCM synthetic set (art
 	$(BIN)/python bench/gpcm_references.py --data $(DATA)/kt/deepgpcm_synthetic_500_200_4
 
 train-assist2009:  ## deep_gpcm on DKVMN's ASSISTments 2009 copy (binary)
-	$(BIN)/nextstep train deep_gpcm --data $(DATA)/kt/dkvmn_assist2009_updated --out artifacts/deep_gpcm/assist2009
+	$(BIN)/nextstep train deep_gpcm --data $(DATA)/kt/dkvmn_assist2009_updated --out artifacts/deep_gpcm/assist2009 \
+	  --config configs/deep_gpcm_assist2009.json
 
 clean:
 	rm -rf artifacts .pytest_cache .ruff_cache

@@ -308,8 +308,12 @@ def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[K
             raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
         detected, kwargs = fmt, _reader_kwargs(Path(data_dir), train_path, fmt)
     read = _READERS[detected]
-    train, test = read(train_path, **kwargs), read(test_path, **kwargs)
-    train.n_cats = test.n_cats = max(train.n_cats, test.n_cats)  # inferred K must agree across splits
+    train = read(train_path, **kwargs)
+    # K comes from the training file (or metadata): a test response outside it is a format error
+    test = read(test_path, **{**kwargs, "n_cats": train.n_cats})
+    for ds in (train, test):
+        if not ds.sequences:
+            raise DataFormatError(ds.path, 1, "at least one record", "an empty file")
     return train, test
 
 

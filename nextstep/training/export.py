@@ -163,7 +163,8 @@ def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_jso
     spec = model.state_spec()
     names = [s["name"] for s in spec]
     example_state = model.init_state(2)
-    q, r = torch.tensor([2, 3]), torch.tensor([0, 1])
+    last = model.cfg.n_questions - 1  # example ids must exist even for a one-item vocabulary
+    q, r = torch.tensor([min(2, last), min(3, last)]), torch.tensor([0, 1])
     batch = torch.export.Dim("batch")
     n_query = torch.export.Dim("n_questions")
     state_dyn = [{0: batch} for _ in spec]

@@ -33,10 +33,24 @@ class TrainConfig:
     valid_fraction: float = 0.1  # share of TRAINING students held out for early stopping
     patience: int = 8  # epochs without validation improvement before stopping
     lr_patience: int = 2  # epochs without improvement before the learning rate is halved
-    monitor: str = "nll"  # validation metric for early stopping and the best checkpoint (lower is better)
+    monitor: str = "nll"  # validation metric for early stopping and the best checkpoint (see LOWER_IS_BETTER)
     loss: str = "ce"  # CombinedLoss spec, e.g. "ce" or "ce=0.6,qwk=0.2,focal=0.2"
     seed: int = 0
     model: dict = field(default_factory=dict)  # GPCMConfig overrides
+
+    def __post_init__(self):
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be at least 1, got {self.epochs}")
+        if not 0 < self.valid_fraction < 1:
+            raise ValueError(f"valid_fraction must be in (0, 1): early stopping needs validation students, "
+                             f"got {self.valid_fraction}")
+        if self.monitor not in MONITORS:
+            raise ValueError(f"monitor must be one of {sorted(MONITORS)}, got {self.monitor!r}")
+
+
+# validation metrics that can drive early stopping: True if lower is better
+MONITORS = {"nll": True, "mae": True, "categorical_accuracy": False, "ordinal_accuracy": False, "qwk": False,
+            "auc": False}
 
 
 def chunk(seqs: list[Encoded], max_len: int | None) -> list[Encoded]:
@@ -92,6 +106,7 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, che
     rng = np.random.default_rng(cfg.seed)
     loss_fn = CombinedLoss.from_spec(cfg.loss, model.cfg.n_cats)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sign = 1.0 if MONITORS[cfg.monitor] else -1.0  # minimise sign * metric
     schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=cfg.lr_patience)
     chunks = chunk(train, cfg.max_len)
     n_batches = math.ceil(len(chunks) / cfg.batch_size)
@@ -117,11 +132,12 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, che
                **{f"valid_{k}": v for k, v in valid_metrics.items()}}
         row["lr"] = opt.param_groups[0]["lr"]
         history.append(row)
-        score = valid_metrics[cfg.monitor]
+        score = sign * valid_metrics[cfg.monitor]
         schedule.step(score)
         improved = score < best - 1e-5
+        row["best"] = improved
         if log:
-            tqdm.write(f"epoch {epoch:3d}  loss {row['train_loss']:.4f}  valid {cfg.monitor} {score:.4f}  "
+            tqdm.write(f"epoch {epoch:3d}  loss {row['train_loss']:.4f}  valid {cfg.monitor} {sign * score:.4f}  "
                        f"acc {valid_metrics['categorical_accuracy']:.4f}  qwk {valid_metrics['qwk']:.4f}"
                        + (f"  auc {valid_metrics['auc']:.4f}" if "auc" in valid_metrics else "")
                        + f"  {row['seconds']:.0f}s" + ("  *" if improved else ""))

@@ -66,7 +66,11 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     started = time.perf_counter()
     train_ds, test_ds = load_dataset(data_dir, fmt)
     fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
-    vocab = Vocabulary.build(np.concatenate([s.questions for s in train_ds.sequences]))
+    if not len(fit_ds) or not len(valid_ds):
+        raise ValueError(f"{train_ds.path}: {len(train_ds)} training sequences leave {len(fit_ds)} to fit and "
+                         f"{len(valid_ds)} to validate with valid_fraction={cfg.valid_fraction}; need both")
+    # ids seen only by validation or test students map to the unknown row, as they would in serving
+    vocab = Vocabulary.build(np.concatenate([s.questions for s in fit_ds.sequences]))
     torch.manual_seed(cfg.seed)
     model = MODELS[model_name](GPCMConfig(n_questions=len(vocab), n_cats=train_ds.n_cats, **cfg.model))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -76,15 +80,15 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
 
     test_enc = encode(test_ds, vocab)
     test_pred = predict_sequences(model, test_enc, max_len=cfg.eval_max_len)
-    best_epoch = min(history, key=lambda h: h[f"valid_{cfg.monitor}"])
-    metrics = {"test": ordinal_metrics(test_pred["probs"], test_pred["targets"]),
+    best_epoch = [h for h in history if h["best"]][-1]  # the epoch whose weights fit() kept
+    metrics = {"test": {**ordinal_metrics(test_pred["probs"], test_pred["targets"]), **unknown_share(test_enc)},
                "valid": {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}}
     truth = data_dir / "true_irt_parameters.json"
     if truth.exists():
         metrics["irt_recovery"] = irt_recovery(model, vocab, truth, test_pred)
     write_report(out_dir / "report", metrics, history, test_pred["probs"], test_pred["targets"])
 
-    parity_q, parity_r = _parity_batch(test_enc)
+    parity_q, parity_r = _parity_batch(test_enc, length=max(40, 2 * model.cfg.window + 1))
     manifest = {
         "name": model_name,
         "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
@@ -107,12 +111,12 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     return manifest
 
 
-def _parity_batch(seqs: list[Encoded], n: int = 8, length: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
-    """Real held-out sequences, cut to a common length, for the export parity check."""
-    chosen = [s for s in seqs if len(s[0]) >= length][:n] or seqs[:n]
-    T = min(length, min(len(s[0]) for s in chosen))
-    q = torch.from_numpy(np.stack([s[0][:T] for s in chosen]))
-    r = torch.from_numpy(np.stack([s[1][:T] for s in chosen]))
+def _parity_batch(seqs: list[Encoded], length: int, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Held-out sequences cut to `length` (long enough to wrap the attention window) for the export parity
+    check; sequences shorter than that are extended by repeating themselves."""
+    chosen = sorted(seqs, key=lambda s: -len(s[0]))[:n]
+    q = torch.from_numpy(np.stack([np.resize(s[0], length) for s in chosen]))
+    r = torch.from_numpy(np.stack([np.resize(s[1], length) for s in chosen]))
     return q, r
 
 
@@ -135,7 +139,17 @@ def evaluate_artifact(artifact_dir: str | Path, data_dir: str | Path, fmt: str |
     DKVMN paper); by default the run's own `eval_max_len` (whole sequences unless set)."""
     model, vocab, manifest = load_model(artifact_dir)
     _, test_ds = load_dataset(data_dir, fmt)
+    if test_ds.n_cats != model.cfg.n_cats:
+        raise ValueError(f"{test_ds.path} has K = {test_ds.n_cats} response categories but the model in "
+                         f"{artifact_dir} predicts K = {model.cfg.n_cats}")
     if max_len is None:
         max_len = manifest.get("train_config", {}).get("eval_max_len")
-    pred = predict_sequences(model, encode(test_ds, vocab), max_len=max_len)
-    return ordinal_metrics(pred["probs"], pred["targets"])
+    encoded = encode(test_ds, vocab)
+    pred = predict_sequences(model, encoded, max_len=max_len)
+    return {**ordinal_metrics(pred["probs"], pred["targets"]), **unknown_share(encoded)}
+
+
+def unknown_share(encoded: list[Encoded]) -> dict:
+    """How many evaluated interactions had a question id the model never saw in training."""
+    unknown = sum(int((q == Vocabulary.UNKNOWN).sum()) for q, _ in encoded)
+    return {"unknown_questions": unknown}

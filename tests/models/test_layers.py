@@ -143,8 +143,10 @@ def test_coral_blend(K, seed):
         w = blend.blend_weight(beta)
     assert tau.shape == (K - 1,)
     assert (tau.diff() > 0).all()
-    # cumulative logits are alpha (theta - tau_k), computed from tau (not from the item beta)
-    torch.testing.assert_close(cum_logits, alpha.unsqueeze(-1) * (theta.unsqueeze(-1) - tau))
+    # cumulative logits are alpha (theta - delta - tau_k): global tau shapes the categories, the item enters
+    # only through its location delta = mean(beta), never through its individual thresholds
+    delta = beta.mean(-1, keepdim=True)
+    torch.testing.assert_close(cum_logits, alpha.unsqueeze(-1) * (theta.unsqueeze(-1) - delta - tau))
     above = torch.sigmoid(cum_logits)  # P(Y > k)
     assert (above.diff(dim=-1) <= 0).all()  # rank-consistent
     ones, zeros = torch.ones_like(above[..., :1]), torch.zeros_like(above[..., :1])

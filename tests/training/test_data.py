@@ -220,11 +220,21 @@ def test_find_split_files_reports_ambiguity(tmp_path):
         find_split_files(tmp_path / "nope")
 
 
-def test_inferred_k_agrees_across_splits(tmp_path):
+def test_k_comes_from_the_train_file(tmp_path):
     write(tmp_path / "x_train.txt", "2\n1,2\n0,2\n")
     write(tmp_path / "x_test.txt", "1\n1\n1\n")
     train, test = load_dataset(tmp_path)
     assert train.n_cats == test.n_cats == 3
+    write(tmp_path / "x_test.txt", "1\n1\n3\n")  # response 3 is outside the K = 3 the train file implies
+    with pytest.raises(DataFormatError, match=r"x_test.txt:3: expected"):
+        load_dataset(tmp_path)
+
+
+def test_empty_split_file_is_a_clear_error(tmp_path):
+    write(tmp_path / "x_train.txt", "2\n1,2\n0,2\n")
+    write(tmp_path / "x_test.txt", "")
+    with pytest.raises(DataFormatError, match=r"x_test.txt:1: expected at least one record"):
+        load_dataset(tmp_path)
 
 
 # ----------------------------------------------------------------------------- splits and vocabulary

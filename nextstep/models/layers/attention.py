@@ -76,8 +76,9 @@ class CausalRefinement(nn.Module):
 
     def initial(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Empty windows (B, C, W, d) and interaction count (B,)."""
-        windows = torch.zeros(batch, len(self.cycles), self.window, self.dim)
-        return windows, torch.zeros(batch, dtype=torch.int64)
+        device = self.cycles[0].gate.weight.device
+        windows = torch.zeros(batch, len(self.cycles), self.window, self.dim, device=device)
+        return windows, torch.zeros(batch, dtype=torch.int64, device=device)
 
     def step(self, windows: torch.Tensor, count: torch.Tensor, x: torch.Tensor):
         """windows (B, C, W, d), count (B,), x (B, d) -> refined x (B, d), windows', count'."""

@@ -111,8 +111,11 @@ class IRTHead(nn.Module):
 class CORALBlend(nn.Module):
     """CORAL probabilities from global ordered thresholds tau, blended with GPCM (seed 000 section 5).
 
-    CORAL: P(Y > k) = sigmoid(alpha (theta - tau_k)); tau is ordered and alpha > 0, so the cumulative
-    probabilities are rank-consistent by construction (no clamping pass needed).
+    CORAL: P(Y > k) = sigmoid(alpha (theta - delta_q - tau_k)) with delta_q the item's mean threshold
+    (detached: CORAL shares the item's location but only tau, global and ordered, shapes its categories).
+    Without delta_q the CORAL distribution would be the same for every item of equal alpha, and the
+    blend weight never drops below sigmoid(-0.71) = 0.33. tau ordered and alpha > 0 make the cumulative
+    probabilities rank-consistent by construction (no clamping pass needed).
     Blend weight w from the geometry of the item's beta (detached, section 7.2) against tau, through the
     bounded transforms (BGT) of section 5.3-5.4; P = (1 - w) P_GPCM + w P_CORAL.
     """
@@ -152,7 +155,8 @@ class CORALBlend(nn.Module):
 
     def forward(self, theta, alpha, beta, gpcm_log_probs) -> tuple[torch.Tensor, torch.Tensor]:
         """-> blended log-probabilities (..., K) and CORAL cumulative logits (..., K-1)."""
-        cum_logits = alpha.unsqueeze(-1) * (theta.unsqueeze(-1) - self.tau())  # logits of P(Y > k)
+        location = beta.detach().mean(-1, keepdim=True)  # delta_q
+        cum_logits = alpha.unsqueeze(-1) * (theta.unsqueeze(-1) - location - self.tau())  # logits of P(Y > k)
         above = torch.sigmoid(cum_logits)
         ones, zeros = torch.ones_like(above[..., :1]), torch.zeros_like(above[..., :1])
         coral = torch.cat([ones, above], -1) - torch.cat([above, zeros], -1)  # P(Y = k)
