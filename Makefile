@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
 
-.PHONY: help setup demo test lint bench train-synthetic train-assist2009 clean
+.PHONY: help setup run demo test lint openapi bench train-synthetic train-assist2009 clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -16,12 +16,18 @@ setup: $(BIN)/python  ## create .venv and install nextstep with train, serve and
 	$(BIN)/pip install -q -c constraints.txt torch
 	$(BIN)/pip install -q -c constraints.txt -e '.[train,serve,dev]'
 
+run:  ## serve ./artifacts on http://127.0.0.1:8000 (in-process state; trains small demo models if none exist)
+	$(BIN)/nextstep serve --demo
+
 demo:  ## train small models on generated data, export them, replay a learner through ONNX Runtime
 	$(BIN)/nextstep demo
 
 test:  ## lint and run the test suite
 	$(BIN)/ruff check .
 	$(BIN)/pytest
+
+openapi:  ## regenerate openapi/openapi.json from the app (a test fails when it drifts)
+	$(BIN)/python -m nextstep.service.openapi
 
 lint:  ## ruff only
 	$(BIN)/ruff check .

@@ -46,6 +46,20 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def build_demo_artifacts(artifacts: Path, data: Path, epochs: int):
+    """Generate a small GPCM data set in `data`, train each variant briefly into `artifacts`/NAME/demo.
+    Yields (name, artifact dir, manifest) as each is ready."""
+    from .training.loop import TrainConfig
+    from .training.run import train_model
+    from .training.synthetic import write_gpcm_dataset
+
+    write_gpcm_dataset(data, n_students=200, n_questions=30, seq_len_range=(40, 60), seed=7)
+    for name in ("deep_gpcm", "attention_gpcm", "coral_gpcm"):
+        out = artifacts / name / "demo"
+        cfg = TrainConfig(epochs=epochs, max_len=60, model={"window": 16} if name == "attention_gpcm" else {})
+        yield name, out, train_model(name, data, out, cfg=cfg, progress=False, log=False)
+
+
 def cmd_demo(args) -> int:
     """Generate a small GPCM data set, train each variant briefly, export, and show predictions."""
     import tempfile
@@ -53,16 +67,9 @@ def cmd_demo(args) -> int:
     import numpy as np
 
     from .training.export import onnx_session
-    from .training.loop import TrainConfig
-    from .training.run import train_model
-    from .training.synthetic import write_gpcm_dataset
 
     work = Path(args.out or tempfile.mkdtemp(prefix="nextstep-demo-"))
-    data = write_gpcm_dataset(work / "data", n_students=200, n_questions=30, seq_len_range=(40, 60), seed=7)
-    for name in ("deep_gpcm", "attention_gpcm", "coral_gpcm"):
-        out = work / "artifacts" / name / "1"
-        manifest = train_model(name, data, out, cfg=TrainConfig(epochs=args.epochs, max_len=60), progress=False,
-                               log=False)
+    for name, out, manifest in build_demo_artifacts(work / "artifacts", work / "data", args.epochs):
         test = manifest["metrics"]["test"]
         print(f"{name:15s} test: accuracy {test['categorical_accuracy']:.3f}  qwk {test['qwk']:.3f}  "
               f"nll {test['nll']:.3f}   parity ok: {manifest['parity']['passed']}")
@@ -80,6 +87,25 @@ def cmd_demo(args) -> int:
         print(f"{'':15s} after {history}: P(response to {vocab[3]}) = {[round(float(p), 3) for p in probs[0, 0]]}, "
               f"theta {theta[0, 0]:.2f}, alpha {alpha[0, 0]:.2f}, beta {[round(float(b), 2) for b in beta[0, 0]]}")
     print(f"artifacts in {work / 'artifacts'}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    """Serve every artifact under the artifacts directory (settings from NEXTSTEP_* variables)."""
+    import uvicorn
+
+    from .service.app import create_app
+    from .service.settings import Settings
+
+    settings = Settings(**({"artifacts_dir": Path(args.artifacts)} if args.artifacts else {}))
+    if not any(settings.artifacts_dir.glob("*/*/manifest.json")):
+        if not args.demo:
+            raise SystemExit(f"no artifacts under {settings.artifacts_dir}: train some (nextstep train) "
+                             "or pass --demo to build small demo ones")
+        print(f"no artifacts under {settings.artifacts_dir}: training small demo models (about a minute)")
+        for name, out, _ in build_demo_artifacts(settings.artifacts_dir, settings.artifacts_dir / ".demo_data", 5):
+            print(f"  {name}: {out}")
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
     return 0
 
 
@@ -104,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--format", choices=["three_line", "pykt", "dtransformer"])
     evaluate.add_argument("--max-len", type=int, help="score chunks of this length, each from a fresh state")
     evaluate.set_defaults(func=cmd_evaluate)
+
+    serve = sub.add_parser("serve", help="serve the artifacts over HTTP (settings: NEXTSTEP_* variables)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR or ./artifacts)")
+    serve.add_argument("--demo", action="store_true", help="train small demo artifacts first if there are none")
+    serve.set_defaults(func=cmd_serve)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")

@@ -1,0 +1,1 @@
+"""Online serving: the protocol-neutral core (state store, ...) under thin HTTP routes."""

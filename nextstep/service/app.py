@@ -1,0 +1,169 @@
+"""The FastAPI app: wiring, errors, API keys, body limits, metrics, and the system routes.
+
+    create_app(settings) -> FastAPI        (uvicorn nextstep.service.app:app, or `nextstep serve`)
+"""
+
+import asyncio
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .kt import ConcurrencyConflict, Engines, InvalidInput, KnowledgeTracer
+from .metrics import Metrics
+from .registry import ModelRegistry, UnknownId, UnknownModel
+from .routes import kt as kt_routes
+from .settings import Settings
+from .state import StoreUnavailable, make_store
+
+log = logging.getLogger("nextstep.service")
+OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, field: str, message: str):
+        super().__init__(message)
+        self.status, self.field, self.message = status, field, message
+
+
+def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
+    body = {"error": message}
+    if field:
+        body["field"] = field
+    return JSONResponse(body, status_code=status)
+
+
+class TimedStore:
+    """The state store with each operation's latency recorded."""
+
+    def __init__(self, store, metrics: Metrics):
+        self._store, self._metrics = store, metrics
+
+    def __getattr__(self, name):
+        op = getattr(self._store, name)
+        histogram = self._metrics.store_seconds.labels(name)
+
+        async def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return await op(*args, **kwargs)
+            finally:
+                histogram.observe(time.perf_counter() - start)
+
+        return timed
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads)
+        for path, error in registry.load().items():
+            log.error("artifact %s not served: %s", path, error)
+        metrics.models_loaded.set(len(registry.models()))
+        store = make_store(settings.redis_url, ttl_seconds=settings.state_ttl_seconds,
+                           max_event_ids=settings.max_event_ids)
+        engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
+        app.state.registry, app.state.store = registry, store
+        app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
+                                           cas_retries=settings.cas_retries,
+                                           on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
+        yield
+        await engines.close()
+        await store.close()
+
+    app = FastAPI(title="NextStep", version="0.1.0", lifespan=lifespan,
+                  description="Predicts a learner's next response from state kept per learner.")
+    app.state.settings, app.state.metrics = settings, metrics
+    app.include_router(kt_routes.router)
+
+    @app.exception_handler(UnknownModel)
+    async def unknown_model(request: Request, exc: UnknownModel):
+        return _error(404, str(exc), "model")
+
+    @app.exception_handler(UnknownId)
+    async def unknown_id(request: Request, exc: UnknownId):
+        return _error(422, str(exc), exc.field)
+
+    @app.exception_handler(InvalidInput)
+    async def invalid_input(request: Request, exc: InvalidInput):
+        return _error(422, str(exc), exc.field)
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError):
+        return _error(exc.status, f"{exc.field}: {exc.message}", exc.field)
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(request: Request, exc: StoreUnavailable):
+        return _error(503, f"state store unavailable: {exc}")
+
+    @app.exception_handler(ConcurrencyConflict)
+    async def conflict(request: Request, exc: ConcurrencyConflict):
+        return _error(409, str(exc))
+
+    @app.middleware("http")
+    async def guard_and_measure(request: Request, call_next):
+        path = request.url.path
+        if settings.api_keys and path not in OPEN_PATHS:
+            given = request.headers.get("x-api-key", "").encode()
+            if not any(hmac.compare_digest(given, k.encode()) for k in settings.api_keys):
+                return _error(401, "missing or invalid X-API-Key header", "X-API-Key")
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return _error(413, f"request body over {settings.max_body_bytes} bytes", "body")
+        metrics.in_flight.inc()
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            metrics.in_flight.dec()
+            route = request.scope.get("route")
+            template = route.path if route is not None else "unmatched"
+            model = request.path_params.get("model", "") if route is not None else ""
+            metrics.requests.labels(template, model, str(status)).inc()
+            metrics.request_seconds.labels(template).observe(time.perf_counter() - start)
+
+    @app.get("/healthz", tags=["system"], summary="The process is alive")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["system"], summary="Models loaded and the state store reachable")
+    async def readyz(request: Request):
+        models = request.app.state.registry.models()
+        try:
+            await asyncio.wait_for(request.app.state.store.ping(), timeout=2.0)
+        except (StoreUnavailable, TimeoutError) as exc:
+            return _error(503, f"state store unavailable: {exc}")
+        if not models:
+            return _error(503, f"no model loaded from {settings.artifacts_dir}")
+        return {"status": "ready", "models": len(models)}
+
+    @app.get("/metrics", tags=["system"], summary="Prometheus metrics", response_class=PlainTextResponse)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", tags=["system"], summary="Loaded models: names, versions, tasks, held-out metrics")
+    async def models(request: Request) -> dict:
+        registry = request.app.state.registry
+        return {"models": [{"name": m.name, "version": m.version, "family": m.family, "task": m.task,
+                            "n_cats": m.n_cats, "questions": len(m.question_ids),
+                            "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
+                "errors": registry.errors}
+
+    @app.post("/v1/models/reload", tags=["system"], summary="Rescan the artifacts directory")
+    async def reload(request: Request) -> dict:
+        registry = request.app.state.registry
+        errors = await asyncio.to_thread(registry.load)
+        metrics.models_loaded.set(len(registry.models()))
+        return {"models": [f"{m.name}/{m.version}" for m in registry.models()], "errors": errors}
+
+    return app

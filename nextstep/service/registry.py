@@ -1,0 +1,259 @@
+"""The model registry: every artifact under `<artifacts_dir>/<name>/<version>/`, validated and opened.
+
+An artifact is addressed by its directory: `name` and `version` are the two directory names (the
+manifest's own `name` and `version` are kept in `manifest`), so an operator can copy an artifact to a
+new version directory. A broken artifact is reported in `errors` and skipped; the others serve.
+
+`load()` builds a complete new snapshot and swaps it in with one assignment: readers see the old set or
+the new one, never a mix, and a request holding a `LoadedModel` keeps a working model across reloads.
+
+No torch here: the service reads artifacts with ONNX Runtime only.
+"""
+
+import hashlib
+import json
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+GRAPHS = ("step", "predict", "step_predict")
+MANIFEST_KEYS = ("name", "version", "family", "task", "created", "state", "graphs", "vocabularies", "responses")
+ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int64)": "int64",
+               "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(float16)": "float16"}
+
+
+class ArtifactError(Exception):
+    """An artifact directory that cannot be served; the message names the directory and the fault."""
+
+
+class UnknownModel(KeyError):
+    """No loaded model has this name or version; the message lists what is available."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
+class UnknownId(ValueError):
+    """An external id the model's vocabulary does not hold."""
+
+    def __init__(self, field: str, value):
+        super().__init__(f"unknown {field} id {value!r}: not in the model's vocabulary")
+        self.field = field
+        self.value = value
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    name: str  # directory names: <artifacts_dir>/<name>/<version>/
+    version: str
+    family: str
+    task: str
+    path: Path
+    manifest: dict
+    n_cats: int
+    state_spec: list[dict]  # [{name, shape (per entity), dtype, file, ...}] in the order the graphs take them
+    initial_state: dict[str, np.ndarray]  # per entity (no batch axis), read-only
+    question_ids: list[str]  # external ids in index order: model index = position + 2 (0 padding, 1 unknown)
+    schema: str  # hash of (name, version, state layout): part of every state key
+    sessions: dict[str, ort.InferenceSession]  # "step", "predict", "step_predict"
+    input_names: dict[str, list[str]]  # per graph, in the session's order
+    state_nbytes: int  # size of one serialised state
+    _question_index: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._question_index = {qid: i + 2 for i, qid in enumerate(self.question_ids)}
+
+    def question_index(self, ids: Sequence[str | int], field: str = "question") -> np.ndarray:
+        """Model indices (int64) of external ids; "12" and 12 are the same id. Unknown -> UnknownId(field, id)."""
+        index = self._question_index
+        out = np.empty(len(ids), dtype=np.int64)
+        for i, qid in enumerate(ids):
+            try:
+                out[i] = index[str(qid)]
+            except KeyError:
+                raise UnknownId(field, qid) from None
+        return out
+
+    def serialize(self, state: dict[str, np.ndarray]) -> bytes:
+        """One entity's state as raw little-endian bytes, tensors in spec order: always `state_nbytes` long."""
+        parts = []
+        for s in self.state_spec:
+            value = np.asarray(state[s["name"]])
+            if list(value.shape) != s["shape"]:
+                raise ValueError(f"{self.name}/{self.version}: state {s['name']!r} has shape {list(value.shape)}, "
+                                 f"expected {s['shape']} (one entity, no batch axis)")
+            parts.append(value.astype(np.dtype(s["dtype"]).newbyteorder("<"), copy=False).tobytes())  # C order
+        return b"".join(parts)
+
+    def deserialize(self, blob: bytes) -> dict[str, np.ndarray]:
+        """Inverse of `serialize`: read-only arrays viewing `blob`. A blob of the wrong size -> ValueError."""
+        if len(blob) != self.state_nbytes:
+            raise ValueError(f"{self.name}/{self.version}: state blob of {len(blob)} bytes, expected "
+                             f"{self.state_nbytes} (schema {self.schema})")
+        state, offset = {}, 0
+        for s in self.state_spec:
+            dtype = np.dtype(s["dtype"]).newbyteorder("<")
+            count = math.prod(s["shape"])
+            state[s["name"]] = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(s["shape"])
+            offset += count * dtype.itemsize
+        return state
+
+
+def session_options(intra_op_threads: int) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = intra_op_threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3  # errors reach the caller as exceptions; keep ORT's own log quiet
+    return opts
+
+
+def schema_hash(name: str, version: str, spec: list[dict]) -> str:
+    layout = [name, version, [[s["name"], list(s["shape"]), s["dtype"]] for s in spec]]
+    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:12]
+
+
+def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
+    """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault."""
+
+    def fail(what: str):
+        return ArtifactError(f"{path}: {what}")
+
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise fail("manifest.json missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise fail(f"manifest.json is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise fail("manifest.json is not a JSON object")
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise fail(f"manifest.json lacks {missing}")
+
+    def file(relative: str, what: str) -> Path:
+        p = path / str(relative)
+        if not p.is_file():
+            raise fail(f"{what} file {relative!r} missing")
+        return p
+
+    # state: spec, initial values, serialised size
+    spec = manifest["state"]
+    initial, nbytes = {}, 0
+    for s in spec:
+        try:
+            name, shape, dtype = s["name"], [int(d) for d in s["shape"]], np.dtype(s["dtype"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise fail(f"state entry {s!r} is malformed ({e})") from None
+        value = np.load(file(s.get("file", ""), f"initial state {name!r}"), allow_pickle=False)
+        if list(value.shape) != shape or value.dtype != dtype:
+            raise fail(f"initial state {name!r} is {value.dtype}{list(value.shape)}, manifest says {dtype}{shape}")
+        value = np.array(value, order="C")  # (not ascontiguousarray: it turns 0-d into 1-d)
+        value.flags.writeable = False
+        initial[name] = value
+        nbytes += value.nbytes
+
+    # graphs: open each, check it takes what the manifest declares (and the state tensors)
+    graphs, sessions, input_names = manifest["graphs"], {}, {}
+    for g in GRAPHS:
+        if g not in graphs or "onnx" not in graphs[g]:
+            raise fail(f"manifest declares no {g!r} ONNX graph")
+        onnx_path = file(graphs[g]["onnx"], f"{g} graph")
+        try:
+            session = ort.InferenceSession(str(onnx_path), session_options(intra_op_threads),
+                                           providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT raises its own types for unreadable or invalid models
+            raise fail(f"{g} graph {onnx_path.name} does not open: {e}") from None
+        actual = [(i.name, i.type) for i in session.get_inputs()]
+        declared = [(i["name"], i["dtype"]) for i in graphs[g].get("inputs", [])]
+        if actual != declared:
+            raise fail(f"{g} graph takes {actual}, manifest declares {declared}")
+        types = dict(actual)
+        for s in spec:
+            if ONNX_DTYPES.get(types.get(s["name"], "")) != s["dtype"]:
+                raise fail(f"{g} graph has no {s['dtype']} input for state {s['name']!r}")
+        declared_out = [o["name"] for o in graphs[g].get("outputs", [])]
+        if [o.name for o in session.get_outputs()] != declared_out:
+            raise fail(f"{g} graph outputs {[o.name for o in session.get_outputs()]}, manifest declares "
+                       f"{declared_out}")
+        sessions[g], input_names[g] = session, [name for name, _ in actual]
+
+    # vocabulary and responses
+    vocab_file = file(manifest["vocabularies"].get("questions", ""), "questions vocabulary")
+    try:
+        question_ids = [str(i) for i in json.loads(vocab_file.read_text())["ids"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise fail(f"questions vocabulary {vocab_file.name} is malformed ({e!r})") from None
+    if len(set(question_ids)) != len(question_ids):
+        raise fail(f"questions vocabulary {vocab_file.name} repeats ids")
+    try:
+        n_cats = int(manifest["responses"]["n_cats"])
+    except (KeyError, TypeError, ValueError):
+        raise fail("manifest responses.n_cats missing or not an integer") from None
+
+    name, version = path.parent.name, path.name
+    return LoadedModel(
+        name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
+        manifest=manifest, n_cats=n_cats, state_spec=spec, initial_state=initial, question_ids=question_ids,
+        schema=schema_hash(name, version, spec), sessions=sessions, input_names=input_names, state_nbytes=nbytes)
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    models: dict[str, dict[str, LoadedModel]]  # name -> version -> model
+    latest: dict[str, LoadedModel]  # name -> newest version
+    errors: dict[str, str]  # artifact dir -> what is wrong
+
+
+class ModelRegistry:
+    def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1):
+        self.artifacts_dir = Path(artifacts_dir)
+        self.intra_op_threads = intra_op_threads
+        self._snapshot = _Snapshot({}, {}, {})
+        self._loading = threading.Lock()  # one (re)scan at a time; readers never wait
+
+    def load(self) -> dict[str, str]:
+        """(Re)scan the artifacts directory; return {artifact dir: error} for the artifacts skipped."""
+        with self._loading:
+            models: dict[str, dict[str, LoadedModel]] = {}
+            errors: dict[str, str] = {}
+            dirs = sorted(p for p in self.artifacts_dir.glob("*/*") if p.is_dir()) if self.artifacts_dir.is_dir() \
+                else []
+            for path in dirs:
+                if path.name.startswith(".") or path.parent.name.startswith("."):
+                    continue
+                try:
+                    model = load_artifact(path, intra_op_threads=self.intra_op_threads)
+                except ArtifactError as e:
+                    errors[str(path)] = str(e)
+                    log.warning("skipping artifact: %s", e)
+                    continue
+                models.setdefault(model.name, {})[model.version] = model
+            latest = {name: max(versions.values(), key=lambda m: (str(m.manifest["created"]), m.version))
+                      for name, versions in models.items()}
+            self._snapshot = _Snapshot(models, latest, errors)  # the swap: one assignment
+            return dict(errors)
+
+    def get(self, name: str, version: str = "latest") -> LoadedModel:
+        snap = self._snapshot
+        model = snap.latest.get(name) if version == "latest" else snap.models.get(name, {}).get(version)
+        if model is None:
+            available = "; ".join(f"{n}: {', '.join(sorted(v))}" for n, v in sorted(snap.models.items())) or "none"
+            raise UnknownModel(f"no model {name!r} version {version!r}; available: {available}")
+        return model
+
+    def models(self) -> list[LoadedModel]:
+        snap = self._snapshot
+        return [snap.models[n][v] for n in sorted(snap.models) for v in sorted(snap.models[n])]
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return dict(self._snapshot.errors)

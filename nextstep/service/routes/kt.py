@@ -1,0 +1,135 @@
+"""HTTP routes for knowledge tracing: thin wrappers over nextstep.service.kt.KnowledgeTracer."""
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..kt import Event, KnowledgeTracer
+
+router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"])
+
+Id = Annotated[str | int, Field(description="an external id as the app knows it (string or integer)")]
+StudentId = Annotated[str, Field(min_length=1, max_length=200, examples=["student-42"])]
+
+
+def tracer(request: Request) -> KnowledgeTracer:
+    return request.app.state.tracer
+
+
+def limits(request: Request):
+    return request.app.state.settings
+
+
+Tracer = Annotated[KnowledgeTracer, Depends(tracer)]
+ModelName = Annotated[str, Path(description="model name, e.g. deep_gpcm", examples=["deep_gpcm"])]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EventIn(Strict):
+    question_id: Id
+    response: Annotated[int, Field(ge=0, description="ordinal response 0..K-1 (0/1 for right/wrong)")]
+    event_id: Annotated[str | None, Field(max_length=200, description="replays of an id are applied once")] = None
+    timestamp: Annotated[float | None, Field(description="unix seconds; recorded by the app, not used")] = None
+
+
+class EventsIn(Strict):
+    student_id: StudentId
+    events: Annotated[list[EventIn], Field(min_length=1)]
+    predict_question_ids: Annotated[list[Id] | None, Field(description="predict these after the events")] = None
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "student_id": "student-42",
+        "events": [{"question_id": "17", "response": 2, "event_id": "e-1001"}],
+        "predict_question_ids": ["18"]}]})
+
+
+class PredictIn(Strict):
+    student_id: StudentId
+    question_ids: Annotated[list[Id], Field(min_length=1)]
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"student_id": "student-42", "question_ids": ["18", "19"]}]})
+
+
+class NextItemIn(Strict):
+    student_id: StudentId
+    candidate_question_ids: Annotated[list[Id] | None, Field(description="default: every known question")] = None
+    strategy: Literal["fisher", "target"] = "fisher"
+    target: Annotated[float, Field(gt=0, lt=1, description="for strategy=target: wanted P(full credit)")] = 0.7
+    k: Annotated[int, Field(ge=1, le=1000)] = 10
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"student_id": "student-42", "strategy": "fisher", "k": 5}]})
+
+
+class SequenceIn(Strict):
+    student_id: StudentId
+    events: list[EventIn]
+    predict_question_ids: list[Id] | None = None
+
+
+class BatchIn(Strict):
+    students: Annotated[list[SequenceIn], Field(min_length=1)]
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"students": [
+        {"student_id": "a", "events": [{"question_id": "17", "response": 1}], "predict_question_ids": ["18"]}]}]})
+
+
+def _too_many(field: str, n: int, limit: int):
+    from ..app import RequestError
+
+    if n > limit:
+        raise RequestError(413, field, f"{n} items; at most {limit} per request")
+
+
+def _events(items: list[EventIn]) -> list[Event]:
+    return [Event(str(e.question_id), e.response, e.event_id) for e in items]
+
+
+@router.post("/events", summary="Fold a learner's new responses into their state (and predict)")
+async def post_events(model: ModelName, body: EventsIn, kt: Tracer, request: Request) -> dict:
+    settings = request.app.state.settings
+    _too_many("events", len(body.events), settings.max_events)
+    if body.predict_question_ids:
+        _too_many("predict_question_ids", len(body.predict_question_ids), settings.max_questions)
+    ids = [str(q) for q in body.predict_question_ids] if body.predict_question_ids else None
+    return await kt.absorb(model, body.student_id, _events(body.events), ids)
+
+
+@router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question")
+async def post_predict(model: ModelName, body: PredictIn, kt: Tracer, request: Request) -> dict:
+    _too_many("question_ids", len(body.question_ids), request.app.state.settings.max_questions)
+    return await kt.predict(model, body.student_id, [str(q) for q in body.question_ids])
+
+
+@router.post("/next-item", summary="Rank questions by Fisher information or closeness to a target")
+async def post_next_item(model: ModelName, body: NextItemIn, kt: Tracer, request: Request) -> dict:
+    if body.candidate_question_ids:
+        _too_many("candidate_question_ids", len(body.candidate_question_ids), request.app.state.settings.max_questions)
+    candidates = [str(q) for q in body.candidate_question_ids] if body.candidate_question_ids else None
+    return await kt.next_item(model, body.student_id, candidates, body.strategy, body.target, body.k)
+
+
+@router.post("/batch", summary="Stateless scoring of whole sequences (nothing is stored)")
+async def post_batch(model: ModelName, body: BatchIn, kt: Tracer, request: Request) -> dict:
+    settings = request.app.state.settings
+    _too_many("students", len(body.students), settings.max_batch_students)
+    for i, s in enumerate(body.students):
+        _too_many(f"students[{i}].events", len(s.events), settings.max_events)
+    students = [(s.student_id, _events(s.events),
+                 [str(q) for q in s.predict_question_ids] if s.predict_question_ids else None) for s in body.students]
+    return await kt.score_sequences(model, students)
+
+
+@router.get("/students/{student_id}", summary="Summary of a learner's stored state")
+async def get_student(model: ModelName, student_id: str, kt: Tracer) -> dict:
+    return await kt.summary(model, student_id)
+
+
+@router.delete("/students/{student_id}", summary="Delete a learner's state and replay window")
+async def delete_student(model: ModelName, student_id: str, kt: Tracer) -> dict:
+    return {"student_id": student_id, "deleted": await kt.delete(model, student_id)}

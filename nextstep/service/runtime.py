@@ -1,0 +1,160 @@
+"""ONNX Runtime off the event loop, with micro-batching.
+
+Each request brings feeds with a leading batch axis (usually 1 row). A `MicroBatcher` keeps one
+`session.run` in flight per session, in an executor thread; requests that arrive meanwhile queue up, and
+the next run takes the queued requests whose feeds have the same names, non-batch shapes and dtypes,
+concatenated along axis 0 up to `max_batch` rows. Every output is split back by rows, so every graph
+output must have the batch axis first (true of the step / predict / step_predict graphs).
+
+Latency: a lone request is dispatched at once (no timer at low load). Only when other requests are
+already queued does the batcher wait to fill the batch, and at most until the oldest queued request
+has waited `max_wait_ms`: requests that queued behind a run in flight have usually waited that long
+already and go at once. So batching adds at most `max_wait_ms` of queueing to any request; with
+`max_wait_ms=0` it only takes what queued behind the previous run.
+
+Errors: an exception from `session.run` reaches the caller as the original exception. When a batch of
+several requests fails, each is run again alone, so one bad request (say an index out of range) fails
+only its own caller.
+"""
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Request:
+    feeds: dict[str, np.ndarray]
+    key: tuple  # what must match to share a run: input names, non-batch shapes, dtypes
+    rows: int
+    arrived: float  # loop.time()
+    future: asyncio.Future
+
+
+class MicroBatcher:
+    def __init__(self, session: ort.InferenceSession, *, max_batch: int = 64, max_wait_ms: float = 1.0,
+                 executor: concurrent.futures.Executor | None = None,
+                 on_batch: Callable[[int, float], None] | None = None):
+        self.session = session
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000
+        self.on_batch = on_batch
+        self._owns_executor = executor is None
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="onnxruntime")
+        self._queue: list[_Request] = []
+        self._arrived: asyncio.Event | None = None  # set on every enqueue, so a gathering batch can wake early
+        self._drainer: asyncio.Task | None = None  # runs while the queue is non-empty, then exits
+        self._closed = False
+
+    async def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """This request's outputs (in the session's output order), each its own rows of the batch."""
+        if self._closed:
+            raise RuntimeError("MicroBatcher is closed")
+        feeds = {name: np.asarray(value) for name, value in feeds.items()}
+        rows = {value.shape[0] if value.ndim else 0 for value in feeds.values()}
+        if len(rows) != 1 or 0 in rows:
+            raise ValueError(f"every feed needs the same leading batch axis of size >= 1; got shapes "
+                             f"{ {n: v.shape for n, v in feeds.items()} }")
+        key = tuple((name, value.shape[1:], value.dtype.str) for name, value in sorted(feeds.items()))
+        loop = asyncio.get_running_loop()
+        request = _Request(feeds, key, rows.pop(), loop.time(), loop.create_future())
+        self._queue.append(request)
+        if self._drainer is None or self._drainer.done():  # (made here so that they belong to the running loop)
+            self._arrived = asyncio.Event()
+            self._drainer = loop.create_task(self._drain())
+        self._arrived.set()
+        return await request.future
+
+    async def close(self) -> None:
+        """Refuse new requests, finish the queued ones, release the executor if this batcher made it."""
+        self._closed = True
+        if self._drainer is not None and not self._drainer.done():
+            await self._drainer
+        if self._owns_executor:
+            self._executor.shutdown(wait=False)
+
+    # -- the queue --------------------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._queue:
+            first = self._queue[0]
+            if len(self._queue) > 1:  # under load: let the batch fill, bounded by the oldest request's wait
+                await self._gather(first.key, first.arrived + self.max_wait)
+            batch = self._take(first.key)
+            if batch:
+                try:
+                    results = await loop.run_in_executor(self._executor, self._execute, batch)
+                except Exception as e:  # e.g. the executor is shut down: nothing ran
+                    results = [e] * len(batch)
+                for request, result in zip(batch, results, strict=True):
+                    if request.future.done():  # the caller went away (cancelled)
+                        continue
+                    if isinstance(result, BaseException):
+                        request.future.set_exception(result)
+                    else:
+                        request.future.set_result(result)
+
+    async def _gather(self, key: tuple, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while sum(r.rows for r in self._queue if r.key == key) < self.max_batch:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _take(self, key: tuple) -> list[_Request]:
+        """Remove and return the oldest requests with this key, up to max_batch rows (at least one request)."""
+        batch, rest, rows = [], [], 0
+        for request in self._queue:
+            if request.future.done():  # cancelled while queued
+                continue
+            if request.key == key and (not batch or rows + request.rows <= self.max_batch):
+                batch.append(request)
+                rows += request.rows
+            else:
+                rest.append(request)
+        self._queue = rest
+        return batch
+
+    # -- in the executor thread -------------------------------------------------------------------------
+
+    def _execute(self, batch: list[_Request]) -> list[list[np.ndarray] | BaseException]:
+        if len(batch) == 1:
+            return [self._run_one(batch[0].feeds)]
+        feeds = {name: np.concatenate([r.feeds[name] for r in batch]) for name in batch[0].feeds}
+        outputs = self._run_one(feeds)
+        if isinstance(outputs, BaseException):  # find the culprit: each request alone, errors to their own
+            return [self._run_one(r.feeds) for r in batch]
+        bounds = np.cumsum([0] + [r.rows for r in batch])
+        return [[out[start:stop] for out in outputs] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _run_one(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | BaseException:
+        rows = next(iter(feeds.values())).shape[0]
+        started = time.perf_counter()
+        try:
+            outputs = self.session.run(None, feeds)
+        except Exception as e:
+            return e
+        finally:
+            if self.on_batch is not None:
+                try:
+                    self.on_batch(rows, time.perf_counter() - started)
+                except Exception:
+                    log.exception("on_batch callback failed")
+        bad = [o.shape for o in outputs if not o.ndim or o.shape[0] != rows]
+        if bad:
+            return RuntimeError(f"outputs without a leading batch axis of {rows} rows: {bad}")
+        return outputs

@@ -1,0 +1,36 @@
+"""Service settings, from the environment (prefix NEXTSTEP_) or a .env file."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NEXTSTEP_", env_file=".env", extra="ignore")
+
+    artifacts_dir: Path = Path("artifacts")  # <dir>/<model>/<version>/manifest.json
+    redis_url: str | None = None  # unset: the in-process store (state lives and dies with the process)
+    state_ttl_seconds: float | None = Field(default=180 * 24 * 3600, gt=0)  # idle states expire
+    max_event_ids: int = Field(default=10_000, ge=1)  # replay protection window per entity
+    api_keys: Annotated[list[str], NoDecode] = []  # empty: no authentication; else the X-API-Key header must match one
+    max_batch: int = Field(default=64, ge=1)  # micro-batching: rows per ONNX Runtime call
+    max_wait_ms: float = Field(default=1.0, ge=0)  # micro-batching: how long queued requests wait for company
+    ort_threads: int = Field(default=1, ge=1)  # ONNX Runtime intra-op threads per session
+    max_events: int = Field(default=1_000, ge=1)  # events per request
+    max_questions: int = Field(default=2_000, ge=1)  # questions per predict / next-item request
+    max_batch_students: int = Field(default=256, ge=1)  # students per stateless batch request
+    max_body_bytes: int = Field(default=2_000_000, ge=1_024)
+    cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        if isinstance(value, str):  # NEXTSTEP_API_KEYS=key1,key2 (JSON lists work too)
+            value = value.strip()
+            if value.startswith("["):
+                return json.loads(value)
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value

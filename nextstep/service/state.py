@@ -1,0 +1,329 @@
+"""Per-entity model state, shared by every replica of the service.
+
+Each entity (a learner) has a small opaque state (tensors serialised to bytes by the caller), a
+version and a count of absorbed events. Writers never lock: they read, compute, then
+`compare_and_set` against the version they read; on a conflict they re-read and retry, so
+concurrent events for one entity are all applied and none is lost (optimistic concurrency).
+
+Events may carry ids. The ids applied to a key are kept (newest `max_event_ids` of them: the
+de-duplication window) so a replayed event can be recognised with `seen` and skipped. Checking
+`seen` and then writing is race-free because the write is conditional on the version: if another
+writer applied the same id in between, the version moved and the CAS fails.
+
+Two stores share this contract:
+
+* `RedisStore`     -- the deployment store; any replica serves any learner, restarts lose nothing.
+* `InProcessStore` -- the embedded default when no Redis URL is configured (tests, one process).
+
+See /work/shared/ARCHITECTURE.md, "State in Redis".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+T = TypeVar("T")
+DEFAULT_MAX_EVENT_IDS = 10_000
+
+
+@dataclass(frozen=True)
+class StoredState:
+    version: int  # 0 when the key does not exist; +1 on every successful write
+    events: int  # number of events absorbed so far
+    updated: float | None  # unix seconds of the last write, None when absent
+    blob: bytes | None  # the serialised state, None when absent
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+
+ABSENT = StoredState(version=0, events=0, updated=None, blob=None)
+
+
+class StoreUnavailable(RuntimeError):
+    """The backing store cannot be reached; the message says why. Raised in bounded time."""
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    async def get(self, key: str) -> StoredState: ...
+
+    async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
+        """Which of `event_ids` were already applied to `key` (within the de-duplication window)."""
+        ...
+
+    async def compare_and_set(
+        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
+    ) -> StoredState | None:
+        """Atomically, if the current version == `expected_version`: write `blob`, version + 1,
+        events += `added_events`, updated = now, record `event_ids`, refresh the TTL, and return
+        the new state. Otherwise write nothing and return None (re-read and retry)."""
+        ...
+
+    async def delete(self, key: str) -> bool:
+        """Remove the state and its event ids; True if there was something to remove."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise `StoreUnavailable` if the store cannot be reached."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _check_settings(ttl_seconds: float | None, max_event_ids: int) -> None:
+    if ttl_seconds is not None and not ttl_seconds > 0:
+        raise ValueError(f"ttl_seconds must be > 0 or None (no expiry), got {ttl_seconds!r}")
+    if max_event_ids < 0:
+        raise ValueError(f"max_event_ids must be >= 0, got {max_event_ids!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# In-process store
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    version: int = 0
+    events: int = 0
+    updated: float | None = None
+    blob: bytes | None = None
+    ids: dict[str, None] = field(default_factory=dict)  # applied ids, insertion order = oldest first
+    expires_at: float = math.inf  # time.monotonic() deadline
+
+
+class InProcessStore:
+    """A dict behind an asyncio.Lock, with the same semantics as `RedisStore`.
+
+    TTLs use the monotonic clock (immune to wall-clock jumps) and are enforced lazily: an expired
+    entry is dropped when touched, and a full sweep runs at most once per TTL period on writes so
+    entities that never come back do not accumulate.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl_seconds: float | None,
+        max_event_ids: int = DEFAULT_MAX_EVENT_IDS,
+        clock: Callable[[], float] = time.time,  # wall clock for `updated`
+    ) -> None:
+        _check_settings(ttl_seconds, max_event_ids)
+        self._ttl = ttl_seconds
+        self._max_ids = max_event_ids
+        self._clock = clock
+        self._data: dict[str, _Entry] = {}
+        self._lock = asyncio.Lock()
+        self._next_sweep = time.monotonic() + (ttl_seconds or math.inf)
+
+    def _live(self, key: str, now: float) -> _Entry | None:
+        entry = self._data.get(key)
+        if entry is not None and entry.expires_at <= now:
+            del self._data[key]
+            return None
+        return entry
+
+    def _sweep(self, now: float) -> None:
+        if now >= self._next_sweep:
+            self._data = {k: e for k, e in self._data.items() if e.expires_at > now}
+            self._next_sweep = now + (self._ttl or math.inf)
+
+    async def get(self, key: str) -> StoredState:
+        async with self._lock:
+            entry = self._live(key, time.monotonic())
+            if entry is None:
+                return ABSENT
+            return StoredState(entry.version, entry.events, entry.updated, entry.blob)
+
+    async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
+        async with self._lock:
+            entry = self._live(key, time.monotonic())
+            return set() if entry is None else {i for i in event_ids if i in entry.ids}
+
+    async def compare_and_set(
+        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
+    ) -> StoredState | None:
+        async with self._lock:
+            now = time.monotonic()
+            self._sweep(now)
+            entry = self._live(key, now) or _Entry()
+            if entry.version != expected_version:
+                return None
+            entry.version += 1
+            entry.events += added_events
+            entry.updated = self._clock()
+            entry.blob = bytes(blob)
+            for event_id in event_ids:
+                entry.ids.setdefault(event_id, None)  # a replayed id keeps its original place
+            while len(entry.ids) > self._max_ids:  # trim the oldest beyond the window
+                del entry.ids[next(iter(entry.ids))]
+            entry.expires_at = now + self._ttl if self._ttl is not None else math.inf
+            self._data[key] = entry
+            return StoredState(entry.version, entry.events, entry.updated, entry.blob)
+
+    async def delete(self, key: str) -> bool:
+        async with self._lock:
+            if self._live(key, time.monotonic()) is None:
+                return False
+            del self._data[key]
+            return True
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Redis store
+# --------------------------------------------------------------------------------------------------
+
+# KEYS[1] state hash, KEYS[2] applied-ids zset.
+# ARGV: expected_version, blob, added_events, now, ttl_ms (0 = no expiry), max_ids, event ids...
+# Scores in the zset are a per-key running id counter, so ZREMRANGEBYRANK drops the oldest ids.
+_CAS_LUA = """
+local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if version ~= tonumber(ARGV[1]) then return false end
+version = version + 1
+local events = redis.call('HINCRBY', KEYS[1], 'events', ARGV[3])
+redis.call('HSET', KEYS[1], 'version', version, 'blob', ARGV[2], 'updated', ARGV[4])
+if #ARGV > 6 then
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local seq = tonumber(last[2] or '0')
+  for i = 7, #ARGV do
+    seq = seq + 1
+    redis.call('ZADD', KEYS[2], 'NX', seq, ARGV[i])
+  end
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(tonumber(ARGV[6]) + 1))
+end
+local ttl = tonumber(ARGV[5])
+for _, k in ipairs(KEYS) do
+  if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('PERSIST', k) end
+end
+return {version, events}
+"""
+
+# Errors meaning "Redis cannot serve us now": down, unreachable, slow, loading, auth refused, a
+# read-only replica, or not Redis at all (InvalidResponse: the URL points at another protocol).
+# Anything else (e.g. a ResponseError from a bad command) is a bug and propagates unchanged.
+_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError, rexc.InvalidResponse, OSError)
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+
+
+class RedisStore:
+    """State in Redis: a HASH per key (version/events/updated/blob) and a ZSET `<key>:ids` of
+    applied event ids, trimmed to the newest `max_event_ids`; both share the TTL.
+
+    Redis keys are `<key_prefix>:{<key>}` and `<key_prefix>:{<key>}:ids`: the braces are a Redis
+    Cluster hash tag, putting both keys of the CAS script in one slot, and they also keep a caller
+    key ending in ":ids" from colliding with another key's id set.
+
+    Every operation either completes or raises `StoreUnavailable` within about
+    `4 * socket_timeout` seconds: socket and connect timeouts are set, redis-py's own retries are
+    off (a retried CAS could be applied twice), and an overall asyncio deadline caps pool waits.
+    The connection pool reconnects by itself, so the same object works again once Redis is back.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_seconds: float | None,
+        max_event_ids: int = DEFAULT_MAX_EVENT_IDS,
+        socket_timeout: float = 0.5,
+        key_prefix: str = "nextstep",
+        max_connections: int = 64,  # pool size: concurrent commands in flight
+        clock: Callable[[], float] = time.time,  # `updated` comes from here, passed to the script
+    ) -> None:
+        _check_settings(ttl_seconds, max_event_ids)
+        self._ttl_ms = 0 if ttl_seconds is None else max(1, round(ttl_seconds * 1000))
+        self._max_ids = max_event_ids
+        self._prefix = key_prefix
+        self._clock = clock
+        self._where = _redact(url)
+        self._deadline = 4 * socket_timeout
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=self._deadline,  # wait for a free pooled connection at most this long
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._cas = self._redis.register_script(_CAS_LUA)
+
+    def _keys(self, key: str) -> tuple[str, str]:
+        state = f"{self._prefix}:{{{key}}}"
+        return state, f"{state}:ids"
+
+    async def _run(self, what: str, op: Awaitable[T]) -> T:
+        """Await one Redis call, turning connectivity failures (and the deadline) into StoreUnavailable."""
+        try:
+            async with asyncio.timeout(self._deadline):
+                return await op
+        except _UNAVAILABLE as exc:
+            reason = str(exc) or type(exc).__name__
+            raise StoreUnavailable(f"Redis at {self._where} unavailable during {what}: {reason}") from exc
+
+    async def get(self, key: str) -> StoredState:
+        state_key, _ = self._keys(key)
+        version, events, updated, blob = await self._run(
+            "get", self._redis.hmget(state_key, ["version", "events", "updated", "blob"])
+        )
+        if version is None:
+            return ABSENT
+        return StoredState(int(version), int(events), float(updated), bytes(blob))
+
+    async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
+        if not event_ids:
+            return set()
+        _, ids_key = self._keys(key)
+        scores = await self._run("seen", self._redis.zmscore(ids_key, list(event_ids)))  # Redis >= 6.2
+        return {event_id for event_id, score in zip(event_ids, scores, strict=True) if score is not None}
+
+    async def compare_and_set(
+        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
+    ) -> StoredState | None:
+        now = self._clock()
+        args = [expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids, *event_ids]
+        reply = await self._run("compare_and_set", self._cas(keys=list(self._keys(key)), args=args))
+        if reply is None:
+            return None
+        version, events = reply
+        return StoredState(int(version), int(events), now, bytes(blob))
+
+    async def delete(self, key: str) -> bool:
+        return await self._run("delete", self._redis.delete(*self._keys(key))) > 0
+
+    async def ping(self) -> None:
+        await self._run("ping", self._redis.ping())
+
+    async def close(self) -> None:
+        await self._redis.aclose(close_connection_pool=True)
+
+
+def make_store(
+    redis_url: str | None, *, ttl_seconds: float | None, max_event_ids: int = DEFAULT_MAX_EVENT_IDS
+) -> StateStore:
+    """`RedisStore` when a URL is configured, else the embedded `InProcessStore`."""
+    if redis_url:
+        return RedisStore(redis_url, ttl_seconds=ttl_seconds, max_event_ids=max_event_ids)
+    return InProcessStore(ttl_seconds=ttl_seconds, max_event_ids=max_event_ids)

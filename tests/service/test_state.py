@@ -1,0 +1,295 @@
+"""The state-store contract, run against both stores (in-process, and Redis on a real server).
+
+Tests are plain sync functions that drive coroutines with `asyncio.run` (no pytest-asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from nextstep.service.state import (
+    ABSENT,
+    InProcessStore,
+    RedisStore,
+    StateStore,
+    StoredState,
+    StoreUnavailable,
+    make_store,
+)
+
+KEY = "kt:deep_gpcm:20261122T1900:student-42"
+Opener = Callable[..., contextlib.AbstractAsyncContextManager[StateStore]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def open_store(request: pytest.FixtureRequest) -> Opener:
+    """`async with open_store(ttl_seconds=..., ...) as store:` -- a fresh store of the parametrised kind."""
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+
+    @contextlib.asynccontextmanager
+    async def opener(**settings: Any) -> AsyncIterator[StateStore]:
+        settings.setdefault("ttl_seconds", None)
+        store: StateStore = RedisStore(url, **settings) if url else InProcessStore(**settings)
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    return opener
+
+
+def counter(state: StoredState) -> int:
+    return 0 if state.blob is None else struct.unpack("<q", state.blob)[0]
+
+
+def test_get_missing_key(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store() as store:
+            assert await store.get(KEY) == ABSENT == StoredState(0, 0, None, None)
+            assert not (await store.get(KEY)).exists
+            assert await store.seen(KEY, ["e1"]) == set()
+            assert await store.delete(KEY) is False
+            await store.ping()
+
+    asyncio.run(body())
+
+
+def test_set_then_get(open_store: Opener) -> None:
+    blob = b"\x00\xff binary \r\n state"  # arbitrary bytes, not text
+
+    async def body() -> None:
+        async with open_store(clock=lambda: 1_790_000_000.25) as store:
+            written = await store.compare_and_set(KEY, 0, blob, added_events=1)
+            assert written == StoredState(version=1, events=1, updated=1_790_000_000.25, blob=blob)
+            assert await store.get(KEY) == written
+            again = await store.compare_and_set(KEY, 1, b"next", added_events=1)
+            assert again is not None and again.version == 2 and await store.get(KEY) == again
+
+    asyncio.run(body())
+
+
+def test_stale_version_writes_nothing(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store() as store:
+            current = await store.compare_and_set(KEY, 0, b"v1", 1, ["e1"])
+            for stale in (0, 2, 7):
+                assert await store.compare_and_set(KEY, stale, b"lost", 5, ["e2"]) is None
+            assert await store.get(KEY) == current
+            assert await store.seen(KEY, ["e1", "e2"]) == {"e1"}  # a failed CAS records no ids
+
+    asyncio.run(body())
+
+
+def test_events_counter_adds(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store() as store:
+            for version, added in enumerate((3, 0, 2)):
+                await store.compare_and_set(KEY, version, b"x", added)
+            state = await store.get(KEY)
+            assert (state.version, state.events) == (3, 5)
+
+    asyncio.run(body())
+
+
+def test_event_ids_are_recorded_per_key(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store() as store:
+            await store.compare_and_set(KEY, 0, b"x", 2, ["e1", "e2"])
+            await store.compare_and_set(KEY, 1, b"x", 1, ("e3",))
+            assert await store.seen(KEY, ["e1", "e4", "e3", "e2"]) == {"e1", "e2", "e3"}
+            assert await store.seen(KEY, []) == set()
+            assert await store.seen(KEY + "-other", ["e1"]) == set()
+
+    asyncio.run(body())
+
+
+def test_ttl_expires_state_and_ids_and_writes_refresh_it(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store(ttl_seconds=0.4) as store:
+            await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
+            await asyncio.sleep(0.25)
+            await store.compare_and_set(KEY, 1, b"y", 1, ["e2"])  # refreshes the TTL of both
+            await asyncio.sleep(0.25)  # 0.5 s after the first write, 0.25 s after the second
+            assert (await store.get(KEY)).blob == b"y"
+            assert await store.seen(KEY, ["e1", "e2"]) == {"e1", "e2"}
+            await asyncio.sleep(0.3)
+            assert await store.get(KEY) == ABSENT
+            assert await store.seen(KEY, ["e1", "e2"]) == set()
+            assert await store.compare_and_set(KEY, 0, b"z", 1) is not None  # starts over at version 1
+
+    asyncio.run(body())
+
+
+def test_delete_removes_state_and_ids(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store() as store:
+            await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
+            assert await store.delete(KEY) is True
+            assert await store.get(KEY) == ABSENT
+            assert await store.seen(KEY, ["e1"]) == set()
+            assert await store.delete(KEY) is False
+            fresh = await store.compare_and_set(KEY, 0, b"y", 1)
+            assert fresh is not None and (fresh.version, fresh.events) == (1, 1)
+
+    asyncio.run(body())
+
+
+def test_dedupe_window_keeps_the_newest_ids(open_store: Opener) -> None:
+    batches = [["e0", "e1", "e2"], ["e3", "e4"], ["e5", "e6", "e7"]]
+
+    async def body() -> None:
+        async with open_store(max_event_ids=5) as store:
+            for version, ids in enumerate(batches):
+                await store.compare_and_set(KEY, version, b"x", len(ids), ids)
+            everything = [i for ids in batches for i in ids]
+            assert await store.seen(KEY, everything) == {"e3", "e4", "e5", "e6", "e7"}
+            # a replayed id keeps its place: it does not push newer ids out of the window
+            await store.compare_and_set(KEY, 3, b"x", 0, ["e7"])
+            assert await store.seen(KEY, everything) == {"e3", "e4", "e5", "e6", "e7"}
+
+    asyncio.run(body())
+
+
+def test_no_lost_updates_under_concurrency(open_store: Opener) -> None:
+    """50 tasks x 40 increments on one key, each a read / seen / CAS / retry loop: all 2,000 land.
+
+    Retries back off with jitter as the service should: without it, 50 writers on one key redo
+    almost every read after each win (quadratic work; ~50 s against Redis instead of ~5 s).
+    """
+    tasks, per_task = 50, 40
+    conflicts = 0
+
+    async def worker(store: StateStore, w: int) -> None:
+        nonlocal conflicts
+        for j in range(per_task):
+            event_id = f"task{w}-event{j}"
+            for attempt in itertools.count():
+                current = await store.get(KEY)
+                if await store.seen(KEY, [event_id]):  # the service's replay check
+                    break
+                await asyncio.sleep(0)  # "compute": let other tasks interleave between read and write
+                blob = struct.pack("<q", counter(current) + 1)
+                if await store.compare_and_set(KEY, current.version, blob, 1, [event_id]) is not None:
+                    break
+                conflicts += 1
+                await asyncio.sleep(random.uniform(0, 0.008 * 2 ** min(attempt, 6)))
+
+    async def body() -> None:
+        async with open_store() as store:
+            await asyncio.gather(*(worker(store, w) for w in range(tasks)))
+            final = await store.get(KEY)
+            assert counter(final) == final.events == final.version == tasks * per_task
+            all_ids = [f"task{w}-event{j}" for w in range(tasks) for j in range(per_task)]
+            assert len(await store.seen(KEY, all_ids)) == tasks * per_task
+
+    asyncio.run(body())
+    assert conflicts > 0, "the tasks never raced, so the test proved nothing"
+
+
+# ---- Redis specifics -----------------------------------------------------------------------------
+
+
+def test_redis_key_layout_and_ttl(redis_url: str) -> None:
+    async def body() -> None:
+        store = RedisStore(redis_url, ttl_seconds=60, key_prefix="ns", clock=lambda: 1234.5)
+        raw = aioredis.Redis.from_url(redis_url)
+        try:
+            await store.compare_and_set(KEY, 0, b"blob", 2, ["a", "b"])
+            state_key = f"ns:{{{KEY}}}"
+            assert await raw.hgetall(state_key) == {
+                b"version": b"1",
+                b"events": b"2",
+                b"updated": b"1234.5",
+                b"blob": b"blob",
+            }
+            assert await raw.zrange(f"{state_key}:ids", 0, -1, withscores=True) == [(b"a", 1.0), (b"b", 2.0)]
+            for k in (state_key, f"{state_key}:ids"):
+                assert 59_000 < await raw.pttl(k) <= 60_000
+            # ttl_seconds=None: no expiry, and a write removes an expiry set under an older setting
+            forever = RedisStore(redis_url, ttl_seconds=None, key_prefix="ns")
+            await forever.compare_and_set(KEY, 1, b"blob", 1, ["c"])
+            assert [await raw.pttl(k) for k in (state_key, f"{state_key}:ids")] == [-1, -1]
+            await forever.close()
+            # a caller key ending in ":ids" cannot collide with another key's id set
+            assert await store.compare_and_set(KEY + ":ids", 0, b"x", 1) is not None
+        finally:
+            await store.close()
+            await raw.aclose()
+
+    asyncio.run(body())
+
+
+async def _assert_unavailable_promptly(store: RedisStore, limit: float = 2.0) -> None:
+    calls = {
+        "get": lambda: store.get(KEY),
+        "seen": lambda: store.seen(KEY, ["e1"]),
+        "compare_and_set": lambda: store.compare_and_set(KEY, 1, b"y", 1, ["e2"]),
+        "delete": lambda: store.delete(KEY),
+        "ping": store.ping,
+    }
+    for name, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=f"Redis at redis://127.0.0.1:.* unavailable during {name}"):
+            await call()
+        assert time.monotonic() - started < limit, f"{name} took too long to fail"
+
+
+def test_redis_outage_raises_promptly_and_the_same_store_recovers(redis_process: Any) -> None:
+    async def body() -> None:
+        store = RedisStore(redis_process.url, ttl_seconds=None)
+        try:
+            assert await store.compare_and_set(KEY, 0, b"x", 1, ["e1"]) is not None
+            redis_process.stop()  # pooled connections are now dead, new ones are refused
+            await _assert_unavailable_promptly(store)
+            redis_process.start()  # same port; no persistence, so data and the script cache are gone
+            await store.ping()
+            assert await store.get(KEY) == ABSENT
+            written = await store.compare_and_set(KEY, 0, b"y", 1, ["e1"])  # script is re-loaded on NOSCRIPT
+            assert written is not None and await store.get(KEY) == written
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_redis_hung_server_times_out_and_the_same_store_recovers(redis_process: Any) -> None:
+    async def body() -> None:
+        store = RedisStore(redis_process.url, ttl_seconds=None, socket_timeout=0.2)
+        try:
+            await store.ping()
+            redis_process.pause()  # accepts TCP connections but never answers: only timeouts save us
+            await _assert_unavailable_promptly(store, limit=1.0)
+            redis_process.resume()
+            await store.ping()
+            assert await store.compare_and_set(KEY, 0, b"x", 1) is not None
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_make_store_and_settings(redis_url: str) -> None:
+    async def body() -> None:
+        embedded = make_store(None, ttl_seconds=None)
+        remote = make_store(redis_url, ttl_seconds=3600, max_event_ids=100)
+        assert isinstance(embedded, InProcessStore) and isinstance(remote, RedisStore)
+        assert isinstance(embedded, StateStore) and isinstance(remote, StateStore)
+        await remote.ping()
+        await remote.close()
+
+    asyncio.run(body())
+    for bad in ({"ttl_seconds": 0}, {"ttl_seconds": -1.0}, {"ttl_seconds": None, "max_event_ids": -1}):
+        with pytest.raises(ValueError):
+            InProcessStore(**bad)
+        with pytest.raises(ValueError):
+            RedisStore(redis_url, **bad)
