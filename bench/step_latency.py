@@ -268,7 +268,7 @@ def machine_info() -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'model':<15} {'engine':<12} {'measures':<13} {'batch':>5} {'median us':>10} {'p90 us':>10} " \
+    head = f"{'model':<15} {'engine':<17} {'measures':<13} {'batch':>5} {'median us':>10} {'p90 us':>10} " \
            f"{'us/learner':>11}"
     print(head)
     print("-" * len(head))
@@ -277,7 +277,7 @@ def print_table(rows: list[dict]) -> None:
         if last is not None and row["model"] != last:
             print()
         last = row["model"]
-        print(f"{row['model']:<15} {row['engine']:<12} {row['part']:<13} {row['batch']:>5} "
+        print(f"{row['model']:<15} {row['engine']:<17} {row['part']:<13} {row['batch']:>5} "
               f"{row['median_us']:>10.1f} {row['p90_us']:>10.1f} {row['per_learner_us']:>11.2f}")
 
 
