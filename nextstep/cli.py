@@ -109,6 +109,80 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _read_students(path: Path):
+    """Students from JSONL (one {"student_id", "events": [{"question_id", "response"}], "predict_question_ids"?}
+    per line) or CSV (columns student_id, question_id, response; rows in time order)."""
+    import csv
+
+    from .service.kt import Event
+
+    if path.suffix.lower() == ".csv":
+        students: dict[str, list] = {}
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"student_id", "question_id", "response"} - set(reader.fieldnames or [])
+            if missing:
+                raise SystemExit(f"{path}: missing columns {sorted(missing)}")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    students.setdefault(row["student_id"], []).append(
+                        Event(row["question_id"], int(row["response"])))
+                except ValueError:
+                    raise SystemExit(f"{path}:{line}: expected an integer response, got {row['response']!r}") from None
+        yield from ((sid, events, None) for sid, events in students.items())
+        return
+    with path.open() as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                events = [Event(str(e["question_id"]), int(e["response"]), e.get("event_id"))
+                          for e in record["events"]]
+                predict = [str(q) for q in record.get("predict_question_ids") or []] or None
+                yield str(record["student_id"]), events, predict
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SystemExit(f"{path}:{line_no}: expected a JSON object with student_id and events "
+                                 f"[{{question_id, response}}]: {exc}") from None
+
+
+def cmd_score(args) -> int:
+    """Score whole histories offline through the exported graphs (the batch route without HTTP)."""
+    import asyncio
+
+    from tqdm import tqdm
+
+    from .service.kt import Engines, InvalidInput, KnowledgeTracer
+    from .service.registry import ModelRegistry
+    from .service.state import InProcessStore
+
+    registry = ModelRegistry(Path(args.artifacts))
+    errors = registry.load()
+    if errors:
+        print(f"skipped broken artifacts: {errors}", file=sys.stderr)
+    tracer = KnowledgeTracer(registry, InProcessStore(ttl_seconds=None), Engines(max_batch=1, max_wait_ms=0))
+    out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115
+
+    async def run() -> int:
+        n = 0
+        for student in tqdm(_read_students(Path(args.input)), desc="students", unit="", disable=args.quiet):
+            try:
+                result = await tracer.score_sequences(args.model, [student])
+            except InvalidInput as exc:
+                raise SystemExit(f"{args.input}: student {student[0]!r}: {exc}") from None
+            out.write(json.dumps(result["students"][0]) + "\n")
+            n += 1
+        return n
+
+    try:
+        n = asyncio.run(run())
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"scored {n} students with {args.model}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nextstep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR or ./artifacts)")
     serve.add_argument("--demo", action="store_true", help="train small demo artifacts first if there are none")
     serve.set_defaults(func=cmd_serve)
+
+    score = sub.add_parser("score", help="score whole histories from a JSONL or CSV file into JSONL")
+    score.add_argument("input", help=".jsonl (student_id, events, predict_question_ids) or .csv "
+                                     "(student_id, question_id, response in time order)")
+    score.add_argument("--model", required=True)
+    score.add_argument("--artifacts", default="artifacts", help="artifacts directory (default ./artifacts)")
+    score.add_argument("--output", help="JSONL output (default stdout)")
+    score.add_argument("--quiet", action="store_true")
+    score.set_defaults(func=cmd_score)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")

@@ -200,3 +200,28 @@ def test_next_item_ranks_by_fisher_information_and_target(artifacts):
         probs = http.post("/v1/kt/deep_gpcm/predict", json={"student_id": "s", "question_ids": [2]}).json()
         by_id = {i["question_id"]: i["score"] for i in target["items"]}
         assert by_id["2"] == pytest.approx(probs["predictions"][0]["probabilities"][-1], abs=1e-6)
+
+
+def test_score_command_matches_the_offline_model(artifacts, tmp_path, capsys):
+    import json
+
+    from nextstep.cli import main
+
+    art, data = artifacts
+    _, test = load_dataset(data)
+    seqs = test.sequences[:3]
+    lines = [json.dumps({"student_id": s.student_id,
+                         "events": [{"question_id": int(q), "response": int(r)}
+                                    for q, r in zip(s.questions, s.responses, strict=True)]}) for s in seqs]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["score", str(tmp_path / "in.jsonl"), "--model", "deep_gpcm", "--artifacts", str(art),
+                 "--output", str(tmp_path / "out.jsonl"), "--quiet"]) == 0
+    scored = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [s["student_id"] for s in scored] == [s.student_id for s in seqs]
+    for seq, result in zip(seqs, scored, strict=True):
+        expected = offline_predictions(art / "deep_gpcm" / "v1", seq.questions.tolist(), seq.responses.tolist())
+        got = np.array([p["probabilities"] for p in result["event_predictions"]])
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    (tmp_path / "bad.csv").write_text("student_id,question_id,response\na,3,x\n")
+    with pytest.raises(SystemExit, match=r"bad.csv:2: expected an integer response"):
+        main(["score", str(tmp_path / "bad.csv"), "--model", "deep_gpcm", "--artifacts", str(art), "--quiet"])
