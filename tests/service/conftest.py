@@ -11,11 +11,20 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import uvicorn
+
+from nextstep.service.app import create_app
+from nextstep.service.settings import Settings
+from nextstep.training.loop import TrainConfig
+from nextstep.training.run import train_model
+from nextstep.training.synthetic import write_gpcm_dataset
 
 
 def _free_port() -> int:
@@ -123,3 +132,44 @@ def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.stop()
+
+
+# -- a served model: a tiny deep_gpcm trained for real, and the app under uvicorn ---------------------------
+SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory) -> tuple[Path, Path]:
+    """(artifacts dir holding deep_gpcm/v1, data dir): a tiny model trained for real on generated data."""
+    root = tmp_path_factory.mktemp("kt")
+    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(12, 16), seed=5)
+    train_model("deep_gpcm", data, root / "artifacts" / "deep_gpcm" / "v1",
+                cfg=TrainConfig(epochs=2, model=SMALL), progress=False, log=False)
+    return root / "artifacts", data
+
+
+@contextmanager
+def serving(settings: Settings):
+    """The app under uvicorn in a thread on a free loopback port; yields its base URL."""
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """`with serve(settings) as url:` runs the app under uvicorn on a free loopback port."""
+    return serving

@@ -1,54 +1,17 @@
 """End to end: real HTTP (uvicorn on a loopback port) into the app, real ONNX Runtime, real Redis."""
 
 import asyncio
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import torch
-import uvicorn
 
-from nextstep.service.app import create_app
 from nextstep.service.settings import Settings
 from nextstep.training.data import load_dataset
-from nextstep.training.loop import TrainConfig
-from nextstep.training.run import load_model, train_model
-from nextstep.training.synthetic import write_gpcm_dataset
-
-SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> tuple[Path, Path]:
-    """(artifacts dir holding deep_gpcm/v1, data dir): a tiny model trained for real on generated data."""
-    root = tmp_path_factory.mktemp("kt")
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(12, 16), seed=5)
-    train_model("deep_gpcm", data, root / "artifacts" / "deep_gpcm" / "v1",
-                cfg=TrainConfig(epochs=2, model=SMALL), progress=False, log=False)
-    return root / "artifacts", data
-
-
-@contextmanager
-def serving(settings: Settings):
-    """The app under uvicorn in a thread on a free loopback port; yields its base URL."""
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+from nextstep.training.run import load_model
 
 
 @pytest.fixture(params=["in-process", "redis"])
@@ -65,13 +28,13 @@ def offline_predictions(artifact: Path, questions: list[int], responses: list[in
         return model(q, r).log_probs.exp()[0].numpy()
 
 
-def test_served_predictions_equal_the_offline_model(artifacts, store_url):
+def test_served_predictions_equal_the_offline_model(artifacts, store_url, serve):
     art, data = artifacts
     _, test = load_dataset(data)
     seq = test.sequences[0]
     questions, responses = seq.questions.tolist(), seq.responses.tolist()
     expected = offline_predictions(art / "deep_gpcm" / "v1", questions, responses)
-    with serving(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
+    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
         for t in range(len(questions) - 1):
             body = {"student_id": "learner-1", "events": [{"question_id": questions[t], "response": responses[t]}],
                     "predict_question_ids": [questions[t + 1]]}
@@ -89,20 +52,20 @@ def test_served_predictions_equal_the_offline_model(artifacts, store_url):
         np.testing.assert_allclose(batch["students"][0]["predictions"][0]["probabilities"], expected[-1], atol=1e-5)
 
 
-def test_state_survives_a_restart(artifacts, redis_url):
+def test_state_survives_a_restart(artifacts, redis_url, serve):
     art, _ = artifacts
     settings = Settings(artifacts_dir=art, redis_url=redis_url)
     body = {"student_id": "s", "events": [{"question_id": 3, "response": 2}, {"question_id": 4, "response": 0}]}
-    with serving(settings) as url:
+    with serve(settings) as url:
         httpx.post(f"{url}/v1/kt/deep_gpcm/events", json=body).raise_for_status()
         before = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json={"student_id": "s", "question_ids": [5]}).json()
-    with serving(settings) as url:  # a new process-equivalent: nothing in memory, all from Redis
+    with serve(settings) as url:  # a new process-equivalent: nothing in memory, all from Redis
         after = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json={"student_id": "s", "question_ids": [5]}).json()
     assert after["events_total"] == 2
     assert after["predictions"] == before["predictions"]
 
 
-def test_no_lost_updates_and_replays_change_nothing(artifacts, store_url):
+def test_no_lost_updates_and_replays_change_nothing(artifacts, store_url, serve):
     art, _ = artifacts
     clients, per_client = 50, 40
 
@@ -119,7 +82,7 @@ def test_no_lost_updates_and_replays_change_nothing(artifacts, store_url):
 
             await asyncio.gather(*(client(c) for c in range(clients)))
 
-    with serving(Settings(artifacts_dir=art, redis_url=store_url)) as url:
+    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url:
         asyncio.run(drive(url, replay=False))
         first = httpx.get(f"{url}/v1/kt/deep_gpcm/students/busy").json()
         assert first["events_total"] == clients * per_client == 2000
@@ -128,10 +91,10 @@ def test_no_lost_updates_and_replays_change_nothing(artifacts, store_url):
         assert again["events_total"] == 2000 and again["state_version"] == first["state_version"]
 
 
-def test_redis_outage_gives_503_quickly_and_recovers(artifacts, redis_process):
+def test_redis_outage_gives_503_quickly_and_recovers(artifacts, redis_process, serve):
     art, _ = artifacts
     body = {"student_id": "s", "events": [{"question_id": 3, "response": 1}]}
-    with serving(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url, \
+    with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url, \
             httpx.Client(base_url=url, timeout=10) as http:
         assert http.get("/readyz").status_code == 200
         redis_process.stop()
@@ -160,18 +123,18 @@ def test_redis_outage_gives_503_quickly_and_recovers(artifacts, redis_process):
      422, "predict_question_ids[0]"),
     ({"events": [{"question_id": 3, "response": 1}]}, 422, "student_id"),
 ])
-def test_bad_input_is_a_4xx_naming_the_field(artifacts, body, status, field):
+def test_bad_input_is_a_4xx_naming_the_field(artifacts, body, status, field, serve):
     art, _ = artifacts
-    with serving(Settings(artifacts_dir=art, max_events=5)) as url:
+    with serve(Settings(artifacts_dir=art, max_events=5)) as url:
         reply = httpx.post(f"{url}/v1/kt/deep_gpcm/events", json=body)
     assert reply.status_code == status, reply.text
     assert field in reply.text
 
 
-def test_unknown_model_api_keys_and_body_limit(artifacts):
+def test_unknown_model_api_keys_and_body_limit(artifacts, serve):
     art, _ = artifacts
     body = {"student_id": "s", "question_ids": [3]}
-    with serving(Settings(artifacts_dir=art, api_keys=["k1", "k2"], max_body_bytes=2048)) as url:
+    with serve(Settings(artifacts_dir=art, api_keys=["k1", "k2"], max_body_bytes=2048)) as url:
         assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body).status_code == 401
         assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body, headers={"X-API-Key": "k3"}).status_code == 401
         ok = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body, headers={"X-API-Key": "k2"})
@@ -185,9 +148,9 @@ def test_unknown_model_api_keys_and_body_limit(artifacts):
         assert 'nextstep_requests_total{model="deep_gpcm",route="/v1/kt/{model}/predict",status="200"} 1.0' in metrics
 
 
-def test_next_item_ranks_by_fisher_information_and_target(artifacts):
+def test_next_item_ranks_by_fisher_information_and_target(artifacts, serve):
     art, _ = artifacts
-    with serving(Settings(artifacts_dir=art)) as url, httpx.Client(base_url=url) as http:
+    with serve(Settings(artifacts_dir=art)) as url, httpx.Client(base_url=url) as http:
         http.post("/v1/kt/deep_gpcm/events", json={"student_id": "s", "events": [{"question_id": 3, "response": 3}]})
         fisher = http.post("/v1/kt/deep_gpcm/next-item", json={"student_id": "s", "k": 20}).json()["items"]
         scores = [i["score"] for i in fisher]

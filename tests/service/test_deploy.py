@@ -1,0 +1,323 @@
+"""The deployment files under docker/ agree with the code: compose references exist, the Prometheus config and
+the dashboard queries are valid (promtool: CI installs the Debian package `prometheus`), the dashboard uses only
+metrics the service exports, the service image holds no torch and no image runs as root.
+
+No Docker engine is needed: these are static checks of the files against the package.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nextstep.cli import build_parser
+from nextstep.service.app import create_app
+from nextstep.service.metrics import Metrics
+from nextstep.service.settings import Settings
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+COMPOSE = DOCKER / "compose.yaml"
+PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
+DASHBOARDS = DOCKER / "grafana" / "dashboards"
+SERVICE_DOCKERFILE = DOCKER / "service.Dockerfile"
+TRAIN_DOCKERFILE = DOCKER / "train.Dockerfile"
+# bind-mount sources the user creates (trained artifacts), not files of the repository
+RUNTIME_SOURCES = {"../artifacts"}
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is not on PATH; install it (Debian/Ubuntu: `apt-get install prometheus`)")
+    return path
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile: comments dropped, continuation lines joined."""
+    logical, current = [], ""
+    for line in dockerfile.read_text().splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        logical.append(current + stripped)
+        current = ""
+    assert not current, f"{dockerfile.name}: dangling line continuation"
+    out = []
+    for text in logical:
+        keyword, _, args = text.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+    return out
+
+
+def _exec_form(args: str) -> list[str]:
+    value = json.loads(args)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), args
+    return value
+
+
+def _env(dockerfile: Path) -> dict[str, str]:
+    env = {}
+    for keyword, args in _instructions(dockerfile):
+        if keyword == "ENV":
+            for item in shlex.split(args):
+                key, sep, value = item.partition("=")
+                assert sep, f"{dockerfile.name}: use ENV KEY=VALUE, got {item!r}"
+                env[key] = value
+    return env
+
+
+def _uninterpolated(volume: str) -> str:
+    """A short-syntax volume with each ${VAR...} replaced by $VAR (its default may hold a colon)."""
+    return re.sub(r"\$\{[^}]*\}", "$VAR", volume)
+
+
+def _bind_mounts(service: dict) -> list[tuple[str, str]]:
+    """(source, target) of a compose service's volumes that are bind mounts (short or long syntax)."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            if volume.get("type") == "bind":
+                mounts.append((volume["source"], volume["target"]))
+            continue
+        source, _, rest = _uninterpolated(volume).partition(":")
+        if source.startswith((".", "/", "$", "~")):
+            mounts.append((source, rest.split(":")[0]))
+    return mounts
+
+
+def _named_volumes(service: dict) -> list[str]:
+    names = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            if volume.get("type") == "volume":
+                names.append(volume["source"])
+            continue
+        source = _uninterpolated(volume).partition(":")[0]
+        if not source.startswith((".", "/", "$", "~")):
+            names.append(source)
+    return names
+
+
+# -- compose ---------------------------------------------------------------------------------------------------
+
+
+def test_compose_references_exist():
+    compose = _compose()
+    services = compose["services"]
+    assert {"api", "redis", "prometheus", "grafana", "train"} <= set(services)
+    declared_volumes = set(compose.get("volumes") or {})
+    checked = 0
+    for name, service in services.items():
+        build = service.get("build")
+        if build is not None:
+            context = (DOCKER / build["context"]).resolve()
+            assert context.is_dir(), f"{name}: build context {build['context']} missing"
+            dockerfile = context / build.get("dockerfile", "Dockerfile")
+            assert dockerfile.is_file(), f"{name}: dockerfile {dockerfile} missing"
+            for keyword, args in _instructions(dockerfile):  # COPY sources lie in the context
+                if keyword in ("COPY", "ADD") and "--from" not in args:
+                    sources = [a for a in shlex.split(args) if not a.startswith("--")][:-1]
+                    for source in sources:
+                        assert (context / source).exists(), f"{dockerfile.name}: COPY source {source} missing"
+                        checked += 1
+        for source, target in _bind_mounts(service):
+            if "$" in source or source in RUNTIME_SOURCES:
+                continue  # external data or files the user produces
+            assert (DOCKER / source).exists(), f"{name}: bind mount {source} -> {target} missing"
+            checked += 1
+        for volume in _named_volumes(service):
+            assert volume in declared_volumes, f"{name}: volume {volume} not declared at the top level"
+    assert checked >= 6
+
+
+def test_compose_wiring():
+    services = _compose()["services"]
+    api, redis = services["api"], services["redis"]
+    assert api["build"]["dockerfile"] == "docker/service.Dockerfile"
+    assert services["train"]["build"]["dockerfile"] == "docker/train.Dockerfile"
+    assert services["train"]["profiles"] == ["train"]
+    assert api["environment"]["NEXTSTEP_REDIS_URL"] == "redis://redis:6379/0"
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "redis-cli" in redis["healthcheck"]["test"] and "ping" in redis["healthcheck"]["test"]
+    assert "--appendonly" in redis["command"] and "/data" in str(redis["volumes"])
+    assert ("../artifacts", "/artifacts") in _bind_mounts(api)
+    assert any(v.startswith("../artifacts:/artifacts:ro") for v in api["volumes"] if isinstance(v, str))
+    assert "8000:8000" in api["ports"]
+    # every NEXTSTEP_* variable given to the service is a real setting
+    env = {**_env(SERVICE_DOCKERFILE), **api["environment"]}
+    fields = {f"NEXTSTEP_{name.upper()}" for name in Settings.model_fields}
+    unknown = sorted(k for k in env if k.startswith("NEXTSTEP_") and k not in fields)
+    assert not unknown, f"not settings of nextstep/service/settings.py: {unknown}"
+    assert env["NEXTSTEP_ARTIFACTS_DIR"] == "/artifacts"
+
+
+# -- Prometheus and Grafana ------------------------------------------------------------------------------------
+
+
+def test_prometheus_config_is_valid():
+    result = subprocess.run([_promtool(), "check", "config", str(PROMETHEUS)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "nextstep-api"]
+    assert job["scrape_interval"] == "5s"
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    assert job["static_configs"][0]["targets"] == ["api:8000"]
+    # the paths the deployment relies on are routes of the app
+    paths = {getattr(route, "path", None) for route in create_app(Settings(redis_url=None)).routes}
+    assert {"/healthz", "/metrics"} <= paths
+
+
+def test_grafana_provisioning_points_at_the_stack():
+    datasources = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    (source,) = datasources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    providers = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/dashboards.yml").read_text())
+    mounts = dict(_bind_mounts(_compose()["services"]["grafana"]))
+    for provider in providers["providers"]:  # the provider's path is where compose mounts the dashboards
+        assert mounts["./grafana/dashboards"] == provider["options"]["path"]
+    for dashboard in DASHBOARDS.glob("*.json"):
+        uids = {d["uid"] for d in _walk(json.loads(dashboard.read_text()), "datasource") if isinstance(d, dict)}
+        assert uids == {source["uid"]}, f"{dashboard.name}: data sources {uids}"
+
+
+def _walk(node, key):
+    """Every value stored under `key` anywhere in a JSON document."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from _walk(v, key)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item, key)
+
+
+def _exported_names() -> set[str]:
+    """Every series name the service's registry can expose (labelled metrics have no samples until used)."""
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
+                "summary": ("", "_sum", "_count", "_created"), "gauge": ("",)}
+    names = set()
+    for family in Metrics().registry.collect():
+        names.update(family.name + s for s in suffixes.get(family.type, ("",)))
+    return names
+
+
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                "offset", "inf", "nan"}
+
+
+def _metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers that are not functions, keywords, labels or durations."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors and $__rate_interval
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)  # label lists
+    names = set()
+    for match in re.finditer(r"(?<![\w.$])[a-zA-Z_:][\w:]*", expr):
+        if expr[match.end():].lstrip().startswith("("):
+            continue  # a function or aggregation
+        if match.group().lower() not in PROMQL_WORDS:
+            names.add(match.group())
+    return names
+
+
+def _dashboard_queries() -> list[tuple[str, str]]:
+    queries = []
+    for dashboard in sorted(DASHBOARDS.glob("*.json")):
+        queries += [(dashboard.name, expr) for expr in _walk(json.loads(dashboard.read_text()), "expr")]
+    return queries
+
+
+def test_dashboard_uses_only_exported_metrics():
+    queries = _dashboard_queries()
+    assert len(queries) >= 8
+    exported = _exported_names()
+    used = set()
+    for name, expr in queries:
+        metrics = _metric_names(expr)
+        assert metrics, f"{name}: no metric in {expr!r}"
+        unknown = metrics - exported
+        assert not unknown, f"{name}: {sorted(unknown)} not exported by nextstep/service/metrics.py ({expr!r})"
+        used |= metrics
+    # the dashboard shows each family of the service
+    families = {f.name for f in Metrics().registry.collect()}
+    shown = {f for f in families if any(n == f or n.startswith(f + "_") for n in used)}
+    assert shown == families, f"not on the dashboard: {sorted(families - shown)}"
+
+
+def test_dashboard_queries_parse(tmp_path):
+    """promtool parses every query (as a recording rule, Grafana's $__rate_interval replaced by 1m)."""
+    rules = [{"record": f"dashboard:query_{i}", "expr": expr.replace("$__rate_interval", "1m")}
+             for i, (_, expr) in enumerate(_dashboard_queries())]
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([_promtool(), "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_metric_name_extraction():
+    assert _metric_names('histogram_quantile(0.99, sum by (le, route) (rate(a_bucket{x="y(z)"}[5m])))') == {
+        "a_bucket"}
+    assert _metric_names("(sum(rate(b_total[$__rate_interval])) or vector(0)) / sum(c)") == {"b_total", "c"}
+
+
+# -- images ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dockerfile", [SERVICE_DOCKERFILE, TRAIN_DOCKERFILE], ids=lambda p: p.name)
+def test_images_run_as_non_root(dockerfile):
+    users = [args for keyword, args in _instructions(dockerfile) if keyword == "USER"]
+    assert users, f"{dockerfile.name}: no USER instruction (the image would run as root)"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0"), f"{dockerfile.name}: runs as {users[-1]}"
+
+
+def test_service_image_installs_serve_only():
+    instructions = _instructions(SERVICE_DOCKERFILE)
+    runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
+    assert "torch" not in " ".join(args for _, args in instructions).lower()
+    assert "-c constraints.txt" in runs and "'.[serve]'" in runs
+    assert "[train" not in runs and "[dev" not in runs
+    (base,) = [args for keyword, args in instructions if keyword == "FROM"]
+    assert base == "python:3.11-slim"
+    assert [args for keyword, args in instructions if keyword == "EXPOSE"] == ["8000"]
+    (health,) = [args for keyword, args in instructions if keyword == "HEALTHCHECK"]
+    assert "/healthz" in health and "curl" not in health and "wget" not in health
+    # the command is a valid `nextstep serve` invocation
+    (cmd,) = [_exec_form(args) for keyword, args in instructions if keyword == "CMD"]
+    assert cmd[0] == "nextstep"
+    args = build_parser().parse_args(cmd[1:])
+    assert (args.command, args.host, args.port, args.demo) == ("serve", "0.0.0.0", 8000, False)
+
+
+def test_train_image_installs_cpu_torch():
+    instructions = _instructions(TRAIN_DOCKERFILE)
+    runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in runs
+    assert "'.[train]'" in runs and "-c constraints.txt" in runs
+    (entrypoint,) = [_exec_form(args) for keyword, args in instructions if keyword == "ENTRYPOINT"]
+    assert entrypoint == ["nextstep"]
+    (cmd,) = [_exec_form(args) for keyword, args in instructions if keyword == "CMD"]
+    with pytest.raises(SystemExit) as exit_:  # `--help` prints the usage and exits 0
+        build_parser().parse_args(cmd)
+    assert exit_.value.code == 0
+    train = _compose()["services"]["train"]
+    targets = {target for _, target in _bind_mounts(train)}
+    assert targets == {"/data", "/artifacts"}
+    assert any(v.endswith(":/data:ro") for v in train["volumes"])
