@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -94,6 +95,21 @@ def machine_info() -> dict:
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cpus": usable, "load_avg_at_start": load,
             "platform": platform.platform(), "python": platform.python_version(), "wrk": wrk_version,
             "redis": redis_version}
+
+
+def cpu_seconds(pid: int) -> dict[str, float] | None:
+    """CPU seconds (user + system) used so far by a process: in all, and by its first thread (for the
+    service: the event loop) apart from its other threads. None where /proc is not available."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def read(path: Path) -> float:
+        fields = path.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+
+    try:
+        return {"total": read(Path(f"/proc/{pid}/stat")), "main": read(Path(f"/proc/{pid}/task/{pid}/stat"))}
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def free_port() -> int:
@@ -301,13 +317,18 @@ def events_lua(question_ids: list[str], n_cats: int, tag: str, students_per_thre
                                  pool=students_per_thread, model=MODEL) + LUA_DONE
 
 
-def run_wrk(url: str, script: Path, threads: int, connections: int, duration: float) -> dict:
+def run_wrk(url: str, script: Path, threads: int, connections: int, duration: float,
+            pids: dict[str, int] | None = None) -> dict:
     argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
             "--timeout", "5s", "-s", str(script), url]
+    before = {name: cpu_seconds(pid) for name, pid in (pids or {}).items()}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
     except subprocess.TimeoutExpired:
         raise BenchError(f"wrk did not finish: {' '.join(argv)}") from None
+    after = {name: cpu_seconds(pid) for name, pid in (pids or {}).items()}
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")), None)
     if out.returncode != 0 or line is None:
         raise BenchError(f"wrk failed (exit {out.returncode}): {' '.join(argv)}\n{out.stdout}\n{out.stderr}")
@@ -316,6 +337,16 @@ def run_wrk(url: str, script: Path, threads: int, connections: int, duration: fl
     res["errors"] = sum(res[k] for k in ("connect_errors", "read_errors", "write_errors", "status_errors",
                                          "timeouts"))
     res["command"] = " ".join(["wrk", *argv[1:-3], Path(script).name, url])
+    seconds = res["duration_us"] / 1e6
+    cpu = {"wrk": (children_after.ru_utime + children_after.ru_stime) - (children.ru_utime + children.ru_stime)}
+    for name in after:
+        if before[name] is not None and after[name] is not None:
+            cpu[name] = after[name]["total"] - before[name]["total"]
+            if name == "service":
+                cpu["service_event_loop"] = after[name]["main"] - before[name]["main"]
+    res["cpu_seconds"] = cpu
+    res["cpu_ms_per_request"] = {k: 1000 * v / max(1, res["requests"]) for k, v in cpu.items()}
+    res["cpu_cores_busy"] = {k: v / seconds for k, v in cpu.items()}
     res["wrk_output"] = out.stdout
     return res
 
@@ -326,6 +357,11 @@ def show_wrk(label: str, res: dict) -> None:
     print(f"  {label:34s} {res['rps']:9.0f} req/s   p50 {res['p50_us'] / 1000:7.3f} ms   "
           f"p90 {res['p90_us'] / 1000:7.3f} ms   p99 {res['p99_us'] / 1000:7.3f} ms   "
           f"max {res['max_us'] / 1000:7.1f} ms   n={res['requests']}{errors}", flush=True)
+    per, busy = res["cpu_ms_per_request"], res["cpu_cores_busy"]
+    if "service" in per:
+        print(f"  {'':34s} CPU per request: service {per['service']:.3f} ms (event loop "
+              f"{per.get('service_event_loop', float('nan')):.3f} ms, busy {busy.get('service_event_loop', 0):.0%}), "
+              f"redis {per.get('redis', float('nan')):.3f} ms, wrk {per['wrk']:.3f} ms", flush=True)
 
 
 # -- stateless vs stateful ---------------------------------------------------------------------------
@@ -479,9 +515,10 @@ def run(args, work: Path, procs: Processes, results: dict, wall: float) -> int:
     results["artifact"] = {"origin": origin, "questions": len(question_ids), "n_cats": n_cats}
     print(f"artifact: {origin}; {len(question_ids)} questions, K={n_cats}")
 
-    redis_port, _ = start_redis(procs, work)
+    redis_port, redis_proc = start_redis(procs, work)
     t0 = time.perf_counter()
-    base, _ = start_service(procs, work, artifacts, redis_port)
+    base, service_proc = start_service(procs, work, artifacts, redis_port)
+    pids = {"service": service_proc.pid, "redis": redis_proc.pid}
     print(f"redis-server on 127.0.0.1:{redis_port} (no persistence); service on {base}, ready in "
           f"{time.perf_counter() - t0:.1f} s (one worker)", flush=True)
 
@@ -509,11 +546,11 @@ def run(args, work: Path, procs: Processes, results: dict, wall: float) -> int:
     print(f"\nwrk, {args.duration:g} s per run (after {args.warmup:g} s of warm-up at {conns} connections)")
     if args.warmup > 0:
         run_wrk(events_url, scripts["warm"], 2, conns, args.warmup)
-    single = run_wrk(events_url, scripts["c1"], 1, 1, args.duration)
+    single = run_wrk(events_url, scripts["c1"], 1, 1, args.duration, pids)
     show_wrk("POST events, 1 connection", single)
-    loaded = run_wrk(events_url, scripts["cN"], 2, conns, args.duration)
+    loaded = run_wrk(events_url, scripts["cN"], 2, conns, args.duration, pids)
     show_wrk(f"POST events, {conns} connections", loaded)
-    health = run_wrk(healthz_url, scripts["healthz"], 2, conns, args.duration)
+    health = run_wrk(healthz_url, scripts["healthz"], 2, conns, args.duration, pids)
     show_wrk(f"GET healthz, {conns} connections", health)
     ratio = loaded["rps"] / health["rps"]
     print(f"  events / healthz throughput at {conns} connections: {ratio:.2f}")

@@ -188,3 +188,35 @@ def test_score_command_matches_the_offline_model(artifacts, tmp_path, capsys):
     (tmp_path / "bad.csv").write_text("student_id,question_id,response\na,3,x\n")
     with pytest.raises(SystemExit, match=r"bad.csv:2: expected an integer response"):
         main(["score", str(tmp_path / "bad.csv"), "--model", "deep_gpcm", "--artifacts", str(art), "--quiet"])
+
+
+def test_reload_under_load_drops_nothing_and_refuses_a_broken_artifact(artifacts, tmp_path, serve):
+    import shutil
+
+    art, _ = artifacts
+    root = tmp_path / "artifacts"
+    shutil.copytree(art, root)
+    broken = root / "deep_gpcm" / "broken"
+    shutil.copytree(art / "deep_gpcm" / "v1", broken)
+    (broken / "step.onnx").write_bytes(b"not an onnx graph")
+
+    async def load(url: str) -> list[int]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            async def ask(i: int) -> int:
+                reply = await http.post("/v1/kt/deep_gpcm/predict", json={"student_id": f"s{i}", "question_ids": [3]})
+                return reply.status_code
+
+            async def reload() -> None:
+                for n in range(3):
+                    shutil.copytree(art / "deep_gpcm" / "v1", root / "deep_gpcm" / f"v{n + 2}")
+                    assert (await http.post("/v1/models/reload")).status_code == 200
+
+            codes, _ = await asyncio.gather(asyncio.gather(*(ask(i) for i in range(300))), reload())
+            return codes
+
+    with serve(Settings(artifacts_dir=root)) as url:
+        codes = asyncio.run(load(url))
+        models = httpx.get(f"{url}/v1/models").json()
+    assert codes == [200] * 300
+    assert sorted(m["version"] for m in models["models"]) == ["v1", "v2", "v3", "v4"]
+    assert any("broken" in path and "step.onnx" in error for path, error in models["errors"].items())
