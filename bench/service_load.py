@@ -351,6 +351,52 @@ def run_wrk(url: str, script: Path, threads: int, connections: int, duration: fl
     return res
 
 
+def metrics_snapshot(base: str) -> dict[tuple, float]:
+    """The service's Prometheus counters and histogram sums/counts, keyed by (sample name, labels)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count", "_total")):
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def inside_service(before: dict, after: dict, requests: int) -> dict:
+    """Where a phase's time went, from the service's own metrics: per-request means in ms."""
+
+    def delta(name: str, **labels) -> float:
+        return sum(v - before.get(k, 0.0) for k, v in after.items()
+                   if k[0] == name and all(dict(k[1]).get(lk) == lv for lk, lv in labels.items()))
+
+    n = max(1, requests)
+    route = "/v1/kt/{model}/events"
+    handled = delta("nextstep_request_seconds_count", route=route)
+    calls = delta("nextstep_inference_seconds_count")
+    out = {
+        "handler_ms": 1000 * delta("nextstep_request_seconds_sum", route=route) / max(1, handled),
+        "onnxruntime_ms": 1000 * delta("nextstep_inference_seconds_sum") / n,
+        "onnxruntime_calls": calls / n,
+        "rows_per_onnxruntime_call": delta("nextstep_microbatch_rows_sum") / max(1, calls),
+        "cas_retries": delta("nextstep_cas_retries_total"),
+    }
+    for op in ("get", "seen", "compare_and_set"):
+        out[f"redis_{op}_ms"] = 1000 * delta("nextstep_state_store_seconds_sum", operation=op) / n
+    return out
+
+
+def show_inside(res: dict) -> None:
+    i = res.get("inside")
+    if i:
+        print(f"  {'':34s} inside the service, mean per request: handler {i['handler_ms']:.3f} ms, of which "
+              f"ONNX Runtime {i['onnxruntime_ms']:.3f} ms ({i['rows_per_onnxruntime_call']:.1f} rows/call), "
+              f"Redis get {i['redis_get_ms']:.3f} + seen {i['redis_seen_ms']:.3f} + CAS "
+              f"{i['redis_compare_and_set_ms']:.3f} ms; CAS retries {i['cas_retries']:.0f}", flush=True)
+
+
 def show_wrk(label: str, res: dict) -> None:
     errors = f"  ERRORS: {res['errors']} (non-2xx {res['status_errors']}, timeouts {res['timeouts']}, " \
              f"socket {res['connect_errors'] + res['read_errors'] + res['write_errors']})" if res["errors"] else ""
@@ -546,10 +592,17 @@ def run(args, work: Path, procs: Processes, results: dict, wall: float) -> int:
     print(f"\nwrk, {args.duration:g} s per run (after {args.warmup:g} s of warm-up at {conns} connections)")
     if args.warmup > 0:
         run_wrk(events_url, scripts["warm"], 2, conns, args.warmup)
+    before = metrics_snapshot(base)
     single = run_wrk(events_url, scripts["c1"], 1, 1, args.duration, pids)
+    after = metrics_snapshot(base)
+    single["inside"] = inside_service(before, after, single["requests"])
     show_wrk("POST events, 1 connection", single)
+    show_inside(single)
     loaded = run_wrk(events_url, scripts["cN"], 2, conns, args.duration, pids)
+    single_after, after = after, metrics_snapshot(base)
+    loaded["inside"] = inside_service(single_after, after, loaded["requests"])
     show_wrk(f"POST events, {conns} connections", loaded)
+    show_inside(loaded)
     health = run_wrk(healthz_url, scripts["healthz"], 2, conns, args.duration, pids)
     show_wrk(f"GET healthz, {conns} connections", health)
     ratio = loaded["rps"] / health["rps"]

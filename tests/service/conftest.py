@@ -173,3 +173,21 @@ def serving(settings: Settings):
 def serve():
     """`with serve(settings) as url:` runs the app under uvicorn on a free loopback port."""
     return serving
+
+
+@pytest.fixture(scope="session")
+def artifact_tree(tmp_path_factory) -> Path:
+    """deep_gpcm/1, deep_gpcm/2 (a copy marked newer) and attention_gpcm/1, tiny and trained once per session."""
+    import json
+
+    small = dict(memory_size=4, key_dim=8, value_dim=8, summary_dim=8, embed_dim=8, n_heads=2, window=4)
+    root = tmp_path_factory.mktemp("service-artifacts")
+    artifacts = root / "artifacts"
+    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 15), seed=3)
+    for name in ("deep_gpcm", "attention_gpcm"):
+        train_model(name, data, artifacts / name / "1", cfg=TrainConfig(epochs=1, model=small), progress=False,
+                    log=False)
+    shutil.copytree(artifacts / "deep_gpcm" / "1", artifacts / "deep_gpcm" / "2")
+    path = artifacts / "deep_gpcm" / "2" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z", "version": "2"}))
+    return artifacts

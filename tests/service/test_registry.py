@@ -11,30 +11,6 @@ import pytest
 
 from nextstep.service.registry import ArtifactError, LoadedModel, ModelRegistry, UnknownId, UnknownModel
 
-SMALL = dict(memory_size=4, key_dim=8, value_dim=8, summary_dim=8, embed_dim=8, n_heads=2, window=4)
-
-
-def build_artifacts(tmp_path_factory) -> Path:
-    """deep_gpcm/1, deep_gpcm/2 (a copy created later) and attention_gpcm/1, trained once per test session
-    (test_runtime.py builds the same tree in the same place and reuses it)."""
-    from nextstep.training.loop import TrainConfig
-    from nextstep.training.run import train_model
-    from nextstep.training.synthetic import write_gpcm_dataset
-
-    root = tmp_path_factory.getbasetemp() / "service-artifacts"
-    artifacts = root / "artifacts"
-    if (root / "done").exists():
-        return artifacts
-    shutil.rmtree(root, ignore_errors=True)
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 15), seed=3)
-    for name in ("deep_gpcm", "attention_gpcm"):
-        train_model(name, data, artifacts / name / "1", cfg=TrainConfig(epochs=1, model=SMALL), progress=False,
-                    log=False)
-    shutil.copytree(artifacts / "deep_gpcm" / "1", artifacts / "deep_gpcm" / "2")
-    edit_manifest(artifacts / "deep_gpcm" / "2", created="2999-01-01T00:00:00Z", version="2")
-    (root / "done").touch()
-    return artifacts
-
 
 def edit_manifest(artifact: Path, **changes) -> dict:
     manifest = json.loads((artifact / "manifest.json").read_text())
@@ -43,22 +19,17 @@ def edit_manifest(artifact: Path, **changes) -> dict:
     return manifest
 
 
-@pytest.fixture(scope="session")
-def artifacts(tmp_path_factory) -> Path:
-    return build_artifacts(tmp_path_factory)
-
-
 @pytest.fixture(scope="module")
-def registry(artifacts) -> ModelRegistry:
-    registry = ModelRegistry(artifacts)
+def registry(artifact_tree) -> ModelRegistry:
+    registry = ModelRegistry(artifact_tree)
     assert registry.load() == {}
     return registry
 
 
 @pytest.fixture
-def scratch(artifacts, tmp_path) -> Path:
+def scratch(artifact_tree, tmp_path) -> Path:
     """A private copy of the artifacts tree that a test may break."""
-    shutil.copytree(artifacts, tmp_path / "artifacts", ignore=shutil.ignore_patterns("report", "*.pt"))
+    shutil.copytree(artifact_tree, tmp_path / "artifacts", ignore=shutil.ignore_patterns("report", "*.pt"))
     return tmp_path / "artifacts"
 
 

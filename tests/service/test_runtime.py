@@ -2,11 +2,8 @@
 requests share runs, requests of different shapes are never mixed, errors reach their own caller."""
 
 import asyncio
-import json
-import shutil
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -15,34 +12,10 @@ import pytest
 from nextstep.service.registry import LoadedModel, ModelRegistry
 from nextstep.service.runtime import MicroBatcher
 
-SMALL = dict(memory_size=4, key_dim=8, value_dim=8, summary_dim=8, embed_dim=8, n_heads=2, window=4)
-
-
-def build_artifacts(tmp_path_factory) -> Path:
-    """The same tree test_registry.py builds (same place, so a session trains it once)."""
-    from nextstep.training.loop import TrainConfig
-    from nextstep.training.run import train_model
-    from nextstep.training.synthetic import write_gpcm_dataset
-
-    root = tmp_path_factory.getbasetemp() / "service-artifacts"
-    artifacts = root / "artifacts"
-    if (root / "done").exists():
-        return artifacts
-    shutil.rmtree(root, ignore_errors=True)
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 15), seed=3)
-    for name in ("deep_gpcm", "attention_gpcm"):
-        train_model(name, data, artifacts / name / "1", cfg=TrainConfig(epochs=1, model=SMALL), progress=False,
-                    log=False)
-    shutil.copytree(artifacts / "deep_gpcm" / "1", artifacts / "deep_gpcm" / "2")
-    path = artifacts / "deep_gpcm" / "2" / "manifest.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z", "version": "2"}))
-    (root / "done").touch()
-    return artifacts
-
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> LoadedModel:
-    registry = ModelRegistry(build_artifacts(tmp_path_factory))
+def model(artifact_tree) -> LoadedModel:
+    registry = ModelRegistry(artifact_tree)
     registry.load()
     return registry.get("attention_gpcm")  # three state tensors, one of them int64 with no per-entity axes
 
