@@ -221,9 +221,11 @@ def prepare_artifacts(given: str | None, work: Path) -> tuple[Path, Path, str]:
             link = root / MODEL / (src.name if not src.name.startswith(".") else "given")
             link.symlink_to(src, target_is_directory=True)
             return root, link, f"given: {src}"
-        found = sorted((src / MODEL).glob("*/manifest.json"))
-        if found:
-            return src, found[-1].parent, f"given artifacts root: {src}"
+        found = [m.parent for m in (src / MODEL).glob("*/manifest.json") if not m.parent.name.startswith(".")]
+        if found:  # the version the service calls latest: newest `created`, then the directory name
+            latest = max(found, key=lambda d: (str(json.loads((d / "manifest.json").read_text()).get("created")),
+                                               d.name))
+            return src, latest, f"given artifacts root: {src} ({MODEL}/{latest.name})"
         raise BenchError(f"--artifact {given}: neither an artifact directory (manifest.json) nor an artifacts "
                          f"root holding {MODEL}/<version>/manifest.json")
     out = root / MODEL / "bench"
