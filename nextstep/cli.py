@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import fields
@@ -94,7 +95,6 @@ def cmd_serve(args) -> int:
     """Serve every artifact under the artifacts directory (settings from NEXTSTEP_* variables)."""
     import uvicorn
 
-    from .service.app import create_app
     from .service.settings import Settings
 
     settings = Settings(**({"artifacts_dir": Path(args.artifacts)} if args.artifacts else {}))
@@ -105,7 +105,12 @@ def cmd_serve(args) -> int:
         print(f"no artifacts under {settings.artifacts_dir}: training small demo models (about a minute)")
         for name, out, _ in build_demo_artifacts(settings.artifacts_dir, settings.artifacts_dir / ".demo_data", 5):
             print(f"  {name}: {out}")
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    # workers > 1 share nothing but Redis (set NEXTSTEP_REDIS_URL): each loads the models itself
+    os.environ["NEXTSTEP_ARTIFACTS_DIR"] = str(settings.artifacts_dir)
+    if args.workers > 1 and not settings.redis_url:
+        raise SystemExit("--workers > 1 needs NEXTSTEP_REDIS_URL: in-process state cannot be shared")
+    uvicorn.run("nextstep.service.app:create_app", factory=True, host=args.host, port=args.port,
+                workers=args.workers, access_log=args.access_log, log_level="info")
     return 0
 
 
@@ -210,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR or ./artifacts)")
     serve.add_argument("--demo", action="store_true", help="train small demo artifacts first if there are none")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (they share state through Redis)")
+    serve.add_argument("--access-log", action="store_true", help="log every request (costs ~0.2 ms each)")
     serve.set_defaults(func=cmd_serve)
 
     score = sub.add_parser("score", help="score whole histories from a JSONL or CSV file into JSONL")

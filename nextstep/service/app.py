@@ -37,6 +37,64 @@ def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+class ServiceMiddleware:
+    """API keys (constant-time compare), body size limit, and request metrics, as plain ASGI: no extra
+    task per request (Starlette's BaseHTTPMiddleware costs about 0.4 ms a request here)."""
+
+    def __init__(self, app, *, settings: Settings, metrics: Metrics):
+        self.app, self.settings, self.metrics = app, settings, metrics
+        self.keys = [k.encode() for k in settings.api_keys]
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.keys and scope["path"] not in OPEN_PATHS:
+            given = headers.get(b"x-api-key", b"")
+            if not any(hmac.compare_digest(given, k) for k in self.keys):
+                return await _error(401, "missing or invalid X-API-Key header", "X-API-Key")(scope, receive, send)
+        limit = self.settings.max_body_bytes
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await _error(413, f"request body over {limit} bytes", "body")(scope, receive, send)
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: buffer within the limit
+            chunks, size, more = [], 0, True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                more = message.get("more_body", False)
+                if size > limit:
+                    return await _error(413, f"request body over {limit} bytes", "body")(scope, receive, send)
+            body = b"".join(chunks)
+
+            async def receive():  # noqa: F811 - replay the buffered body
+                return {"type": "http.request", "body": body, "more_body": False}
+
+        status = 500
+
+        async def send_and_record(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        metrics = self.metrics
+        metrics.in_flight.inc()
+        start = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            metrics.in_flight.dec()
+            route = scope.get("route")  # set by the router on this same scope
+            template = getattr(route, "path", "unmatched")
+            model = scope.get("path_params", {}).get("model", "") if route is not None else ""
+            metrics.requests.labels(template, model, str(status)).inc()
+            metrics.request_seconds.labels(template).observe(time.perf_counter() - start)
+
+
 class TimedStore:
     """The state store with each operation's latency recorded."""
 
@@ -54,6 +112,7 @@ class TimedStore:
             finally:
                 histogram.observe(time.perf_counter() - start)
 
+        setattr(self, name, timed)  # built once per operation; later lookups skip __getattr__
         return timed
 
 
@@ -107,30 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def conflict(request: Request, exc: ConcurrencyConflict):
         return _error(409, str(exc))
 
-    @app.middleware("http")
-    async def guard_and_measure(request: Request, call_next):
-        path = request.url.path
-        if settings.api_keys and path not in OPEN_PATHS:
-            given = request.headers.get("x-api-key", "").encode()
-            if not any(hmac.compare_digest(given, k.encode()) for k in settings.api_keys):
-                return _error(401, "missing or invalid X-API-Key header", "X-API-Key")
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return _error(413, f"request body over {settings.max_body_bytes} bytes", "body")
-        metrics.in_flight.inc()
-        start = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            metrics.in_flight.dec()
-            route = request.scope.get("route")
-            template = route.path if route is not None else "unmatched"
-            model = request.path_params.get("model", "") if route is not None else ""
-            metrics.requests.labels(template, model, str(status)).inc()
-            metrics.request_seconds.labels(template).observe(time.perf_counter() - start)
+    app.add_middleware(ServiceMiddleware, settings=settings, metrics=metrics)
 
     @app.get("/healthz", tags=["system"], summary="The process is alive")
     async def healthz() -> dict:

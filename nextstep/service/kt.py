@@ -136,9 +136,9 @@ class KnowledgeTracer:
         for attempt in range(self.cas_retries):
             if attempt:  # lost a compare-and-set race: back off a little, randomly, so writers spread out
                 await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
-            stored, state = await self._state(model, student_id)
             ids = [e.event_id for e in events if e.event_id is not None]
-            already = await self.store.seen(key, ids) if ids else set()
+            stored, already = await self.store.read(key, ids)
+            state = model.deserialize(stored.blob) if stored.blob is not None else model.initial_state
             fresh, fresh_ids = [], []
             for i, e in enumerate(events):
                 if e.event_id is not None:

@@ -60,6 +60,10 @@ class StoreUnavailable(RuntimeError):
 class StateStore(Protocol):
     async def get(self, key: str) -> StoredState: ...
 
+    async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
+        """`get` and `seen` together, in one round trip where the backend allows."""
+        ...
+
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
         """Which of `event_ids` were already applied to `key` (within the de-duplication window)."""
         ...
@@ -151,6 +155,14 @@ class InProcessStore:
         async with self._lock:
             entry = self._live(key, time.monotonic())
             return set() if entry is None else {i for i in event_ids if i in entry.ids}
+
+    async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
+        async with self._lock:
+            entry = self._live(key, time.monotonic())
+            if entry is None:
+                return ABSENT, set()
+            state = StoredState(entry.version, entry.events, entry.updated, entry.blob)
+            return state, {i for i in event_ids if i in entry.ids}
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
@@ -298,6 +310,21 @@ class RedisStore:
         _, ids_key = self._keys(key)
         scores = await self._run("seen", self._redis.zmscore(ids_key, list(event_ids)))  # Redis >= 6.2
         return {event_id for event_id, score in zip(event_ids, scores, strict=True) if score is not None}
+
+    async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
+        state_key, ids_key = self._keys(key)
+        pipe = self._redis.pipeline(transaction=False)  # one round trip for both reads
+        pipe.hmget(state_key, ["version", "events", "updated", "blob"])
+        if event_ids:
+            pipe.zmscore(ids_key, list(event_ids))
+        replies = await self._run("read", pipe.execute())
+        version, events, updated, blob = replies[0]
+        seen = set()
+        if event_ids:
+            seen = {i for i, score in zip(event_ids, replies[1], strict=True) if score is not None}
+        if version is None:
+            return ABSENT, seen
+        return StoredState(int(version), int(events), float(updated), bytes(blob)), seen
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()

@@ -144,6 +144,16 @@ def test_unknown_model_api_keys_and_body_limit(artifacts, serve):
         big = {"student_id": "s", "question_ids": [3] * 2000}
         assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=big, headers={"X-API-Key": "k1"}).status_code == 413
         assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no key
+
+        def chunked(n: int):  # no content-length: the limit applies while the body streams in
+            yield b'{"student_id": "s", "question_ids": ['
+            yield b"3," * n
+            yield b"3]}"
+
+        for n, status in ((10, 200), (2000, 413)):
+            reply = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", content=chunked(n),
+                               headers={"X-API-Key": "k1", "content-type": "application/json"})
+            assert reply.status_code == status, reply.text
         metrics = httpx.get(f"{url}/metrics").text
         assert 'nextstep_requests_total{model="deep_gpcm",route="/v1/kt/{model}/predict",status="200"} 1.0' in metrics
 

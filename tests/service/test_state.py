@@ -113,6 +113,19 @@ def test_event_ids_are_recorded_per_key(open_store: Opener) -> None:
     asyncio.run(body())
 
 
+def test_read_returns_state_and_seen_ids_together(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store() as store:
+            assert await store.read(KEY, ["e1"]) == (await store.get(KEY), set())
+            await store.compare_and_set(KEY, 0, b"abc", 2, ["e1", "e2"])
+            state, seen = await store.read(KEY, ["e2", "e9"])
+            assert state == await store.get(KEY) and state.blob == b"abc" and state.version == 1
+            assert seen == {"e2"}
+            assert (await store.read(KEY))[1] == set()
+
+    asyncio.run(body())
+
+
 def test_ttl_expires_state_and_ids_and_writes_refresh_it(open_store: Opener) -> None:
     async def body() -> None:
         async with open_store(ttl_seconds=0.4) as store:
