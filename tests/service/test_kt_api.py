@@ -155,7 +155,7 @@ def test_unknown_model_api_keys_and_body_limit(artifacts, serve):
                                headers={"X-API-Key": "k1", "content-type": "application/json"})
             assert reply.status_code == status, reply.text
         metrics = httpx.get(f"{url}/metrics").text
-        assert 'nextstep_requests_total{model="deep_gpcm",route="/v1/kt/{model}/predict",status="200"} 1.0' in metrics
+        assert 'nextstep_requests_total{model="deep_gpcm",route="/v1/kt/{model}/predict",status="200"} 2.0' in metrics
 
 
 def test_next_item_ranks_by_fisher_information_and_target(artifacts, serve):
