@@ -385,7 +385,7 @@ def inside_service(before: dict, after: dict, requests: int) -> dict:
         "rows_per_onnxruntime_call": delta("nextstep_microbatch_rows_sum") / max(1, calls),
         "cas_retries": delta("nextstep_cas_retries_total"),
     }
-    for op in ("get", "seen", "compare_and_set"):
+    for op in ("read", "compare_and_set"):
         out[f"redis_{op}_ms"] = 1000 * delta("nextstep_state_store_seconds_sum", operation=op) / n
     return out
 
@@ -395,7 +395,7 @@ def show_inside(res: dict) -> None:
     if i:
         print(f"  {'':34s} inside the service, mean per request: handler {i['handler_ms']:.3f} ms, of which "
               f"ONNX Runtime {i['onnxruntime_ms']:.3f} ms ({i['rows_per_onnxruntime_call']:.1f} rows/call), "
-              f"Redis get {i['redis_get_ms']:.3f} + seen {i['redis_seen_ms']:.3f} + CAS "
+              f"Redis read (state + seen ids) {i['redis_read_ms']:.3f} + CAS "
               f"{i['redis_compare_and_set_ms']:.3f} ms; CAS retries {i['cas_retries']:.0f}", flush=True)
 
 
