@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import machine  # bench/machine.py (the script's directory is on sys.path)
+
 MODEL = "deep_gpcm"
 HISTORY = 200  # events in the stateless request (and in the parity student)
 TARGETS = {  # the targets
@@ -70,20 +72,8 @@ class BenchError(RuntimeError):
 
 # -- machine -----------------------------------------------------------------------------------------
 def machine_info() -> dict:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        load = None
+    info = machine()
+    cpu, usable, load = info["cpu"], info["usable_cpus"], info["load_avg"]
     wrk_version = ""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["wrk", "--version"], capture_output=True, text=True, timeout=10)

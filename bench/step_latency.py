@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+from machine import machine  # bench/machine.py (the script's directory is on sys.path)
 
 from nextstep.models.deep_gpcm import MODELS, GPCMConfig
 from nextstep.training.export import export_artifact, onnx_session
@@ -247,20 +248,9 @@ def agreement(engines, batch: int, raw_inputs) -> dict:
 
 # -- report ------------------------------------------------------------------------------------------
 def machine_info() -> dict:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    try:
-        load = round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        load = None
+    info = machine()
+    cpu, usable = info["cpu"], info["usable_cpus"]
+    load = info["load_avg"][0] if info["load_avg"] else None
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cpus": usable, "load_avg_1m_at_start": load,
             "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__, "onnxruntime": ort.__version__,
