@@ -15,6 +15,7 @@ step-by-step vs TorchScript vs ONNX Runtime. An export that does not hold parity
 """
 
 import json
+import logging
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -80,6 +81,8 @@ class PredictGraph(nn.Module):
 
 def _export_onnx(graph: nn.Module, example: tuple, names: list[str], outputs: list[str], path: Path,
                  dynamic: list[dict]) -> None:
+    for noisy in ("onnxscript", "torch.onnx", "onnx_ir"):  # the exporter logs every folding decision
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(graph, example, input_names=names, output_names=outputs,
