@@ -45,7 +45,7 @@ train-synthetic:  ## the three Deep-GPCM variants on the GPCM synthetic set (art
 
 train-assist2009:  ## deep_gpcm on DKVMN's ASSISTments 2009 copy (binary)
 	$(BIN)/nextstep train deep_gpcm --data $(DATA)/kt/dkvmn_assist2009_updated --out artifacts/deep_gpcm/assist2009 \
-	  --config configs/deep_gpcm_assist2009.json
+	  --config configs/deep_gpcm_assistments09.json
 
 clean:
 	rm -rf artifacts .pytest_cache .ruff_cache
