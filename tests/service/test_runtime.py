@@ -63,20 +63,25 @@ def test_single_request_equals_session_run(model):
     assert batches[0][1] > 0
 
 
-def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(model):
-    session = model.sessions["step_predict"]
-    rng = np.random.default_rng(1)
-    requests = [random_feeds(model, rng, rows=2 if i % 10 == 0 else 1) for i in range(50)]
+def run_concurrently(session, requests: list[dict], max_batch: int) -> tuple[list, list[int]]:
+    """All requests at once through one batcher: (each request's outputs, rows of every session.run)."""
     batches = []
 
     async def main():
-        batcher = MicroBatcher(session, max_batch=64, on_batch=lambda rows, seconds: batches.append(rows))
+        batcher = MicroBatcher(session, max_batch=max_batch, on_batch=lambda rows, seconds: batches.append(rows))
         try:
             return await asyncio.gather(*(batcher.run(f) for f in requests))
         finally:
             await batcher.close()
 
-    results = asyncio.run(main())
+    return asyncio.run(main()), batches
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(model):
+    session = model.sessions["step_predict"]
+    rng = np.random.default_rng(1)
+    requests = [random_feeds(model, rng, rows=2 if i % 10 == 0 else 1) for i in range(50)]
+    results, batches = run_concurrently(session, requests, max_batch=64)
     for feeds, got in zip(requests, results, strict=True):
         assert_same(got, direct(session, feeds))
     assert sum(batches) == sum(f["question"].shape[0] for f in requests) == 55
@@ -89,16 +94,8 @@ def test_max_batch_caps_the_rows_of_a_run(model):
     session = model.sessions["step_predict"]
     rng = np.random.default_rng(2)
     requests = [random_feeds(model, rng) for _ in range(40)]
-    batches = []
-
-    async def main():
-        batcher = MicroBatcher(session, max_batch=8, on_batch=lambda rows, seconds: batches.append(rows))
-        try:
-            return await asyncio.gather(*(batcher.run(f) for f in requests))
-        finally:
-            await batcher.close()
-
-    for feeds, got in zip(requests, asyncio.run(main()), strict=True):
+    results, batches = run_concurrently(session, requests, max_batch=8)
+    for feeds, got in zip(requests, results, strict=True):
         assert_same(got, direct(session, feeds))
     assert max(batches) == 8 and sum(batches) == 40
 
