@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .kt import ConcurrencyConflict, Engines, InvalidInput, KnowledgeTracer
+from .kt import ConcurrencyConflict, Engines, InvalidInput, KnowledgeTracer, TooLarge
 from .metrics import Metrics
 from .registry import ModelRegistry, UnknownId, UnknownModel
 from .routes import kt as kt_routes
@@ -22,12 +22,6 @@ from .state import StoreUnavailable, make_store
 
 log = logging.getLogger("nextstep.service")
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
-
-
-class RequestError(Exception):
-    def __init__(self, status: int, field: str, message: str):
-        super().__init__(message)
-        self.status, self.field, self.message = status, field, message
 
 
 def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
@@ -152,11 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(request: Request, exc: InvalidInput):
-        return _error(422, str(exc), exc.field)
-
-    @app.exception_handler(RequestError)
-    async def request_error(request: Request, exc: RequestError):
-        return _error(exc.status, f"{exc.field}: {exc.message}", exc.field)
+        return _error(413 if isinstance(exc, TooLarge) else 422, str(exc), exc.field)
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(request: Request, exc: StoreUnavailable):

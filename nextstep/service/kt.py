@@ -16,7 +16,7 @@ import numpy as np
 
 from .registry import LoadedModel, ModelRegistry, UnknownId
 from .runtime import MicroBatcher
-from .state import StateStore
+from .state import StateStore, StoredState
 
 
 class InvalidInput(ValueError):
@@ -25,6 +25,10 @@ class InvalidInput(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class TooLarge(InvalidInput):
+    """More items in a request than the settings allow (HTTP 413)."""
 
 
 class ConcurrencyConflict(RuntimeError):
@@ -39,25 +43,32 @@ class Event:
 
 
 class Engines:
-    """One micro-batcher per (model version, graph), created on first use."""
+    """One micro-batcher per (loaded model, graph), created on first use. Keyed weakly by the model
+    object, so a reload's replaced models (and their sessions) are released, and a new model can never
+    inherit an old model's batcher."""
 
     def __init__(self, max_batch: int, max_wait_ms: float, on_batch=None):
         self.max_batch, self.max_wait_ms, self.on_batch = max_batch, max_wait_ms, on_batch
-        self._batchers: dict[tuple[int, str], MicroBatcher] = {}
+        self._batchers: weakref.WeakKeyDictionary[LoadedModel, dict[str, MicroBatcher]] = \
+            weakref.WeakKeyDictionary()
 
     async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        key = (id(model), graph)
-        batcher = self._batchers.get(key)
+        graphs = self._batchers.setdefault(model, {})
+        batcher = graphs.get(graph)
         if batcher is None:
-            on_batch = (lambda rows, secs: self.on_batch(model, graph, rows, secs)) if self.on_batch else None
-            batcher = self._batchers[key] = MicroBatcher(model.sessions[graph], max_batch=self.max_batch,
-                                                         max_wait_ms=self.max_wait_ms, on_batch=on_batch)
+            name, on_batch = model.name, None  # capture the name only: the batcher must not keep the model alive
+            if self.on_batch:
+                def on_batch(rows, secs):
+                    self.on_batch(name, graph, rows, secs)
+            batcher = graphs[graph] = MicroBatcher(model.sessions[graph], max_batch=self.max_batch,
+                                                   max_wait_ms=self.max_wait_ms, on_batch=on_batch)
         names = model.input_names[graph]
         return await batcher.run({n: feeds[n] for n in names})
 
     async def close(self) -> None:
-        for batcher in self._batchers.values():
-            await batcher.close()
+        for graphs in list(self._batchers.values()):
+            for batcher in graphs.values():
+                await batcher.close()
 
 
 def question_index(model: LoadedModel, ids: list[str], field: str) -> np.ndarray:
@@ -109,10 +120,13 @@ class KnowledgeTracer:
                                    f"{e.response} is outside 0..{model.n_cats - 1} for model {model.name}")
         return np.array([e.response for e in events], dtype=np.int64)
 
+    @staticmethod
+    def _decode(model: LoadedModel, stored: StoredState) -> dict[str, np.ndarray]:
+        return model.deserialize(stored.blob) if stored.blob is not None else model.initial_state
+
     async def _state(self, model: LoadedModel, student_id: str):
         stored = await self.store.get(self.key(model, student_id))
-        state = model.deserialize(stored.blob) if stored.blob is not None else model.initial_state
-        return stored, state
+        return stored, self._decode(model, stored)
 
     async def _predict(self, model: LoadedModel, state: dict[str, np.ndarray], indices: np.ndarray):
         return await self.engines.run(model, "predict", {**_batched(state), "questions": indices[None]})
@@ -138,7 +152,7 @@ class KnowledgeTracer:
                 await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
             ids = [e.event_id for e in events if e.event_id is not None]
             stored, already = await self.store.read(key, ids)
-            state = model.deserialize(stored.blob) if stored.blob is not None else model.initial_state
+            state = self._decode(model, stored)
             fresh, fresh_ids = [], []
             for i, e in enumerate(events):
                 if e.event_id is not None:

@@ -24,6 +24,6 @@ class Metrics:
         self.models_loaded = Gauge("nextstep_models_loaded", "model versions loaded", registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
 
-    def on_batch(self, model, graph: str, rows: int, seconds: float) -> None:
-        self.inference_seconds.labels(model.name, graph).observe(seconds)
-        self.batch_rows.labels(model.name, graph).observe(rows)
+    def on_batch(self, model_name: str, graph: str, rows: int, seconds: float) -> None:
+        self.inference_seconds.labels(model_name, graph).observe(seconds)
+        self.batch_rows.labels(model_name, graph).observe(rows)

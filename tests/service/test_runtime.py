@@ -226,3 +226,28 @@ def test_single_request_overhead_is_small(model):
     batched = statistics.median(asyncio.run(timed_batcher()))
     print(f"\nsingle request, median of {n}: session.run {plain * 1e6:.0f} us, MicroBatcher.run "
           f"{batched * 1e6:.0f} us, overhead {(batched - plain) * 1e6:.0f} us")
+
+
+def test_engines_release_the_batchers_of_models_replaced_by_a_reload(artifact_tree):
+    import gc
+
+    from nextstep.service.kt import Engines
+
+    registry = ModelRegistry(artifact_tree)
+    registry.load()
+    engines = Engines(max_batch=8, max_wait_ms=0)
+    rng = np.random.default_rng(5)
+
+    async def use(model):
+        return await engines.run(model, "step_predict", random_feeds(model, rng))
+
+    old = registry.get("attention_gpcm")
+    asyncio.run(use(old))
+    registry.load()  # a reload builds new LoadedModel objects with their own sessions
+    new = registry.get("attention_gpcm")
+    assert new is not old
+    asyncio.run(use(new))
+    del old
+    gc.collect()
+    assert list(engines._batchers.keys()) == [new]  # the replaced model and its batcher are gone
+    asyncio.run(engines.close())

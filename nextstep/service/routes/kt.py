@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..kt import Event, KnowledgeTracer
+from ..kt import Event, KnowledgeTracer, TooLarge
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"])
 
@@ -77,10 +77,8 @@ class BatchIn(Strict):
 
 
 def _too_many(field: str, n: int, limit: int):
-    from ..app import RequestError
-
     if n > limit:
-        raise RequestError(413, field, f"{n} items; at most {limit} per request")
+        raise TooLarge(field, f"{n} items; at most {limit} per request")
 
 
 def _events(items: list[EventIn]) -> list[Event]:
