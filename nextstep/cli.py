@@ -29,21 +29,56 @@ def _train_config(args):
     return TrainConfig(**values)
 
 
+def _next_item_config(args):
+    """The model's training config from --config (model overrides under "model") and the flags."""
+    from .training.next_item_run import TRAINERS
+
+    cls = TRAINERS[args.model][0]
+    values = json.loads(Path(args.config).read_text()) if args.config else {}
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SystemExit(f"--config {args.config}: unknown keys {unknown}; expected some of {sorted(known)}")
+    for flag in ("epochs", "seed", "loss"):
+        if getattr(args, flag, None) is not None:
+            if flag not in known:
+                raise SystemExit(f"--{flag} does not apply to {args.model}")
+            values[flag] = getattr(args, flag)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"{args.model} config: {exc}") from None
+
+
 def cmd_train(args) -> int:
+    from .training.next_item_run import TRAINERS, train_next_item
     from .training.run import train_model
 
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-    manifest = train_model(args.model, args.data, out, cfg=_train_config(args), fmt=args.format,
-                           progress=not args.quiet)
+    if args.model in TRAINERS:
+        manifest = train_next_item(args.model, args.data, out, cfg=_next_item_config(args), valid=args.valid,
+                                   fmt=args.format, progress=not args.quiet)
+    else:
+        if args.valid or args.loss:
+            raise SystemExit("--valid and --loss apply to next-item models; knowledge tracing validates on a "
+                             "split of the training students (valid_fraction) and takes losses from --config")
+        manifest = train_model(args.model, args.data, out, cfg=_train_config(args), fmt=args.format,
+                               progress=not args.quiet)
     print(json.dumps({"artifact": str(out), "metrics": manifest["metrics"], "parity": manifest["parity"],
                       "training": manifest["training"]}, indent=2))
     return 0
 
 
 def cmd_evaluate(args) -> int:
+    from .training.next_item_run import TASK, evaluate_next_item
     from .training.run import evaluate_artifact
 
-    print(json.dumps(evaluate_artifact(args.artifact, args.data, args.format, args.max_len), indent=2))
+    task = json.loads((Path(args.artifact) / "manifest.json").read_text()).get("task")
+    if task == TASK:
+        result = evaluate_next_item(args.artifact, args.data, valid=args.valid, fmt=args.format)
+    else:
+        result = evaluate_artifact(args.artifact, args.data, args.format, args.max_len)
+    print(json.dumps(result, indent=2))
     return 0
 
 
@@ -188,25 +223,34 @@ def cmd_score(args) -> int:
     return 0
 
 
+NEXT_ITEM_MODELS = ("gru4rec", "popularity", "markov", "mrn")
+KT_FORMATS = ("three_line", "pykt", "dtransformer")
+SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nextstep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a model on a data set directory, evaluate it, export it")
-    train.add_argument("model", choices=["deep_gpcm", "attention_gpcm", "coral_gpcm"])
+    train.add_argument("model", choices=["deep_gpcm", "attention_gpcm", "coral_gpcm", *NEXT_ITEM_MODELS])
     train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
     train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION)")
-    train.add_argument("--format", choices=["three_line", "pykt", "dtransformer"], help="override detection")
+    train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
     train.add_argument("--epochs", type=int)
     train.add_argument("--seed", type=int)
-    train.add_argument("--config", help="JSON file of TrainConfig fields (model overrides under 'model')")
+    train.add_argument("--loss", help="next-item training loss (gru4rec: cross-entropy, bpr, bpr-max)")
+    train.add_argument("--valid", action="store_true",
+                       help="next-item: train on *_train_tr and evaluate on *_train_valid (tuning; test unread)")
+    train.add_argument("--config", help="JSON file of training config fields (model overrides under 'model')")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="re-measure an artifact on a data set's test file")
     evaluate.add_argument("artifact")
     evaluate.add_argument("--data", required=True)
-    evaluate.add_argument("--format", choices=["three_line", "pykt", "dtransformer"])
+    evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS])
+    evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
     evaluate.add_argument("--max-len", type=int, help="score chunks of this length, each from a fresh state")
     evaluate.set_defaults(func=cmd_evaluate)
 

@@ -1,0 +1,258 @@
+"""Training GRU4Rec: session-parallel mini-batches, shared sampled negatives, the four losses, Adagrad
+with momentum.
+
+Session-parallel mini-batches (Hidasi et al. 2016): B slots each walk through one session; at every
+step slot b feeds the current item of its session and is scored on the next one. When a session has no
+next item, the slot takes the next session in the epoch's order and its hidden state is zeroed before
+that session's first item; when no session is left the slot is dropped, so every event of every
+session is trained on (the batch shrinks at the end of an epoch instead of the epoch ending early).
+The reset mask is computed afresh at every step (never carried over), so no false resets.
+
+Scores are computed only for the B targets of the step plus n_sample extra negatives drawn once per
+step for the whole mini-batch from popularity^sample_alpha: a (B, B + n_sample) matrix whose diagonal
+holds each slot's target. The whole catalogue is never scored in training.
+
+Losses on that matrix O (row b, positive in column b):
+  cross-entropy  -log softmax(O_b)_b, with the logQ correction O_bj -= logq * log Q_j, where
+                 Q_j = B * p_j + n_sample * s_j is the expected number of times item j appears among the
+                 columns (p = popularity, the distribution of in-batch targets; s = popularity^alpha);
+  bpr            mean over negatives j of -log sigmoid(O_bb - O_bj);
+  bpr-max        -log sum_j s_bj sigmoid(O_bb - O_bj) + bpreg * sum_j s_bj O_bj^2, with s_b the softmax
+                 over the negatives (Hidasi & Karatzoglou 2018), computed in log space (no log(0)).
+Losses are summed over the mini-batch, as in the official code (its learning rates assume that).
+"""
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..models.gru4rec import GRU4Rec
+from .sessions import SessionData
+
+LOSSES = ("cross-entropy", "bpr", "bpr-max")
+
+
+@dataclass
+class GRU4RecTrainConfig:
+    loss: str = "cross-entropy"
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 0.2
+    momentum: float = 0.2
+    n_sample: int = 512  # extra negatives per step, shared by the mini-batch
+    sample_alpha: float = 0.5  # negatives ~ popularity^alpha
+    logq: float = 1.0  # logQ correction strength (cross-entropy); 0 turns it off
+    bpreg: float = 1.0  # bpr-max score regularisation
+    elu_param: float = 0.0  # bpr-max: ELU on the scores first (0: off)
+    session_order: str = "random"  # "random" (reshuffled each epoch) or "time" (by session start)
+    seed: int = 0
+    threads: int = 1  # torch intra-op threads (0: torch default); 1 is fastest for these small matrices
+    model: dict = field(default_factory=dict)  # GRU4RecConfig overrides
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.session_order not in ("random", "time"):
+            raise ValueError(f"session_order must be 'random' or 'time', got {self.session_order!r}")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("lr", "n_sample", "sample_alpha", "logq", "bpreg", "elu_param"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+
+
+def session_parallel(offsets: np.ndarray, order: np.ndarray, batch_size: int):
+    """Yield (positions, keep, reset) per step: `positions` (B,) index the input events (targets are the
+    next positions); before using the hidden state, keep only rows `keep` (None: all) and then zero rows
+    `reset` (None: none). `order` lists the sessions in the order they enter slots."""
+    k = min(batch_size, len(order))
+    start, end = offsets[order[:k]].copy(), offsets[order[:k] + 1].copy()
+    upcoming = k
+    keep, reset = None, np.ones(k, bool)
+    while len(start):
+        run = int((end - start).min()) - 1  # steps every slot can take before one of them needs a new session
+        for i in range(run):
+            yield start + i, keep, reset
+            keep = reset = None
+        start = start + max(run, 0)
+        done = np.flatnonzero(end - start <= 1)
+        new = order[upcoming:upcoming + len(done)]
+        upcoming += len(new)
+        fill, drop = done[:len(new)], done[len(new):]
+        start[fill], end[fill] = offsets[new], offsets[new + 1]
+        reset_rows = np.zeros(len(start), bool)
+        reset_rows[fill] = True
+        reset = reset_rows if reset is None else reset | reset_rows
+        if len(drop):
+            kept = np.ones(len(start), bool)
+            kept[drop] = False
+            keep = kept if keep is None else _compose(keep, kept)
+            start, end, reset = start[kept], end[kept], reset[kept]
+
+
+def _compose(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Row selection `first` (over the old rows) followed by `second` (over the rows that survived it)."""
+    out = np.zeros(len(first), bool)
+    out[np.flatnonzero(first)[second]] = True
+    return out
+
+
+class NegativeSampler:
+    """Draws item rows with probability popularity^alpha, a cache of many steps at a time."""
+
+    def __init__(self, counts: np.ndarray, alpha: float, n_sample: int, generator: torch.Generator,
+                 cache_steps: int = 2048):
+        weights = torch.from_numpy(counts.astype(np.float64)) ** alpha
+        weights[counts == 0] = 0.0
+        self.weights = weights.float()
+        self.n_sample, self.cache_steps, self.generator = n_sample, cache_steps, generator
+        self.cache, self.used = torch.empty(0, n_sample, dtype=torch.long), 0
+
+    def draw(self) -> torch.Tensor:
+        if self.used == len(self.cache):
+            flat = torch.multinomial(self.weights, self.cache_steps * self.n_sample, replacement=True,
+                                     generator=self.generator)
+            self.cache, self.used = flat.view(self.cache_steps, self.n_sample), 0
+        self.used += 1
+        return self.cache[self.used - 1]
+
+
+def sampled_loss(O: torch.Tensor, kind: str, bpreg: float = 0.0, elu_param: float = 0.0) -> torch.Tensor:
+    """O (M, M + n): row b's positive in column b, every other column a negative. Summed over rows."""
+    M = O.shape[0]
+    diag = torch.arange(M)
+    positive = O[diag, diag].unsqueeze(1)
+    if kind == "cross-entropy":
+        return (torch.logsumexp(O, 1) - positive.squeeze(1)).sum()
+    negative = torch.ones_like(O, dtype=torch.bool)
+    negative[diag, diag] = False
+    if kind == "bpr":
+        return -(F.logsigmoid(positive - O) * negative).sum() / max(O.shape[1] - 1, 1)
+    if kind == "bpr-max":
+        if elu_param > 0:
+            O = F.elu(O, elu_param)
+            positive = O[diag, diag].unsqueeze(1)
+        log_s = torch.log_softmax(O.masked_fill(~negative, float("-inf")), 1)
+        ranking = -torch.logsumexp(log_s + F.logsigmoid(positive - O), 1)
+        reg = (log_s.exp() * O.pow(2)).sum(1)
+        return (ranking + bpreg * reg).sum()
+    raise ValueError(f"unknown loss {kind!r}")
+
+
+class AdagradM(torch.optim.Optimizer):
+    """Adagrad with momentum, the optimiser of the official GRU4Rec. Sparse gradients (item embeddings)
+    update only the rows they touch: their squared-gradient accumulators and momenta included, so an
+    item's embedding does not keep drifting on momentum in steps where it was not seen."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, eps: float = 1e-6):
+        super().__init__(params, {"lr": lr, "momentum": momentum, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            lr, mu, eps = group["lr"], group["momentum"], group["eps"]
+            dense = []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["acc"] = torch.zeros_like(p)
+                    state["mom"] = torch.zeros_like(p)
+                if p.grad.is_sparse:
+                    self._sparse_step(p, p.grad.coalesce(), state, lr, mu, eps)
+                else:
+                    dense.append(p)
+            if dense:  # one fused pass over all dense parameters
+                grads = [p.grad for p in dense]
+                accs = [self.state[p]["acc"] for p in dense]
+                torch._foreach_addcmul_(accs, grads, grads)
+                denom = torch._foreach_sqrt(accs)
+                torch._foreach_add_(denom, eps)
+                updates = torch._foreach_div(grads, denom)
+                torch._foreach_mul_(updates, -lr)
+                if mu > 0:
+                    moms = [self.state[p]["mom"] for p in dense]
+                    torch._foreach_mul_(moms, mu)
+                    torch._foreach_add_(moms, updates)
+                    updates = moms
+                torch._foreach_add_(dense, updates)
+
+    @staticmethod
+    def _sparse_step(p, grad, state, lr, mu, eps):
+        rows, values = grad.indices()[0], grad.values()
+        acc = state["acc"].index_add_(0, rows, values * values)
+        update = values / (acc[rows].sqrt() + eps) * -lr
+        if mu > 0:
+            update = state["mom"][rows] * mu + update
+            state["mom"].index_copy_(0, rows, update)
+        p.index_add_(0, rows, update)
+
+
+def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, progress: bool = True,
+                log: bool = True) -> list[dict]:
+    """Train in place on encoded sessions; return one record per epoch (loss per event, events/s)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    counts = np.bincount(train.items, minlength=model.n_items)
+    popularity = torch.from_numpy(counts / counts.sum()).float()
+    sampler = NegativeSampler(counts, cfg.sample_alpha, cfg.n_sample, generator) if cfg.n_sample else None
+    q_sample = sampler.weights / sampler.weights.sum() if sampler else None
+    items = torch.from_numpy(train.items)
+    offsets = train.offsets
+    optimizer = AdagradM(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    n_targets = int((train.lengths() - 1).clip(min=0).sum())
+    history = []
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        order = rng.permutation(len(train)) if cfg.session_order == "random" else np.arange(len(train))
+        state = model.init_state(min(cfg.batch_size, len(train)))
+        total, seen, started = 0.0, 0, time.perf_counter()
+        bar = tqdm(total=n_targets, desc=f"epoch {epoch}/{cfg.epochs}", unit="ev", disable=not progress,
+                   mininterval=1.0)
+        for positions, keep, reset in session_parallel(offsets, order, cfg.batch_size):
+            if keep is not None:
+                keep_t = torch.from_numpy(keep)
+                state = tuple(h[keep_t] for h in state)
+            if reset is not None:
+                reset_t = torch.from_numpy(reset).unsqueeze(1)
+                state = tuple(h.masked_fill(reset_t, 0.0) for h in state)
+            pos = torch.from_numpy(positions)
+            inp, target = items[pos], items[pos + 1]
+            state = model.advance(state, inp)
+            columns = target if sampler is None else torch.cat([target, sampler.draw()])
+            O = model.score_items(state[-1], columns)
+            if cfg.loss == "cross-entropy" and cfg.logq > 0:
+                q = len(target) * popularity[columns]
+                if sampler is not None:
+                    q = q + cfg.n_sample * q_sample[columns]
+                O = O - cfg.logq * torch.log(q)
+            loss = sampled_loss(O, cfg.loss, cfg.bpreg, cfg.elu_param)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            state = tuple(h.detach() for h in state)
+            total += loss.item()
+            seen += len(target)
+            bar.update(len(target))
+        bar.close()
+        seconds = time.perf_counter() - started
+        record = {"epoch": epoch, "loss": total / max(seen, 1), "events": seen, "seconds": round(seconds, 2),
+                  "events_per_second": round(seen / seconds, 1)}
+        if not math.isfinite(record["loss"]):
+            raise FloatingPointError(f"training diverged at epoch {epoch}: loss {record['loss']}")
+        history.append(record)
+        if log:
+            print(f"epoch {epoch}: loss {record['loss']:.4f}  {record['events_per_second']:.0f} events/s")
+    model.eval()
+    return history

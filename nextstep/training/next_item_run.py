@@ -1,0 +1,124 @@
+"""One next-item run end to end: read a session data set, train, evaluate with the official protocol, export.
+
+    *_train_full --> training (or *_train_tr with valid=True, for tuning)
+    *_test       --> metrics.test (or *_train_valid with valid=True; the test file is then never read)
+
+Each model family registers a trainer: (config dataclass, function(cfg, train, n_items, progress, log)
+-> (model, history)). The item vocabulary is built from the training sessions; test events whose item
+is unknown to it are dropped before evaluation, as the official protocol does.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models.gru4rec import GRU4Rec, GRU4RecConfig
+from ..models.next_item import Markov, NextItemModel, Popularity
+from .data import Vocabulary
+from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
+from .next_item_export import TASK, export_next_item
+from .ranking import evaluate_sessions
+from .run import fingerprint
+from .sessions import SessionData, load_session_split
+
+
+@dataclass
+class CountConfig:
+    """Popularity and Markov have nothing to tune but the Markov successor list width."""
+
+    width: int = 100
+    seed: int = 0
+
+
+def _train_gru4rec(cfg: GRU4RecTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
+    torch.manual_seed(cfg.seed)
+    model = GRU4Rec(GRU4RecConfig(n_items=n_items, **cfg.model))
+    return model, fit_gru4rec(model, train, cfg, progress=progress, log=log)
+
+
+def _train_popularity(cfg: CountConfig, train: SessionData, n_items: int, progress: bool, log: bool):
+    return Popularity.fit(train.items, n_items), []
+
+
+def _train_markov(cfg: CountConfig, train: SessionData, n_items: int, progress: bool, log: bool):
+    return Markov.fit(train.items, train.offsets, n_items, cfg.width), []
+
+
+TRAINERS = {
+    "gru4rec": (GRU4RecTrainConfig, _train_gru4rec),
+    "popularity": (CountConfig, _train_popularity),
+    "markov": (CountConfig, _train_markov),
+}
+
+
+def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, *, cfg=None, valid: bool = False,
+                    fmt: str | None = None, progress: bool = True, log: bool = True, top_k: int = 100) -> dict:
+    if model_name not in TRAINERS:
+        raise ValueError(f"unknown next-item model {model_name!r}; expected one of {sorted(TRAINERS)}")
+    config_cls, trainer = TRAINERS[model_name]
+    cfg = cfg if cfg is not None else config_cls()
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    started = time.perf_counter()
+    train, test = load_session_split(data_dir, valid=valid, fmt=fmt)
+    vocab = Vocabulary.build(train.items)
+    train_enc, test_enc = train.encode(vocab, drop_unknown=False), test.encode(vocab)
+    model, history = trainer(cfg, train_enc, len(vocab), progress, log)
+    train_seconds = time.perf_counter() - started
+    split = "valid" if valid else "test"
+    dropped = test.n_events - test_enc.n_events
+    metrics = {split: {**evaluate_sessions(model, test_enc), "dropped_unknown_events": dropped}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "name": model_name,
+        "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": {"dir": str(data_dir), "train_file": train.path, "eval_file": test.path, "split": split,
+                 "fingerprint": fingerprint(*{train.path, test.path}) if train.path else None,
+                 "n_train_sessions": len(train), "n_train_events": train.n_events,
+                 "n_eval_sessions": len(test_enc), "n_items": len(vocab) - 2},
+        "metrics": metrics,
+        "train_config": asdict(cfg),
+        "training": {"epochs": history, "seconds": round(train_seconds, 1), "torch": torch.__version__},
+    }
+    manifest = export_next_item(model, out_dir, manifest=manifest, vocab_json=vocab.to_json(),
+                                parity_sessions=parity_sessions(test_enc), top_k=top_k)
+    return manifest
+
+
+def parity_sessions(data: SessionData, n: int = 8, length: int = 12) -> torch.Tensor:
+    """The n longest held-out sessions cut (or cycled) to `length` items: the export parity batch."""
+    longest = np.argsort(-data.lengths(), kind="stable")[:n]
+    return torch.from_numpy(np.stack([np.resize(data.session(i), length) for i in longest]))
+
+
+def load_next_item(artifact_dir: str | Path) -> tuple[NextItemModel, Vocabulary, dict]:
+    artifact_dir = Path(artifact_dir)
+    manifest = json.loads((artifact_dir / "manifest.json").read_text())
+    if manifest.get("task") != TASK:
+        raise ValueError(f"{artifact_dir} holds a {manifest.get('task')!r} model, not a next-item one")
+    saved = torch.load(artifact_dir / manifest["weights"], weights_only=True)
+    family, state = saved["family"], saved["state_dict"]
+    if family == "gru4rec":
+        model = GRU4Rec(GRU4RecConfig(**saved["config"]))
+        model.load_state_dict(state)
+    elif family == "popularity":
+        model = Popularity(saved["config"]["n_items"], state["counts"])
+    elif family == "markov":
+        model = Markov(saved["config"]["n_items"], state["successors"], state["counts"], state["popularity"])
+    else:
+        raise ValueError(f"{artifact_dir}: unknown next-item family {family!r}")
+    vocab = Vocabulary.from_json(json.loads((artifact_dir / manifest["vocabularies"]["items"]).read_text()))
+    return model.eval(), vocab, manifest
+
+
+def evaluate_next_item(artifact_dir: str | Path, data_dir: str | Path, valid: bool = False,
+                       fmt: str | None = None) -> dict:
+    """Re-measure an artifact on a data set's test file (or validation file) with the official protocol."""
+    model, vocab, _ = load_next_item(artifact_dir)
+    train, test = load_session_split(data_dir, valid=valid, fmt=fmt)
+    encoded = test.encode(vocab)
+    return {**evaluate_sessions(model, encoded), "dropped_unknown_events": test.n_events - encoded.n_events}
