@@ -17,9 +17,11 @@ import numpy as np
 import torch
 
 from ..models.gru4rec import GRU4Rec, GRU4RecConfig
+from ..models.mrn import MRN, MRNConfig
 from ..models.next_item import Markov, NextItemModel, Popularity
 from .data import Vocabulary
 from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
+from .mrn_loop import MRNTrainConfig, fit_mrn
 from .next_item_export import TASK, export_next_item
 from .ranking import evaluate_sessions
 from .run import fingerprint
@@ -40,6 +42,12 @@ def _train_gru4rec(cfg: GRU4RecTrainConfig, train: SessionData, n_items: int, pr
     return model, fit_gru4rec(model, train, cfg, progress=progress, log=log)
 
 
+def _train_mrn(cfg: MRNTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
+    torch.manual_seed(cfg.seed)
+    model = MRN(MRNConfig(n_items=n_items, **{"seed": cfg.seed, **cfg.model}))
+    return model, fit_mrn(model, train, cfg, progress=progress, log=log)
+
+
 def _train_popularity(cfg: CountConfig, train: SessionData, n_items: int, progress: bool, log: bool):
     return Popularity.fit(train.items, n_items), []
 
@@ -52,6 +60,7 @@ TRAINERS = {
     "gru4rec": (GRU4RecTrainConfig, _train_gru4rec),
     "popularity": (CountConfig, _train_popularity),
     "markov": (CountConfig, _train_markov),
+    "mrn": (MRNTrainConfig, _train_mrn),
 }
 
 
@@ -104,6 +113,9 @@ def load_next_item(artifact_dir: str | Path) -> tuple[NextItemModel, Vocabulary,
     family, state = saved["family"], saved["state_dict"]
     if family == "gru4rec":
         model = GRU4Rec(GRU4RecConfig(**saved["config"]))
+        model.load_state_dict(state)
+    elif family == "mrn":
+        model = MRN(MRNConfig(**saved["config"]))
         model.load_state_dict(state)
     elif family == "popularity":
         model = Popularity(saved["config"]["n_items"], state["counts"])

@@ -1,0 +1,221 @@
+"""MRN, the modular reasoning network of seed 004, as a streaming next-item model.
+
+Symbols and their discrete states
+    Item row j has a real embedding E_j in R^n (the only learned table besides an item bias) and the
+    discrete state x_j = round(E_j) mod m in Z_m^n. Forward is exactly that; backward is a
+    straight-through estimator: x = hard + (E - sg(E)) (sg: stop-gradient), so dx/dE = 1 and the
+    forward value is the exact integer (E - sg(E) is exactly 0). Every later "mod m" is the same kind of
+    STE: (a mod m) + (a - sg(a)).
+
+Exact match and its surrogate
+    match(q, x) = sum_i 1(q_i = x_i) = <C(q), C(x)>, with C(q) in {0,1}^{n x m} the one-hot code of each
+    coordinate, so the match of a query against every item is one matrix product. For gradients the code
+    is C(q) = onehot(q) + g(q) - sg(g(q)) with g(q)_{i,v} = exp(-d(q_i, v)^2 / (2 sigma^2)) and d the
+    circular difference on Z_m (wrapped to [-m/2, m/2)): the forward pass is the exact (hard) match,
+    the backward pass is the gradient of the smooth match sum_i sum_v g(q)_{iv} g(x)_{iv}, i.e. a
+    Gaussian kernel of the circular difference q_i - x_i. (Hard forward everywhere, also in training.)
+
+Streaming state per session
+    history (L, n)  the last L discrete states, row 0 the most recent: H_t = [x_t, x_{t-1}, ...]
+    context (n,)    c_{t+1} = (A c_t + B x_{t+1}) mod m, A and B fixed integer matrices in Z_m^{n x n}
+                    drawn from `seed` (buffers); c_0 = 0. Its recursion carries no gradient (only the
+                    B x_{t+1} term does, scaled by 1/(m n)), so that A^t cannot blow gradients up.
+    count ()        events folded in so far (int64); history rows k >= count are padding (masked)
+
+Scores after x_t (the current state), over every item row j
+    Paths p = 1..P: h_p = H_t[p-1] for the K most recent states that exist (p - 1 < count), plus
+    h_{K+1} = c_t when use_context. For each path (two-step derivation):
+        z1_p = (x_t + h_p) mod m
+        v_p  = best(z1_p) = argmax_{j >= 2} match(z1_p, x_j)     (ties: the lowest row)
+        m1_p = match(z1_p, x_{v_p})
+        z2_p = (x_{v_p} + h_p) mod m
+        m2_pj = match(z2_p, x_j)
+    Path weights: w = softmax over the existing paths of alpha * m1_p / n (alpha = 0: the plain mean;
+    a constant alpha * m1 added to every candidate, as in the seed's score alpha*m1 + beta*m2, would
+    not change any ranking or probability, so the intermediate match acts as a path confidence).
+    Repeat channel (an addition to the seed; weight gamma, 0 turns it off): R_j = 1 if
+    match(H_t[l], x_j) = n for some l < min(L, count), i.e. x_j equals one of the last L states (an item
+    clicked in the last L events, or one whose state collides with it exactly), else 0. An indicator: it
+    carries no gradient.
+        S_j = beta * sum_p w_p m2_pj / n + gamma * R_j
+        score_j = S_j / tau + b_j,          P(j) = softmax over rows j >= 2 of score_j
+    b_j is a learned per-item bias (use_bias; it breaks the many ties of integer matches and carries
+    popularity). Before any event (count = 0) score_j = b_j. Rows 0 and 1 are never recommended.
+
+forward(items (B, T)) computes the same quantities for every prefix at once (row t sees items[:, :t+1]
+only); it equals stepping, which the tests check.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .next_item import RESERVED, NextItemModel
+
+
+@dataclass
+class MRNConfig:
+    n_items: int  # rows, including padding and unknown
+    dim: int = 32  # n
+    modulus: int = 8  # m
+    history: int = 8  # L, the window
+    parallel: int = 3  # K <= L, derivation paths from the most recent states
+    alpha: float = 0.0  # path confidence: weight of the intermediate match m1
+    beta: float = 1.0  # weight of the final match m2
+    temperature: float = 0.1  # tau
+    repeat: float = 0.0  # gamma, the repeat channel; 0 is the seed's model
+    use_context: bool = False  # the context vector as one more derivation path
+    use_bias: bool = True  # learned item bias b_j
+    sigma: float = 0.5  # width of the surrogate kernel (in units of Z_m)
+    init_spread: float = 1.0  # E ~ U[0, m * init_spread)
+    seed: int = 0  # A, B and the embeddings
+
+    def __post_init__(self):
+        if self.n_items < 3:
+            raise ValueError(f"n_items counts padding and unknown rows, so it must be at least 3, got {self.n_items}")
+        for name in ("dim", "history", "parallel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.modulus < 2:
+            raise ValueError(f"modulus must be at least 2, got {self.modulus}")
+        if self.parallel > self.history:
+            raise ValueError(f"parallel (K={self.parallel}) cannot exceed history (L={self.history})")
+        if self.temperature <= 0 or self.sigma <= 0:
+            raise ValueError("temperature and sigma must be positive")
+
+
+def ste(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """Forward exactly `hard`, backward the gradient of `soft` (soft - sg(soft) is exactly zero)."""
+    return hard + (soft - soft.detach()) if soft.requires_grad else hard
+
+
+def mod_ste(a: torch.Tensor, m: int) -> torch.Tensor:
+    return ste(torch.remainder(a.detach(), m), a)
+
+
+class MRN(NextItemModel):
+    family = "mrn"
+
+    def __init__(self, cfg: MRNConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.n_items = cfg.n_items
+        n, m = cfg.dim, cfg.modulus
+        g = torch.Generator().manual_seed(cfg.seed)
+        self.E = nn.Parameter(torch.rand(cfg.n_items, n, generator=g) * (m * cfg.init_spread))
+        self.bias = nn.Parameter(torch.zeros(cfg.n_items)) if cfg.use_bias else None
+        self.register_buffer("A", torch.randint(0, m, (n, n), generator=g).float())
+        self.register_buffer("B", torch.randint(0, m, (n, n), generator=g).float())
+        self.register_buffer("levels", torch.arange(m).float())
+        blocked = torch.zeros(cfg.n_items)
+        blocked[:RESERVED] = float("-inf")
+        self.register_buffer("blocked", blocked)
+        self.k_active, self.l_active = cfg.parallel, cfg.history  # the curriculum lowers these in training
+
+    # ---- discrete states, codes, matches -------------------------------------------------------------
+    def states(self) -> torch.Tensor:
+        """x = round(E) mod m for every row (V, n), with the straight-through gradient to E."""
+        return ste(torch.remainder(torch.round(self.E.detach()), self.cfg.modulus), self.E)
+
+    def code(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., n) states -> (..., n * m) one-hot codes; in training with the kernel's gradient."""
+        hard = (x.detach().unsqueeze(-1) == self.levels).to(x.dtype)
+        if x.requires_grad:
+            m = self.cfg.modulus
+            d = x.unsqueeze(-1) - self.levels
+            d = d - m * torch.round(d.detach() / m)  # circular difference, wrapped to [-m/2, m/2]
+            hard = ste(hard, torch.exp(-d * d / (2 * self.cfg.sigma ** 2)))
+        return hard.flatten(-2)
+
+    def match(self, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Elementwise match of two (..., n) state tensors -> (...), exact forward, surrogate backward."""
+        return (self.code(q) * self.code(x)).sum(-1)
+
+    # ---- streaming API -------------------------------------------------------------------------------
+    def state_spec(self) -> list[dict]:
+        n, L = self.cfg.dim, self.cfg.history
+        return [{"name": "history", "shape": [L, n], "dtype": "float32"},
+                {"name": "context", "shape": [n], "dtype": "float32"},
+                {"name": "count", "shape": [], "dtype": "int64"}]
+
+    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
+        n, L = self.cfg.dim, self.cfg.history
+        return torch.zeros(batch, L, n), torch.zeros(batch, n), torch.zeros(batch, dtype=torch.int64)
+
+    def _context(self, c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        m, n = self.cfg.modulus, self.cfg.dim
+        a = c.detach() @ self.A.t() + x.detach() @ self.B.t()
+        soft = x @ self.B.t() / (m * n) if x.requires_grad else a
+        return ste(torch.remainder(a, m), soft)
+
+    def step(self, state, items):
+        history, context, count = state
+        x = self.states()[items]
+        history = torch.cat([x.unsqueeze(1), history[:, :-1]], 1)
+        return history, self._context(context, x), count + 1
+
+    def scores(self, state):
+        history, context, count = state
+        return self._score(history, context, count)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        B, T = items.shape
+        L, n = self.cfg.history, self.cfg.dim
+        xs = self.states()[items]  # (B, T, n)
+        padded = torch.cat([xs.new_zeros(B, L - 1, n), xs], 1)  # history row l at t is xs[t - l]
+        history = torch.stack([padded[:, L - 1 - l:L - 1 - l + T] for l in range(L)], 2)  # (B, T, L, n)
+        contexts, c = [], xs.new_zeros(B, n)
+        for t in range(T):
+            c = self._context(c, xs[:, t])
+            contexts.append(c)
+        count = torch.arange(1, T + 1, device=items.device).expand(B, T)
+        hits = None
+        if self.cfg.repeat:  # the same indicator via item rows: rows with identical states form one class
+            L_act = min(self.l_active, L)
+            with torch.no_grad():
+                _, cls = torch.unique(self.E.detach().round().remainder(self.cfg.modulus), dim=0, return_inverse=True)
+                rows = torch.cat([items.new_zeros(B, L_act - 1), items], 1)
+                rows = torch.stack([rows[:, L_act - 1 - l:L_act - 1 - l + T] for l in range(L_act)], 2)  # (B, T, L)
+                seen = torch.arange(L_act) <= torch.arange(T).view(T, 1)  # (T, L): t - l >= 0
+                marks = xs.new_zeros(B, T, int(cls.max()) + 1)
+                marks.scatter_add_(2, cls[rows], seen.to(xs.dtype).expand(B, T, L_act))
+                hits = (marks.gather(2, cls.expand(B, T, -1)) > 0).to(xs.dtype)  # (B, T, V) in {0, 1}
+        return self._score(history, torch.stack(contexts, 1), count, hits)
+
+    # ---- the derivation, over any leading shape ------------------------------------------------------
+    def _score(self, history: torch.Tensor, context: torch.Tensor, count: torch.Tensor,
+               hits: torch.Tensor | None = None) -> torch.Tensor:
+        """history (..., L, n), context (..., n), count (...) -> scores (..., V). hits: the repeat
+        indicator R (..., V) when the caller has it already."""
+        cfg = self.cfg
+        m, n = cfg.modulus, cfg.dim
+        K, L = min(self.k_active, cfg.history), min(self.l_active, cfg.history)
+        X = self.states()
+        CX = self.code(X)  # (V, n m)
+        x_t = history[..., 0, :]
+        paths = history[..., :K, :]
+        exists = torch.arange(K, device=count.device) < count.unsqueeze(-1)  # (..., K)
+        if cfg.use_context:
+            paths = torch.cat([paths, context.unsqueeze(-2)], -2)
+            exists = torch.cat([exists, (count > 0).unsqueeze(-1)], -1)
+        z1 = mod_ste(x_t.unsqueeze(-2) + paths, m)  # (..., P, n)
+        with torch.no_grad():
+            m1_all = self.code(z1.detach()) @ CX.detach().t() + self.blocked  # (..., P, V)
+            v = m1_all.argmax(-1)
+        x_v = X[v]  # (..., P, n), gradient to E rows v
+        m1 = self.match(z1, x_v)  # (..., P)
+        z2 = mod_ste(x_v + paths, m)
+        m2 = self.code(z2) @ CX.t()  # (..., P, V)
+        exists_f = exists.to(m2.dtype)
+        w = torch.softmax(cfg.alpha * m1 / n + (exists_f - 1.0) * 1e9, -1) * exists_f  # 0 for all paths absent
+        S = cfg.beta * (w.unsqueeze(-1) * m2).sum(-2) / n
+        if cfg.repeat:
+            if hits is None:
+                with torch.no_grad():
+                    seen = torch.arange(L, device=count.device) < count.unsqueeze(-1)  # (..., L)
+                    same = (self.code(history[..., :L, :]) @ CX.detach().t()) == n  # (..., L, V)
+                    hits = (same & seen.unsqueeze(-1)).any(-2).to(S.dtype)
+            S = S + cfg.repeat * hits
+        out = S / cfg.temperature  # rows 0/1 get a finite score too; recommend() and ranking skip them
+        return out if self.bias is None else out + self.bias
