@@ -21,19 +21,18 @@ See /work/shared/ARCHITECTURE.md, "State in Redis".
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-import redis.asyncio as aioredis
 import redis.exceptions as rexc
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
-T = TypeVar("T")
+from .resp import ReplyError, RespClient, pack
+
 DEFAULT_MAX_EVENT_IDS = 10_000
 
 
@@ -228,15 +227,26 @@ end
 return {version, events}
 """
 
-# Errors meaning "Redis cannot serve us now": down, unreachable, slow, loading, auth refused, a
-# read-only replica, or not Redis at all (InvalidResponse: the URL points at another protocol).
-# Anything else (e.g. a ResponseError from a bad command) is a bug and propagates unchanged.
-_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError, rexc.InvalidResponse, OSError)
+# Error replies meaning "Redis cannot serve us now": loading, a read-only replica, no master, busy with a
+# script, authentication refused. Any other error reply (e.g. WRONGTYPE) is a bug and propagates as
+# redis.exceptions.ResponseError. Connection failures, hung servers (no reply within socket_timeout) and
+# peers that do not speak RESP become StoreUnavailable too.
+_UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "BUSY", "NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN",
+                        "TRYAGAIN")
+_UNAVAILABLE = (ConnectionError, TimeoutError, OSError)
+_FIELDS = (b"version", b"events", b"updated", b"blob")
 
 
 def _redact(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+
+
+def _state(reply: list) -> StoredState:
+    version, events, updated, blob = reply
+    if version is None:
+        return ABSENT
+    return StoredState(int(version), int(events), float(updated), blob)
 
 
 class RedisStore:
@@ -247,10 +257,11 @@ class RedisStore:
     Cluster hash tag, putting both keys of the CAS script in one slot, and they also keep a caller
     key ending in ":ids" from colliding with another key's id set.
 
-    Every operation either completes or raises `StoreUnavailable` within about
-    `4 * socket_timeout` seconds: socket and connect timeouts are set, redis-py's own retries are
-    off (a retried CAS could be applied twice), and an overall asyncio deadline caps pool waits.
-    The connection pool reconnects by itself, so the same object works again once Redis is back.
+    The client is `resp.RespClient`: one connection shared by all callers, so the commands of concurrent
+    requests are pipelined (docs/decisions.md). Every operation either completes or raises
+    `StoreUnavailable` within about `2 * socket_timeout` seconds (connect, then the reply); nothing is
+    retried (a retried CAS could be applied twice). The connection is re-opened on the next call after a
+    failure, so the same object works again once Redis is back.
     """
 
     def __init__(
@@ -261,7 +272,6 @@ class RedisStore:
         max_event_ids: int = DEFAULT_MAX_EVENT_IDS,
         socket_timeout: float = 0.5,
         key_prefix: str = "nextstep",
-        max_connections: int = 64,  # pool size: concurrent commands in flight
         clock: Callable[[], float] = time.time,  # `updated` comes from here, passed to the script
     ) -> None:
         _check_settings(ttl_seconds, max_event_ids)
@@ -270,81 +280,71 @@ class RedisStore:
         self._prefix = key_prefix
         self._clock = clock
         self._where = _redact(url)
-        self._deadline = 4 * socket_timeout
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=self._deadline,  # wait for a free pooled connection at most this long
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
-        self._redis = aioredis.Redis(connection_pool=pool)
-        self._cas = self._redis.register_script(_CAS_LUA)
+        self._client = RespClient(url, timeout=socket_timeout, connect_timeout=socket_timeout)
+        self._cas_sha = hashlib.sha1(_CAS_LUA.encode()).hexdigest()
 
     def _keys(self, key: str) -> tuple[str, str]:
         state = f"{self._prefix}:{{{key}}}"
         return state, f"{state}:ids"
 
-    async def _run(self, what: str, op: Awaitable[T]) -> T:
-        """Await one Redis call, turning connectivity failures (and the deadline) into StoreUnavailable."""
+    async def _call(self, what: str, *commands: bytes) -> list:
+        """Send commands in one write; connectivity failures and "cannot serve" replies -> StoreUnavailable."""
         try:
-            async with asyncio.timeout(self._deadline):
-                return await op
+            replies = await self._client.call(*commands)
         except _UNAVAILABLE as exc:
             reason = str(exc) or type(exc).__name__
             raise StoreUnavailable(f"Redis at {self._where} unavailable during {what}: {reason}") from exc
+        for reply in replies:
+            if isinstance(reply, ReplyError) and not str(reply).startswith("NOSCRIPT"):
+                if str(reply).startswith(_UNAVAILABLE_REPLIES):
+                    raise StoreUnavailable(f"Redis at {self._where} unavailable during {what}: {reply}")
+                raise rexc.ResponseError(str(reply))
+        return replies
 
     async def get(self, key: str) -> StoredState:
         state_key, _ = self._keys(key)
-        version, events, updated, blob = await self._run(
-            "get", self._redis.hmget(state_key, ["version", "events", "updated", "blob"])
-        )
-        if version is None:
-            return ABSENT
-        return StoredState(int(version), int(events), float(updated), bytes(blob))
+        (reply,) = await self._call("get", pack(b"HMGET", state_key, *_FIELDS))
+        return _state(reply)
 
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
         if not event_ids:
             return set()
         _, ids_key = self._keys(key)
-        scores = await self._run("seen", self._redis.zmscore(ids_key, list(event_ids)))  # Redis >= 6.2
+        (scores,) = await self._call("seen", pack(b"ZMSCORE", ids_key, *event_ids))  # Redis >= 6.2
         return {event_id for event_id, score in zip(event_ids, scores, strict=True) if score is not None}
 
     async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
         state_key, ids_key = self._keys(key)
-        pipe = self._redis.pipeline(transaction=False)  # one round trip for both reads
-        pipe.hmget(state_key, ["version", "events", "updated", "blob"])
-        if event_ids:
-            pipe.zmscore(ids_key, list(event_ids))
-        replies = await self._run("read", pipe.execute())
-        version, events, updated, blob = replies[0]
-        seen = set()
-        if event_ids:
-            seen = {i for i, score in zip(event_ids, replies[1], strict=True) if score is not None}
-        if version is None:
-            return ABSENT, seen
-        return StoredState(int(version), int(events), float(updated), bytes(blob)), seen
+        if not event_ids:
+            (reply,) = await self._call("read", pack(b"HMGET", state_key, *_FIELDS))
+            return _state(reply), set()
+        reply, scores = await self._call("read", pack(b"HMGET", state_key, *_FIELDS),  # one round trip
+                                         pack(b"ZMSCORE", ids_key, *event_ids))
+        return _state(reply), {i for i, score in zip(event_ids, scores, strict=True) if score is not None}
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
     ) -> StoredState | None:
         now = self._clock()
-        args = [expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids, *event_ids]
-        reply = await self._run("compare_and_set", self._cas(keys=list(self._keys(key)), args=args))
+        state_key, ids_key = self._keys(key)
+        args = (expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids, *event_ids)
+        (reply,) = await self._call("compare_and_set", pack(b"EVALSHA", self._cas_sha, 2, state_key, ids_key, *args))
+        if isinstance(reply, ReplyError):  # NOSCRIPT: a restarted or flushed server; EVAL loads it again
+            (reply,) = await self._call("compare_and_set", pack(b"EVAL", _CAS_LUA, 2, state_key, ids_key, *args))
         if reply is None:
             return None
         version, events = reply
         return StoredState(int(version), int(events), now, bytes(blob))
 
     async def delete(self, key: str) -> bool:
-        return await self._run("delete", self._redis.delete(*self._keys(key))) > 0
+        (removed,) = await self._call("delete", pack(b"DEL", *self._keys(key)))
+        return removed > 0
 
     async def ping(self) -> None:
-        await self._run("ping", self._redis.ping())
+        await self._call("ping", pack(b"PING"))
 
     async def close(self) -> None:
-        await self._redis.aclose(close_connection_pool=True)
+        await self._client.close()
 
 
 def make_store(

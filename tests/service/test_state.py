@@ -306,3 +306,48 @@ def test_make_store_and_settings(redis_url: str) -> None:
             InProcessStore(**bad)
         with pytest.raises(ValueError):
             RedisStore(redis_url, **bad)
+
+
+def test_redis_concurrent_callers_share_the_connection_and_each_gets_its_own_reply(redis_url: str) -> None:
+    """Commands of concurrent callers are pipelined on one connection; replies must reach the right caller."""
+
+    async def body() -> None:
+        store = RedisStore(redis_url, ttl_seconds=None)
+        try:
+            keys = [f"{KEY}-{i}" for i in range(300)]
+            written = await asyncio.gather(*(store.compare_and_set(k, 0, k.encode(), i, [f"id-{i}"])
+                                             for i, k in enumerate(keys)))
+            assert [w.events for w in written] == list(range(300))
+            reads = await asyncio.gather(*(store.read(k, [f"id-{i}", "other"]) for i, k in enumerate(keys)))
+            for i, (k, (state, seen)) in enumerate(zip(keys, reads, strict=True)):
+                assert state.blob == k.encode() and state.events == i and seen == {f"id-{i}"}
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_redis_url_pointing_at_something_else_is_unavailable() -> None:
+    """A peer that does not speak RESP (here: an HTTP-ish server) -> StoreUnavailable, promptly."""
+
+    async def body() -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(100)
+            writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        store = RedisStore(f"redis://127.0.0.1:{port}/0", ttl_seconds=None, socket_timeout=0.5)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="unavailable during get"):
+                await store.get(KEY)
+            assert time.monotonic() - started < 2
+        finally:
+            await store.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(body())
