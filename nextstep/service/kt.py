@@ -52,8 +52,13 @@ class Engines:
         self._batchers: weakref.WeakKeyDictionary[LoadedModel, dict[str, MicroBatcher]] = \
             weakref.WeakKeyDictionary()
 
-    async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        graphs = self._batchers.setdefault(model, {})
+    async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray], *,
+                  alone: bool = False) -> list[np.ndarray]:
+        """The graph's outputs for these feeds (batch axis first). `alone`: the caller is the only request in
+        flight, so nobody could share the run: run it inline when the batcher is idle (no executor hop)."""
+        graphs = self._batchers.get(model)
+        if graphs is None:
+            graphs = self._batchers[model] = {}
         batcher = graphs.get(graph)
         if batcher is None:
             name, on_batch = model.name, None  # capture the name only: the batcher must not keep the model alive
@@ -62,8 +67,12 @@ class Engines:
                     self.on_batch(name, graph, rows, secs)
             batcher = graphs[graph] = MicroBatcher(model.sessions[graph], max_batch=self.max_batch,
                                                    max_wait_ms=self.max_wait_ms, on_batch=on_batch)
-        names = model.input_names[graph]
-        return await batcher.run({n: feeds[n] for n in names})
+        feeds = {n: feeds[n] for n in model.input_names[graph]}
+        if alone:
+            outputs = batcher.run_now(feeds)
+            if outputs is not None:
+                return outputs
+        return await batcher.run(feeds)
 
     async def close(self) -> None:
         for graphs in list(self._batchers.values()):
@@ -105,6 +114,7 @@ class KnowledgeTracer:
         # writers for one entity in this process queue up instead of racing; compare-and-set still guards
         # against other processes. Locks vanish when no request holds them.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._absorbing = 0  # absorb calls in progress: at 1, inference runs inline (Engines.run(alone=True))
 
     def model(self, name: str) -> LoadedModel:
         return self.registry.get(name)
@@ -142,9 +152,13 @@ class KnowledgeTracer:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
-        async with lock:
-            return await self._absorb(model, student_id, key, events, questions, responses, predict_ids,
-                                      predict_index)
+        self._absorbing += 1
+        try:
+            async with lock:
+                return await self._absorb(model, student_id, key, events, questions, responses, predict_ids,
+                                          predict_index)
+        finally:
+            self._absorbing -= 1
 
     async def _absorb(self, model, student_id, key, events, questions, responses, predict_ids, predict_index):
         for attempt in range(self.cas_retries):
@@ -165,10 +179,11 @@ class KnowledgeTracer:
             for n, i in enumerate(fresh):
                 feeds = {**_batched(state), "question": questions[i:i + 1], "response": responses[i:i + 1]}
                 if n == len(fresh) - 1 and predict_index is not None:  # last event: step and predict in one call
-                    outs = await self.engines.run(model, "step_predict", {**feeds, "questions": predict_index[None]})
+                    outs = await self.engines.run(model, "step_predict", {**feeds, "questions": predict_index[None]},
+                                                  alone=self._absorbing == 1)
                     outputs = outs[len(model.state_spec):]
                 else:
-                    outs = await self.engines.run(model, "step", feeds)
+                    outs = await self.engines.run(model, "step", feeds, alone=self._absorbing == 1)
                 state = {s["name"]: o[0] for s, o in zip(model.state_spec, outs, strict=False)}
             if not fresh:  # nothing new: leave the store alone
                 written = stored

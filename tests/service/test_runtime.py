@@ -251,3 +251,27 @@ def test_engines_release_the_batchers_of_models_replaced_by_a_reload(artifact_tr
     gc.collect()
     assert list(engines._batchers.keys()) == [new]  # the replaced model and its batcher are gone
     asyncio.run(engines.close())
+
+
+def test_run_now_runs_inline_when_idle_and_declines_when_busy(model):
+    session = model.sessions["step_predict"]
+    rng = np.random.default_rng(7)
+    feeds = random_feeds(model, rng)
+    batches = []
+
+    async def main():
+        batcher = MicroBatcher(session, on_batch=lambda rows, seconds: batches.append(rows))
+        try:
+            inline = batcher.run_now(feeds)  # idle: runs here, in this thread, and is recorded like any run
+            assert inline is not None and batches == [1]
+            queued = asyncio.ensure_future(batcher.run(random_feeds(model, rng)))
+            await asyncio.sleep(0)  # queued, its run in flight
+            assert batcher.run_now(feeds) is None  # busy: the caller must queue
+            await queued
+            with pytest.raises(ValueError, match="batch axis"):
+                batcher.run_now({**feeds, "response": np.array(1)})
+            return inline
+        finally:
+            await batcher.close()
+
+    assert_same(asyncio.run(main()), direct(session, feeds))
