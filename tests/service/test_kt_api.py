@@ -1,6 +1,7 @@
 """End to end: real HTTP (uvicorn on a loopback port) into the app, real ONNX Runtime, real Redis."""
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -230,3 +231,39 @@ def test_reload_under_load_drops_nothing_and_refuses_a_broken_artifact(artifacts
     assert codes == [200] * 300
     assert sorted(m["version"] for m in models["models"]) == ["v1", "v2", "v3", "v4"]
     assert any("broken" in path and "step.onnx" in error for path, error in models["errors"].items())
+
+
+def test_events_fast_path_answers_like_the_route(artifacts, serve):
+    """POST /events is served by the app's fast path (app.py); what it cannot take goes to the FastAPI route:
+    both must give the same answers, errors and metrics."""
+    art, _ = artifacts
+    body = {"student_id": "fast", "events": [{"question_id": 3, "response": 2, "event_id": "f-1"}],
+            "predict_question_ids": [4, "5"]}
+    with serve(Settings(artifacts_dir=art)) as url, httpx.Client(base_url=url) as http:
+        first = http.post("/v1/kt/deep_gpcm/events", json=body)
+        assert first.status_code == 200 and first.headers["content-type"] == "application/json"
+        got = first.json()
+        assert (got["events_absorbed"], got["events_skipped"], got["state_version"]) == (1, 0, 1)
+        assert [p["question_id"] for p in got["predictions"]] == ["4", "5"]
+        assert abs(sum(got["predictions"][0]["probabilities"]) - 1) < 1e-5
+        # the same body with a content type FastAPI does not parse as JSON: the regular route answers 422
+        plain = http.post("/v1/kt/deep_gpcm/events", content=json.dumps(body), headers={"content-type": "text/plain"})
+        assert plain.status_code == 422, plain.text
+        # not JSON at all, and a body that fails validation: FastAPI's own 422 naming the place
+        broken = http.post("/v1/kt/deep_gpcm/events", content=b'{"student_id": "fast", "events": [',
+                           headers={"content-type": "application/json"})
+        assert broken.status_code == 422 and "json" in broken.text.lower()
+        extra = http.post("/v1/kt/deep_gpcm/events", json={**body, "surprise": 1})
+        assert extra.status_code == 422 and "surprise" in extra.text
+        # a replay through the fast path, and errors raised inside it go through the app's handlers
+        again = http.post("/v1/kt/deep_gpcm/events", json=body).json()
+        assert (again["events_absorbed"], again["events_skipped"], again["state_version"]) == (0, 1, 1)
+        assert again["predictions"] == got["predictions"]
+        missing = http.post("/v1/kt/nope/events", json=body)
+        assert missing.status_code == 404 and missing.json()["field"] == "model"
+        assert http.post("/v1/kt/deep_gpcm/events/", json=body).status_code in (307, 404)  # not this route
+        metrics = http.get("/metrics").text
+        route = 'route="/v1/kt/{model}/events"'
+        assert f'nextstep_requests_total{{model="deep_gpcm",{route},status="200"}} 2.0' in metrics
+        assert f'nextstep_requests_total{{model="deep_gpcm",{route},status="422"}} 3.0' in metrics
+        assert f'nextstep_requests_total{{model="nope",{route},status="404"}} 1.0' in metrics
