@@ -18,7 +18,8 @@ Everything runs on this machine and talks to 127.0.0.1 only:
 4. the stateless alternative: POST /v1/kt/deep_gpcm/batch with one student's whole 200-event history and
    the same single prediction, over one connection (httpx, at least 50 timed requests); before that the
    same 200 events are sent one per request to /events, and the two final predictions are compared;
-5. the bytes Redis holds per student (MEMORY USAGE of the state hash and of its :ids zset, the blob size);
+5. the bytes Redis holds per student (MEMORY USAGE of the state hash and of its :ids replay window, the blob
+   size);
 6. a summary against the issue's targets.
 
 Requires wrk (Debian/Ubuntu: apt-get install wrk) and redis-server on PATH; installs nothing.
@@ -468,7 +469,7 @@ def student_bytes(redis_port: int, student: str) -> dict | None:
         ids_key = key + b":ids"
         hash_bytes = r.memory_usage(key, samples=0) or 0
         ids_bytes = r.memory_usage(ids_key, samples=0) or 0
-        ids = r.zcard(ids_key)
+        ids = r.strlen(ids_key) // 8  # the replay window: a ring of 8-byte fingerprints
         return {"student": student, "key": key.decode(), "blob_bytes": r.hstrlen(key, "blob"),
                 "hash_bytes": hash_bytes, "ids_bytes": ids_bytes, "event_ids": ids,
                 "events": int(r.hget(key, "events") or 0), "total_bytes": hash_bytes + ids_bytes}
@@ -628,7 +629,7 @@ def run(args, work: Path, procs: Processes, results: dict, wall: float) -> int:
         info["what"] = what
         stored.append(info)
         print(f"  {sid:10s} ({what}): {info['events']} events, blob {info['blob_bytes']} B; MEMORY USAGE: "
-              f"hash {info['hash_bytes']} B + ids zset {info['ids_bytes']} B ({info['event_ids']} ids) = "
+              f"hash {info['hash_bytes']} B + ids window {info['ids_bytes']} B ({info['event_ids']} ids) = "
               f"{info['total_bytes']} B")
     window = None
     if stored:
@@ -639,7 +640,7 @@ def run(args, work: Path, procs: Processes, results: dict, wall: float) -> int:
             window = {"bytes_per_event_id": per_id, "max_event_ids": max_ids,
                       "estimated_total_bytes": big["hash_bytes"] + per_id * max_ids}
             print(f"  key: {big['key']} (+ ':ids')")
-            print(f"  the ids zset costs about {per_id:.0f} B per event id (ids like {big['student']}'s); "
+            print(f"  the replay window costs about {per_id:.0f} B per event id (ids like {big['student']}'s); "
                   f"once the replay window is full ({max_ids} ids) a student holds about "
                   f"{window['estimated_total_bytes'] / 1024:.0f} KiB (estimate)")
     totals = redis_totals(redis_port)

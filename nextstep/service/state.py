@@ -202,23 +202,58 @@ class InProcessStore:
 # Redis store
 # --------------------------------------------------------------------------------------------------
 
-# KEYS[1] state hash, KEYS[2] applied-ids zset.
-# ARGV: expected_version, blob, added_events, now, ttl_ms (0 = no expiry), max_ids, event ids...
-# Scores in the zset are a per-key running id counter, so ZREMRANGEBYRANK drops the oldest ids.
-_CAS_LUA = """
+# The replay window in Redis: a STRING `<key>:ids`, a ring of 8-byte fingerprints (BLAKE2b-64 of the event
+# id), slot = n mod max_ids where n (hash field `ids`) counts the ids ever recorded: 8 bytes per id instead of
+# ~100 in a sorted set (docs/decisions.md). A fingerprint only counts where it starts on a slot boundary.
+_FIND_LUA = r"""
+local function find(ring, fp)
+  local at = string.find(ring, fp, 1, true)
+  while at and (at - 1) % 8 ~= 0 do at = string.find(ring, fp, at + 1, true) end
+  return at ~= nil
+end
+"""
+
+# KEYS[1] ring; ARGV fingerprints -> 1/0 each
+_SEEN_LUA = _FIND_LUA + r"""
+local ring = redis.call('GET', KEYS[1]) or ''
+local out = {}
+for i = 1, #ARGV do out[i] = find(ring, ARGV[i]) and 1 or 0 end
+return out
+"""
+
+# KEYS[1] state hash, KEYS[2] ring.
+# ARGV: expected_version, blob, added_events, now, ttl_ms (0 = no expiry), max_ids, fingerprints...
+_CAS_LUA = _FIND_LUA + r"""
 local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if version ~= tonumber(ARGV[1]) then return false end
 version = version + 1
 local events = redis.call('HINCRBY', KEYS[1], 'events', ARGV[3])
 redis.call('HSET', KEYS[1], 'version', version, 'blob', ARGV[2], 'updated', ARGV[4])
 if #ARGV > 6 then
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  local seq = tonumber(last[2] or '0')
-  for i = 7, #ARGV do
-    seq = seq + 1
-    redis.call('ZADD', KEYS[2], 'NX', seq, ARGV[i])
+  local width = tonumber(ARGV[6])
+  local ring = redis.call('GET', KEYS[2]) or ''
+  local n = tonumber(redis.call('HGET', KEYS[1], 'ids') or '0')
+  local held = #ring / 8
+  if held > width then  -- the window was made smaller: keep the newest `width` ids, oldest first
+    local parts = {}
+    for j = n - width, n - 1 do
+      local at = (j % held) * 8
+      parts[#parts + 1] = string.sub(ring, at + 1, at + 8)
+    end
+    ring = table.concat(parts)
+    n = width
+    redis.call('SET', KEYS[2], ring)
   end
-  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(tonumber(ARGV[6]) + 1))
+  local added = {}
+  for i = 7, #ARGV do
+    local fp = ARGV[i]
+    if not added[fp] and not find(ring, fp) then  -- a replayed id keeps its place
+      added[fp] = true
+      redis.call('SETRANGE', KEYS[2], (n % width) * 8, fp)
+      n = n + 1
+    end
+  end
+  redis.call('HSET', KEYS[1], 'ids', n)
 end
 local ttl = tonumber(ARGV[5])
 for _, k in ipairs(KEYS) do
@@ -242,6 +277,10 @@ def _redact(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
 
 
+def _fingerprint(event_id: str) -> bytes:
+    return hashlib.blake2b(event_id.encode(), digest_size=8).digest()
+
+
 def _state(reply: list) -> StoredState:
     version, events, updated, blob = reply
     if version is None:
@@ -250,8 +289,11 @@ def _state(reply: list) -> StoredState:
 
 
 class RedisStore:
-    """State in Redis: a HASH per key (version/events/updated/blob) and a ZSET `<key>:ids` of
-    applied event ids, trimmed to the newest `max_event_ids`; both share the TTL.
+    """State in Redis: a HASH per key (version/events/updated/blob, and `ids`: how many event ids were
+    ever recorded) and a STRING `<key>:ids`, the replay window: a ring of the 8-byte fingerprints of the
+    newest `max_event_ids` applied event ids (8 bytes per id); both share the TTL. A fingerprint is
+    BLAKE2b-64 of the id: a new id is taken for a replay only if its 64-bit fingerprint equals one of the
+    window's, about `max_event_ids / 2**64` (5e-16 at 10,000) per event.
 
     Redis keys are `<key_prefix>:{<key>}` and `<key_prefix>:{<key>}:ids`: the braces are a Redis
     Cluster hash tag, putting both keys of the CAS script in one slot, and they also keep a caller
@@ -281,7 +323,8 @@ class RedisStore:
         self._clock = clock
         self._where = _redact(url)
         self._client = RespClient(url, timeout=socket_timeout, connect_timeout=socket_timeout)
-        self._cas_sha = hashlib.sha1(_CAS_LUA.encode()).hexdigest()
+        self._scripts = {name: (hashlib.sha1(lua.encode()).hexdigest(), lua)
+                         for name, lua in (("seen", _SEEN_LUA), ("cas", _CAS_LUA))}
 
     def _keys(self, key: str) -> tuple[str, str]:
         state = f"{self._prefix}:{{{key}}}"
@@ -306,31 +349,42 @@ class RedisStore:
         (reply,) = await self._call("get", pack(b"HMGET", state_key, *_FIELDS))
         return _state(reply)
 
+    def _script(self, name: str, keys: tuple[str, ...], args: Sequence) -> bytes:
+        sha, _ = self._scripts[name]
+        return pack(b"EVALSHA", sha, len(keys), *keys, *args)
+
+    async def _eval(self, what: str, name: str, keys: tuple[str, ...], args: Sequence, *before: bytes) -> list:
+        """`before` commands, then the script, in one write; NOSCRIPT (a restarted or flushed server) -> EVAL,
+        which loads it again."""
+        replies = await self._call(what, *before, self._script(name, keys, args))
+        if isinstance(replies[-1], ReplyError):
+            (replies[-1],) = await self._call(what, pack(b"EVAL", self._scripts[name][1], len(keys), *keys, *args))
+        return replies
+
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
         if not event_ids:
             return set()
         _, ids_key = self._keys(key)
-        (scores,) = await self._call("seen", pack(b"ZMSCORE", ids_key, *event_ids))  # Redis >= 6.2
-        return {event_id for event_id, score in zip(event_ids, scores, strict=True) if score is not None}
+        (hits,) = await self._eval("seen", "seen", (ids_key,), [_fingerprint(i) for i in event_ids])
+        return {event_id for event_id, hit in zip(event_ids, hits, strict=True) if hit}
 
     async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
         state_key, ids_key = self._keys(key)
         if not event_ids:
             (reply,) = await self._call("read", pack(b"HMGET", state_key, *_FIELDS))
             return _state(reply), set()
-        reply, scores = await self._call("read", pack(b"HMGET", state_key, *_FIELDS),  # one round trip
-                                         pack(b"ZMSCORE", ids_key, *event_ids))
-        return _state(reply), {i for i, score in zip(event_ids, scores, strict=True) if score is not None}
+        reply, hits = await self._eval("read", "seen", (ids_key,), [_fingerprint(i) for i in event_ids],
+                                       pack(b"HMGET", state_key, *_FIELDS))  # one round trip
+        return _state(reply), {i for i, hit in zip(event_ids, hits, strict=True) if hit}
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
     ) -> StoredState | None:
         now = self._clock()
         state_key, ids_key = self._keys(key)
-        args = (expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids, *event_ids)
-        (reply,) = await self._call("compare_and_set", pack(b"EVALSHA", self._cas_sha, 2, state_key, ids_key, *args))
-        if isinstance(reply, ReplyError):  # NOSCRIPT: a restarted or flushed server; EVAL loads it again
-            (reply,) = await self._call("compare_and_set", pack(b"EVAL", _CAS_LUA, 2, state_key, ids_key, *args))
+        args = (expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids,
+                *(_fingerprint(i) for i in event_ids))
+        (reply,) = await self._eval("compare_and_set", "cas", (state_key, ids_key), args)
         if reply is None:
             return None
         version, events = reply

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import random
 import struct
@@ -224,8 +225,11 @@ def test_redis_key_layout_and_ttl(redis_url: str) -> None:
                 b"events": b"2",
                 b"updated": b"1234.5",
                 b"blob": b"blob",
+                b"ids": b"2",  # event ids recorded so far
             }
-            assert await raw.zrange(f"{state_key}:ids", 0, -1, withscores=True) == [(b"a", 1.0), (b"b", 2.0)]
+            # the replay window: 8-byte BLAKE2b fingerprints of the ids, oldest first until the ring wraps
+            fingerprints = [hashlib.blake2b(i, digest_size=8).digest() for i in (b"a", b"b")]
+            assert await raw.get(f"{state_key}:ids") == b"".join(fingerprints)
             for k in (state_key, f"{state_key}:ids"):
                 assert 59_000 < await raw.pttl(k) <= 60_000
             # ttl_seconds=None: no expiry, and a write removes an expiry set under an older setting
@@ -349,5 +353,35 @@ def test_redis_url_pointing_at_something_else_is_unavailable() -> None:
             await store.close()
             server.close()
             await server.wait_closed()
+
+    asyncio.run(body())
+
+
+def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str) -> None:
+    """8 bytes per remembered id; the ring wraps over the oldest; a smaller max_event_ids keeps the newest."""
+
+    async def body() -> None:
+        store = RedisStore(redis_url, ttl_seconds=None, max_event_ids=4, key_prefix="ring")
+        raw = aioredis.Redis.from_url(redis_url)
+        try:
+            ids = [f"event-{i}" for i in range(10)]
+            for version, event_id in enumerate(ids[:6]):
+                await store.compare_and_set(KEY, version, b"x", 1, [event_id, event_id])  # repeated within a call
+            assert await raw.strlen(f"ring:{{{KEY}}}:ids") == 4 * 8
+            assert await store.seen(KEY, ids) == set(ids[2:6])
+            smaller = RedisStore(redis_url, ttl_seconds=None, max_event_ids=2, key_prefix="ring")
+            await smaller.compare_and_set(KEY, 6, b"x", 1, [ids[6]])
+            assert await raw.strlen(f"ring:{{{KEY}}}:ids") == 2 * 8
+            assert await smaller.seen(KEY, ids) == {ids[5], ids[6]}
+            await smaller.close()
+            # a fingerprint's bytes count only where they start on a slot boundary
+            fingerprint = hashlib.blake2b(b"target", digest_size=8).digest()
+            await raw.set(f"ring:{{{KEY}}}:ids", b"\x00" * 4 + fingerprint + b"\x00" * 4)
+            assert await store.seen(KEY, ["target"]) == set()
+            await raw.set(f"ring:{{{KEY}}}:ids", b"\x00" * 8 + fingerprint)
+            assert await store.seen(KEY, ["target"]) == {"target"}
+        finally:
+            await store.close()
+            await raw.aclose()
 
     asyncio.run(body())
