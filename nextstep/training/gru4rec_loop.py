@@ -98,6 +98,24 @@ def session_parallel(offsets: np.ndarray, order: np.ndarray, batch_size: int):
             start, end, reset = start[kept], end[kept], reset[kept]
 
 
+def parallel_steps(model: GRU4Rec, items: torch.Tensor, offsets: np.ndarray, order: np.ndarray, batch_size: int):
+    """Drive `model.advance` through session-parallel mini-batches. Yields (targets (B,), state after the
+    input items) per step; the consumer computes the loss from the state and may backpropagate before
+    the next step (the state is detached then: truncated backpropagation through time of one step)."""
+    state = model.init_state(min(batch_size, len(order)))
+    for positions, keep, reset in session_parallel(offsets, order, batch_size):
+        if keep is not None:
+            keep_t = torch.from_numpy(keep)
+            state = tuple(h[keep_t] for h in state)
+        if reset is not None:
+            reset_t = torch.from_numpy(reset).unsqueeze(1)
+            state = tuple(h.masked_fill(reset_t, 0.0) for h in state)
+        pos = torch.from_numpy(positions)
+        state = model.advance(state, items.index_select(0, pos))
+        yield items.index_select(0, pos + 1), state
+        state = tuple(h.detach() for h in state)
+
+
 def _compose(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """Row selection `first` (over the old rows) followed by `second` (over the rows that survived it)."""
     out = np.zeros(len(first), bool)
@@ -113,13 +131,15 @@ class NegativeSampler:
         weights = torch.from_numpy(counts.astype(np.float64)) ** alpha
         weights[counts == 0] = 0.0
         self.weights = weights.float()
+        self.cdf = torch.cumsum(weights / weights.sum(), 0)
+        self.cdf[-1] = 1.0
         self.n_sample, self.cache_steps, self.generator = n_sample, cache_steps, generator
         self.cache, self.used = torch.empty(0, n_sample, dtype=torch.long), 0
 
     def draw(self) -> torch.Tensor:
-        if self.used == len(self.cache):
-            flat = torch.multinomial(self.weights, self.cache_steps * self.n_sample, replacement=True,
-                                     generator=self.generator)
+        if self.used == len(self.cache):  # inverse-CDF sampling: much faster than torch.multinomial here
+            u = torch.rand(self.cache_steps * self.n_sample, dtype=torch.float64, generator=self.generator)
+            flat = torch.searchsorted(self.cdf, u, right=True).clamp_(max=len(self.cdf) - 1)
             self.cache, self.used = flat.view(self.cache_steps, self.n_sample), 0
         self.used += 1
         return self.cache[self.used - 1]
@@ -127,19 +147,17 @@ class NegativeSampler:
 
 def sampled_loss(O: torch.Tensor, kind: str, bpreg: float = 0.0, elu_param: float = 0.0) -> torch.Tensor:
     """O (M, M + n): row b's positive in column b, every other column a negative. Summed over rows."""
-    M = O.shape[0]
-    diag = torch.arange(M)
-    positive = O[diag, diag].unsqueeze(1)
     if kind == "cross-entropy":
-        return (torch.logsumexp(O, 1) - positive.squeeze(1)).sum()
+        return (torch.logsumexp(O, 1) - O.diagonal()).sum()
+    positive = O.diagonal().unsqueeze(1)
     negative = torch.ones_like(O, dtype=torch.bool)
-    negative[diag, diag] = False
+    negative.diagonal().fill_(False)
     if kind == "bpr":
         return -(F.logsigmoid(positive - O) * negative).sum() / max(O.shape[1] - 1, 1)
     if kind == "bpr-max":
         if elu_param > 0:
             O = F.elu(O, elu_param)
-            positive = O[diag, diag].unsqueeze(1)
+            positive = O.diagonal().unsqueeze(1)
         log_s = torch.log_softmax(O.masked_fill(~negative, float("-inf")), 1)
         ranking = -torch.logsumexp(log_s + F.logsigmoid(positive - O), 1)
         reg = (log_s.exp() * O.pow(2)).sum(1)
@@ -188,12 +206,11 @@ class AdagradM(torch.optim.Optimizer):
 
     @staticmethod
     def _sparse_step(p, grad, state, lr, mu, eps):
-        rows, values = grad.indices()[0], grad.values()
-        acc = state["acc"].index_add_(0, rows, values * values)
-        update = values / (acc[rows].sqrt() + eps) * -lr
-        if mu > 0:
-            update = state["mom"][rows] * mu + update
-            state["mom"].index_copy_(0, rows, update)
+        rows, values = grad.indices()[0], grad.values()  # coalesced: each row once
+        acc = state["acc"].index_select(0, rows).addcmul_(values, values)  # index_select: ~3x faster than [rows]
+        state["acc"].index_copy_(0, rows, acc)
+        update = state["mom"].index_select(0, rows).mul_(mu).addcdiv_(values, acc.sqrt_().add_(eps), value=-lr)
+        state["mom"].index_copy_(0, rows, update)
         p.index_add_(0, rows, update)
 
 
@@ -216,32 +233,21 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         order = rng.permutation(len(train)) if cfg.session_order == "random" else np.arange(len(train))
-        state = model.init_state(min(cfg.batch_size, len(train)))
         total, seen, started = 0.0, 0, time.perf_counter()
         bar = tqdm(total=n_targets, desc=f"epoch {epoch}/{cfg.epochs}", unit="ev", disable=not progress,
                    mininterval=1.0)
-        for positions, keep, reset in session_parallel(offsets, order, cfg.batch_size):
-            if keep is not None:
-                keep_t = torch.from_numpy(keep)
-                state = tuple(h[keep_t] for h in state)
-            if reset is not None:
-                reset_t = torch.from_numpy(reset).unsqueeze(1)
-                state = tuple(h.masked_fill(reset_t, 0.0) for h in state)
-            pos = torch.from_numpy(positions)
-            inp, target = items[pos], items[pos + 1]
-            state = model.advance(state, inp)
+        for target, state in parallel_steps(model, items, offsets, order, cfg.batch_size):
             columns = target if sampler is None else torch.cat([target, sampler.draw()])
             O = model.score_items(state[-1], columns)
             if cfg.loss == "cross-entropy" and cfg.logq > 0:
-                q = len(target) * popularity[columns]
+                q = len(target) * popularity.index_select(0, columns)
                 if sampler is not None:
-                    q = q + cfg.n_sample * q_sample[columns]
+                    q = q + cfg.n_sample * q_sample.index_select(0, columns)
                 O = O - cfg.logq * torch.log(q)
             loss = sampled_loss(O, cfg.loss, cfg.bpreg, cfg.elu_param)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            state = tuple(h.detach() for h in state)
             total += loss.item()
             seen += len(target)
             bar.update(len(target))

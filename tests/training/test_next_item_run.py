@@ -1,0 +1,96 @@
+"""A next-item run end to end on a small generated data set: train, evaluate, export, re-measure, CLI."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from nextstep.cli import main
+from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
+from nextstep.training.next_item_run import evaluate_next_item, load_next_item, train_next_item
+from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
+
+KEYS = ("recall@1", "recall@5", "recall@10", "recall@20", "mrr@20", "ndcg@20")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sessions")
+    data = zipf_sessions(300, 60, (2, 9), follow=0.7, seed=0)
+    train, test = subset(data, np.arange(250)), subset(data, np.arange(250, 300))
+    write_gru4rec_tsv(train, d / "demo_train_full.txt")
+    write_gru4rec_tsv(test, d / "demo_test.txt")
+    write_gru4rec_tsv(subset(train, np.arange(200)), d / "demo_train_tr.txt")
+    write_gru4rec_tsv(subset(train, np.arange(200, 250)), d / "demo_train_valid.txt")
+    return d
+
+
+@pytest.fixture(scope="module")
+def artifacts(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("artifacts")
+    cfg = GRU4RecTrainConfig(epochs=2, n_sample=16, model={"layers": (12,)})
+    return {name: (out / name, train_next_item(name, data_dir, out / name, cfg=cfg if name == "gru4rec" else None,
+                                               progress=False, log=False, top_k=10))
+            for name in ("gru4rec", "popularity", "markov")}
+
+
+@pytest.mark.parametrize("name", ["gru4rec", "popularity", "markov"])
+def test_artifact_has_graphs_metrics_and_passed_parity(artifacts, data_dir, name):
+    out, manifest = artifacts[name]
+    assert manifest["task"] == "next_item" and manifest["family"] == name and manifest["top_k"] == 10
+    assert manifest["parity"]["passed"] and manifest["parity"]["bad_rows"] == 0
+    for f in ("step.onnx", "recommend.onnx", "step_recommend.onnx", "step.pt", "recommend.pt", "weights.pt",
+              "vocab_items.json", "manifest.json"):
+        assert (out / f).exists(), f
+    test = manifest["metrics"]["test"]
+    assert all(0 <= test[k] <= 1 for k in KEYS)
+    assert manifest["data"]["split"] == "test" and manifest["data"]["eval_file"].endswith("demo_test.txt")
+    again = evaluate_next_item(out, data_dir)
+    assert all(again[k] == pytest.approx(test[k]) for k in KEYS)  # re-measured from the saved artifact
+
+
+def test_onnx_runtime_serves_the_offline_models_top_k(artifacts):
+    out, manifest = artifacts["gru4rec"]
+    model, vocab, _ = load_next_item(out)
+    session = ort.InferenceSession(str(out / "step_recommend.onnx"), providers=["CPUExecutionProvider"])
+    raw = vocab.ids[:5]
+    rows = vocab.encode(np.array(raw))
+    state = {s["name"]: np.load(out / s["file"])[None] for s in manifest["state"]}
+    for t, row in enumerate(rows):
+        feeds = {**state, "item": np.array([row]), "exclude": rows[None, :t + 1]}
+        *new_state, top, scores = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+        state = dict(zip(state, new_state, strict=True))
+    with torch.no_grad():
+        offline = model(torch.from_numpy(rows)[None])[0, -1]
+    offline[:2] = -np.inf
+    offline[torch.from_numpy(rows)] = -np.inf
+    expected = torch.topk(offline, 10)
+    np.testing.assert_allclose(scores[0], expected.values.numpy(), atol=1e-5)
+    assert set(top[0].tolist()) == set(expected.indices.tolist())
+
+
+def test_gru4rec_beats_popularity_on_data_with_sequential_signal(artifacts):
+    recall = {n: artifacts[n][1]["metrics"]["test"]["recall@5"] for n in artifacts}
+    assert recall["gru4rec"] > recall["popularity"] and recall["markov"] > recall["popularity"]
+
+
+def test_valid_flag_never_reads_the_test_file(data_dir, tmp_path):
+    manifest = train_next_item("popularity", data_dir, tmp_path / "p", valid=True, progress=False, log=False)
+    assert manifest["data"]["split"] == "valid" and "valid" in manifest["metrics"] and "test" not in manifest["metrics"]
+    assert manifest["data"]["train_file"].endswith("demo_train_tr.txt")
+    assert manifest["data"]["eval_file"].endswith("demo_train_valid.txt")
+
+
+def test_cli_trains_and_evaluates_next_item_models(data_dir, tmp_path, capsys):
+    assert main(["train", "markov", "--data", str(data_dir), "--out", str(tmp_path / "m"), "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert set(KEYS) <= set(printed["metrics"]["test"])
+    assert main(["evaluate", str(tmp_path / "m"), "--data", str(data_dir)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["recall@20"] == pytest.approx(printed["metrics"]["test"]["recall@20"])
+    with pytest.raises(SystemExit, match="does not apply"):
+        main(["train", "markov", "--data", str(data_dir), "--out", str(tmp_path / "x"), "--loss", "bpr"])
+    with pytest.raises(SystemExit, match="loss must be one of"):
+        main(["train", "gru4rec", "--data", str(data_dir), "--out", str(tmp_path / "y"), "--loss", "top1"])
