@@ -80,7 +80,7 @@ class ServiceMiddleware:
             await send(message)
 
         metrics = self.metrics
-        metrics.in_flight.inc()
+        metrics.serving += 1
         start = time.perf_counter()
         try:
             path = scope["path"]
@@ -91,12 +91,11 @@ class ServiceMiddleware:
                     return await self._events(scope, receive, send_and_record, model, headers)
             await self.app(scope, receive, send_and_record)
         finally:
-            metrics.in_flight.dec()
+            metrics.serving -= 1
             route = scope.get("route")  # set by the router on this same scope
             template = getattr(route, "path", "unmatched")
             model = scope.get("path_params", {}).get("model", "") if route is not None else ""
-            metrics.requests.labels(template, model, str(status)).inc()
-            metrics.request_seconds.labels(template).observe(time.perf_counter() - start)
+            metrics.request_done(template, model, status, time.perf_counter() - start)
 
 
     async def _events(self, scope, receive, send, model: str, headers: dict) -> None:

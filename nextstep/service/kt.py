@@ -97,12 +97,11 @@ def _batched(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.ndarray]) -> list[dict]:
     """Rows of the predict outputs (probs, theta, alpha, beta; batch row 0) as JSON-ready dicts."""
     probs, theta, alpha, beta = (o[0] for o in outputs[:4])
-    categories = np.arange(model.n_cats)
-    return [{"question_id": qid,
-             "probabilities": [float(p) for p in probs[i]],
-             "expected_response": float(probs[i] @ categories),
-             "most_likely_response": int(probs[i].argmax()),
-             "theta": float(theta[i]), "alpha": float(alpha[i]), "beta": [float(b) for b in beta[i]]}
+    expected = (probs @ np.arange(model.n_cats)).tolist()  # float64, as before
+    likely, theta, alpha = probs.argmax(axis=1).tolist(), theta.tolist(), alpha.tolist()
+    probs, beta = probs.tolist(), beta.tolist()  # Python floats in one call per array
+    return [{"question_id": qid, "probabilities": probs[i], "expected_response": expected[i],
+             "most_likely_response": likely[i], "theta": theta[i], "alpha": alpha[i], "beta": beta[i]}
             for i, qid in enumerate(question_ids)]
 
 

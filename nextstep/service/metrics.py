@@ -23,7 +23,24 @@ class Metrics:
                                    ["model"], registry=r)
         self.models_loaded = Gauge("nextstep_models_loaded", "model versions loaded", registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
+        self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request
+        self.in_flight.set_function(lambda: self.serving)
+        # labelled children, looked up once per label set (labels() costs a lock and a dict lookup per call)
+        self._request_children: dict[tuple, tuple] = {}
+        self._batch_children: dict[tuple, tuple] = {}
+
+    def request_done(self, route: str, model: str, status: int, seconds: float) -> None:
+        children = self._request_children.get((route, model, status))
+        if children is None:
+            children = self._request_children[(route, model, status)] = (
+                self.requests.labels(route, model, str(status)), self.request_seconds.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def on_batch(self, model_name: str, graph: str, rows: int, seconds: float) -> None:
-        self.inference_seconds.labels(model_name, graph).observe(seconds)
-        self.batch_rows.labels(model_name, graph).observe(rows)
+        children = self._batch_children.get((model_name, graph))
+        if children is None:
+            children = self._batch_children[(model_name, graph)] = (
+                self.inference_seconds.labels(model_name, graph), self.batch_rows.labels(model_name, graph))
+        children[0].observe(seconds)
+        children[1].observe(rows)
