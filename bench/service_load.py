@@ -466,10 +466,12 @@ def student_bytes(redis_port: int, student: str) -> dict | None:
         if not keys:
             return None
         key = keys[0]
-        ids_key = key + b":ids"
+        ids_key, ring_key = key + b":ids", key + b":ring"
         hash_bytes = r.memory_usage(key, samples=0) or 0
-        ids_bytes = r.memory_usage(ids_key, samples=0) or 0
-        ids = r.strlen(ids_key) // 8  # the replay window: a ring of 8-byte fingerprints
+        # the replay window: 8-byte fingerprints in buckets (:ids) and a ring (:ring); before November 2026 a
+        # sorted set of the ids (:ids)
+        ids_bytes = (r.memory_usage(ids_key, samples=0) or 0) + (r.memory_usage(ring_key, samples=0) or 0)
+        ids = r.zcard(ids_key) if r.type(ids_key) == b"zset" else r.strlen(ring_key) // 8
         return {"student": student, "key": key.decode(), "blob_bytes": r.hstrlen(key, "blob"),
                 "hash_bytes": hash_bytes, "ids_bytes": ids_bytes, "event_ids": ids,
                 "events": int(r.hget(key, "events") or 0), "total_bytes": hash_bytes + ids_bytes}

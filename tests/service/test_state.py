@@ -227,15 +227,21 @@ def test_redis_key_layout_and_ttl(redis_url: str) -> None:
                 b"blob": b"blob",
                 b"ids": b"2",  # event ids recorded so far
             }
-            # the replay window: 8-byte BLAKE2b fingerprints of the ids, oldest first until the ring wraps
+            # the replay window: 8-byte BLAKE2b fingerprints of the ids, in a ring (oldest first until it wraps)
+            # and in buckets keyed by their first byte
             fingerprints = [hashlib.blake2b(i, digest_size=8).digest() for i in (b"a", b"b")]
-            assert await raw.get(f"{state_key}:ids") == b"".join(fingerprints)
-            for k in (state_key, f"{state_key}:ids"):
+            assert await raw.get(f"{state_key}:ring") == b"".join(fingerprints)
+            buckets: dict[bytes, bytes] = {}
+            for fp in fingerprints:
+                buckets[fp[:1]] = buckets.get(fp[:1], b"") + fp
+            assert await raw.hgetall(f"{state_key}:ids") == buckets
+            window = (state_key, f"{state_key}:ids", f"{state_key}:ring")
+            for k in window:
                 assert 59_000 < await raw.pttl(k) <= 60_000
             # ttl_seconds=None: no expiry, and a write removes an expiry set under an older setting
             forever = RedisStore(redis_url, ttl_seconds=None, key_prefix="ns")
             await forever.compare_and_set(KEY, 1, b"blob", 1, ["c"])
-            assert [await raw.pttl(k) for k in (state_key, f"{state_key}:ids")] == [-1, -1]
+            assert [await raw.pttl(k) for k in window] == [-1, -1, -1]
             await forever.close()
             # a caller key ending in ":ids" cannot collide with another key's id set
             assert await store.compare_and_set(KEY + ":ids", 0, b"x", 1) is not None
@@ -358,7 +364,7 @@ def test_redis_url_pointing_at_something_else_is_unavailable() -> None:
 
 
 def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str) -> None:
-    """8 bytes per remembered id; the ring wraps over the oldest; a smaller max_event_ids keeps the newest."""
+    """The ring wraps over the oldest and the buckets follow it; a smaller max_event_ids keeps the newest."""
 
     async def body() -> None:
         store = RedisStore(redis_url, ttl_seconds=None, max_event_ids=4, key_prefix="ring")
@@ -367,19 +373,47 @@ def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str) -> None:
             ids = [f"event-{i}" for i in range(10)]
             for version, event_id in enumerate(ids[:6]):
                 await store.compare_and_set(KEY, version, b"x", 1, [event_id, event_id])  # repeated within a call
-            assert await raw.strlen(f"ring:{{{KEY}}}:ids") == 4 * 8
+            ring, buckets = f"ring:{{{KEY}}}:ring", f"ring:{{{KEY}}}:ids"
+
+            async def bucketed() -> int:  # fingerprints held in the buckets
+                return sum(len(v) for v in (await raw.hgetall(buckets)).values()) // 8
+
+            assert await raw.strlen(ring) == 4 * 8 and await bucketed() == 4
             assert await store.seen(KEY, ids) == set(ids[2:6])
             smaller = RedisStore(redis_url, ttl_seconds=None, max_event_ids=2, key_prefix="ring")
             await smaller.compare_and_set(KEY, 6, b"x", 1, [ids[6]])
-            assert await raw.strlen(f"ring:{{{KEY}}}:ids") == 2 * 8
+            assert await raw.strlen(ring) == 2 * 8 and await bucketed() == 2
             assert await smaller.seen(KEY, ids) == {ids[5], ids[6]}
             await smaller.close()
-            # a fingerprint's bytes count only where they start on a slot boundary
+            # a fingerprint's bytes count only where they start on an 8-byte boundary
             fingerprint = hashlib.blake2b(b"target", digest_size=8).digest()
-            await raw.set(f"ring:{{{KEY}}}:ids", b"\x00" * 4 + fingerprint + b"\x00" * 4)
+            await raw.hset(buckets, fingerprint[:1], fingerprint[:1] * 4 + fingerprint + b"\x00" * 4)
             assert await store.seen(KEY, ["target"]) == set()
-            await raw.set(f"ring:{{{KEY}}}:ids", b"\x00" * 8 + fingerprint)
+            await raw.hset(buckets, fingerprint[:1], fingerprint[:1] * 8 + fingerprint)
             assert await store.seen(KEY, ["target"]) == {"target"}
+        finally:
+            await store.close()
+            await raw.aclose()
+
+    asyncio.run(body())
+
+
+def test_redis_replay_window_at_scale_remembers_exactly_the_newest(redis_url: str) -> None:
+    """Many ids through a 300-id window, a few per write: exactly the newest 300 are seen, and the buckets hold
+    exactly the ring's fingerprints (nothing leaks as the ring wraps)."""
+
+    async def body() -> None:
+        store = RedisStore(redis_url, ttl_seconds=None, max_event_ids=300, key_prefix="scale")
+        raw = aioredis.Redis.from_url(redis_url)
+        try:
+            ids = [f"id-{i}" for i in range(1_000)]
+            for version, start in enumerate(range(0, len(ids), 4)):
+                await store.compare_and_set(KEY, version, b"x", 4, ids[start:start + 4])
+            assert await store.seen(KEY, ids) == set(ids[-300:])
+            ring = await raw.get(f"scale:{{{KEY}}}:ring")
+            bucketed = b"".join((await raw.hgetall(f"scale:{{{KEY}}}:ids")).values())
+            held = sorted(bucketed[i:i + 8] for i in range(0, len(bucketed), 8))
+            assert len(ring) == 300 * 8 and held == sorted(ring[i:i + 8] for i in range(0, len(ring), 8))
         finally:
             await store.close()
             await raw.aclose()
