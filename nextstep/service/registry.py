@@ -24,8 +24,12 @@ import onnxruntime as ort
 
 log = logging.getLogger(__name__)
 
-GRAPHS = ("step", "predict", "step_predict")
-MANIFEST_KEYS = ("name", "version", "family", "task", "created", "state", "graphs", "vocabularies", "responses")
+# per task: the graphs the service runs and the vocabulary that maps external ids to model rows
+TASKS = {
+    "knowledge_tracing": {"graphs": ("step", "predict", "step_predict"), "vocabulary": "questions"},
+    "next_item": {"graphs": ("step", "recommend", "step_recommend"), "vocabulary": "items"},
+}
+MANIFEST_KEYS = ("name", "version", "family", "task", "created", "state", "graphs", "vocabularies")
 ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int64)": "int64",
                "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(float16)": "float16"}
 
@@ -58,22 +62,22 @@ class LoadedModel:
     task: str
     path: Path
     manifest: dict
-    n_cats: int
+    n_cats: int  # response categories (knowledge tracing); 0 for next-item models
     state_spec: list[dict]  # [{name, shape (per entity), dtype, file, ...}] in the order the graphs take them
     initial_state: dict[str, np.ndarray]  # per entity (no batch axis), read-only
-    question_ids: list[str]  # external ids in index order: model index = position + 2 (0 padding, 1 unknown)
+    ids: list[str]  # external question / item ids in index order: model index = position + 2 (0 padding, 1 unknown)
     schema: str  # hash of (name, version, state layout): part of every state key
-    sessions: dict[str, ort.InferenceSession]  # "step", "predict", "step_predict"
+    sessions: dict[str, ort.InferenceSession]  # the task's graphs, by name
     input_names: dict[str, list[str]]  # per graph, in the session's order
     state_nbytes: int  # size of one serialised state
-    _question_index: dict[str, int] = field(init=False, repr=False)
+    _index: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._question_index = {qid: i + 2 for i, qid in enumerate(self.question_ids)}
+        self._index = {qid: i + 2 for i, qid in enumerate(self.ids)}
 
-    def question_index(self, ids: Sequence[str | int], field: str = "question") -> np.ndarray:
+    def index(self, ids: Sequence[str | int], field: str = "question") -> np.ndarray:
         """Model indices (int64) of external ids; "12" and 12 are the same id. Unknown -> UnknownId(field, id)."""
-        index = self._question_index
+        index = self._index
         out = np.empty(len(ids), dtype=np.int64)
         for i, qid in enumerate(ids):
             try:
@@ -81,6 +85,10 @@ class LoadedModel:
             except KeyError:
                 raise UnknownId(field, qid) from None
         return out
+
+    # the knowledge-tracing names of the same vocabulary
+    question_ids = property(lambda self: self.ids)
+    question_index = index
 
     def serialize(self, state: dict[str, np.ndarray]) -> bytes:
         """One entity's state as raw little-endian bytes, tensors in spec order: always `state_nbytes` long."""
@@ -161,9 +169,13 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         initial[name] = value
         nbytes += value.nbytes
 
+    task = TASKS.get(str(manifest["task"]))
+    if task is None:
+        raise fail(f"task {manifest['task']!r} is not one the service answers ({sorted(TASKS)})")
+
     # graphs: open each, check it takes what the manifest declares (and the state tensors)
     graphs, sessions, input_names = manifest["graphs"], {}, {}
-    for g in GRAPHS:
+    for g in task["graphs"]:
         if g not in graphs or "onnx" not in graphs[g]:
             raise fail(f"manifest declares no {g!r} ONNX graph")
         onnx_path = file(graphs[g]["onnx"], f"{g} graph")
@@ -187,22 +199,27 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         sessions[g], input_names[g] = session, [name for name, _ in actual]
 
     # vocabulary and responses
-    vocab_file = file(manifest["vocabularies"].get("questions", ""), "questions vocabulary")
+    kind = task["vocabulary"]
+    vocab_file = file(manifest["vocabularies"].get(kind, ""), f"{kind} vocabulary")
     try:
-        question_ids = [str(i) for i in json.loads(vocab_file.read_text())["ids"]]
+        ids = [str(i) for i in json.loads(vocab_file.read_text())["ids"]]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise fail(f"questions vocabulary {vocab_file.name} is malformed ({e!r})") from None
-    if len(set(question_ids)) != len(question_ids):
-        raise fail(f"questions vocabulary {vocab_file.name} repeats ids")
-    try:
-        n_cats = int(manifest["responses"]["n_cats"])
-    except (KeyError, TypeError, ValueError):
-        raise fail("manifest responses.n_cats missing or not an integer") from None
+        raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})") from None
+    if len(set(ids)) != len(ids):
+        raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids")
+    n_cats = 0
+    if manifest["task"] == "knowledge_tracing":
+        try:
+            n_cats = int(manifest["responses"]["n_cats"])
+        except (KeyError, TypeError, ValueError):
+            raise fail("manifest responses.n_cats missing or not an integer") from None
+    elif not isinstance(manifest.get("top_k"), int) or manifest["top_k"] < 1:
+        raise fail("manifest top_k missing or not a positive integer")
 
     name, version = path.parent.name, path.name
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
-        manifest=manifest, n_cats=n_cats, state_spec=spec, initial_state=initial, question_ids=question_ids,
+        manifest=manifest, n_cats=n_cats, state_spec=spec, initial_state=initial, ids=ids,
         schema=schema_hash(name, version, spec), sessions=sessions, input_names=input_names, state_nbytes=nbytes)
 
 
