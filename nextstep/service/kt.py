@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .registry import LoadedModel, ModelRegistry, UnknownId
+from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
 from .runtime import MicroBatcher
 from .state import StateStore, StoredState
 
@@ -96,13 +96,13 @@ def _batched(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.ndarray]) -> list[dict]:
     """Rows of the predict outputs (probs, theta, alpha, beta; batch row 0) as JSON-ready dicts."""
-    probs, theta, alpha, beta = (o[0] for o in outputs[:4])
-    expected = (probs @ np.arange(model.n_cats)).tolist()  # float64, as before
-    likely, theta, alpha = probs.argmax(axis=1).tolist(), theta.tolist(), alpha.tolist()
-    probs, beta = probs.tolist(), beta.tolist()  # Python floats in one call per array
-    return [{"question_id": qid, "probabilities": probs[i], "expected_response": expected[i],
-             "most_likely_response": likely[i], "theta": theta[i], "alpha": alpha[i], "beta": beta[i]}
-            for i, qid in enumerate(question_ids)]
+    # Python floats in one call per array; for a few categories plain Python beats numpy's per-call cost
+    probs, theta, alpha, beta = (o[0].tolist() for o in outputs[:4])
+    categories = range(model.n_cats)
+    return [{"question_id": qid, "probabilities": p, "expected_response": sum(k * v for k, v in enumerate(p)),
+             "most_likely_response": max(categories, key=p.__getitem__),  # the first of equal maxima, as argmax
+             "theta": theta[i], "alpha": alpha[i], "beta": beta[i]}
+            for i, (qid, p) in enumerate(zip(question_ids, probs, strict=True))]
 
 
 class KnowledgeTracer:
@@ -116,7 +116,10 @@ class KnowledgeTracer:
         self._absorbing = 0  # absorb calls in progress: at 1, inference runs inline (Engines.run(alone=True))
 
     def model(self, name: str) -> LoadedModel:
-        return self.registry.get(name)
+        model = self.registry.get(name)
+        if model.task != "knowledge_tracing":
+            raise UnknownModel(f"model {name!r} is a {model.task} model, not a knowledge-tracing one")
+        return model
 
     @staticmethod
     def key(model: LoadedModel, student_id: str) -> str:
