@@ -20,6 +20,8 @@ from .kt import ConcurrencyConflict, Engines, InvalidInput, KnowledgeTracer, Too
 from .metrics import Metrics
 from .registry import ModelRegistry, UnknownId, UnknownModel
 from .routes import kt as kt_routes
+from .routes import sessions as session_routes
+from .sessions import SessionRecommender
 from .settings import Settings
 from .state import StoreUnavailable, make_store
 
@@ -178,14 +180,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
                                            cas_retries=settings.cas_retries,
                                            on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
+        # sessions expire much sooner than learners: their own store (same Redis, its own TTL)
+        session_store = make_store(settings.redis_url, ttl_seconds=settings.session_ttl_seconds,
+                                   max_event_ids=settings.max_event_ids)
+        app.state.sessions = SessionRecommender(registry, TimedStore(session_store, metrics), engines,
+                                                cas_retries=settings.cas_retries,
+                                                cold_start_model=settings.cold_start_model,
+                                                on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         yield
         await engines.close()
         await store.close()
+        await session_store.close()
 
     app = FastAPI(title="NextStep", version="0.1.0", lifespan=lifespan,
                   description="Predicts a learner's next response from state kept per learner.")
     app.state.settings, app.state.metrics = settings, metrics
     app.include_router(kt_routes.router)
+    app.include_router(session_routes.router)
 
     @app.exception_handler(UnknownModel)
     async def unknown_model(request: Request, exc: UnknownModel):
@@ -232,7 +243,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def models(request: Request) -> dict:
         registry = request.app.state.registry
         return {"models": [{"name": m.name, "version": m.version, "family": m.family, "task": m.task,
-                            "n_cats": m.n_cats, "questions": len(m.question_ids),
+                            "n_cats": m.n_cats, "vocabulary": len(m.ids),
                             "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
                 "errors": registry.errors}
 

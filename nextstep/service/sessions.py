@@ -1,0 +1,218 @@
+"""Next-item sessions, protocol-neutral: absorb clicks, recommend, score many sessions, summarise, delete.
+
+A session's state lives in the store under `sess:<model>:<schema>:<session>`: the model's state tensors
+followed by the rows of the last `SEEN` items the session clicked (int64, 0-padded), so that any replica
+can leave seen items out of a recommendation. Absorbing clicks is the same optimistic loop as knowledge
+tracing (read, step the model, compare-and-set; event ids make replays idempotent), on a store whose TTL
+is the session timeout.
+
+Unknown item ids: by default a 422 naming the field; with `unknown_items="skip"` they are left out and
+the session goes on from the last known item (what the offline evaluation protocol does). A session that
+has absorbed nothing yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers.
+"""
+
+import asyncio
+import random
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kt import ConcurrencyConflict, Engines, InvalidInput
+from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
+from .state import StateStore, StoredState
+
+TASK = "next_item"
+SEEN = 64  # items remembered per session for exclude_seen
+_SEEN_BYTES = SEEN * 8
+
+
+@dataclass(frozen=True)
+class Click:
+    item_id: str
+    event_id: str | None = None
+
+
+class SessionRecommender:
+    def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
+                 cold_start_model: str | None = None, on_retry=None):
+        self.registry, self.store, self.engines = registry, store, engines
+        self.cas_retries, self.cold_start_model, self.on_retry = cas_retries, cold_start_model, on_retry
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def model(self, name: str) -> LoadedModel:
+        model = self.registry.get(name)
+        if model.task != TASK:
+            raise UnknownModel(f"model {name!r} is a {model.task} model, not a next-item one")
+        return model
+
+    @staticmethod
+    def key(model: LoadedModel, session_id: str) -> str:
+        return f"sess:{model.name}:{model.schema}:{session_id}"
+
+    # ------------------------------------------------------------------ state blob: model state + seen rows
+
+    @staticmethod
+    def _decode(model: LoadedModel, stored: StoredState) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        if stored.blob is None:
+            return model.initial_state, np.zeros(SEEN, dtype=np.int64)
+        blob = stored.blob
+        seen = np.frombuffer(blob, dtype="<i8", count=SEEN, offset=len(blob) - _SEEN_BYTES).astype(np.int64)
+        return model.deserialize(blob[:len(blob) - _SEEN_BYTES]), seen
+
+    @staticmethod
+    def _encode(model: LoadedModel, state: dict[str, np.ndarray], seen: np.ndarray) -> bytes:
+        return model.serialize(state) + seen.astype("<i8").tobytes()
+
+    def _rows(self, model: LoadedModel, clicks: list[Click], unknown: str, field: str) -> list[int | None]:
+        """Model rows of the clicked items; None for an unknown item when unknown == "skip". `field` names
+        item i in an error, e.g. "events[{i}].item_id"."""
+        rows: list[int | None] = []
+        for i, c in enumerate(clicks):
+            try:
+                rows.append(int(model.index([c.item_id], "item")[0]))
+            except UnknownId:
+                if unknown != "skip":
+                    raise InvalidInput(field.format(i=i),
+                                       f"unknown item id {c.item_id!r} for model {model.name} (pass "
+                                       "unknown_items=skip to leave unknown items out)") from None
+                rows.append(None)
+        return rows
+
+    async def _top(self, model: LoadedModel, graph: str, feeds: dict, k: int) -> tuple[list[dict], list]:
+        outs = await self.engines.run(model, graph, feeds)
+        rows, scores = outs[-2][0], outs[-1][0]
+        items = [{"item_id": model.ids[r - 2], "score": float(s)}
+                 for r, s in zip(rows[:k].tolist(), scores[:k].tolist(), strict=True) if s != float("-inf")]
+        return items, outs
+
+    def _check_k(self, model: LoadedModel, k: int) -> None:
+        if not 1 <= k <= model.manifest["top_k"]:
+            raise InvalidInput("k", f"must be between 1 and {model.manifest['top_k']} for model {model.name}")
+
+    @staticmethod
+    def _exclude(seen: np.ndarray, exclude_seen: bool) -> np.ndarray:
+        return (seen if exclude_seen else np.zeros(1, dtype=np.int64))[None]
+
+    # ------------------------------------------------------------------ operations
+
+    async def absorb(self, model_name: str, session_id: str, clicks: list[Click], *, recommend_k: int | None = None,
+                     exclude_seen: bool = True, unknown_items: str = "error") -> dict:
+        """Apply clicks in order (skipping replayed event ids); optionally recommend afterwards, one round trip."""
+        model = self.model(model_name)
+        if recommend_k is not None:
+            self._check_k(model, recommend_k)
+        rows = self._rows(model, clicks, unknown_items, "events[{i}].item_id")
+        key = self.key(model, session_id)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
+            for attempt in range(self.cas_retries):
+                if attempt:
+                    await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
+                ids = [c.event_id for c in clicks if c.event_id is not None]
+                stored, already = await self.store.read(key, ids)
+                state, seen = self._decode(model, stored)
+                fresh, fresh_ids, unknown = [], [], 0
+                for c, row in zip(clicks, rows, strict=True):
+                    if c.event_id is not None:
+                        if c.event_id in already:
+                            continue
+                        already.add(c.event_id)
+                        fresh_ids.append(c.event_id)
+                    if row is None:
+                        unknown += 1
+                    else:
+                        fresh.append(row)
+                recommended = None
+                for n, row in enumerate(fresh):
+                    seen = np.concatenate([[row], seen[seen != row][:SEEN - 1]]).astype(np.int64)
+                    feeds = {**_batched(state), "item": np.array([row], dtype=np.int64)}
+                    if n == len(fresh) - 1 and recommend_k is not None:
+                        recommended, outs = await self._top(model, "step_recommend",
+                                                            {**feeds, "exclude": self._exclude(seen, exclude_seen)},
+                                                            recommend_k)
+                    else:
+                        outs = await self.engines.run(model, "step", feeds)
+                    state = {s["name"]: o[0] for s, o in zip(model.state_spec, outs, strict=False)}
+                if not fresh_ids and not fresh:
+                    written = stored
+                else:
+                    written = await self.store.compare_and_set(key, stored.version, self._encode(model, state, seen),
+                                                               len(fresh), fresh_ids)
+                    if written is None:
+                        if self.on_retry:
+                            self.on_retry(model)
+                        continue
+                result = {"session_id": session_id, "model": model.name, "version": model.version,
+                          "state_version": written.version, "events_absorbed": len(fresh),
+                          "events_skipped": len(clicks) - len(fresh) - unknown, "unknown_items_skipped": unknown,
+                          "events_total": written.events, "recommendations": None}
+                if recommend_k is not None:
+                    if recommended is None:  # no new click: answer from the stored state
+                        recommended, source = await self._recommend(model, state, seen, written.events,
+                                                                    recommend_k, exclude_seen)
+                    else:
+                        source = "model"
+                    result.update(recommendations=recommended, source=source)
+                return result
+        raise ConcurrencyConflict(f"session {session_id!r}: state changed under {self.cas_retries} attempts")
+
+    async def _recommend(self, model, state, seen, events, k, exclude_seen) -> tuple[list[dict], str]:
+        if events == 0 and self.cold_start_model and self.cold_start_model != model.name:
+            try:
+                cold = self.model(self.cold_start_model)
+            except UnknownModel:
+                cold = None
+            if cold is not None:
+                items, _ = await self._top(cold, "recommend", {**_batched(cold.initial_state),
+                                                               "exclude": np.zeros((1, 1), dtype=np.int64)},
+                                           min(k, cold.manifest["top_k"]))
+                return items, f"cold_start:{cold.name}"
+        feeds = {**_batched(state), "exclude": self._exclude(seen, exclude_seen)}
+        items, _ = await self._top(model, "recommend", feeds, k)
+        return items, "model"
+
+    async def recommend(self, model_name: str, session_id: str, k: int, exclude_seen: bool = True) -> dict:
+        model = self.model(model_name)
+        self._check_k(model, k)
+        stored = await self.store.get(self.key(model, session_id))
+        state, seen = self._decode(model, stored)
+        items, source = await self._recommend(model, state, seen, stored.events, k, exclude_seen)
+        return {"session_id": session_id, "model": model.name, "version": model.version,
+                "state_version": stored.version, "events_total": stored.events, "source": source, "items": items}
+
+    async def summary(self, model_name: str, session_id: str) -> dict:
+        model = self.model(model_name)
+        stored = await self.store.get(self.key(model, session_id))
+        _, seen = self._decode(model, stored)
+        return {"session_id": session_id, "model": model.name, "version": model.version,
+                "exists": stored.blob is not None, "state_version": stored.version, "events_total": stored.events,
+                "last_update": stored.updated, "recent_items": [model.ids[r - 2] for r in seen.tolist() if r >= 2]}
+
+    async def delete(self, model_name: str, session_id: str) -> bool:
+        model = self.model(model_name)
+        return await self.store.delete(self.key(model, session_id))
+
+    async def score_sessions(self, model_name: str, sessions: list[tuple[str | None, list[str]]], k: int,
+                             exclude_seen: bool = True, unknown_items: str = "error") -> dict:
+        """Stateless: replay each session from the initial state and recommend after its last click."""
+        model = self.model(model_name)
+        self._check_k(model, k)
+        results = []
+        for s, (session_id, item_ids) in enumerate(sessions):
+            rows = self._rows(model, [Click(i) for i in item_ids], unknown_items, f"sessions[{s}].item_ids[{{i}}]")
+            rows = [r for r in rows if r is not None]
+            state, seen = model.initial_state, np.zeros(SEEN, dtype=np.int64)
+            for row in rows:
+                seen = np.concatenate([[row], seen[seen != row][:SEEN - 1]]).astype(np.int64)
+                outs = await self.engines.run(model, "step", {**_batched(state), "item": np.array([row])})
+                state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=True)}
+            items, source = await self._recommend(model, state, seen, len(rows), k, exclude_seen)
+            results.append({"session_id": session_id, "events": len(rows), "source": source, "items": items})
+        return {"model": model.name, "version": model.version, "sessions": results}
+
+
+def _batched(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: value[None] for name, value in state.items()}

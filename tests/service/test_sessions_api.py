@@ -1,0 +1,144 @@
+"""Next-item sessions end to end: real HTTP into the app, real ONNX Runtime, real Redis (or the in-process store)."""
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from nextstep.service.settings import Settings
+from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
+from nextstep.training.next_item_run import load_next_item, train_next_item
+from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
+
+
+@pytest.fixture(scope="session")
+def rec_artifacts(tmp_path_factory):
+    """artifacts/{gru4rec,popularity}/1 trained for real on generated sessions (60 items)."""
+    root = tmp_path_factory.mktemp("rec")
+    data = zipf_sessions(300, 60, (2, 9), follow=0.7, seed=0)
+    write_gru4rec_tsv(subset(data, np.arange(250)), root / "demo_train_full.txt")
+    write_gru4rec_tsv(subset(data, np.arange(250, 300)), root / "demo_test.txt")
+    cfg = GRU4RecTrainConfig(epochs=2, n_sample=16, model={"layers": (12,)})
+    train_next_item("gru4rec", root, root / "artifacts" / "gru4rec" / "1", cfg=cfg, progress=False, log=False,
+                    top_k=30)
+    train_next_item("popularity", root, root / "artifacts" / "popularity" / "1", progress=False, log=False, top_k=30)
+    return root / "artifacts"
+
+
+@pytest.fixture(params=["in-process", "redis"])
+def store_url(request) -> str | None:
+    return request.getfixturevalue("redis_url") if request.param == "redis" else None
+
+
+def offline_top(artifact, item_ids: list[str], k: int, exclude_seen: bool = True) -> tuple[list[str], np.ndarray]:
+    model, vocab, _ = load_next_item(artifact)
+    rows = torch.from_numpy(vocab.encode(np.array([int(i) for i in item_ids])))
+    with torch.no_grad():
+        scores = model(rows[None])[0, -1]
+    scores[:2] = -np.inf
+    if exclude_seen:
+        scores[rows] = -np.inf
+    top = torch.topk(scores, k)
+    return [str(vocab.ids[r - 2]) for r in top.indices.tolist()], top.values.numpy()
+
+
+def test_served_recommendations_equal_the_offline_models_top_k(rec_artifacts, store_url, serve):
+    model, vocab, _ = load_next_item(rec_artifacts / "gru4rec" / "1")
+    clicks = [str(i) for i in vocab.ids[:6]]
+    with serve(Settings(artifacts_dir=rec_artifacts, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
+        for t, item in enumerate(clicks):
+            reply = http.post("/v1/sessions/gru4rec/events", json={"session_id": "v1", "events": [{"item_id": item}],
+                                                                   "recommend_k": 10})
+            assert reply.status_code == 200, reply.text
+            got = reply.json()
+            assert got["events_total"] == t + 1 and got["source"] == "model"
+            ids, scores = offline_top(rec_artifacts / "gru4rec" / "1", clicks[:t + 1], 10)
+            np.testing.assert_allclose([r["score"] for r in got["recommendations"]], scores, atol=1e-5)
+            assert {r["item_id"] for r in got["recommendations"]} == set(ids)
+            assert not {r["item_id"] for r in got["recommendations"]} & set(clicks[:t + 1])
+        for exclude in (True, False):
+            reply = http.post("/v1/sessions/gru4rec/recommend",
+                              json={"session_id": "v1", "k": 5, "exclude_seen": exclude}).json()
+            ids, scores = offline_top(rec_artifacts / "gru4rec" / "1", clicks, 5, exclude_seen=exclude)
+            np.testing.assert_allclose([r["score"] for r in reply["items"]], scores, atol=1e-5)
+        batch = http.post("/v1/sessions/gru4rec/batch", json={"sessions": [{"item_ids": clicks}], "k": 5}).json()
+        assert [r["item_id"] for r in batch["sessions"][0]["items"]] == \
+            [r["item_id"] for r in http.post("/v1/sessions/gru4rec/recommend",
+                                             json={"session_id": "v1", "k": 5}).json()["items"]]
+        summary = http.get("/v1/sessions/gru4rec/v1").json()
+        assert summary["exists"] and summary["events_total"] == 6 and summary["recent_items"] == clicks[::-1]
+        assert http.delete("/v1/sessions/gru4rec/v1").json()["deleted"] is True
+        assert http.get("/v1/sessions/gru4rec/v1").json()["exists"] is False
+
+
+def test_sessions_expire_after_their_ttl(rec_artifacts, store_url, serve):
+    _, vocab, _ = load_next_item(rec_artifacts / "gru4rec" / "1")
+    settings = Settings(artifacts_dir=rec_artifacts, redis_url=store_url, session_ttl_seconds=1.0)
+    with serve(settings) as url, httpx.Client(base_url=url) as http:
+        http.post("/v1/sessions/gru4rec/events", json={"session_id": "short", "events": [{"item_id": vocab.ids[0]}]})
+        assert http.get("/v1/sessions/gru4rec/short").json()["exists"]
+        time.sleep(1.5)
+        assert not http.get("/v1/sessions/gru4rec/short").json()["exists"]
+
+
+def test_state_survives_a_restart_and_concurrent_clicks_are_all_absorbed_once(rec_artifacts, redis_url, serve):
+    _, vocab, _ = load_next_item(rec_artifacts / "gru4rec" / "1")
+    settings = Settings(artifacts_dir=rec_artifacts, redis_url=redis_url)
+
+    async def clicks(url):
+        async with httpx.AsyncClient(base_url=url) as http:
+            async def client(c):
+                for j in range(10):
+                    body = {"session_id": "busy", "events": [{"item_id": vocab.ids[(c + j) % 20],
+                                                              "event_id": f"{c}-{j}"}]}
+                    assert (await http.post("/v1/sessions/gru4rec/events", json=body)).status_code == 200
+            await asyncio.gather(*(client(c) for c in range(20)))
+
+    with serve(settings) as url:
+        asyncio.run(clicks(url))
+    with serve(settings) as url, httpx.Client(base_url=url) as http:
+        assert http.get("/v1/sessions/gru4rec/busy").json()["events_total"] == 200
+        replay = http.post("/v1/sessions/gru4rec/events", json={"session_id": "busy", "events": [
+            {"item_id": vocab.ids[0], "event_id": "0-0"}]}).json()
+        assert replay["events_absorbed"] == 0 and replay["events_skipped"] == 1 and replay["events_total"] == 200
+
+
+def test_cold_sessions_fall_back_to_the_configured_model(rec_artifacts, serve):
+    settings = Settings(artifacts_dir=rec_artifacts, cold_start_model="popularity")
+    with serve(settings) as url, httpx.Client(base_url=url) as http:
+        cold = http.post("/v1/sessions/gru4rec/recommend", json={"session_id": "new", "k": 5}).json()
+        popular = http.post("/v1/sessions/popularity/recommend", json={"session_id": "new", "k": 5}).json()
+        assert cold["source"] == "cold_start:popularity" and cold["items"] == popular["items"]
+
+
+@pytest.mark.parametrize("path, body, status, field", [
+    ("events", {"session_id": "s", "events": [{"item_id": "999999"}]}, 422, "events[0].item_id"),
+    ("events", {"session_id": "s", "events": []}, 422, "events"),
+    ("events", {"session_id": "s", "events": [{"item_id": [1]}]}, 422, "item_id"),
+    ("events", {"session_id": "", "events": [{"item_id": "2"}]}, 422, "session_id"),
+    ("recommend", {"session_id": "s", "k": 31}, 422, "k"),
+    ("recommend", {"session_id": "s", "k": 0}, 422, "k"),
+    ("batch", {"sessions": [{"item_ids": ["2", "999999"]}]}, 422, "sessions[0].item_ids[1]"),
+    ("batch", {"sessions": []}, 422, "sessions"),
+])
+def test_bad_input_is_a_4xx_naming_the_field(rec_artifacts, serve, path, body, status, field):
+    with serve(Settings(artifacts_dir=rec_artifacts)) as url, httpx.Client(base_url=url) as http:
+        reply = http.post(f"/v1/sessions/gru4rec/{path}", json=body)
+        assert reply.status_code == status, reply.text
+        assert field in reply.text
+
+
+def test_unknown_items_can_be_skipped_and_tasks_do_not_cross(rec_artifacts, serve):
+    _, vocab, _ = load_next_item(rec_artifacts / "gru4rec" / "1")
+    with serve(Settings(artifacts_dir=rec_artifacts)) as url, httpx.Client(base_url=url) as http:
+        reply = http.post("/v1/sessions/gru4rec/events", json={
+            "session_id": "s", "unknown_items": "skip", "recommend_k": 3,
+            "events": [{"item_id": vocab.ids[0]}, {"item_id": "999999"}, {"item_id": vocab.ids[1]}]}).json()
+        assert reply["events_absorbed"] == 2 and reply["unknown_items_skipped"] == 1 and len(reply["recommendations"]) == 3
+        assert http.post("/v1/kt/gru4rec/predict", json={"student_id": "s", "question_ids": ["1"]}).status_code == 404
+        assert http.post("/v1/sessions/nope/recommend", json={"session_id": "s"}).status_code == 404
+        models = {m["name"]: m for m in http.get("/v1/models").json()["models"]}
+        assert models["gru4rec"]["task"] == "next_item"
