@@ -54,6 +54,21 @@ def glorot_(t: torch.Tensor, fan_in: int, fan_out: int) -> None:
     nn.init.uniform_(t, -bound, bound)
 
 
+class Dropout(nn.Module):
+    """Inverted dropout, the same function as nn.Dropout; its mask comes from one uniform draw and a
+    comparison, which for the small (32 x 100) activations of GRU4Rec training is faster than the
+    Bernoulli sampler behind nn.Dropout (bench/gru4rec_training.py)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        return x * (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
+
+
 class GRULayer(nn.Module):
     """One GRU layer (PyTorch's gate convention) whose input may arrive already projected to 3H gates."""
 
@@ -106,8 +121,8 @@ class GRU4Rec(NextItemModel):
         self.gru = nn.ModuleList(
             GRULayer(n_in if i == 0 else H[i - 1], H[i], projected_input=self.one_hot and i == 0)
             for i in range(len(H)))
-        self.drop_embed = nn.Dropout(cfg.dropout_embed)
-        self.drop_hidden = nn.Dropout(cfg.dropout_hidden)
+        self.drop_embed = Dropout(cfg.dropout_embed)
+        self.drop_hidden = Dropout(cfg.dropout_hidden)
 
     def state_spec(self) -> list[dict]:
         return [{"name": f"hidden_{i}", "shape": [h], "dtype": "float32"} for i, h in enumerate(self.cfg.layers)]

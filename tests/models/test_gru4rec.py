@@ -106,3 +106,15 @@ def test_markov_width_keeps_the_most_frequent_successors():
     mk = Markov.fit(items, offsets, 7, width=2)
     s = mk.scores((torch.tensor([2]),))[0]
     assert s[3] >= 2 and s[5] >= 2 and s[4] < 1  # 2->4 seen once: beyond the width of 2
+
+
+def test_dropout_keeps_the_expected_value_and_drops_the_share_asked():
+    from nextstep.models.gru4rec import Dropout
+
+    d = Dropout(0.4).train()
+    x = torch.ones(200, 500)
+    y = d(x)
+    assert abs((y == 0).float().mean().item() - 0.4) < 0.01
+    assert abs(y.mean().item() - 1.0) < 0.02
+    torch.testing.assert_close(torch.unique(y), torch.tensor([0.0, 1 / 0.6]))
+    assert torch.equal(d.eval()(x), x)
