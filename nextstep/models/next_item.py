@@ -55,7 +55,20 @@ def top_k(scores: torch.Tensor, exclude: torch.Tensor, k: int) -> tuple[torch.Te
     return rows, values
 
 
-class Popularity(NextItemModel):
+class LastItemModel(NextItemModel):
+    """A model whose whole session state is the last item clicked (row 0 before any click)."""
+
+    def state_spec(self) -> list[dict]:
+        return [{"name": "last_item", "shape": [], "dtype": "int64"}]
+
+    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(batch, dtype=torch.int64),)
+
+    def step(self, state, items):
+        return (items,)
+
+
+class Popularity(LastItemModel):
     """Scores are training click counts, whatever the session did. State: the last item (unused)."""
 
     family = "popularity"
@@ -69,20 +82,11 @@ class Popularity(NextItemModel):
     def fit(cls, items: np.ndarray, n_items: int) -> "Popularity":
         return cls(n_items, torch.from_numpy(np.bincount(items, minlength=n_items).astype(np.float32)))
 
-    def state_spec(self) -> list[dict]:
-        return [{"name": "last_item", "shape": [], "dtype": "int64"}]
-
-    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        return (torch.zeros(batch, dtype=torch.int64),)
-
-    def step(self, state, items):
-        return (items,)
-
     def scores(self, state):
         return self.counts.unsqueeze(0).expand(state[0].shape[0], -1)
 
 
-class Markov(NextItemModel):
+class Markov(LastItemModel):
     """First-order Markov chain: the score of j after item i is the number of training transitions i -> j
     (consecutive clicks within a session), ties broken by popularity (a share < 1 of a count, so it never
     outweighs one transition); a session without a known last item gets the popularity ranking. Each row
@@ -119,15 +123,6 @@ class Markov(NextItemModel):
         clicks = np.bincount(items, minlength=n_items).astype(np.float64)
         popularity = torch.from_numpy(clicks / (clicks.max() + 1.0))
         return cls(n_items, torch.from_numpy(succ), torch.from_numpy(cnt), popularity)
-
-    def state_spec(self) -> list[dict]:
-        return [{"name": "last_item", "shape": [], "dtype": "int64"}]
-
-    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        return (torch.zeros(batch, dtype=torch.int64),)
-
-    def step(self, state, items):
-        return (items,)
 
     def scores(self, state):
         last = state[0]

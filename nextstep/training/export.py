@@ -191,17 +191,10 @@ def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_jso
     if not parity["passed"]:
         raise ParityError(f"exported graphs disagree with the model: {parity}")
 
-    with torch.no_grad():
-        for s, tensor in zip(spec, model.init_state(1), strict=True):
-            np.save(out_dir / f"state_{s['name']}.npy", tensor[0].numpy())
-            s["file"] = f"state_{s['name']}.npy"
+    save_initial_state(model, spec, out_dir)
     (out_dir / "vocab_questions.json").write_text(json.dumps(vocab_json))
     torch.save({"state_dict": model.state_dict(), "config": asdict(model.cfg), "family": model.family},
                out_dir / "weights.pt")
-
-    def io(session):
-        return {"inputs": [{"name": i.name, "shape": i.shape, "dtype": i.type} for i in session.get_inputs()],
-                "outputs": [{"name": o.name, "shape": o.shape, "dtype": o.type} for o in session.get_outputs()]}
 
     manifest = {
         **manifest,
@@ -220,6 +213,20 @@ def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_jso
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
     return manifest
+
+
+def save_initial_state(model, spec: list[dict], out_dir: Path) -> None:
+    """One entity's initial value of each state tensor as state_<name>.npy; records the file in `spec`."""
+    with torch.no_grad():
+        for s, tensor in zip(spec, model.init_state(1), strict=True):
+            np.save(out_dir / f"state_{s['name']}.npy", tensor[0].numpy())
+            s["file"] = f"state_{s['name']}.npy"
+
+
+def io(session: ort.InferenceSession) -> dict:
+    """A graph's real inputs and outputs, read back from ONNX Runtime (the exporter may prune inputs)."""
+    return {"inputs": [{"name": i.name, "shape": i.shape, "dtype": i.type} for i in session.get_inputs()],
+            "outputs": [{"name": o.name, "shape": o.shape, "dtype": o.type} for o in session.get_outputs()]}
 
 
 def _json_default(x):

@@ -32,7 +32,9 @@ from .export import (
     _export_onnx,
     _json_default,
     _trace,
+    io,
     onnx_session,
+    save_initial_state,
 )
 
 TASK = "next_item"
@@ -155,17 +157,10 @@ def export_next_item(model: NextItemModel, out_dir: Path, *, manifest: dict, voc
     if not parity["passed"]:
         raise ParityError(f"exported graphs disagree with the model: {parity}")
 
-    with torch.no_grad():
-        for s, tensor in zip(spec, model.init_state(1), strict=True):
-            np.save(out_dir / f"state_{s['name']}.npy", tensor[0].numpy())
-            s["file"] = f"state_{s['name']}.npy"
+    save_initial_state(model, spec, out_dir)
     (out_dir / "vocab_items.json").write_text(json.dumps(vocab_json))
     config = asdict(model.cfg) if is_dataclass(getattr(model, "cfg", None)) else {"n_items": model.n_items}
     torch.save({"state_dict": model.state_dict(), "config": config, "family": model.family}, out_dir / "weights.pt")
-
-    def io(session):
-        return {"inputs": [{"name": i.name, "shape": i.shape, "dtype": i.type} for i in session.get_inputs()],
-                "outputs": [{"name": o.name, "shape": o.shape, "dtype": o.type} for o in session.get_outputs()]}
 
     manifest = {
         **manifest,

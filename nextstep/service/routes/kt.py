@@ -3,9 +3,10 @@
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from ..kt import Event, KnowledgeTracer, TooLarge
+from ..kt import Event, KnowledgeTracer
+from .common import Strict, too_many
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"])
 
@@ -20,10 +21,6 @@ async def tracer(request: Request) -> KnowledgeTracer:
 
 Tracer = Annotated[KnowledgeTracer, Depends(tracer)]
 ModelName = Annotated[str, Path(description="model name, e.g. deep_gpcm", examples=["deep_gpcm"])]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class EventIn(Strict):
@@ -76,20 +73,15 @@ class BatchIn(Strict):
         {"student_id": "a", "events": [{"question_id": "17", "response": 1}], "predict_question_ids": ["18"]}]}]})
 
 
-def _too_many(field: str, n: int, limit: int):
-    if n > limit:
-        raise TooLarge(field, f"{n} items; at most {limit} per request")
-
-
 def _events(items: list[EventIn]) -> list[Event]:
     return [Event(str(e.question_id), e.response, e.event_id) for e in items]
 
 
 async def absorb_events(kt: KnowledgeTracer, settings, model: str, body: EventsIn) -> dict:
     """The events route's work; also called by the app's fast path for this route (app.py)."""
-    _too_many("events", len(body.events), settings.max_events)
+    too_many("events", len(body.events), settings.max_events)
     if body.predict_question_ids:
-        _too_many("predict_question_ids", len(body.predict_question_ids), settings.max_questions)
+        too_many("predict_question_ids", len(body.predict_question_ids), settings.max_questions)
     ids = [str(q) for q in body.predict_question_ids] if body.predict_question_ids else None
     return await kt.absorb(model, body.student_id, _events(body.events), ids)
 
@@ -101,14 +93,14 @@ async def post_events(model: ModelName, body: EventsIn, kt: Tracer, request: Req
 
 @router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question")
 async def post_predict(model: ModelName, body: PredictIn, kt: Tracer, request: Request) -> dict:
-    _too_many("question_ids", len(body.question_ids), request.app.state.settings.max_questions)
+    too_many("question_ids", len(body.question_ids), request.app.state.settings.max_questions)
     return await kt.predict(model, body.student_id, [str(q) for q in body.question_ids])
 
 
 @router.post("/next-item", summary="Rank questions by Fisher information or closeness to a target")
 async def post_next_item(model: ModelName, body: NextItemIn, kt: Tracer, request: Request) -> dict:
     if body.candidate_question_ids:
-        _too_many("candidate_question_ids", len(body.candidate_question_ids), request.app.state.settings.max_questions)
+        too_many("candidate_question_ids", len(body.candidate_question_ids), request.app.state.settings.max_questions)
     candidates = [str(q) for q in body.candidate_question_ids] if body.candidate_question_ids else None
     return await kt.next_item(model, body.student_id, candidates, body.strategy, body.target, body.k)
 
@@ -116,9 +108,9 @@ async def post_next_item(model: ModelName, body: NextItemIn, kt: Tracer, request
 @router.post("/batch", summary="Stateless scoring of whole sequences (nothing is stored)")
 async def post_batch(model: ModelName, body: BatchIn, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
-    _too_many("students", len(body.students), settings.max_batch_students)
+    too_many("students", len(body.students), settings.max_batch_students)
     for i, s in enumerate(body.students):
-        _too_many(f"students[{i}].events", len(s.events), settings.max_events)
+        too_many(f"students[{i}].events", len(s.events), settings.max_events)
     students = [(s.student_id, _events(s.events),
                  [str(q) for q in s.predict_question_ids] if s.predict_question_ids else None) for s in body.students]
     return await kt.score_sequences(model, students)

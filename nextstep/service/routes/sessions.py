@@ -3,10 +3,10 @@
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from ..kt import TooLarge
 from ..sessions import Click, SessionRecommender
+from .common import Strict, too_many
 
 router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"])
 
@@ -24,10 +24,6 @@ async def recommender(request: Request) -> SessionRecommender:
 
 Recommender = Annotated[SessionRecommender, Depends(recommender)]
 ModelName = Annotated[str, Path(description="model name, e.g. gru4rec", examples=["gru4rec"])]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ClickIn(Strict):
@@ -70,14 +66,9 @@ class BatchIn(Strict):
         "sessions": [{"session_id": "a", "item_ids": ["214536502", "214536506"]}], "k": 5}]})
 
 
-def _too_many(field: str, n: int, limit: int):
-    if n > limit:
-        raise TooLarge(field, f"{n} items; at most {limit} per request")
-
-
 @router.post("/events", summary="Fold a session's new clicks into its state (and recommend)")
 async def post_events(model: ModelName, body: ClicksIn, rec: Recommender, request: Request) -> dict:
-    _too_many("events", len(body.events), request.app.state.settings.max_events)
+    too_many("events", len(body.events), request.app.state.settings.max_events)
     clicks = [Click(str(e.item_id), e.event_id) for e in body.events]
     return await rec.absorb(model, body.session_id, clicks, recommend_k=body.recommend_k,
                             exclude_seen=body.exclude_seen, unknown_items=body.unknown_items)
@@ -91,9 +82,9 @@ async def post_recommend(model: ModelName, body: RecommendIn, rec: Recommender) 
 @router.post("/batch", summary="Stateless recommendations for many whole sessions (nothing is stored)")
 async def post_batch(model: ModelName, body: BatchIn, rec: Recommender, request: Request) -> dict:
     settings = request.app.state.settings
-    _too_many("sessions", len(body.sessions), settings.max_batch_students)
+    too_many("sessions", len(body.sessions), settings.max_batch_students)
     for i, s in enumerate(body.sessions):
-        _too_many(f"sessions[{i}].item_ids", len(s.item_ids), settings.max_events)
+        too_many(f"sessions[{i}].item_ids", len(s.item_ids), settings.max_events)
     sessions = [(s.session_id, [str(i) for i in s.item_ids]) for s in body.sessions]
     return await rec.score_sessions(model, sessions, body.k, body.exclude_seen, body.unknown_items)
 
