@@ -94,3 +94,18 @@ def test_cli_trains_and_evaluates_next_item_models(data_dir, tmp_path, capsys):
         main(["train", "markov", "--data", str(data_dir), "--out", str(tmp_path / "x"), "--loss", "bpr"])
     with pytest.raises(SystemExit, match="loss must be one of"):
         main(["train", "gru4rec", "--data", str(data_dir), "--out", str(tmp_path / "y"), "--loss", "top1"])
+
+
+@pytest.mark.parametrize("config", [{"constrained_embedding": False, "embedding": 0},
+                                    {"constrained_embedding": False, "embedding": 8, "layers": (8, 6)},
+                                    {"dropout_embed": 0.2, "dropout_hidden": 0.3}])
+def test_every_gru4rec_input_mode_exports_with_parity(config, tmp_path):
+    from nextstep.models.gru4rec import GRU4Rec, GRU4RecConfig
+    from nextstep.training.next_item_export import export_next_item
+
+    torch.manual_seed(0)
+    model = GRU4Rec(GRU4RecConfig(n_items=30, **{"layers": (8,), **config}))
+    manifest = export_next_item(model, tmp_path, manifest={"name": "x", "version": "1", "created": "now"},
+                                vocab_json={"ids": list(range(28))}, parity_sessions=torch.randint(2, 30, (4, 6)),
+                                top_k=10)
+    assert manifest["parity"]["passed"] and len(manifest["state"]) == len(model.cfg.layers)
