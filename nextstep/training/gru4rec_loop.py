@@ -22,6 +22,7 @@ Losses on that matrix O (row b, positive in column b):
 Losses are summed over the mini-batch, as in the official code (its learning rates assume that).
 """
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -224,7 +225,12 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
     counts = np.bincount(train.items, minlength=model.n_items)
     popularity = torch.from_numpy(counts / counts.sum()).float()
     sampler = NegativeSampler(counts, cfg.sample_alpha, cfg.n_sample, generator) if cfg.n_sample else None
-    q_sample = sampler.weights / sampler.weights.sum() if sampler else None
+    q_sample = sampler.weights / sampler.weights.sum() if sampler else torch.zeros_like(popularity)
+
+    @functools.cache
+    def log_q(batch: int) -> torch.Tensor:
+        """logq * log Q_j per item for a step of `batch` targets (the docstring's logQ correction)."""
+        return cfg.logq * torch.log(batch * popularity + cfg.n_sample * q_sample)
     items = torch.from_numpy(train.items)
     offsets = train.offsets
     optimizer = AdagradM(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
@@ -240,10 +246,7 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
             columns = target if sampler is None else torch.cat([target, sampler.draw()])
             O = model.score_items(state[-1], columns)
             if cfg.loss == "cross-entropy" and cfg.logq > 0:
-                q = len(target) * popularity.index_select(0, columns)
-                if sampler is not None:
-                    q = q + cfg.n_sample * q_sample.index_select(0, columns)
-                O = O - cfg.logq * torch.log(q)
+                O = O - log_q(len(target)).index_select(0, columns)
             loss = sampled_loss(O, cfg.loss, cfg.bpreg, cfg.elu_param)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
