@@ -12,7 +12,9 @@ Three input modes, as in the official code:
   row lookup in a (V, 3H) table.
 
 Dropout is separate on the input embedding and on the hidden layers; during training the dropped-out
-hidden output is also the state carried to the next step (as in the official code). All weight
+hidden output is also the state carried to the next step (as in the official code). In one-hot mode
+the embedding dropout acts on the looked-up gate inputs of the first layer and that layer also gets the
+hidden dropout (the official one-hot layer drops its output with the embedding rate instead). All weight
 matrices are Glorot-uniform (per gate block for the GRU), biases zero.
 
 Streaming API (shared by every next-item model):

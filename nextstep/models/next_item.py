@@ -98,9 +98,10 @@ class Markov(LastItemModel):
     def __init__(self, n_items: int, successors: torch.Tensor, counts: torch.Tensor, popularity: torch.Tensor):
         super().__init__()
         self.n_items = n_items
-        self.register_buffer("popularity", popularity.float())  # (V,) in [0, 1): the tie-breaker
+        # float64: a share < 1 added to counts in the tens of thousands must survive the addition
+        self.register_buffer("popularity", popularity.double())  # (V,) in [0, 1): the tie-breaker
         self.register_buffer("successors", successors.long())  # (V, width) rows, padded with 0
-        self.register_buffer("counts", counts.float())  # (V, width), 0 where padded
+        self.register_buffer("counts", counts.double())  # (V, width), 0 where padded
 
     @classmethod
     def fit(cls, items: np.ndarray, offsets: np.ndarray, n_items: int, width: int = 100) -> "Markov":
@@ -117,7 +118,7 @@ class Markov(LastItemModel):
         width = max(1, min(width, int(rank.max()) + 1 if len(rank) else 1))
         keep = rank < width
         succ = np.zeros((n_items, width), np.int64)
-        cnt = np.zeros((n_items, width), np.float32)
+        cnt = np.zeros((n_items, width), np.float64)
         succ[src[keep], rank[keep]] = dst[keep]
         cnt[src[keep], rank[keep]] = counts[keep]
         clicks = np.bincount(items, minlength=n_items).astype(np.float64)

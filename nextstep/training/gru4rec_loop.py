@@ -19,7 +19,9 @@ Losses on that matrix O (row b, positive in column b):
   bpr            mean over negatives j of -log sigmoid(O_bb - O_bj);
   bpr-max        -log sum_j s_bj sigmoid(O_bb - O_bj) + bpreg * sum_j s_bj O_bj^2, with s_b the softmax
                  over the negatives (Hidasi & Karatzoglou 2018), computed in log space (no log(0)).
-Losses are summed over the mini-batch, as in the official code (its learning rates assume that).
+Losses are summed over the mini-batch (the official code averages; Adagrad divides the scale out, so
+the learning rates carry over). A step whose only column is its own target (the last slot of an epoch
+with n_sample = 0) has no negative and is skipped.
 """
 
 import functools
@@ -146,6 +148,16 @@ class NegativeSampler:
         return self.cache[self.used - 1]
 
 
+def log_expected_counts(counts: np.ndarray, sample_alpha: float, batch: int, n_sample: int) -> torch.Tensor:
+    """log Q_j: how often item j is expected among a step's columns, `batch` targets drawn from the click
+    distribution plus `n_sample` negatives drawn from popularity^alpha (the logQ correction)."""
+    counts = counts.astype(np.float64)
+    clicks = counts / counts.sum()
+    weights = np.where(counts > 0, counts ** sample_alpha, 0.0)
+    with np.errstate(divide="ignore"):
+        return torch.from_numpy(np.log(batch * clicks + n_sample * weights / weights.sum())).float()
+
+
 def sampled_loss(O: torch.Tensor, kind: str, bpreg: float = 0.0, elu_param: float = 0.0) -> torch.Tensor:
     """O (M, M + n): row b's positive in column b, every other column a negative. Summed over rows."""
     if kind == "cross-entropy":
@@ -223,14 +235,11 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
     generator = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     counts = np.bincount(train.items, minlength=model.n_items)
-    popularity = torch.from_numpy(counts / counts.sum()).float()
     sampler = NegativeSampler(counts, cfg.sample_alpha, cfg.n_sample, generator) if cfg.n_sample else None
-    q_sample = sampler.weights / sampler.weights.sum() if sampler else torch.zeros_like(popularity)
 
     @functools.cache
     def log_q(batch: int) -> torch.Tensor:
-        """logq * log Q_j per item for a step of `batch` targets (the docstring's logQ correction)."""
-        return cfg.logq * torch.log(batch * popularity + cfg.n_sample * q_sample)
+        return cfg.logq * log_expected_counts(counts, cfg.sample_alpha, batch, cfg.n_sample)
     items = torch.from_numpy(train.items)
     offsets = train.offsets
     optimizer = AdagradM(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
@@ -244,6 +253,8 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
                    mininterval=1.0)
         for target, state in parallel_steps(model, items, offsets, order, cfg.batch_size):
             columns = target if sampler is None else torch.cat([target, sampler.draw()])
+            if len(columns) < 2:  # one slot left and no sampled negatives: nothing to rank the target against
+                continue
             O = model.score_items(state[-1], columns)
             if cfg.loss == "cross-entropy" and cfg.logq > 0:
                 O = O - log_q(len(target)).index_select(0, columns)

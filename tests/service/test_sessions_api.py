@@ -143,3 +143,20 @@ def test_unknown_items_can_be_skipped_and_tasks_do_not_cross(rec_artifacts, serv
         assert http.post("/v1/sessions/nope/recommend", json={"session_id": "s"}).status_code == 404
         models = {m["name"]: m for m in http.get("/v1/models").json()["models"]}
         assert models["gru4rec"]["task"] == "next_item"
+
+
+def test_seen_items_are_kept_most_recent_first_once_each_and_ids_are_strict(rec_artifacts, serve):
+    _, vocab, _ = load_next_item(rec_artifacts / "gru4rec" / "1")
+    clicks = [str(i) for i in vocab.ids[:58]] * 2  # 116 clicks, 58 distinct items
+    with serve(Settings(artifacts_dir=rec_artifacts)) as url, httpx.Client(base_url=url) as http:
+        for start in range(0, len(clicks), 20):
+            http.post("/v1/sessions/gru4rec/events", json={
+                "session_id": "long", "events": [{"item_id": i} for i in clicks[start:start + 20]]})
+        recent = http.get("/v1/sessions/gru4rec/long").json()["recent_items"]
+        assert recent == list(dict.fromkeys(reversed(clicks)))[:64]  # most recent first, each item once
+        rec = http.post("/v1/sessions/gru4rec/recommend", json={"session_id": "long", "k": 30}).json()
+        assert not {r["item_id"] for r in rec["items"]} & set(recent)
+        for bad in (True, 1.0):  # not silently item "1"
+            reply = http.post("/v1/sessions/gru4rec/events", json={"session_id": "s", "events": [{"item_id": bad}]})
+            assert reply.status_code == 422 and "item_id" in reply.text
+        assert http.get("/v1/sessions/gru4rec/" + "x" * 201).status_code == 422

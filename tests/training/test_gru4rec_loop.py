@@ -13,6 +13,7 @@ from nextstep.training.gru4rec_loop import (
     GRU4RecTrainConfig,
     NegativeSampler,
     fit_gru4rec,
+    log_expected_counts,
     parallel_steps,
     sampled_loss,
     session_parallel,
@@ -188,3 +189,26 @@ def test_config_is_validated():
         GRU4RecTrainConfig(momentum=1.0)
     with pytest.raises(ValueError, match="n_sample"):
         GRU4RecTrainConfig(n_sample=-1)
+
+
+@pytest.mark.parametrize("loss", ["bpr", "bpr-max", "cross-entropy"])
+def test_without_sampled_negatives_the_last_lone_slot_is_skipped_not_nan(loss):
+    data = zipf_sessions(60, 20, (2, 9), follow=0.5, seed=2)
+    vocab = Vocabulary.build(data.items)
+    m = tiny_model(n_items=len(vocab))
+    cfg = GRU4RecTrainConfig(loss=loss, epochs=2, n_sample=0, batch_size=4)
+    history = fit_gru4rec(m, data.encode(vocab, drop_unknown=False), cfg, progress=False, log=False)
+    assert all(np.isfinite(h["loss"]) for h in history)
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+
+def test_logq_correction_is_the_log_expected_count_of_each_column():
+    # counts 3 and 1 (rows 2, 3): in-batch targets follow p = (.75, .25); sample_alpha 0 makes the extra
+    # negatives uniform, s = (.5, .5). With B = 2 targets and n = 4 negatives, Q = 2 p + 4 s = (3.5, 2.5).
+    counts = np.array([0, 0, 3, 1])
+    q = log_expected_counts(counts, sample_alpha=0.0, batch=2, n_sample=4)
+    np.testing.assert_allclose(q[2:].numpy(), np.log([3.5, 2.5]), rtol=1e-6)
+    assert torch.isinf(q[:2]).all()  # padding and unknown rows are never columns
+    no_samples = log_expected_counts(counts, sample_alpha=0.5, batch=2, n_sample=0)
+    np.testing.assert_allclose(no_samples[2:].numpy(), np.log([1.5, 0.5]), rtol=1e-6)

@@ -3,15 +3,17 @@
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ..kt import Event, KnowledgeTracer
 from .common import Strict, too_many
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"])
 
-Id = Annotated[str | int, Field(description="an external id as the app knows it (string or integer)")]
+Id = Annotated[StrictStr | StrictInt,
+               Field(description="an external id as the app knows it (string or integer; not true, not 1.0)")]
 StudentId = Annotated[str, Field(min_length=1, max_length=200, examples=["student-42"])]
+StudentPath = Annotated[str, Path(min_length=1, max_length=200, description="the student id")]
 
 
 async def tracer(request: Request) -> KnowledgeTracer:
@@ -117,10 +119,10 @@ async def post_batch(model: ModelName, body: BatchIn, kt: Tracer, request: Reque
 
 
 @router.get("/students/{student_id}", summary="Summary of a learner's stored state")
-async def get_student(model: ModelName, student_id: str, kt: Tracer) -> dict:
+async def get_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return await kt.summary(model, student_id)
 
 
 @router.delete("/students/{student_id}", summary="Delete a learner's state and replay window")
-async def delete_student(model: ModelName, student_id: str, kt: Tracer) -> dict:
+async def delete_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return {"student_id": student_id, "deleted": await kt.delete(model, student_id)}

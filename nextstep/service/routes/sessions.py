@@ -3,14 +3,15 @@
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ..sessions import Click, SessionRecommender
 from .common import Strict, too_many
 
 router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"])
 
-Id = Annotated[str | int, Field(description="an external item id as the app knows it (string or integer)")]
+Id = Annotated[StrictStr | StrictInt,
+               Field(description="an external item id as the app knows it (string or integer; not true, not 1.0)")]
 SessionId = Annotated[str, Field(min_length=1, max_length=200, examples=["visit-7"])]
 K = Annotated[int, Field(ge=1, le=1000, description="how many items (at most the model's top_k)")]
 ExcludeSeen = Annotated[bool, Field(description="leave out items this session already clicked (its last 64)")]
@@ -24,6 +25,7 @@ async def recommender(request: Request) -> SessionRecommender:
 
 Recommender = Annotated[SessionRecommender, Depends(recommender)]
 ModelName = Annotated[str, Path(description="model name, e.g. gru4rec", examples=["gru4rec"])]
+SessionPath = Annotated[str, Path(min_length=1, max_length=200, description="the session id")]
 
 
 class ClickIn(Strict):
@@ -90,10 +92,10 @@ async def post_batch(model: ModelName, body: BatchIn, rec: Recommender, request:
 
 
 @router.get("/{session_id}", summary="Summary of a session's stored state")
-async def get_session(model: ModelName, session_id: str, rec: Recommender) -> dict:
+async def get_session(model: ModelName, session_id: SessionPath, rec: Recommender) -> dict:
     return await rec.summary(model, session_id)
 
 
 @router.delete("/{session_id}", summary="Delete a session's state and replay window")
-async def delete_session(model: ModelName, session_id: str, rec: Recommender) -> dict:
+async def delete_session(model: ModelName, session_id: SessionPath, rec: Recommender) -> dict:
     return {"session_id": session_id, "deleted": await rec.delete(model, session_id)}
