@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from .kt import ConcurrencyConflict, Engines, InvalidInput, KnowledgeTracer, TooLarge
+from .kt import Engines, InvalidInput, KnowledgeTracer, TooLarge
 from .metrics import Metrics
 from .registry import ModelRegistry, UnknownId, UnknownModel
 from .routes import kt as kt_routes
@@ -24,6 +24,7 @@ from .routes import sessions as session_routes
 from .sessions import SessionRecommender
 from .settings import Settings
 from .state import StoreUnavailable, make_store
+from .writes import ConcurrencyConflict
 
 log = logging.getLogger("nextstep.service")
 EVENTS_ROUTE = next(r for r in kt_routes.router.routes if r.path == "/v1/kt/{model}/events")  # what the router sets

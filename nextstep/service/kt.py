@@ -7,16 +7,15 @@ with compare-and-set; on a conflict, re-read and redo. Event ids make replays id
 applied (in the store's window) and repeated ids within a request are skipped.
 """
 
-import asyncio
-import random
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
-from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
+from .registry import LoadedModel, ModelRegistry, UnknownId
 from .runtime import MicroBatcher
 from .state import StateStore, StoredState
+from .writes import Writers, batched, unapplied
 
 
 class InvalidInput(ValueError):
@@ -29,10 +28,6 @@ class InvalidInput(ValueError):
 
 class TooLarge(InvalidInput):
     """More items in a request than the settings allow (HTTP 413)."""
-
-
-class ConcurrencyConflict(RuntimeError):
-    """Compare-and-set kept failing: too many writers for one entity."""
 
 
 @dataclass(frozen=True)
@@ -83,15 +78,11 @@ class Engines:
 def question_index(model: LoadedModel, ids: list[str], field: str) -> np.ndarray:
     """Model indices of external ids; an unknown id -> InvalidInput naming `field[i]`."""
     try:
-        return model.question_index(ids, field)
+        return model.index(ids, field)
     except UnknownId as exc:
         i = ids.index(str(exc.value))
         raise InvalidInput(field.replace("[]", f"[{i}]"),
                            f"unknown question id {exc.value!r} for model {model.name}") from None
-
-
-def _batched(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: value[None] for name, value in state.items()}
 
 
 def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.ndarray]) -> list[dict]:
@@ -109,17 +100,11 @@ class KnowledgeTracer:
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None):
         self.registry, self.store, self.engines = registry, store, engines
-        self.cas_retries, self.on_retry = cas_retries, on_retry
-        # writers for one entity in this process queue up instead of racing; compare-and-set still guards
-        # against other processes. Locks vanish when no request holds them.
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.writers = Writers(cas_retries, on_retry)
         self._absorbing = 0  # absorb calls in progress: at 1, inference runs inline (Engines.run(alone=True))
 
     def model(self, name: str) -> LoadedModel:
-        model = self.registry.get(name)
-        if model.task != "knowledge_tracing":
-            raise UnknownModel(f"model {name!r} is a {model.task} model, not a knowledge-tracing one")
-        return model
+        return self.registry.get(name, task="knowledge_tracing")
 
     @staticmethod
     def key(model: LoadedModel, student_id: str) -> str:
@@ -141,7 +126,7 @@ class KnowledgeTracer:
         return stored, self._decode(model, stored)
 
     async def _predict(self, model: LoadedModel, state: dict[str, np.ndarray], indices: np.ndarray):
-        return await self.engines.run(model, "predict", {**_batched(state), "questions": indices[None]})
+        return await self.engines.run(model, "predict", {**batched(state), "questions": indices[None]})
 
     async def absorb(self, model_name: str, student_id: str, events: list[Event],
                      predict_ids: list[str] | None = None) -> dict:
@@ -151,35 +136,23 @@ class KnowledgeTracer:
         responses = self._responses(model, events)
         predict_index = question_index(model, predict_ids, "predict_question_ids[]") if predict_ids else None
         key = self.key(model, student_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
         self._absorbing += 1
         try:
-            async with lock:
+            async with self.writers.lock(key):
                 return await self._absorb(model, student_id, key, events, questions, responses, predict_ids,
                                           predict_index)
         finally:
             self._absorbing -= 1
 
     async def _absorb(self, model, student_id, key, events, questions, responses, predict_ids, predict_index):
-        for attempt in range(self.cas_retries):
-            if attempt:  # lost a compare-and-set race: back off a little, randomly, so writers spread out
-                await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
-            ids = [e.event_id for e in events if e.event_id is not None]
-            stored, already = await self.store.read(key, ids)
+        event_ids = [e.event_id for e in events]
+        async for _ in self.writers.attempts(f"student {student_id!r}"):
+            stored, already = await self.store.read(key, [i for i in event_ids if i is not None])
             state = self._decode(model, stored)
-            fresh, fresh_ids = [], []
-            for i, e in enumerate(events):
-                if e.event_id is not None:
-                    if e.event_id in already:
-                        continue
-                    already.add(e.event_id)  # a repeated id within this request counts once
-                    fresh_ids.append(e.event_id)
-                fresh.append(i)
+            fresh, fresh_ids = unapplied(event_ids, already)
             outputs = None
             for n, i in enumerate(fresh):
-                feeds = {**_batched(state), "question": questions[i:i + 1], "response": responses[i:i + 1]}
+                feeds = {**batched(state), "question": questions[i:i + 1], "response": responses[i:i + 1]}
                 if n == len(fresh) - 1 and predict_index is not None:  # last event: step and predict in one call
                     outs = await self.engines.run(model, "step_predict", {**feeds, "questions": predict_index[None]},
                                                   alone=self._absorbing == 1)
@@ -193,8 +166,7 @@ class KnowledgeTracer:
                 written = await self.store.compare_and_set(key, stored.version, model.serialize(state), len(fresh),
                                                            fresh_ids)
                 if written is None:
-                    if self.on_retry:
-                        self.on_retry(model)
+                    self.writers.lost(model)
                     continue
             if predict_index is not None and outputs is None:
                 outputs = await self._predict(model, state, predict_index)
@@ -202,7 +174,6 @@ class KnowledgeTracer:
                     "state_version": written.version, "events_absorbed": len(fresh),
                     "events_skipped": len(events) - len(fresh), "events_total": written.events,
                     "predictions": predictions(model, predict_ids, outputs) if outputs is not None else None}
-        raise ConcurrencyConflict(f"student {student_id!r}: state changed under {self.cas_retries} attempts")
 
     async def predict(self, model_name: str, student_id: str, question_ids: list[str]) -> dict:
         model = self.model(model_name)
@@ -218,7 +189,7 @@ class KnowledgeTracer:
         """Rank candidate questions: maximum GPCM Fisher information at the learner's current ability, or
         predicted probability of full credit closest to `target`."""
         model = self.model(model_name)
-        candidates = candidates if candidates else model.question_ids
+        candidates = candidates if candidates else model.ids
         index = question_index(model, candidates, "candidate_question_ids[]")
         stored, state = await self._state(model, student_id)
         probs, theta, alpha, _ = (o[0] for o in (await self._predict(model, state, index))[:4])
@@ -239,7 +210,7 @@ class KnowledgeTracer:
     async def summary(self, model_name: str, student_id: str) -> dict:
         model = self.model(model_name)
         stored, state = await self._state(model, student_id)
-        index = np.arange(2, len(model.question_ids) + 2, dtype=np.int64)
+        index = np.arange(2, len(model.ids) + 2, dtype=np.int64)
         theta = (await self._predict(model, state, index))[1][0]
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 "exists": stored.blob is not None, "state_version": stored.version, "events_total": stored.events,
@@ -264,7 +235,7 @@ class KnowledgeTracer:
             for i in range(len(events)):
                 q = questions[i:i + 1]
                 per_event.append(predictions(model, [events[i].question_id], await self._predict(model, state, q)))
-                outs = await self.engines.run(model, "step", {**_batched(state), "question": q,
+                outs = await self.engines.run(model, "step", {**batched(state), "question": q,
                                                               "response": responses[i:i + 1]})
                 state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=True)}
             final = None

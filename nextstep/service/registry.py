@@ -86,10 +86,6 @@ class LoadedModel:
                 raise UnknownId(field, qid) from None
         return out
 
-    # the knowledge-tracing names of the same vocabulary
-    question_ids = property(lambda self: self.ids)
-    question_index = index
-
     def serialize(self, state: dict[str, np.ndarray]) -> bytes:
         """One entity's state as raw little-endian bytes, tensors in spec order: always `state_nbytes` long."""
         parts = []
@@ -259,12 +255,15 @@ class ModelRegistry:
             self._snapshot = _Snapshot(models, latest, errors)  # the swap: one assignment
             return dict(errors)
 
-    def get(self, name: str, version: str = "latest") -> LoadedModel:
+    def get(self, name: str, version: str = "latest", task: str | None = None) -> LoadedModel:
+        """The model of that name and version; with `task`, only a model of that task (else UnknownModel)."""
         snap = self._snapshot
         model = snap.latest.get(name) if version == "latest" else snap.models.get(name, {}).get(version)
         if model is None:
             available = "; ".join(f"{n}: {', '.join(sorted(v))}" for n, v in sorted(snap.models.items())) or "none"
             raise UnknownModel(f"no model {name!r} version {version!r}; available: {available}")
+        if task is not None and model.task != task:
+            raise UnknownModel(f"model {name!r} is a {model.task} model, not a {task} one")
         return model
 
     def models(self) -> list[LoadedModel]:

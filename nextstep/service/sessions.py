@@ -11,16 +11,14 @@ the session goes on from the last known item (what the offline evaluation protoc
 has absorbed nothing yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers.
 """
 
-import asyncio
-import random
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
-from .kt import ConcurrencyConflict, Engines, InvalidInput
+from .kt import Engines, InvalidInput
 from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
 from .state import StateStore, StoredState
+from .writes import Writers, batched, unapplied
 
 TASK = "next_item"
 SEEN = 64  # items remembered per session for exclude_seen
@@ -37,14 +35,10 @@ class SessionRecommender:
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  cold_start_model: str | None = None, on_retry=None):
         self.registry, self.store, self.engines = registry, store, engines
-        self.cas_retries, self.cold_start_model, self.on_retry = cas_retries, cold_start_model, on_retry
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.writers, self.cold_start_model = Writers(cas_retries, on_retry), cold_start_model
 
     def model(self, name: str) -> LoadedModel:
-        model = self.registry.get(name)
-        if model.task != TASK:
-            raise UnknownModel(f"model {name!r} is a {model.task} model, not a next-item one")
-        return model
+        return self.registry.get(name, task=TASK)
 
     @staticmethod
     def key(model: LoadedModel, session_id: str) -> str:
@@ -104,31 +98,18 @@ class SessionRecommender:
             self._check_k(model, recommend_k)
         rows = self._rows(model, clicks, unknown_items, "events[{i}].item_id")
         key = self.key(model, session_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        async with lock:
-            for attempt in range(self.cas_retries):
-                if attempt:
-                    await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
-                ids = [c.event_id for c in clicks if c.event_id is not None]
-                stored, already = await self.store.read(key, ids)
+        event_ids = [c.event_id for c in clicks]
+        async with self.writers.lock(key):
+            async for _ in self.writers.attempts(f"session {session_id!r}"):
+                stored, already = await self.store.read(key, [i for i in event_ids if i is not None])
                 state, seen = self._decode(model, stored)
-                fresh, fresh_ids, unknown = [], [], 0
-                for c, row in zip(clicks, rows, strict=True):
-                    if c.event_id is not None:
-                        if c.event_id in already:
-                            continue
-                        already.add(c.event_id)
-                        fresh_ids.append(c.event_id)
-                    if row is None:
-                        unknown += 1
-                    else:
-                        fresh.append(row)
+                to_apply, fresh_ids = unapplied(event_ids, already)
+                fresh = [rows[i] for i in to_apply if rows[i] is not None]
+                unknown = len(to_apply) - len(fresh)
                 recommended = None
                 for n, row in enumerate(fresh):
-                    seen = np.concatenate([[row], seen[seen != row][:SEEN - 1]]).astype(np.int64)
-                    feeds = {**_batched(state), "item": np.array([row], dtype=np.int64)}
+                    seen = _remember(seen, row)
+                    feeds = {**batched(state), "item": np.array([row], dtype=np.int64)}
                     if n == len(fresh) - 1 and recommend_k is not None:
                         recommended, outs = await self._top(model, "step_recommend",
                                                             {**feeds, "exclude": self._exclude(seen, exclude_seen)},
@@ -142,8 +123,7 @@ class SessionRecommender:
                     written = await self.store.compare_and_set(key, stored.version, self._encode(model, state, seen),
                                                                len(fresh), fresh_ids)
                     if written is None:
-                        if self.on_retry:
-                            self.on_retry(model)
+                        self.writers.lost(model)
                         continue
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
@@ -157,7 +137,6 @@ class SessionRecommender:
                         source = "model"
                     result.update(recommendations=recommended, source=source)
                 return result
-        raise ConcurrencyConflict(f"session {session_id!r}: state changed under {self.cas_retries} attempts")
 
     async def _recommend(self, model, state, seen, events, k, exclude_seen) -> tuple[list[dict], str]:
         if events == 0 and self.cold_start_model and self.cold_start_model != model.name:
@@ -166,11 +145,11 @@ class SessionRecommender:
             except UnknownModel:
                 cold = None
             if cold is not None:
-                items, _ = await self._top(cold, "recommend", {**_batched(cold.initial_state),
+                items, _ = await self._top(cold, "recommend", {**batched(cold.initial_state),
                                                                "exclude": np.zeros((1, 1), dtype=np.int64)},
                                            min(k, cold.manifest["top_k"]))
                 return items, f"cold_start:{cold.name}"
-        feeds = {**_batched(state), "exclude": self._exclude(seen, exclude_seen)}
+        feeds = {**batched(state), "exclude": self._exclude(seen, exclude_seen)}
         items, _ = await self._top(model, "recommend", feeds, k)
         return items, "model"
 
@@ -206,13 +185,14 @@ class SessionRecommender:
             rows = [r for r in rows if r is not None]
             state, seen = model.initial_state, np.zeros(SEEN, dtype=np.int64)
             for row in rows:
-                seen = np.concatenate([[row], seen[seen != row][:SEEN - 1]]).astype(np.int64)
-                outs = await self.engines.run(model, "step", {**_batched(state), "item": np.array([row])})
+                seen = _remember(seen, row)
+                outs = await self.engines.run(model, "step", {**batched(state), "item": np.array([row])})
                 state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=True)}
             items, source = await self._recommend(model, state, seen, len(rows), k, exclude_seen)
             results.append({"session_id": session_id, "events": len(rows), "source": source, "items": items})
         return {"model": model.name, "version": model.version, "sessions": results}
 
 
-def _batched(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: value[None] for name, value in state.items()}
+def _remember(seen: np.ndarray, row: int) -> np.ndarray:
+    """The seen rows with `row` moved (or added) to the front, still SEEN long."""
+    return np.concatenate([[row], seen[seen != row][:SEEN - 1]]).astype(np.int64)

@@ -38,8 +38,8 @@ def replay(model: LoadedModel, events: list[tuple[str, int]], ask: list[str]) ->
     state = {k: v[None] for k, v in model.initial_state.items()}
     outputs = []
     for qid, response in events:
-        feeds = {**state, "question": model.question_index([qid], "question"), "response": np.array([response]),
-                 "questions": model.question_index(ask, "questions")[None]}
+        feeds = {**state, "question": model.index([qid], "question"), "response": np.array([response]),
+                 "questions": model.index(ask, "questions")[None]}
         outputs = model.sessions["step_predict"].run(None, {n: feeds[n] for n in model.input_names["step_predict"]})
         state = dict(zip(state, outputs[:len(state)], strict=True))
     return outputs
@@ -55,7 +55,7 @@ def test_loads_every_artifact(registry):
     assert set(attention.sessions) == {"step", "predict", "step_predict"}
     assert attention.input_names["step_predict"] == [
         "value_memory", "attention_window", "interaction_count", "question", "response", "questions"]
-    assert attention.question_ids == [str(i) for i in range(12)]
+    assert attention.ids == [str(i) for i in range(12)]
     for s in attention.state_spec:
         value = attention.initial_state[s["name"]]
         assert list(value.shape) == s["shape"] and value.dtype == np.dtype(s["dtype"])
@@ -89,16 +89,16 @@ def test_versions_have_distinct_state_schemas(registry):
 
 def test_question_index_accepts_strings_and_ints(registry):
     model = registry.get("deep_gpcm")
-    assert model.question_index(["3", 3, np.int64(3)], "questions").tolist() == [5, 5, 5]
-    assert model.question_index([0, "11"], "questions").dtype == np.int64
-    assert model.question_index([0, "11"], "questions").tolist() == [2, 13]
-    assert model.question_index([], "questions").shape == (0,)
+    assert model.index(["3", 3, np.int64(3)], "questions").tolist() == [5, 5, 5]
+    assert model.index([0, "11"], "questions").dtype == np.int64
+    assert model.index([0, "11"], "questions").tolist() == [2, 13]
+    assert model.index([], "questions").shape == (0,)
     with pytest.raises(UnknownId) as info:
-        model.question_index([1, "nope"], "next_questions")
+        model.index([1, "nope"], "next_questions")
     assert info.value.field == "next_questions" and info.value.value == "nope"
     assert "next_questions" in str(info.value) and "nope" in str(info.value)
     with pytest.raises(UnknownId):
-        model.question_index([12], "question")
+        model.index([12], "question")
 
 
 def test_state_round_trips_through_fixed_size_bytes(registry):

@@ -27,7 +27,7 @@ def random_feeds(model: LoadedModel, rng: np.random.Generator, rows: int = 1, n_
         shape = (rows, *s["shape"])
         feeds[s["name"]] = (rng.integers(0, 20, shape) if s["dtype"] == "int64" else rng.normal(size=shape)).astype(
             s["dtype"])
-    n_index = len(model.question_ids) + 2
+    n_index = len(model.ids) + 2
     feeds["question"] = rng.integers(2, n_index, rows)
     feeds["response"] = rng.integers(0, model.n_cats, rows)
     feeds["questions"] = rng.integers(2, n_index, (rows, n_questions))
