@@ -133,7 +133,7 @@ class GRU4Rec(NextItemModel):
         return tuple(torch.zeros(batch, h) for h in self.cfg.layers)
 
     def embed(self, items: torch.Tensor) -> torch.Tensor:
-        x = self.out(items)[:, :-1] if self.E is None else self.E(items)
+        x = self.out(items)[..., :-1] if self.E is None else self.E(items)
         return self.drop_embed(x)
 
     def advance(self, state: tuple[torch.Tensor, ...], items: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -30,6 +30,19 @@ def test_stepping_equals_the_full_session_pass(mode, layers):
     for t in range(7):
         state = m.step(state, items[:, t])
         torch.testing.assert_close(m.scores(state), full[:, t], atol=1e-6, rtol=0)
+    # forward is the step loop, so also check it against an independent full-sequence pass: torch.nn.GRU
+    # over the whole session with the same weights (the one-hot first layer has no input matrix to copy)
+    if m.one_hot or len(layers) > 1:
+        return
+    gru = torch.nn.GRU(m.gru[0].w_ih.shape[1], layers[0], batch_first=True)
+    with torch.no_grad():
+        gru.weight_ih_l0.copy_(m.gru[0].w_ih)
+        gru.weight_hh_l0.copy_(m.gru[0].w_hh)
+        gru.bias_ih_l0.copy_(m.gru[0].b_ih)
+        gru.bias_hh_l0.copy_(m.gru[0].b_hh)
+        hidden, _ = gru(m.embed(items))
+        w = m.out.weight
+        torch.testing.assert_close(hidden @ w[:, :-1].t() + w[:, -1], full, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
