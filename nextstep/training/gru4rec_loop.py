@@ -126,15 +126,18 @@ def _compose(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return out
 
 
+def sampling_probabilities(counts: np.ndarray, alpha: float) -> np.ndarray:
+    """P(an extra negative is item j) ∝ count_j^alpha; items never clicked (padding, unknown) are never drawn."""
+    weights = np.where(counts > 0, counts.astype(np.float64) ** alpha, 0.0)
+    return weights / weights.sum()
+
+
 class NegativeSampler:
     """Draws item rows with probability popularity^alpha, a cache of many steps at a time."""
 
     def __init__(self, counts: np.ndarray, alpha: float, n_sample: int, generator: torch.Generator,
                  cache_steps: int = 2048):
-        weights = torch.from_numpy(counts.astype(np.float64)) ** alpha
-        weights[counts == 0] = 0.0
-        self.weights = weights.float()
-        self.cdf = torch.cumsum(weights / weights.sum(), 0)
+        self.cdf = torch.cumsum(torch.from_numpy(sampling_probabilities(counts, alpha)), 0)
         self.cdf[-1] = 1.0
         self.n_sample, self.cache_steps, self.generator = n_sample, cache_steps, generator
         self.cache, self.used = torch.empty(0, n_sample, dtype=torch.long), 0
@@ -151,11 +154,10 @@ class NegativeSampler:
 def log_expected_counts(counts: np.ndarray, sample_alpha: float, batch: int, n_sample: int) -> torch.Tensor:
     """log Q_j: how often item j is expected among a step's columns, `batch` targets drawn from the click
     distribution plus `n_sample` negatives drawn from popularity^alpha (the logQ correction)."""
-    counts = counts.astype(np.float64)
     clicks = counts / counts.sum()
-    weights = np.where(counts > 0, counts ** sample_alpha, 0.0)
     with np.errstate(divide="ignore"):
-        return torch.from_numpy(np.log(batch * clicks + n_sample * weights / weights.sum())).float()
+        return torch.from_numpy(np.log(batch * clicks + n_sample * sampling_probabilities(counts, sample_alpha)))\
+            .float()
 
 
 def sampled_loss(O: torch.Tensor, kind: str, bpreg: float = 0.0, elu_param: float = 0.0) -> torch.Tensor:
