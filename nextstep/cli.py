@@ -9,39 +9,22 @@ from dataclasses import fields
 from pathlib import Path
 
 
-def _train_config(args):
-    from .models.deep_gpcm import GPCMConfig
-    from .training.loop import TrainConfig
-
-    values = {}
-    if args.config:
-        values = json.loads(Path(args.config).read_text())
-        for where, given, cls in (("", values, TrainConfig), ("model.", values.get("model", {}), GPCMConfig)):
-            known = {f.name for f in fields(cls)} - {"n_questions", "n_cats"}
-            unknown = sorted(set(given) - known)
-            if unknown:
-                raise SystemExit(f"--config {args.config}: unknown keys {[where + k for k in unknown]}; "
-                                 f"expected some of {sorted(known)}")
-    if args.epochs is not None:
-        values["epochs"] = args.epochs
-    if args.seed is not None:
-        values["seed"] = args.seed
-    return TrainConfig(**values)
-
-
-def _next_item_config(args):
-    """The model's training config from --config (model overrides under "model") and the flags."""
-    from .training.next_item_run import TRAINERS
-
-    cls = TRAINERS[args.model][0]
+def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
+    """A training config from --config (JSON; model settings under "model") and the flags; unknown keys and
+    bad values are refused before any data is read."""
     values = json.loads(Path(args.config).read_text()) if args.config else {}
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise SystemExit(f"--config {args.config}: unknown keys {unknown}; expected some of {sorted(known)}")
-    for flag in ("epochs", "seed", "loss"):
+    derived = {"n_questions", "n_cats", "n_items"}  # come from the data
+    checks = [("", values, cls)] + ([("model.", values.get("model", {}), model_cls)] if model_cls else [])
+    for where, given, c in checks:
+        known = {f.name for f in fields(c)} - derived
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise SystemExit(f"--config {args.config}: unknown keys {[where + k for k in unknown]}; "
+                             f"expected some of {sorted(known)}")
+    top = {f.name for f in fields(cls)}
+    for flag in flags:
         if getattr(args, flag, None) is not None:
-            if flag not in known:
+            if flag not in top:
                 raise SystemExit(f"--{flag} does not apply to {args.model}")
             values[flag] = getattr(args, flag)
     try:
@@ -51,19 +34,23 @@ def _next_item_config(args):
 
 
 def cmd_train(args) -> int:
+    from .models.deep_gpcm import GPCMConfig
+    from .training.loop import TrainConfig
     from .training.next_item_run import TRAINERS, train_next_item
     from .training.run import train_model
 
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     if args.model in TRAINERS:
-        manifest = train_next_item(args.model, args.data, out, cfg=_next_item_config(args), valid=args.valid,
-                                   fmt=args.format, progress=not args.quiet)
+        train_cls, model_cls, _ = TRAINERS[args.model]
+        cfg = _config(args, train_cls, model_cls, flags=("epochs", "seed", "loss"))
+        manifest = train_next_item(args.model, args.data, out, cfg=cfg, valid=args.valid, fmt=args.format,
+                                   progress=not args.quiet)
     else:
         if args.valid or args.loss:
             raise SystemExit("--valid and --loss apply to next-item models; knowledge tracing validates on a "
                              "split of the training students (valid_fraction) and takes losses from --config")
-        manifest = train_model(args.model, args.data, out, cfg=_train_config(args), fmt=args.format,
-                               progress=not args.quiet)
+        manifest = train_model(args.model, args.data, out, cfg=_config(args, TrainConfig, GPCMConfig),
+                               fmt=args.format, progress=not args.quiet)
     print(json.dumps({"artifact": str(out), "metrics": manifest["metrics"], "parity": manifest["parity"],
                       "training": manifest["training"]}, indent=2))
     return 0

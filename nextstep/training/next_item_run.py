@@ -3,9 +3,10 @@
     *_train_full --> training (or *_train_tr with valid=True, for tuning)
     *_test       --> metrics.test (or *_train_valid with valid=True; the test file is then never read)
 
-Each model family registers a trainer: (config dataclass, function(cfg, train, n_items, progress, log)
--> (model, history)). The item vocabulary is built from the training sessions; test events whose item
-is unknown to it are dropped before evaluation, as the official protocol does.
+Each model family registers a trainer: (config dataclass, model config dataclass or None,
+function(cfg, train, n_items, progress, log) -> (model, history)). The item vocabulary is built from
+the training sessions; test events whose item is unknown to it are dropped before evaluation, as the
+official protocol does.
 """
 
 import json
@@ -56,11 +57,11 @@ def _train_markov(cfg: CountConfig, train: SessionData, n_items: int, progress: 
     return Markov.fit(train.items, train.offsets, n_items, cfg.width), []
 
 
-TRAINERS = {
-    "gru4rec": (GRU4RecTrainConfig, _train_gru4rec),
-    "popularity": (CountConfig, _train_popularity),
-    "markov": (CountConfig, _train_markov),
-    "mrn": (MRNTrainConfig, _train_mrn),
+TRAINERS = {  # name -> (training config, model config for its "model" overrides or None, trainer)
+    "gru4rec": (GRU4RecTrainConfig, GRU4RecConfig, _train_gru4rec),
+    "popularity": (CountConfig, None, _train_popularity),
+    "markov": (CountConfig, None, _train_markov),
+    "mrn": (MRNTrainConfig, MRNConfig, _train_mrn),
 }
 
 
@@ -68,7 +69,7 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
                     fmt: str | None = None, progress: bool = True, log: bool = True, top_k: int = 100) -> dict:
     if model_name not in TRAINERS:
         raise ValueError(f"unknown next-item model {model_name!r}; expected one of {sorted(TRAINERS)}")
-    config_cls, trainer = TRAINERS[model_name]
+    config_cls, _, trainer = TRAINERS[model_name]
     cfg = cfg if cfg is not None else config_cls()
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
