@@ -40,12 +40,25 @@ def cmd_train(args) -> int:
     from .training.run import train_model
 
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-    if args.model in TRAINERS:
+    if args.model == "time_aware":
+        from .models.time_aware import TimeAwareConfig
+        from .training.time_aware_loop import TimeAwareTrainConfig
+        from .training.time_aware_run import train_time_aware
+
+        if args.valid or args.loss or args.format:
+            raise SystemExit("--valid, --loss and --format do not apply to time_aware: it is evaluated under the "
+                             "srs-benchmark protocol (time-ordered folds), and the reader is chosen from the data")
+        cfg = _config(args, TimeAwareTrainConfig, TimeAwareConfig)
+        manifest = train_time_aware(args.data, out, cfg=cfg, day_columns=args.day_columns,
+                                    duration_cap_s=args.duration_cap_s, progress=not args.quiet)
+    elif args.model in TRAINERS:
         train_cls, model_cls, _ = TRAINERS[args.model]
         cfg = _config(args, train_cls, model_cls, flags=("epochs", "seed", "loss"))
         manifest = train_next_item(args.model, args.data, out, cfg=cfg, valid=args.valid, fmt=args.format,
                                    progress=not args.quiet)
     else:
+        if args.day_columns != "check" or args.duration_cap_s is not None:
+            raise SystemExit("--day-columns and --duration-cap-s apply to time_aware (review logs)")
         if args.valid or args.loss:
             raise SystemExit("--valid and --loss apply to next-item models; knowledge tracing validates on a "
                              "split of the training students (valid_fraction) and takes losses from --config")
@@ -210,6 +223,29 @@ def cmd_score(args) -> int:
     return 0
 
 
+def cmd_import_anki(args) -> int:
+    """Convert an Anki collection's review history into the review-log CSV."""
+    import numpy as np
+
+    from .training.data import DataFormatError
+    from .training.reviews import read_anki_collection, write_review_csv
+
+    try:
+        log = read_anki_collection(args.collection, user_id=args.user_id)
+    except (OSError, DataFormatError) as exc:
+        raise SystemExit(f"import-anki: {exc}") from None
+    out = Path(args.out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_review_csv(log, out)
+    except OSError as exc:
+        raise SystemExit(f"import-anki: cannot write {out}: {exc}") from None
+    deleted = int((log.deck == 0).sum())
+    print(f"{len(log)} reviews of {len(np.unique(log.card))} cards in {len(np.unique(log.deck[log.deck != 0]))} "
+          f"decks{f' (+ {deleted} reviews of deleted cards, deck 0)' if deleted else ''} -> {out}")
+    return 0
+
+
 NEXT_ITEM_MODELS = ("gru4rec", "popularity", "markov", "mrn")
 KT_FORMATS = ("three_line", "pykt", "dtransformer")
 SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
@@ -220,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a model on a data set directory, evaluate it, export it")
-    train.add_argument("model", choices=["deep_gpcm", "attention_gpcm", "coral_gpcm", *NEXT_ITEM_MODELS])
+    train.add_argument("model", choices=["deep_gpcm", "attention_gpcm", "coral_gpcm", *NEXT_ITEM_MODELS,
+                                         "time_aware"])
     train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
     train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION)")
     train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
@@ -229,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--loss", help="next-item training loss (gru4rec: cross-entropy, bpr, bpr-max)")
     train.add_argument("--valid", action="store_true",
                        help="next-item: train on *_train_tr and evaluate on *_train_valid (tuning; test unread)")
+    train.add_argument("--day-columns", choices=["check", "ignore", "trust"], default="check",
+                       help="time_aware: a review-log CSV's day_offset/elapsed_days columns are checked against the "
+                            "times (default), recomputed from the times (ignore), or taken as they are (trust)")
+    train.add_argument("--duration-cap-s", type=float,
+                       help="time_aware: the app's answer-time cap in seconds, when the CSV cannot say (Anki: 60 "
+                            "by default; capped answers are left out of the duration error)")
     train.add_argument("--config", help="JSON file of training config fields (model overrides under 'model')")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=cmd_train)
@@ -258,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--output", help="JSONL output (default stdout)")
     score.add_argument("--quiet", action="store_true")
     score.set_defaults(func=cmd_score)
+
+    anki = sub.add_parser("import-anki", help="write an Anki collection's reviews as a review-log CSV")
+    anki.add_argument("collection", help="the collection.anki2 file (SQLite; unzip a .colpkg first)")
+    anki.add_argument("--out", required=True, help="the CSV to write")
+    anki.add_argument("--user-id", default="0", help="user id written in the user_id column (default 0)")
+    anki.set_defaults(func=cmd_import_anki)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")

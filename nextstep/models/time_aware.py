@@ -1,0 +1,322 @@
+"""The time-aware causal transformer for flashcard reviews (seed 003): next rating and answer time.
+
+A query is a review about to happen: (card, deck, time). The model answers it from a window of the same
+user's earlier reviews (nextstep/review_window.py picks them), each given by its raw fields only: card,
+deck, time, rating, duration and state. Every feature is computed here, in the forward pass, so training
+and serving cannot disagree (the seed computed them outside the model):
+
+- per history row j, from the rows before it in the window: the interval since the previous review of
+  its card, its review number and the lapses of its card so far;
+- per (query, row j): the time from j to the query, whether j is the query's card, or another card of
+  its deck; times are always relative to the query and on a log scale, never raw epoch seconds (the
+  seed fed 1.7e9-sized timestamps to Time2Vec);
+- for the query: the time since its card's last review (in hours and in scheduler days), the card's
+  review and lapse counts, its last rating and duration, the time since the user's last review, the
+  last answer time, and the card's index within the day (days start at `day_start_hour` UTC).
+
+Layers (seed sections 2-4, with one change): the seed's decoder-only stack feeds review t's own rating
+into row t, so a row can never be used as the query for its own rating. Here the query is a row of its
+own, built from query features, and it cross-attends to the history rows, which carry their outcomes.
+Each layer is multi-head attention from the query to the rows with head groups and their masks:
+
+- card heads: only rows of the query's card, with a learnable decay bias w * exp(-lambda * dt_days);
+- deck heads: only rows of other cards of the query's deck;
+- global heads: every row, with a per-head bias -slope * (number of rows after it) for recency;
+
+plus a learned "nothing here" slot per head, so a new card (no rows for its card heads) is well defined.
+Time2Vec (one linear and K-1 periodic terms) encodes log1p(hours) of the query-relative times.
+
+Outputs: CORAL rating head (one shared logit s, ordered thresholds b_1 > b_2 > b_3, P(rating > k) =
+sigmoid(s + b_k), so P(recall) = P(rating > 1)) and a duration head for log(1 + seconds).
+
+`forward` takes a batch of windows with one query each (the serving path: only the last row is
+computed). `forward_sequence` predicts every review of a sequence at once with causal masks (the seed's
+training view); the two agree whenever the window holds all earlier reviews, which a test checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+N_STATES = 5  # 0 new, 1 learning, 2 review, 3 relearning, 4 unknown
+DAY = 86400.0
+_NEG = -1e9  # masked logits (finite, so a fully masked row stays NaN-free; the null slot is always open)
+
+
+@dataclass
+class TimeAwareConfig:
+    d_model: int = 64
+    n_layers: int = 2
+    card_heads: int = 2
+    deck_heads: int = 1
+    global_heads: int = 1
+    ffn_dim: int = 128
+    t2v_dim: int = 8
+    dropout: float = 0.1
+    window: int = 64  # rows a query sees (review_window.select); tuning: docs/decisions.md
+    card_window: int = 16  # of which at most this many are the query card's own last reviews
+    day_start_hour: float = 4.0  # scheduler days start at this hour UTC (Anki's default rollover)
+
+    @property
+    def n_heads(self) -> int:
+        return self.card_heads + self.deck_heads + self.global_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Window(NamedTuple):
+    """A batch of windows: (B, H) history rows, left-padded (valid False), in time order."""
+
+    card: torch.Tensor  # int64
+    deck: torch.Tensor  # int64
+    time: torch.Tensor  # float64 unix seconds
+    rating: torch.Tensor  # int64 1..4 (anything on padding)
+    duration: torch.Tensor  # float32 seconds, NaN when unknown
+    state: torch.Tensor  # int64 0..3, -1 unknown
+    valid: torch.Tensor  # bool
+
+
+class Query(NamedTuple):
+    card: torch.Tensor  # (B, Q) int64
+    deck: torch.Tensor  # (B, Q) int64
+    time: torch.Tensor  # (B, Q) float64
+
+
+class Prediction(NamedTuple):
+    rating_probs: torch.Tensor  # (..., 4) P(rating = 1..4)
+    recall: torch.Tensor  # (...) P(rating > 1)
+    log_duration: torch.Tensor  # (...) predicted log(1 + seconds)
+    threshold_logits: torch.Tensor  # (..., 3) s + b_k, for the CORAL loss
+
+
+class Time2Vec(nn.Module):
+    """t2v(x)[0] = w_0 x + p_0, t2v(x)[k] = sin(w_k x + p_k), applied to a scalar per element."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.2, 2.0, dim))
+        self.p = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = x.unsqueeze(-1) * self.w + self.p
+        return torch.cat([z[..., :1], torch.sin(z[..., 1:])], dim=-1)
+
+
+def _log1p(x: torch.Tensor) -> torch.Tensor:
+    return torch.log1p(x.clamp(min=0))
+
+
+def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (B, H) at index (B, Q) -> (B, Q)."""
+    return torch.gather(x, 1, index)
+
+
+class GroupedCrossAttention(nn.Module):
+    """Multi-head attention from queries (B, Q, d) to rows (B, Q, H, d) with per-head-group masks and biases."""
+
+    def __init__(self, cfg: TimeAwareConfig):
+        super().__init__()
+        d, h = cfg.d_model, cfg.n_heads
+        if d % h:
+            raise ValueError(f"d_model {d} is not divisible by the {h} heads")
+        self.h, self.dk = h, d // h
+        self.groups = (cfg.card_heads, cfg.deck_heads, cfg.global_heads)
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(d, d)
+        self.null_kv = nn.Parameter(torch.randn(2, d) * 0.1)
+        # card heads: w * exp(-lambda * dt_days), lambda = softplus(raw) > 0
+        self.decay_w = nn.Parameter(torch.ones(cfg.card_heads))
+        self.decay_raw = nn.Parameter(torch.full((cfg.card_heads,), math.log(math.expm1(0.1))))
+        # global heads: -slope * rows after, slope = softplus(raw) >= 0
+        self.slope_raw = nn.Parameter(torch.full((cfg.global_heads,), math.log(math.expm1(0.05))))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor, rel: dict) -> torch.Tensor:
+        B, Q, H, d = rows.shape
+        q = self.q(x).view(B * Q, self.h, 1, self.dk)
+        kv = self.kv(rows).view(B * Q, H, 2, self.h, self.dk)
+        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (BQ, h, H, dk)
+        logits = (q @ k.transpose(-1, -2)).view(B, Q, self.h, H) / math.sqrt(self.dk)
+        nc, nd, ng = self.groups
+        decay = F.softplus(self.decay_raw)[:, None]
+        card_bias = self.decay_w[:, None] * torch.exp(-decay * rel["dt_days"].unsqueeze(-2))
+        card = torch.where(rel["same_card"].unsqueeze(-2), card_bias, _NEG)
+        deck = torch.where(rel["same_deck"].unsqueeze(-2), 0.0, _NEG).expand(B, Q, nd, H)
+        glob = torch.where(rel["visible"].unsqueeze(-2),
+                           -F.softplus(self.slope_raw)[:, None] * rel["after"].unsqueeze(-2), _NEG)
+        logits = logits + torch.cat([card, deck, glob], dim=2)
+        nk, nv = self.null_kv[0].view(self.h, self.dk), self.null_kv[1].view(self.h, self.dk)
+        null_logit = (q.view(B, Q, self.h, self.dk) * nk).sum(-1, keepdim=True) / math.sqrt(self.dk)
+        attn = self.drop(torch.softmax(torch.cat([null_logit, logits], dim=-1), dim=-1))  # (B, Q, h, 1 + H)
+        out = attn[..., :1] * nv + (attn[..., 1:].reshape(B * Q, self.h, 1, H) @ v).view(B, Q, self.h, self.dk)
+        return self.out(out.reshape(B, Q, d))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: TimeAwareConfig):
+        super().__init__()
+        self.attn = GroupedCrossAttention(cfg)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.ffn = nn.Sequential(nn.Linear(cfg.d_model, cfg.ffn_dim), nn.GELU(), nn.Dropout(cfg.dropout),
+                                 nn.Linear(cfg.ffn_dim, cfg.d_model))
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rows, rel):
+        x = self.norm1(x + self.drop(self.attn(x, rows, rel)))
+        return self.norm2(x + self.drop(self.ffn(x)))
+
+
+N_ROW_NUM = 7
+N_QUERY_NUM = 14
+
+
+class TimeAwareTransformer(nn.Module):
+    def __init__(self, cfg: TimeAwareConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.rating_emb = nn.Embedding(5, d)  # 0 unused, 1..4
+        self.state_emb = nn.Embedding(N_STATES, d)
+        self.relation_emb = nn.Embedding(3, d)  # other card of another deck, same deck, same card
+        self.row_num = nn.Linear(N_ROW_NUM, d)
+        self.row_t2v = Time2Vec(cfg.t2v_dim)
+        self.row_time = nn.Linear(cfg.t2v_dim, d)
+        self.row_norm = nn.LayerNorm(d)
+        self.q_num = nn.Sequential(nn.Linear(N_QUERY_NUM, d), nn.GELU(), nn.Linear(d, d // 2))
+        self.q_last_rating = nn.Embedding(5, d)  # 0: card never seen in the window
+        self.q_cat = nn.Linear(d, d - d // 2)
+        self.q_norm = nn.LayerNorm(d)
+        self.q_t2v = Time2Vec(cfg.t2v_dim)
+        self.q_time = nn.Linear(cfg.t2v_dim, d)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
+        self.rating_w = nn.Linear(d, 1, bias=False)
+        self.first_threshold = nn.Parameter(torch.tensor(2.0))
+        self.threshold_gaps = nn.Parameter(torch.tensor([1.0, 2.0]))
+        self.duration = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        with torch.no_grad():
+            self.duration[-1].bias.fill_(2.0)  # log(1 + ~7 s)
+
+    # ---- features -------------------------------------------------------------------------------
+    def _row_features(self, w: Window) -> torch.Tensor:
+        """(B, H, N_ROW_NUM) per-row features from the rows before it in the window."""
+        B, H = w.card.shape
+        before = torch.ones(H, H, dtype=torch.bool, device=w.card.device).tril(-1)  # [j, k]: k < j
+        prev = before & (w.card.unsqueeze(-1) == w.card.unsqueeze(-2)) & w.valid.unsqueeze(-2) & w.valid.unsqueeze(-1)
+        # float64 until the difference is taken: no row's feature depends on another row's rounding
+        last_prev = torch.where(prev, w.time.unsqueeze(-2), float("-inf")).amax(-1)  # (B, H)
+        has_prev = prev.any(-1)
+        interval = torch.where(has_prev, (w.time - torch.where(has_prev, last_prev, w.time)) / DAY, 0.0).float()
+        n_prev = prev.sum(-1).float()
+        lapses = (prev & (w.rating == 1).unsqueeze(-2)).sum(-1).float()
+        dur = torch.nan_to_num(w.duration, nan=0.0)
+        return torch.stack([
+            _log1p(interval), _log1p(interval * 24), has_prev.float(), _log1p(n_prev), _log1p(lapses),
+            _log1p(dur), torch.isnan(w.duration).float()], dim=-1)
+
+    def _day(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.floor((t - self.cfg.day_start_hour * 3600.0) / DAY)
+
+    def _core(self, w: Window, q: Query, visible: torch.Tensor) -> Prediction:
+        """Predictions for queries (B, Q) over rows (B, H); visible (B, Q, H) says which rows each query sees."""
+        B, H = w.card.shape
+        visible = visible & w.valid.unsqueeze(1)
+        dt = ((q.time.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float().clamp(min=0)  # (B, Q, H) days
+        same_card = visible & (w.card.unsqueeze(1) == q.card.unsqueeze(-1))
+        same_deck = visible & (w.deck.unsqueeze(1) == q.deck.unsqueeze(-1)) & ~same_card
+        after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
+        rel = {"dt_days": dt, "same_card": same_card, "same_deck": same_deck, "visible": visible,
+               "after": after.clamp(min=0)}
+
+        # rows: own features + query-relative time + relation to the query
+        row_feats = self._row_features(w)
+        row = (self.rating_emb(w.rating.clamp(1, 4)) + self.state_emb(torch.where(w.state < 0, 4, w.state))
+               + self.row_num(row_feats))  # (B, H, d)
+        relation = same_card.long() * 2 + same_deck.long()
+        rows = row.unsqueeze(1) + self.row_time(self.row_t2v(_log1p(dt * 24))) + self.relation_emb(relation)
+        rows = self.row_norm(rows)  # (B, Q, H, d)
+
+        # query features from the rows it sees
+        big = torch.full_like(dt, 1e6)
+        n_card = same_card.sum(-1).float()
+        seen = n_card > 0
+        since_card = torch.where(same_card, dt, big).amin(-1)
+        since_card = torch.where(seen, since_card, 0.0)
+        positions = torch.arange(H, device=dt.device)
+        last_card = torch.where(same_card, positions, -1).amax(-1).clamp(min=0)  # (B, Q) the card's last row
+        last_rating = torch.where(seen, _pick(w.rating, last_card), 0)
+        dur = torch.nan_to_num(w.duration, nan=0.0)
+        last_dur_card = torch.where(seen, _pick(dur, last_card), 0.0)
+        last_interval = torch.where(seen, _pick(row_feats[..., 0], last_card), 0.0)
+        lapses = (same_card & (w.rating == 1).unsqueeze(1)).sum(-1).float()
+        any_row = visible.any(-1)
+        since_any = torch.where(any_row, torch.where(visible, dt, big).amin(-1), 0.0)
+        last_any = torch.where(visible, positions, -1).amax(-1).clamp(min=0)
+        last_dur_any = torch.where(any_row, _pick(dur, last_any), 0.0)
+        q_day = self._day(q.time)
+        card_day = torch.where(same_card, self._day(w.time).unsqueeze(1), -1e12).amax(-1)
+        same_day_card = seen & (card_day == q_day)
+        days_since_card = torch.where(seen, (q_day - card_day).float(), 0.0)
+        today = (visible & (self._day(w.time).unsqueeze(1) == q_day.unsqueeze(-1))).sum(-1).float()
+        n_deck = same_deck.sum(-1).float()
+        qnum = torch.stack([
+            _log1p(since_card), _log1p(since_card * 24), _log1p(days_since_card), seen.float(),
+            same_day_card.float(), _log1p(n_card), _log1p(lapses), _log1p(last_dur_card), last_interval,
+            _log1p(since_any * 1440), _log1p(last_dur_any), _log1p(today), _log1p(n_deck),
+            (n_card > 0).float() * (lapses / n_card.clamp(min=1))], dim=-1)
+        x = torch.cat([self.q_num(qnum), self.q_cat(self.q_last_rating(last_rating))], dim=-1)
+        x = self.q_norm(x) + self.q_time(self.q_t2v(_log1p(since_card * 24)))
+
+        for layer in self.layers:
+            x = layer(x, rows, rel)
+        return self._heads(x)
+
+    def _heads(self, x: torch.Tensor) -> Prediction:
+        s = self.rating_w(x)  # (..., 1)
+        gaps = F.softplus(self.threshold_gaps)
+        b1 = self.first_threshold
+        b = torch.stack([b1, b1 - gaps[0], b1 - gaps[0] - gaps[1]])
+        tl = s + b  # (..., 3), decreasing in k
+        above = torch.sigmoid(tl)  # P(rating > k), k = 1..3
+        one = torch.ones_like(above[..., :1])
+        zero = torch.zeros_like(above[..., :1])
+        cum = torch.cat([one, above, zero], dim=-1)
+        probs = (cum[..., :-1] - cum[..., 1:]).clamp(min=0)
+        return Prediction(probs, above[..., 0], self.duration(x).squeeze(-1), tl)
+
+    # ---- entry points ---------------------------------------------------------------------------
+    def forward(self, w: Window, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
+        """One query per window: (B, H) rows, query (B,) -> outputs (B, ...). The serving path."""
+        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
+        pred = self._core(w, q, w.valid.unsqueeze(1))
+        return Prediction(*(t.squeeze(1) for t in pred))
+
+    def forward_sequence(self, w: Window) -> Prediction:
+        """Every row of (B, T) sequences predicted from the rows before it: outputs (B, T, ...)."""
+        T = w.card.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=w.card.device).tril(-1)  # [i, j]: j < i
+        pred = self._core(w, Query(w.card, w.deck, w.time), causal.unsqueeze(0).expand(w.card.shape[0], T, T))
+        return pred
+
+
+def expected_duration(log_duration: torch.Tensor) -> torch.Tensor:
+    """Seconds from the duration head's log(1 + seconds)."""
+    return torch.expm1(log_duration).clamp(min=0)
+
+
+def coral_loss(pred: Prediction, rating: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum over k of BCE(P(rating > k), 1[rating > k]), averaged over reviews (optionally weighted)."""
+    k = torch.arange(1, 4, device=rating.device)
+    target = (rating.unsqueeze(-1) > k).float()
+    loss = F.binary_cross_entropy_with_logits(pred.threshold_logits, target, reduction="none").sum(-1)
+    if weight is None:
+        return loss.mean()
+    return (loss * weight).sum() / weight.sum().clamp(min=1e-9)

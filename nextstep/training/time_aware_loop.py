@@ -1,0 +1,167 @@
+"""Training the time-aware transformer on review logs: windows, batches, the loss, early stopping, prediction.
+
+Every review is a query, answered from its window (review_window.select: the card's last reviews plus the
+user's most recent ones), exactly as the service will answer it. The loss is the CORAL loss of the
+rating plus `duration_weight` times the squared error of log(1 + seconds) where the duration is known.
+Early stopping watches that loss on validation reviews: the latest `valid_fraction` of each user's
+training reviews, which are never trained on.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss, expected_duration
+from ..review_window import user_windows
+from .reviews import ReviewLog
+
+
+@dataclass
+class TimeAwareTrainConfig:
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 256
+    max_epochs: int = 30
+    patience: int = 3
+    duration_weight: float = 0.5
+    valid_fraction: float = 0.1
+    seed: int = 0
+    threads: int | None = None
+    device: str = "cpu"  # e.g. "cuda" for sweeps; the reported figures are CPU runs
+    model: dict = field(default_factory=dict)  # TimeAwareConfig overrides
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ReviewTensors:
+    """A review log as tensors plus every review's window (global row numbers, -1 padding)."""
+
+    def __init__(self, log: ReviewLog, window: int, card_window: int):
+        self.log = log
+        self.card = torch.from_numpy(log.card.astype(np.int64))
+        self.deck = torch.from_numpy(log.deck.astype(np.int64))
+        self.time = torch.from_numpy(log.time.astype(np.float64))
+        self.rating = torch.from_numpy(log.rating.astype(np.int64))
+        self.duration = torch.from_numpy(log.duration.astype(np.float32))
+        self.state = torch.from_numpy(log.state.astype(np.int64))
+        parts = []
+        for u in range(log.n_users):
+            lo, hi = int(log.offsets[u]), int(log.offsets[u + 1])
+            win = user_windows(log.card[lo:hi], window, card_window)
+            parts.append(np.where(win >= 0, win + lo, -1))
+        self.windows = torch.from_numpy(np.concatenate(parts) if parts else np.zeros((0, window), np.int64))
+
+    def batch(self, rows: torch.Tensor, device: str = "cpu") -> tuple[Window, torch.Tensor, torch.Tensor, torch.Tensor]:
+        idx = self.windows[rows]
+        valid = idx >= 0
+        # trim columns that are padding in every window of the batch
+        first = int(valid.any(0).nonzero()[0]) if bool(valid.any()) else idx.shape[1] - 1
+        idx, valid = idx[:, first:], valid[:, first:]
+        at = idx.clamp(min=0)
+        w = Window(self.card[at], self.deck[at], self.time[at], self.rating[at], self.duration[at], self.state[at],
+                   valid)
+        out = (w, self.card[rows], self.deck[rows], self.time[rows])
+        if device != "cpu":
+            out = (Window(*(x.to(device) for x in w)), *(x.to(device) for x in out[1:]))
+        return out
+
+
+def _loss(model, rt: ReviewTensors, rows: torch.Tensor, duration_weight: float,
+          device: str = "cpu") -> tuple[torch.Tensor, int]:
+    w, card, deck, t = rt.batch(rows, device)
+    pred = model(w, card, deck, t)
+    loss = coral_loss(pred, rt.rating[rows].to(device))
+    dur = rt.duration[rows].to(device)
+    known = ~torch.isnan(dur)
+    if duration_weight > 0 and bool(known.any()):
+        target = torch.log1p(dur[known].clamp(min=0))
+        loss = loss + duration_weight * ((pred.log_duration[known] - target) ** 2).mean()
+    return loss, len(rows)
+
+
+@torch.no_grad()
+def validation_loss(model, rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareTrainConfig) -> float:
+    model.eval()
+    total, n = 0.0, 0
+    for lo in range(0, len(rows), 1024):
+        loss, k = _loss(model, rt, torch.from_numpy(rows[lo:lo + 1024]), cfg.duration_weight, cfg.device)
+        total += float(loss) * k
+        n += k
+    return total / max(n, 1)
+
+
+def split_validation(log: ReviewLog, rows: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The latest `fraction` of each user's rows (in `rows`) for validation, the rest for training."""
+    user = np.searchsorted(log.offsets, rows, side="right") - 1
+    train, valid = [], []
+    for u in np.unique(user):
+        mine = np.sort(rows[user == u])
+        k = int(math.floor(len(mine) * fraction))
+        train.append(mine[:len(mine) - k])
+        valid.append(mine[len(mine) - k:])
+    return (np.concatenate(train) if train else rows[:0]), (np.concatenate(valid) if valid else rows[:0])
+
+
+def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig,
+        log_progress=None) -> tuple[TimeAwareTransformer, dict]:
+    """Train on `rows` (global review numbers), early-stopping on their latest `valid_fraction`."""
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    torch.manual_seed(tcfg.seed)
+    rng = np.random.default_rng(tcfg.seed)
+    train_rows, valid_rows = split_validation(rt.log, rows, tcfg.valid_fraction)
+    model = TimeAwareTransformer(cfg).to(tcfg.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+    best, best_state, bad, history = math.inf, copy.deepcopy(model.state_dict()), 0, []
+    start = time.perf_counter()
+    for epoch in range(tcfg.max_epochs):
+        model.train()
+        order = rng.permutation(train_rows)
+        total = 0.0
+        for lo in range(0, len(order), tcfg.batch_size):
+            loss, k = _loss(model, rt, torch.from_numpy(order[lo:lo + tcfg.batch_size]), tcfg.duration_weight,
+                            tcfg.device)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            total += loss.item() * k
+        v = validation_loss(model, rt, valid_rows, tcfg) if len(valid_rows) else total / max(len(order), 1)
+        history.append({"epoch": epoch + 1, "train_loss": total / max(len(order), 1), "valid_loss": v,
+                        "seconds": time.perf_counter() - start})
+        if log_progress:
+            log_progress(history[-1])
+        if v < best - 1e-5:
+            best, best_state, bad = v, copy.deepcopy(model.state_dict()), 0
+        else:
+            bad += 1
+            if bad >= tcfg.patience:
+                break
+    model.load_state_dict(best_state)
+    model.cpu().eval()
+    return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
+                   "n_valid": len(valid_rows), "seconds": time.perf_counter() - start}
+
+
+@torch.no_grad()
+def predict(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024) -> dict:
+    """P(rating = 1..4), P(recall) and expected seconds for every review in `rows` (numpy arrays)."""
+    model.eval()
+    probs, recall, dur = [], [], []
+    for lo in range(0, len(rows), batch):
+        w, card, deck, t = rt.batch(torch.from_numpy(rows[lo:lo + batch]))
+        p = model(w, card, deck, t)
+        probs.append(p.rating_probs)
+        recall.append(p.recall)
+        dur.append(expected_duration(p.log_duration))
+    if not probs:
+        return {"rating_probs": np.zeros((0, 4)), "recall": np.zeros(0), "duration_s": np.zeros(0)}
+    return {"rating_probs": torch.cat(probs).double().numpy(), "recall": torch.cat(recall).double().numpy(),
+            "duration_s": torch.cat(dur).double().numpy()}

@@ -1,0 +1,108 @@
+"""One time-aware run end to end: read a review log, evaluate under the srs-benchmark protocol, export.
+
+    for each of the protocol's 5 time-ordered folds (srs_eval.protocol_folds):
+        fit on the fold's training reviews (its latest 10% early-stop the fit), predict its test block
+    metrics.test  = the pooled test blocks' log_loss, rmse_bins, auc, rating_ce, duration_mae_s, duration_rmse_s
+    metrics.test.baselines = FSRS-6, base rate and median durations on the same folds (srs_eval.evaluate_baselines)
+
+The exported model is the last fold's: trained on every review before the last test block. Nothing in a
+test block is ever trained on or used for early stopping; it serves only as history for later predictions,
+as it would in the app.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
+from .reviews import ReviewLog, read_reviews
+from .run import fingerprint
+from .srs_eval import evaluate_baselines, evaluate_predictions, protocol_folds
+from .time_aware_export import export_time_aware
+from .time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
+
+
+def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig, n_splits: int = 5,
+                   progress: bool = True) -> tuple[dict, TimeAwareTransformer, ReviewTensors, list]:
+    """Fit one model per protocol fold; return the pooled metrics, the last fold's model and the per-fold info."""
+    folds = protocol_folds(log, n_splits)
+    if not folds or not len(folds[-1][1]):
+        raise ValueError(f"{log.path}: too few scored reviews for {n_splits} time-ordered folds")
+    rt = ReviewTensors(log, cfg.window, cfg.card_window)
+    p_recall = np.full(len(log), np.nan)
+    p_rating = np.full((len(log), 4), np.nan)
+    duration = np.full(len(log), np.nan)
+    fold_info, model = [], None
+    for k, (train, test) in enumerate(folds):
+        def report(h, k=k):
+            if progress:
+                print(f"fold {k + 1}/{len(folds)} epoch {h['epoch']}: train {h['train_loss']:.4f} "
+                      f"valid {h['valid_loss']:.4f} ({h['seconds']:.0f} s)", flush=True)
+
+        model, info = fit(rt, train, cfg, tcfg, log_progress=report)
+        out = predict(model, rt, test)
+        p_recall[test], p_rating[test], duration[test] = out["recall"], out["rating_probs"], out["duration_s"]
+        fold_info.append({"fold": k + 1, "n_train": int(len(train)), "n_test": int(len(test)),
+                          "epochs": len(info["history"]), "best_valid_loss": info["best_valid_loss"],
+                          "seconds": round(info["seconds"], 1)})
+    metrics = evaluate_predictions(log, folds, p_recall, p_rating, duration)
+    return metrics, model, rt, fold_info
+
+
+def parity_inputs(rt: ReviewTensors, n: int = 4, length: int = 24) -> tuple[tuple, Window]:
+    """Real windows for the export parity check: the last n reviews' windows, and n full sequences of
+    `length` reviews (from the start of the log) for the last-row vs full-sequence check."""
+    rows = torch.arange(max(len(rt.card) - n, 0), len(rt.card))
+    w, card, deck, t = rt.batch(rows)
+    starts = np.linspace(0, max(len(rt.card) - length, 0), n).astype(np.int64)
+    idx = torch.from_numpy(np.minimum(starts[:, None] + np.arange(length), len(rt.card) - 1))
+    seq = Window(rt.card[idx], rt.deck[idx], rt.time[idx], rt.rating[idx], rt.duration[idx], rt.state[idx],
+                 torch.ones(idx.shape, dtype=torch.bool))
+    return (*w, card, deck, t), seq
+
+
+def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTrainConfig | None = None,
+                     n_splits: int = 5, day_columns: str = "check", duration_cap_s: float | None = None,
+                     baselines: bool = True, progress: bool = True) -> dict:
+    """Evaluate under the protocol (with the baselines side by side), export the last fold's model to out_dir."""
+    tcfg = cfg or TimeAwareTrainConfig()
+    mcfg = TimeAwareConfig(**tcfg.model)
+    started = time.perf_counter()
+    log = read_reviews(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
+    model_seconds = time.perf_counter() - started
+    if baselines:
+        t0 = time.perf_counter()
+        metrics["baselines"] = evaluate_baselines(log, n_splits)
+        metrics["baselines"]["seconds"] = round(time.perf_counter() - t0, 1)
+    out_dir = Path(out_dir)
+    manifest = {
+        "name": "time_aware",
+        "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": {"path": str(data), "file": log.path, "fingerprint": fingerprint(log.path) if log.path else None,
+                 "n_users": log.n_users, "n_reviews": len(log), "day_columns": day_columns,
+                 "duration_cap_s": log.meta.get("duration_cap_s"),
+                 "protocol": f"srs-benchmark: per-user TimeSeriesSplit({n_splits}) over scored reviews"},
+        "metrics": {"test": metrics},
+        "train_config": asdict(tcfg),
+        "training": {"folds": folds, "seconds": round(model_seconds, 1), "torch": torch.__version__,
+                     "exported_model": "the last fold's (trained on every review before the last test block)"},
+    }
+    examples, sequence = parity_inputs(rt)
+    return export_time_aware(model, out_dir, manifest=manifest, examples=examples, sequence=sequence)
+
+
+def load_time_aware(artifact_dir: str | Path) -> tuple[TimeAwareTransformer, dict]:
+    artifact_dir = Path(artifact_dir)
+    manifest = json.loads((artifact_dir / "manifest.json").read_text())
+    saved = torch.load(artifact_dir / manifest["weights"], weights_only=True)
+    model = TimeAwareTransformer(TimeAwareConfig(**saved["config"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), manifest

@@ -1,0 +1,121 @@
+"""The time-aware transformer: last-row serving equals the full-sequence pass, no future leak, head groups."""
+
+import numpy as np
+import pytest
+import torch
+
+from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss
+from nextstep.review_window import select, user_windows
+from nextstep.training.time_aware_export import prefix_window
+
+B, T = 3, 14
+
+
+def _sequences(seed=0, b=B, t=T, n_cards=4) -> Window:
+    g = torch.Generator().manual_seed(seed)
+    card = torch.randint(0, n_cards, (b, t), generator=g)
+    time = 1.7e9 + torch.cumsum(torch.rand(b, t, generator=g, dtype=torch.float64) * 86400 * 2, 1)
+    duration = torch.rand(b, t, generator=g) * 20
+    duration[0, 2] = float("nan")  # unknown durations are an input, not an error
+    return Window(card, card % 2, time, torch.randint(1, 5, (b, t), generator=g), duration,
+                  torch.randint(-1, 4, (b, t), generator=g), torch.ones(b, t, dtype=torch.bool))
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1))
+    with torch.no_grad():  # make every head and bias matter
+        for layer in m.layers:
+            layer.attn.decay_w.fill_(1.5)
+    return m.eval()
+
+
+def test_last_row_serving_equals_full_sequence(model):
+    seq = _sequences()
+    full = model.forward_sequence(seq)
+    assert full.rating_probs.shape == (B, T, 4)
+    for i in range(T):
+        last = model(prefix_window(seq, i), seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        torch.testing.assert_close(last.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(last.log_duration, full.log_duration[:, i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(last.recall, 1 - last.rating_probs[:, 0], atol=1e-6, rtol=0)
+
+
+def test_no_future_leak(model):
+    seq = _sequences(1)
+    base = model.forward_sequence(seq)
+    for t in range(T):
+        changed = [x.clone() for x in seq]
+        g = torch.Generator().manual_seed(t)
+        changed[1][:, t:] = torch.randint(0, 5, (B, T - t), generator=g)  # deck
+        changed[3][:, t:] = torch.randint(1, 5, (B, T - t), generator=g)  # rating
+        changed[4][:, t:] = torch.rand(B, T - t, generator=g) * 99  # duration
+        changed[5][:, t:] = torch.randint(-1, 4, (B, T - t), generator=g)  # state
+        if t + 1 < T:  # card and time of later reviews (time stays increasing)
+            changed[0][:, t + 1:] = torch.randint(0, 9, (B, T - t - 1), generator=g)
+            changed[2][:, t + 1:] = changed[2][:, t + 1:] + 1234.5
+        out = model.forward_sequence(Window(*changed))
+        torch.testing.assert_close(out.rating_probs[:, :t], base.rating_probs[:, :t], atol=0, rtol=0)
+        torch.testing.assert_close(out.log_duration[:, :t], base.log_duration[:, :t], atol=0, rtol=0)
+        # the prediction at t sees only t's card, deck and time: rating, duration and state at t do not enter
+        same_query = [x.clone() for x in seq]
+        same_query[3][:, t:] = changed[3][:, t:]
+        same_query[4][:, t:] = changed[4][:, t:]
+        same_query[5][:, t:] = changed[5][:, t:]
+        out = model.forward_sequence(Window(*same_query))
+        torch.testing.assert_close(out.rating_probs[:, :t + 1], base.rating_probs[:, :t + 1], atol=0, rtol=0)
+        torch.testing.assert_close(out.log_duration[:, :t + 1], base.log_duration[:, :t + 1], atol=0, rtol=0)
+
+
+def test_the_query_card_deck_and_time_matter(model):
+    seq = _sequences(2)
+    w, card, deck, time = prefix_window(seq, T - 1), seq.card[:, -1], seq.deck[:, -1], seq.time[:, -1]
+    base = model(w, card, deck, time).rating_probs
+    assert not torch.allclose(model(w, card, deck, time + 30 * 86400).rating_probs, base)
+    assert not torch.allclose(model(w, card + 100, deck, time).rating_probs, base)
+    assert not torch.allclose(model(w, card, deck + 100, time).rating_probs, base)
+
+
+def test_padding_and_an_empty_window(model):
+    seq = _sequences(3)
+    w = prefix_window(seq, 5)
+    out = model(w, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
+    # garbage in padded rows changes nothing
+    garbage = Window(torch.where(w.valid, w.card, 7), torch.where(w.valid, w.deck, 7),
+                     torch.where(w.valid, w.time, 9e9), torch.where(w.valid, w.rating, 4),
+                     torch.where(w.valid, w.duration, 1e6), torch.where(w.valid, w.state, 3), w.valid)
+    again = model(garbage, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
+    torch.testing.assert_close(again.rating_probs, out.rating_probs, atol=1e-6, rtol=0)
+    empty = model(prefix_window(seq, 0), seq.card[:, 0], seq.deck[:, 0], seq.time[:, 0])
+    assert torch.isfinite(empty.rating_probs).all() and torch.isfinite(empty.log_duration).all()
+    torch.testing.assert_close(empty.rating_probs.sum(-1), torch.ones(B), atol=1e-6, rtol=0)
+
+
+def test_coral_probabilities_are_ordered_and_loss_matches_formula(model):
+    pred = model.forward_sequence(_sequences(4))
+    assert (pred.rating_probs >= 0).all()
+    torch.testing.assert_close(pred.rating_probs.sum(-1), torch.ones(B, T), atol=1e-6, rtol=0)
+    above = torch.sigmoid(pred.threshold_logits)
+    assert (above[..., :-1] >= above[..., 1:]).all()  # P(rating > 1) >= P(rating > 2) >= P(rating > 3)
+    rating = torch.tensor([[1, 2, 3, 4] * 3 + [1, 2]] * B)
+    manual = 0.0
+    for k in range(3):
+        y = (rating > k + 1).float()
+        manual = manual - (y * torch.log(above[..., k]) + (1 - y) * torch.log(1 - above[..., k]))
+    torch.testing.assert_close(coral_loss(pred, rating), manual.mean(), atol=1e-5, rtol=0)
+
+
+def test_window_rule_keeps_the_cards_history():
+    # 10 earlier reviews; the query card was reviewed at 1 and 3 and 8; window 4 with 2 card rows
+    assert select(np.array([1, 3, 8]), 10, 4, 2).tolist() == [3, 7, 8, 9]
+    assert select(np.array([1, 3, 8]), 10, 4, 0).tolist() == [6, 7, 8, 9]
+    assert select(np.array([7, 8]), 10, 4, 2).tolist() == [6, 7, 8, 9]  # card rows already recent
+    assert select(np.array([0, 1, 2, 3]), 10, 3, 5).tolist() == [1, 2, 3]  # card rows capped by the size
+    assert select(np.array([], dtype=np.int64), 2, 4, 2).tolist() == [0, 1]
+    cards = np.array([0, 1, 2, 0, 3, 4, 5, 0, 6, 1])
+    win = user_windows(cards, 4, 2)
+    for i in range(len(cards)):
+        expect = select(np.flatnonzero(cards[:i] == cards[i]), i, 4, 2)
+        assert win[i][win[i] >= 0].tolist() == expect.tolist()
+        assert (win[i][: 4 - len(expect)] == -1).all()

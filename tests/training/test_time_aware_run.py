@@ -1,0 +1,103 @@
+"""Time-aware training end to end on a generated review log: the CLI, protocol metrics, baselines, export parity."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from nextstep.cli import main
+from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer
+from nextstep.training.export import onnx_session
+from nextstep.training.reviews import simulate_reviews, write_review_csv
+from nextstep.training.time_aware_export import INPUTS, PredictGraph, check_parity
+from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict, split_validation
+from nextstep.training.time_aware_run import load_time_aware, parity_inputs
+
+SMALL = {"d_model": 16, "ffn_dim": 32, "window": 24, "card_window": 6}
+
+
+@pytest.fixture(scope="module")
+def log():
+    return simulate_reviews(n_users=2, n_cards=60, n_days=80, seed=3)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, log):
+    root = tmp_path_factory.mktemp("time_aware")
+    write_review_csv(log, root / "reviews.csv")
+    (root / "cfg.json").write_text(json.dumps({"max_epochs": 3, "batch_size": 128, "model": SMALL}))
+    assert main(["train", "time_aware", "--data", str(root / "reviews.csv"), "--out", str(root / "out"),
+                 "--config", str(root / "cfg.json"), "--quiet"]) == 0
+    return root / "out"
+
+
+def test_validation_rows_are_each_users_latest(log):
+    rows = np.arange(len(log))
+    train, valid = split_validation(log, rows, 0.1)
+    assert len(train) + len(valid) == len(log) and not set(train) & set(valid)
+    for u in range(log.n_users):
+        lo, hi = log.offsets[u], log.offsets[u + 1]
+        mine_train, mine_valid = train[(train >= lo) & (train < hi)], valid[(valid >= lo) & (valid < hi)]
+        assert len(mine_valid) == (hi - lo) // 10 and mine_train.max() < mine_valid.min()
+
+
+def test_fit_learns_and_never_trains_on_validation_rows(log):
+    cfg = TimeAwareConfig(**SMALL)
+    rt = ReviewTensors(log, cfg.window, cfg.card_window)
+    rows = np.arange(len(log))
+    model, info = fit(rt, rows, cfg, TimeAwareTrainConfig(max_epochs=4, batch_size=128))
+    hist = info["history"]
+    assert hist[-1]["train_loss"] < hist[0]["train_loss"]
+    assert info["n_train"] + info["n_valid"] == len(log)
+    out = predict(model, rt, rows[-50:])
+    assert out["rating_probs"].shape == (50, 4) and np.allclose(out["rating_probs"].sum(1), 1, atol=1e-5)
+    assert np.allclose(out["recall"], 1 - out["rating_probs"][:, 0], atol=1e-6)
+    assert (out["duration_s"] >= 0).all()
+    # the same seed gives the same model
+    again, _ = fit(rt, rows, cfg, TimeAwareTrainConfig(max_epochs=4, batch_size=128))
+    np.testing.assert_array_equal(predict(again, rt, rows[-50:])["recall"], out["recall"])
+
+
+def test_cli_writes_protocol_metrics_baselines_and_a_parity_checked_artifact(artifact, log):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["task"] == "srs" and manifest["parity"]["passed"]
+    test = manifest["metrics"]["test"]
+    for key in ("log_loss", "rmse_bins", "auc", "rating_ce", "duration_mae_s", "duration_rmse_s"):
+        assert np.isfinite(test[key]), key
+    assert test["n_scored"] > 100
+    base = test["baselines"]
+    assert {"fsrs6", "base_rate", "median_duration_by_grade"} <= set(base)
+    assert np.isfinite(base["fsrs6"]["log_loss"]) and np.isfinite(base["base_rate"]["log_loss"])
+    folds = manifest["training"]["folds"]
+    assert len(folds) == 5 and all(f["n_train"] < f["n_train"] + f["n_test"] for f in folds)
+    assert [f["n_train"] for f in folds] == sorted(f["n_train"] for f in folds)  # time-ordered, growing
+
+
+def test_exported_graph_answers_like_the_model_for_any_batch_and_window(artifact, log):
+    model, manifest = load_time_aware(artifact)
+    session = onnx_session(artifact / "predict.onnx")
+    assert [i.name for i in session.get_inputs()] == list(INPUTS)
+    ts = torch.jit.load(str(artifact / "predict.pt"))
+    for size in (5, 40):
+        rt = ReviewTensors(log, size, 3)
+        rows = torch.arange(len(log) - 7, len(log))
+        w, card, deck, t = rt.batch(rows)
+        inputs = (*w, card, deck, t)
+        eager = PredictGraph(model)(*inputs)
+        onnx = session.run(None, {n: x.numpy() for n, x in zip(INPUTS, inputs, strict=True)})
+        script = ts(*inputs)
+        for a, b, c in zip(eager, onnx, script, strict=True):
+            np.testing.assert_allclose(a.detach().numpy(), b, atol=1e-4)
+            np.testing.assert_allclose(a.detach().numpy(), c.detach().numpy(), atol=1e-5)
+
+
+def test_parity_check_catches_a_wrong_graph(artifact, log):
+    model, _ = load_time_aware(artifact)
+    other = TimeAwareTransformer(TimeAwareConfig(**SMALL)).eval()  # different weights
+    rt = ReviewTensors(log, SMALL["window"], SMALL["card_window"])
+    examples, sequence = parity_inputs(rt)
+    with torch.no_grad():
+        wrong_ts = torch.jit.trace(PredictGraph(other), examples, check_trace=False)
+    result = check_parity(model, examples, sequence, wrong_ts, onnx_session(artifact / "predict.onnx"))
+    assert not result["passed"] and result["eager_vs_torchscript"] > 1e-3
