@@ -74,7 +74,12 @@ def cmd_evaluate(args) -> int:
     from .training.run import evaluate_artifact
 
     task = json.loads((Path(args.artifact) / "manifest.json").read_text()).get("task")
-    if task == TASK:
+    if task == "srs":
+        from .training.time_aware_run import evaluate_time_aware
+
+        result = evaluate_time_aware(args.artifact, args.data, day_columns=args.day_columns,
+                                     duration_cap_s=args.duration_cap_s)
+    elif task == TASK:
         result = evaluate_next_item(args.artifact, args.data, valid=args.valid, fmt=args.format)
     else:
         result = evaluate_artifact(args.artifact, args.data, args.format, args.max_len)
@@ -282,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS])
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
     evaluate.add_argument("--max-len", type=int, help="score chunks of this length, each from a fresh state")
+    evaluate.add_argument("--day-columns", choices=["check", "ignore", "trust"], default="check",
+                          help="time_aware: how a review-log CSV's day columns are read (see train)")
+    evaluate.add_argument("--duration-cap-s", type=float, help="time_aware: the app's answer-time cap (see train)")
     evaluate.set_defaults(func=cmd_evaluate)
 
     serve = sub.add_parser("serve", help="serve the artifacts over HTTP (settings: NEXTSTEP_* variables)")

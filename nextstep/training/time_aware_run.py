@@ -106,3 +106,18 @@ def load_time_aware(artifact_dir: str | Path) -> tuple[TimeAwareTransformer, dic
     model = TimeAwareTransformer(TimeAwareConfig(**saved["config"]))
     model.load_state_dict(saved["state_dict"])
     return model.eval(), manifest
+
+
+def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits: int = 5, day_columns: str = "check",
+                        duration_cap_s: float | None = None) -> dict:
+    """Score an exported model, as it is (no refitting), on the protocol's test blocks of another review log
+    (e.g. other users): every earlier review is history, as in serving."""
+    model, _ = load_time_aware(artifact_dir)
+    log = read_reviews(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    folds = protocol_folds(log, n_splits)
+    rows = np.sort(np.concatenate([test for _, test in folds])) if folds else np.zeros(0, np.int64)
+    rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window)
+    out = predict(model, rt, rows)
+    p_recall, p_rating, duration = np.full(len(log), np.nan), np.full((len(log), 4), np.nan), np.full(len(log), np.nan)
+    p_recall[rows], p_rating[rows], duration[rows] = out["recall"], out["rating_probs"], out["duration_s"]
+    return evaluate_predictions(log, folds, p_recall, p_rating, duration)

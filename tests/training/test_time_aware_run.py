@@ -101,3 +101,13 @@ def test_parity_check_catches_a_wrong_graph(artifact, log):
         wrong_ts = torch.jit.trace(PredictGraph(other), examples, check_trace=False)
     result = check_parity(model, examples, sequence, wrong_ts, onnx_session(artifact / "predict.onnx"))
     assert not result["passed"] and result["eager_vs_torchscript"] > 1e-3
+
+
+def test_evaluate_scores_an_artifact_as_is_on_a_review_log(artifact, capsys):
+    capsys.readouterr()
+    assert main(["evaluate", str(artifact), "--data", str(artifact.parent / "reviews.csv")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    trained = json.loads((artifact / "manifest.json").read_text())["metrics"]["test"]
+    assert result["n_scored"] == trained["n_scored"]
+    for key in ("log_loss", "rmse_bins", "auc", "rating_ce", "duration_mae_s"):
+        assert np.isfinite(result[key]), key
