@@ -27,7 +27,10 @@ plus a learned "nothing here" slot per head, so a new card (no rows for its card
 Time2Vec (one linear and K-1 periodic terms) encodes log1p(hours) of the query-relative times.
 
 Outputs: CORAL rating head (one shared logit s, ordered thresholds b_1 > b_2 > b_3, P(rating > k) =
-sigmoid(s + b_k), so P(recall) = P(rating > 1)) and a duration head for log(1 + seconds).
+sigmoid(s + b_k), so P(recall) = P(rating > 1)) and a duration head for log(1 + seconds). With
+`adaptive_gaps` (the default) the gaps b_1 - b_2 and b_2 - b_3 are predicted from the state, still
+positive, so the probabilities stay rank-consistent while the Hard/Good/Easy split can differ from what the
+recall score alone implies; b_1 stays a constant, as in the seed.
 
 `forward` takes a batch of windows with one query each (the serving path: only the last row is
 computed). `forward_sequence` predicts every review of a sequence at once with causal masks (the seed's
@@ -62,6 +65,9 @@ class TimeAwareConfig:
     window: int = 64  # rows a query sees (review_window.select); tuning: docs/decisions.md
     card_window: int = 16  # of which at most this many are the query card's own last reviews
     day_start_hour: float = 4.0  # scheduler days start at this hour UTC (Anki's default rollover)
+    # CORAL gaps b_1 - b_2, b_2 - b_3 predicted from the state (still ordered) instead of constant (the seed);
+    # constant gaps tie the Hard/Good/Easy split to the recall score (docs/decisions.md)
+    adaptive_gaps: bool = True
 
     @property
     def n_heads(self) -> int:
@@ -201,6 +207,10 @@ class TimeAwareTransformer(nn.Module):
         self.rating_w = nn.Linear(d, 1, bias=False)
         self.first_threshold = nn.Parameter(torch.tensor(2.0))
         self.threshold_gaps = nn.Parameter(torch.tensor([1.0, 2.0]))
+        if cfg.adaptive_gaps:
+            self.gap_head = nn.Linear(d, 2)
+            nn.init.zeros_(self.gap_head.weight)
+            nn.init.zeros_(self.gap_head.bias)
         self.duration = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         with torch.no_grad():
             self.duration[-1].bias.fill_(2.0)  # log(1 + ~7 s)
@@ -281,10 +291,11 @@ class TimeAwareTransformer(nn.Module):
 
     def _heads(self, x: torch.Tensor) -> Prediction:
         s = self.rating_w(x)  # (..., 1)
-        gaps = F.softplus(self.threshold_gaps)
+        raw = self.threshold_gaps + self.gap_head(x) if self.cfg.adaptive_gaps else self.threshold_gaps
+        gaps = F.softplus(raw)  # (..., 2) > 0
         b1 = self.first_threshold
-        b = torch.stack([b1, b1 - gaps[0], b1 - gaps[0] - gaps[1]])
-        tl = s + b  # (..., 3), decreasing in k
+        g1, g2 = gaps[..., :1], gaps[..., 1:]
+        tl = torch.cat([s + b1, s + b1 - g1, s + b1 - g1 - g2], dim=-1)  # (..., 3), decreasing in k
         above = torch.sigmoid(tl)  # P(rating > k), k = 1..3
         one = torch.ones_like(above[..., :1])
         zero = torch.zeros_like(above[..., :1])

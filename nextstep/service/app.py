@@ -21,8 +21,10 @@ from .metrics import Metrics
 from .registry import ModelRegistry, UnknownId, UnknownModel
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
+from .routes import srs as srs_routes
 from .sessions import SessionRecommender
 from .settings import Settings
+from .srs import SpacedRepetition
 from .state import StoreUnavailable, make_store
 from .writes import ConcurrencyConflict
 
@@ -194,16 +196,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                 cas_retries=settings.cas_retries,
                                                 cold_start_model=settings.cold_start_model,
                                                 on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
+        # spaced-repetition users keep their reviews for years: their own store, no expiry unless configured
+        srs_store = make_store(settings.redis_url, ttl_seconds=settings.srs_ttl_seconds or None,
+                               max_event_ids=settings.max_event_ids)
+        app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,
+                                         cas_retries=settings.cas_retries,
+                                         on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         yield
         await engines.close()
         await store.close()
         await session_store.close()
+        await srs_store.close()
 
     app = FastAPI(title="NextStep", version="0.1.0", lifespan=lifespan,
                   description="Predicts a learner's next response from state kept per learner.")
     app.state.settings, app.state.metrics = settings, metrics
     app.include_router(kt_routes.router)
     app.include_router(session_routes.router)
+    app.include_router(srs_routes.router)
 
     @app.exception_handler(UnknownModel)
     async def unknown_model(request: Request, exc: UnknownModel):
@@ -251,6 +261,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = request.app.state.registry
         return {"models": [{"name": m.name, "version": m.version, "family": m.family, "task": m.task,
                             "n_cats": m.n_cats, "vocabulary": len(m.ids),
+                            **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.task == "srs" else {}),
                             "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
                 "errors": registry.errors}
 

@@ -24,12 +24,24 @@ import onnxruntime as ort
 
 log = logging.getLogger(__name__)
 
-# per task: the graphs the service runs and the vocabulary that maps external ids to model rows
+# per task: the graphs the service runs, the vocabulary that maps external ids to model rows, and whether the
+# model has state tensors. A task without state or vocabulary (srs: the service keeps raw reviews and feeds
+# them as a window; ids are hashed, not looked up) needs neither manifest key.
 TASKS = {
-    "knowledge_tracing": {"graphs": ("step", "predict", "step_predict"), "vocabulary": "questions"},
-    "next_item": {"graphs": ("step", "recommend", "step_recommend"), "vocabulary": "items"},
+    "knowledge_tracing": {"graphs": ("step", "predict", "step_predict"), "vocabulary": "questions", "state": True},
+    "next_item": {"graphs": ("step", "recommend", "step_recommend"), "vocabulary": "items", "state": True},
+    "srs": {"graphs": ("predict",), "vocabulary": None, "state": False},
 }
-MANIFEST_KEYS = ("name", "version", "family", "task", "created", "state", "graphs", "vocabularies")
+MANIFEST_KEYS = ("name", "version", "family", "task", "created", "graphs")  # every task
+# srs: what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
+SRS_INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
+              "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "card": "int64",
+              "deck": "int64", "time": "float64"}
+SRS_OUTPUTS = ("rating_probs", "recall", "duration_s")
+# The layout of the reviews the service stores per srs user (nextstep/service/srs.py): part of the state key's
+# schema hash together with the window sizes. Change it whenever srs.py changes how it stores reviews.
+SRS_STATE_LAYOUT = "srs-reviews-v1: card count, recent block and per-card fields of rows (seq i8, card i8, " \
+    "deck i8, time f8, duration f4, rating i1, state i1); ids as signed BLAKE2b-64"
 ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int64)": "int64",
                "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(float16)": "float16"}
 
@@ -66,10 +78,12 @@ class LoadedModel:
     state_spec: list[dict]  # [{name, shape (per entity), dtype, file, ...}] in the order the graphs take them
     initial_state: dict[str, np.ndarray]  # per entity (no batch axis), read-only
     ids: list[str]  # external question / item ids in index order: model index = position + 2 (0 padding, 1 unknown)
-    schema: str  # hash of (name, version, state layout): part of every state key
+    schema: str  # hash of (name, version, state layout): part of every state key (srs: of the stored layout, not
+    # the version; srs_schema_hash)
     sessions: dict[str, ort.InferenceSession]  # the task's graphs, by name
     input_names: dict[str, list[str]]  # per graph, in the session's order
     state_nbytes: int  # size of one serialised state
+    window: tuple[int, int] = (0, 0)  # srs: (size, card_size) of the review window the model reads; else (0, 0)
     _index: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -125,6 +139,13 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:12]
 
 
+def srs_schema_hash(name: str, size: int, card_size: int) -> str:
+    """An srs user's stored state is their raw reviews, not model tensors: any version of a model that reads
+    windows of the same sizes can use it, so the hash covers the storage layout and the window sizes but not
+    the version (a new version keeps its users' histories; one with other window sizes starts afresh)."""
+    return hashlib.sha256(json.dumps([name, SRS_STATE_LAYOUT, size, card_size]).encode()).hexdigest()[:12]
+
+
 def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
     """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault."""
 
@@ -139,9 +160,14 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         raise fail(f"manifest.json is not valid JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise fail("manifest.json is not a JSON object")
-    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    task = TASKS.get(str(manifest.get("task")))
+    required = MANIFEST_KEYS + (("state",) if task is None or task["state"] else ()) \
+        + (("vocabularies",) if task is None or task["vocabulary"] else ())
+    missing = [k for k in required if k not in manifest]
     if missing:
         raise fail(f"manifest.json lacks {missing}")
+    if task is None:
+        raise fail(f"task {manifest['task']!r} is not one the service answers ({sorted(TASKS)})")
 
     def file(relative: str, what: str) -> Path:
         p = path / str(relative)
@@ -150,7 +176,9 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         return p
 
     # state: spec, initial values, serialised size
-    spec = manifest["state"]
+    spec = manifest.get("state", [])
+    if not task["state"] and spec:
+        raise fail(f"an {manifest['task']} model has no state tensors, the manifest lists {len(spec)}")
     initial, nbytes = {}, 0
     for s in spec:
         try:
@@ -164,10 +192,6 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         value.flags.writeable = False
         initial[name] = value
         nbytes += value.nbytes
-
-    task = TASKS.get(str(manifest["task"]))
-    if task is None:
-        raise fail(f"task {manifest['task']!r} is not one the service answers ({sorted(TASKS)})")
 
     # graphs: open each, check it takes what the manifest declares (and the state tensors)
     graphs, sessions, input_names = manifest["graphs"], {}, {}
@@ -192,19 +216,38 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         if [o.name for o in session.get_outputs()] != declared_out:
             raise fail(f"{g} graph outputs {[o.name for o in session.get_outputs()]}, manifest declares "
                        f"{declared_out}")
+        if manifest["task"] == "srs":
+            wrong = [(n, t) for n, t in actual if n not in SRS_INPUTS or ONNX_DTYPES.get(t) != SRS_INPUTS[n]]
+            if wrong:
+                raise fail(f"{g} graph takes {wrong}, which the service does not feed (it feeds {SRS_INPUTS})")
+            if not set(SRS_OUTPUTS) <= set(declared_out):
+                raise fail(f"{g} graph outputs {declared_out}, the service needs {list(SRS_OUTPUTS)}")
         sessions[g], input_names[g] = session, [name for name, _ in actual]
 
     # vocabulary and responses
+    ids: list[str] = []
     kind = task["vocabulary"]
-    vocab_file = file(manifest["vocabularies"].get(kind, ""), f"{kind} vocabulary")
-    try:
-        ids = [str(i) for i in json.loads(vocab_file.read_text())["ids"]]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})") from None
-    if len(set(ids)) != len(ids):
-        raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids")
-    n_cats = 0
-    if manifest["task"] == "knowledge_tracing":
+    if kind:
+        vocab_file = file(manifest["vocabularies"].get(kind, ""), f"{kind} vocabulary")
+        try:
+            ids = [str(i) for i in json.loads(vocab_file.read_text())["ids"]]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})") from None
+        if len(set(ids)) != len(ids):
+            raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids")
+    n_cats, window = 0, (0, 0)
+    name, version = path.parent.name, path.name
+    schema = schema_hash(name, version, spec)
+    if manifest["task"] == "srs":
+        w = manifest.get("window")
+        try:
+            window = (int(w["size"]), int(w["card_size"]))
+        except (KeyError, TypeError, ValueError):
+            raise fail(f"manifest window {w!r} is not {{size, card_size}} as integers") from None
+        if window[0] < 1 or window[1] < 0:
+            raise fail(f"manifest window {w!r}: size must be >= 1 and card_size >= 0")
+        schema = srs_schema_hash(name, *window)
+    elif manifest["task"] == "knowledge_tracing":
         try:
             n_cats = int(manifest["responses"]["n_cats"])
         except (KeyError, TypeError, ValueError):
@@ -212,11 +255,10 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
     elif not isinstance(manifest.get("top_k"), int) or manifest["top_k"] < 1:
         raise fail("manifest top_k missing or not a positive integer")
 
-    name, version = path.parent.name, path.name
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
-        manifest=manifest, n_cats=n_cats, state_spec=spec, initial_state=initial, ids=ids,
-        schema=schema_hash(name, version, spec), sessions=sessions, input_names=input_names, state_nbytes=nbytes)
+        manifest=manifest, n_cats=n_cats, state_spec=spec, initial_state=initial, ids=ids, schema=schema,
+        sessions=sessions, input_names=input_names, state_nbytes=nbytes, window=window)
 
 
 @dataclass(frozen=True)

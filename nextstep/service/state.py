@@ -10,6 +10,11 @@ de-duplication window) so a replayed event can be recognised with `seen` and ski
 `seen` and then writing is race-free because the write is conditional on the version: if another
 writer applied the same id in between, the version moved and the CAS fails.
 
+A key may also hold *companion fields*: named byte strings written by the same compare-and-set as the
+blob and read, by name, in the same round trip (`read(..., fields=...)`). They let an entity keep data
+that is large in total but read a little at a time (the spaced-repetition task keeps each card's recent
+reviews in one field, so a read costs the cards asked for, not all of them).
+
 Two stores share this contract:
 
 * `RedisStore`     -- the deployment store; any replica serves any learner, restarts lose nothing.
@@ -24,7 +29,7 @@ import asyncio
 import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -42,6 +47,8 @@ class StoredState:
     events: int  # number of events absorbed so far
     updated: float | None  # unix seconds of the last write, None when absent
     blob: bytes | None  # the serialised state, None when absent
+    fields: Mapping[str, bytes] = field(default_factory=dict, compare=False)  # companion fields asked for by
+    # `read(fields=...)` that exist; empty otherwise (not part of equality: a state is its version and blob)
 
     @property
     def exists(self) -> bool:
@@ -59,8 +66,10 @@ class StoreUnavailable(RuntimeError):
 class StateStore(Protocol):
     async def get(self, key: str) -> StoredState: ...
 
-    async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
-        """`get` and `seen` together, in one round trip where the backend allows."""
+    async def read(self, key: str, event_ids: Sequence[str] = (), fields: Sequence[str] = ()
+                   ) -> tuple[StoredState, set[str]]:
+        """`get` and `seen` together, in one round trip where the backend allows. With `fields`, the state's
+        `fields` holds those of the named companion fields that exist, read atomically with the state."""
         ...
 
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
@@ -68,15 +77,17 @@ class StateStore(Protocol):
         ...
 
     async def compare_and_set(
-        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
+        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),
+        fields: Mapping[str, bytes] | None = None,
     ) -> StoredState | None:
         """Atomically, if the current version == `expected_version`: write `blob`, version + 1,
-        events += `added_events`, updated = now, record `event_ids`, refresh the TTL, and return
-        the new state. Otherwise write nothing and return None (re-read and retry)."""
+        events += `added_events`, updated = now, record `event_ids`, set the companion `fields` given (others
+        are kept), refresh the TTL, and return the new state. Otherwise write nothing and return None
+        (re-read and retry)."""
         ...
 
     async def delete(self, key: str) -> bool:
-        """Remove the state and its event ids; True if there was something to remove."""
+        """Remove the state, its companion fields and its event ids; True if there was something to remove."""
         ...
 
     async def ping(self) -> None:
@@ -105,6 +116,7 @@ class _Entry:
     updated: float | None = None
     blob: bytes | None = None
     ids: dict[str, None] = field(default_factory=dict)  # applied ids, insertion order = oldest first
+    fields: dict[str, bytes] = field(default_factory=dict)  # companion fields
     expires_at: float = math.inf  # time.monotonic() deadline
 
 
@@ -155,16 +167,19 @@ class InProcessStore:
             entry = self._live(key, time.monotonic())
             return set() if entry is None else {i for i in event_ids if i in entry.ids}
 
-    async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
+    async def read(self, key: str, event_ids: Sequence[str] = (), fields: Sequence[str] = ()
+                   ) -> tuple[StoredState, set[str]]:
         async with self._lock:
             entry = self._live(key, time.monotonic())
             if entry is None:
                 return ABSENT, set()
-            state = StoredState(entry.version, entry.events, entry.updated, entry.blob)
+            values = {f: entry.fields[f] for f in fields if f in entry.fields}
+            state = StoredState(entry.version, entry.events, entry.updated, entry.blob, values)
             return state, {i for i in event_ids if i in entry.ids}
 
     async def compare_and_set(
-        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
+        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),
+        fields: Mapping[str, bytes] | None = None,
     ) -> StoredState | None:
         async with self._lock:
             now = time.monotonic()
@@ -176,6 +191,8 @@ class InProcessStore:
             entry.events += added_events
             entry.updated = self._clock()
             entry.blob = bytes(blob)
+            if fields:
+                entry.fields.update((str(name), bytes(value)) for name, value in fields.items())
             for event_id in event_ids:
                 entry.ids.setdefault(event_id, None)  # a replayed id keeps its original place
             while len(entry.ids) > self._max_ids:  # trim the oldest beyond the window
@@ -217,8 +234,9 @@ local function find(s, fp)
 end
 """
 
-# KEYS[1] state hash, KEYS[2] buckets, KEYS[3] ring.
-# ARGV: expected_version, blob, added_events, now, ttl_ms (0 = no expiry), max_ids, fingerprints...
+# KEYS[1] state hash, KEYS[2] buckets, KEYS[3] ring, KEYS[4] companion fields.
+# ARGV: expected_version, blob, added_events, now, ttl_ms (0 = no expiry), max_ids, n_fields,
+#       n_fields (name, value) pairs, fingerprints...
 _CAS_LUA = _FIND_LUA + r"""
 local function forget(fp)
   local field = string.sub(fp, 1, 1)
@@ -234,7 +252,9 @@ if version ~= tonumber(ARGV[1]) then return false end
 version = version + 1
 local events = redis.call('HINCRBY', KEYS[1], 'events', ARGV[3])
 redis.call('HSET', KEYS[1], 'version', version, 'blob', ARGV[2], 'updated', ARGV[4])
-if #ARGV > 6 then
+local first_fp = 8 + 2 * tonumber(ARGV[7])
+for i = 8, first_fp - 1, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+if #ARGV >= first_fp then
   local width = tonumber(ARGV[6])
   local n = tonumber(redis.call('HGET', KEYS[1], 'ids') or '0')
   local held = redis.call('STRLEN', KEYS[3]) / 8
@@ -248,7 +268,7 @@ if #ARGV > 6 then
     redis.call('SET', KEYS[3], table.concat(kept))
     n = width
   end
-  for i = 7, #ARGV do
+  for i = first_fp, #ARGV do
     local fp = ARGV[i]
     local bucket = redis.call('HGET', KEYS[2], string.sub(fp, 1, 1)) or ''
     if not find(bucket, fp) then  -- a replayed id keeps its place
@@ -312,13 +332,15 @@ def _state(reply: list) -> StoredState:
 
 class RedisStore:
     """State in Redis: a HASH per key (version/events/updated/blob, and `ids`: how many event ids were
-    ever recorded) and the replay window of the newest `max_event_ids` applied event ids, kept as 8-byte
+    ever recorded), a HASH `<key>:fields` of its companion fields (only where some were written), and the
+    replay window of the newest `max_event_ids` applied event ids, kept as 8-byte
     fingerprints in `<key>:ids` (a HASH of 256 buckets, for lookups) and `<key>:ring` (a STRING, the
-    order in which they are forgotten); all three share the TTL. A fingerprint is BLAKE2b-64 of the id: a
+    order in which they are forgotten); all of them share the TTL. A fingerprint is BLAKE2b-64 of the id: a
     new id is taken for a replay only if its fingerprint equals one of the window's, about
     `max_event_ids / 2**64` (5e-16 at 10,000) per event.
 
-    Redis keys are `<key_prefix>:{<key>}`, `<key_prefix>:{<key>}:ids` and `<key_prefix>:{<key>}:ring`:
+    Redis keys are `<key_prefix>:{<key>}`, `<key_prefix>:{<key>}:ids`, `<key_prefix>:{<key>}:ring` and
+    `<key_prefix>:{<key>}:fields`:
     the braces are a Redis Cluster hash tag, putting the keys of the CAS script in one slot, and they also
     keep a caller key ending in ":ids" from colliding with another key's window.
 
@@ -349,10 +371,10 @@ class RedisStore:
         self._scripts = {name: (hashlib.sha1(lua.encode()).hexdigest(), lua)
                          for name, lua in (("cas", _CAS_LUA),)}
 
-    def _keys(self, key: str) -> tuple[str, str, str]:
-        """The state hash, the replay window's buckets and its ring."""
+    def _keys(self, key: str) -> tuple[str, str, str, str]:
+        """The state hash, the replay window's buckets and its ring, the companion fields."""
         state = f"{self._prefix}:{{{key}}}"
-        return state, f"{state}:ids", f"{state}:ring"
+        return state, f"{state}:ids", f"{state}:ring", f"{state}:fields"
 
     async def _call(self, what: str, *commands: bytes) -> list:
         """Send commands in one write; connectivity failures and "cannot serve" replies -> StoreUnavailable."""
@@ -392,8 +414,11 @@ class RedisStore:
         (buckets,) = await self._call("seen", pack(b"HMGET", self._keys(key)[1], *(f[:1] for f in fingerprints)))
         return _in_window(event_ids, fingerprints, buckets)
 
-    async def read(self, key: str, event_ids: Sequence[str] = ()) -> tuple[StoredState, set[str]]:
-        state_key, ids_key, _ = self._keys(key)
+    async def read(self, key: str, event_ids: Sequence[str] = (), fields: Sequence[str] = ()
+                   ) -> tuple[StoredState, set[str]]:
+        state_key, ids_key, _, fields_key = self._keys(key)
+        if fields:
+            return await self._read_fields(state_key, ids_key, fields_key, event_ids, fields)
         if not event_ids:
             (reply,) = await self._call("read", pack(b"HMGET", state_key, *_FIELDS))
             return _state(reply), set()
@@ -402,12 +427,34 @@ class RedisStore:
                                           pack(b"HMGET", ids_key, *(f[:1] for f in fingerprints)))
         return _state(reply), _in_window(event_ids, fingerprints, buckets)
 
+    async def _read_fields(self, state_key: str, ids_key: str, fields_key: str, event_ids: Sequence[str],
+                           fields: Sequence[str]) -> tuple[StoredState, set[str]]:
+        """The state, the seen ids and the companion fields in one MULTI/EXEC: one round trip (the commands go
+        in one write), and one point in time, so the fields always belong to the version read."""
+        fingerprints = [_fingerprint(i) for i in event_ids]
+        commands = [pack(b"MULTI"), pack(b"HMGET", state_key, *_FIELDS)]
+        if fingerprints:
+            commands.append(pack(b"HMGET", ids_key, *(f[:1] for f in fingerprints)))
+        commands += [pack(b"HMGET", fields_key, *fields), pack(b"EXEC")]
+        replies = (await self._call("read", *commands))[-1]
+        for reply in replies:  # errors inside a transaction come back inside EXEC's reply
+            if isinstance(reply, ReplyError):
+                raise rexc.ResponseError(str(reply))
+        state, values = _state(replies[0]), replies[-1]
+        seen = _in_window(event_ids, fingerprints, replies[1]) if fingerprints else set()
+        if state.version == 0:
+            return state, seen
+        found = {name: value for name, value in zip(fields, values, strict=True) if value is not None}
+        return StoredState(state.version, state.events, state.updated, state.blob, found), seen
+
     async def compare_and_set(
-        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = ()
+        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),
+        fields: Mapping[str, bytes] | None = None,
     ) -> StoredState | None:
         now = self._clock()
-        args = (expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids,
-                *(_fingerprint(i) for i in event_ids))
+        pairs = [part for name, value in (fields or {}).items() for part in (str(name), bytes(value))]
+        args = (expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids, len(pairs) // 2,
+                *pairs, *(_fingerprint(i) for i in event_ids))
         (reply,) = await self._eval("compare_and_set", "cas", self._keys(key), args)
         if reply is None:
             return None

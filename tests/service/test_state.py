@@ -127,6 +127,43 @@ def test_read_returns_state_and_seen_ids_together(open_store: Opener) -> None:
     asyncio.run(body())
 
 
+def test_companion_fields_are_written_by_the_cas_and_read_with_the_state(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store() as store:
+            assert (await store.read(KEY, ["e1"], fields=["a"]))[0] == ABSENT
+            await store.compare_and_set(KEY, 0, b"v1", 1, ["e1"], fields={"a": b"\x00A\r\n", "b": b"B"})
+            state, seen = await store.read(KEY, ["e1", "e2"], fields=["b", "a", "missing"])
+            assert (state.version, state.blob, seen) == (1, b"v1", {"e1"})
+            assert state.fields == {"a": b"\x00A\r\n", "b": b"B"}  # absent fields are left out
+            assert (await store.read(KEY, fields=["a"]))[0].fields == {"a": b"\x00A\r\n"}
+            assert (await store.read(KEY))[0].fields == {} and (await store.get(KEY)).fields == {}
+            # a stale CAS writes no field; a later one overwrites the fields it names and keeps the others
+            assert await store.compare_and_set(KEY, 0, b"lost", 1, fields={"a": b"lost", "c": b"lost"}) is None
+            await store.compare_and_set(KEY, 1, b"v2", 1, fields={"a": b"A2"})
+            state, _ = await store.read(KEY, fields=["a", "b", "c"])
+            assert (state.blob, state.fields) == (b"v2", {"a": b"A2", "b": b"B"})
+            assert await store.delete(KEY) is True
+            assert (await store.read(KEY, fields=["a", "b"]))[0] == ABSENT
+            fresh = await store.compare_and_set(KEY, 0, b"v", 1)
+            assert fresh is not None and (await store.read(KEY, fields=["a"]))[0].fields == {}
+
+    asyncio.run(body())
+
+
+def test_companion_fields_share_the_ttl(open_store: Opener) -> None:
+    async def body() -> None:
+        async with open_store(ttl_seconds=0.3) as store:
+            await store.compare_and_set(KEY, 0, b"x", 1, fields={"a": b"1"})
+            await asyncio.sleep(0.2)
+            await store.compare_and_set(KEY, 1, b"y", 1)  # refreshes the fields' TTL too
+            await asyncio.sleep(0.2)
+            assert (await store.read(KEY, fields=["a"]))[0].fields == {"a": b"1"}
+            await asyncio.sleep(0.2)
+            assert (await store.read(KEY, fields=["a"]))[0] == ABSENT
+
+    asyncio.run(body())
+
+
 def test_ttl_expires_state_and_ids_and_writes_refresh_it(open_store: Opener) -> None:
     async def body() -> None:
         async with open_store(ttl_seconds=0.4) as store:
@@ -238,10 +275,17 @@ def test_redis_key_layout_and_ttl(redis_url: str) -> None:
             window = (state_key, f"{state_key}:ids", f"{state_key}:ring")
             for k in window:
                 assert 59_000 < await raw.pttl(k) <= 60_000
+            # companion fields: a hash of their own, written by the CAS, with the same TTL
+            await store.compare_and_set(KEY, 1, b"blob", 0, fields={"card-1": b"rows"})
+            assert await raw.hgetall(f"{state_key}:fields") == {b"card-1": b"rows"}
+            assert 59_000 < await raw.pttl(f"{state_key}:fields") <= 60_000
+            window += (f"{state_key}:fields",)
             # ttl_seconds=None: no expiry, and a write removes an expiry set under an older setting
             forever = RedisStore(redis_url, ttl_seconds=None, key_prefix="ns")
-            await forever.compare_and_set(KEY, 1, b"blob", 1, ["c"])
-            assert [await raw.pttl(k) for k in window] == [-1, -1, -1]
+            await forever.compare_and_set(KEY, 2, b"blob", 1, ["c"])
+            assert [await raw.pttl(k) for k in window] == [-1, -1, -1, -1]
+            assert await forever.delete(KEY) and not await raw.exists(*window)
+            await forever.compare_and_set(KEY, 0, b"blob", 1)
             await forever.close()
             # a caller key ending in ":ids" cannot collide with another key's id set
             assert await store.compare_and_set(KEY + ":ids", 0, b"x", 1) is not None

@@ -1,0 +1,435 @@
+"""Spaced repetition (task "srs"), protocol-neutral: record reviews, predict a review, schedule cards.
+
+The model (nextstep/models/time_aware.py, exported by nextstep/training/time_aware_export.py) is one
+stateless graph, `predict`, that answers a query (card, deck, time) from a window of the user's earlier
+reviews. Which reviews make the window is `nextstep.review_window.select` (the query card's last
+`card_size` reviews plus the user's most recent ones, up to `size`), the rule training used; this module
+only keeps enough of each user's log to apply it, and calls it.
+
+State per user, under `srs:<model>:<schema>:<user>` (the schema hash covers the storage layout and the
+window sizes, not the model version: the reviews are data, and a new version reading windows of the same
+sizes goes on from them; see registry.srs_schema_hash):
+
+* the blob: the number of distinct cards reviewed (int64) followed by the user's last `size` reviews (the
+  recent block), oldest first;
+* a companion field per card id (state.py's `fields`): that card's last `card_size` reviews.
+
+Each stored review is a fixed 38-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
+the review count is the next one), the card and deck as int64, the time, the duration, rating and state.
+A request reads the blob and only the fields of the cards it names, in one round trip, and writes them
+back with one compare-and-set, so the cost of a request does not grow with the number of cards a user has.
+The review count is the store's event counter.
+
+Ids. The graph only compares card and deck ids for equality, so the service maps its string ids to int64
+with a stable hash (`id_hash`: the first 8 bytes of BLAKE2b, as a signed little-endian integer). Two ids
+collide with probability about n^2 / 2^65 for n distinct ids of one user (1e-12 at 5,000 cards), and a
+collision would only make the model treat two cards (or decks) as one. The card's field is its string id,
+so the stored histories themselves never mix.
+
+Writes. Reviews must come in time order (equal times are fine), within a request and after the user's last
+stored review; an older one is a 422 naming it and nothing is written. Event ids make replays idempotent
+(the store's replay window, NEXTSTEP_MAX_EVENT_IDS ids per user); a replay that has left the window is
+refused by the time order (unless it has the last review's very time) rather than counted twice. Users
+live for years: their store has no TTL unless NEXTSTEP_SRS_TTL_SECONDS sets one.
+
+Scheduling searches time with the model (`schedule`): recall at `now` for all cards in one batched call,
+then for the cards not yet due a log-spaced grid from 1 minute to the horizon, then batched bisection (in
+log time) of the first grid interval where the predicted recall crosses the desired retention.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time as _time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..review_window import select
+from .kt import Engines, InvalidInput
+from .registry import LoadedModel, ModelRegistry
+from .state import StateStore, StoredState
+from .writes import Writers, unapplied
+
+TASK = "srs"
+ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
+                ("rating", "i1"), ("state", "i1")])  # packed: 38 bytes
+_HEADER = np.dtype("<i8")  # distinct cards reviewed
+MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
+GRID_POINTS = 48  # schedule: log-spaced query times from GRID_START to the horizon
+GRID_START = 60.0  # seconds after `now`
+RECALL_TOLERANCE = 0.002  # schedule: bisection stops once |p_recall - retention| is within this
+MIN_INTERVAL = 1.0  # ... or once the bracketing interval is shorter than this many seconds
+MAX_STEPS = 64
+MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a schedule's grid goes in several calls,
+# so that requests queued meanwhile (the calls share one ONNX Runtime thread) wait for one call, not the grid
+_PAD = {"card": 0, "deck": 0, "time": 0.0, "rating": 1, "duration": 0.0, "state": -1}  # as the export's parity check
+
+
+def id_hash(value: str) -> int:
+    """A string id as the int64 the graph compares: the first 8 bytes of BLAKE2b, signed little-endian."""
+    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def check_time(value: float, field: str) -> float:
+    """Unix seconds: finite, >= 0, and not a millisecond timestamp."""
+    if not math.isfinite(value) or value < 0:
+        raise InvalidInput(field, f"{value!r} is not a unix time in seconds (finite, >= 0)")
+    if value > MS_LOOKING:
+        raise InvalidInput(field, f"{value!r} looks like milliseconds: times are unix seconds")
+    return value
+
+
+@dataclass(frozen=True)
+class Review:
+    card_id: str
+    time: float  # unix seconds
+    rating: int  # 1..4
+    deck_id: str = ""
+    duration: float | None = None  # seconds; None unknown
+    state: int | None = None  # 0..3; None unknown
+    event_id: str | None = None
+
+
+@dataclass
+class History:
+    """What one read returns for a user: the recent block, the fields read, the card count, the stored state."""
+
+    stored: StoredState
+    recent: np.ndarray  # ROW, oldest first, at most `size`
+    cards: dict[str, np.ndarray]  # card id -> ROW, that card's last `card_size` reviews (only the cards read)
+    n_cards: int
+
+    @property
+    def count(self) -> int:  # reviews so far = the next sequence number
+        return int(self.recent["seq"][-1]) + 1 if len(self.recent) else 0
+
+    @property
+    def last_time(self) -> float | None:
+        return float(self.recent["time"][-1]) if len(self.recent) else None
+
+
+def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
+    if not blob:
+        return np.zeros(0, dtype=ROW)
+    if (len(blob) - offset) % ROW.itemsize:
+        raise ValueError(f"stored reviews of {len(blob) - offset} bytes are not whole {ROW.itemsize}-byte rows")
+    return np.frombuffer(blob, dtype=ROW, offset=offset)
+
+
+def _decode(stored: StoredState) -> History:
+    if stored.blob is None:
+        return History(stored, np.zeros(0, dtype=ROW), {}, 0)
+    n_cards = int(np.frombuffer(stored.blob, dtype=_HEADER, count=1)[0])
+    cards = {card: _rows(value) for card, value in stored.fields.items()}
+    return History(stored, _rows(stored.blob, _HEADER.itemsize), cards, n_cards)
+
+
+def _encode(recent: np.ndarray, n_cards: int) -> bytes:
+    return np.array(n_cards, dtype=_HEADER).tobytes() + np.ascontiguousarray(recent, dtype=ROW).tobytes()
+
+
+def window(model: LoadedModel, history: History, card_id: str) -> np.ndarray:
+    """The rows (ROW, oldest first) the model sees for a query on `card_id` after the user's reviews so far,
+    chosen by review_window.select from the recent block and the card's own rows."""
+    size, card_size = model.window
+    n, recent = history.count, history.recent
+    card_rows = history.cards.get(card_id, np.zeros(0, dtype=ROW))
+    seqs = select(card_rows["seq"], n, size, card_size)
+    first_recent = n - len(recent)
+    older = seqs[seqs < first_recent]  # only the card's rows can be older than the recent block
+    at = np.searchsorted(card_rows["seq"], older)
+    if len(older) and not np.array_equal(card_rows["seq"][np.minimum(at, len(card_rows) - 1)], older):
+        raise RuntimeError(f"stored reviews of card {card_id!r} lack rows {older.tolist()} that the window needs")
+    return np.concatenate([card_rows[at], recent[seqs[seqs >= first_recent] - first_recent]])
+
+
+def _width(rows: int, size: int) -> int:
+    """Columns to pad a window of `rows` (<= size) to: the next power of two, at least 8 and at most `size`, so
+    that requests with windows of similar lengths can share an ONNX Runtime call."""
+    return max(1, min(size, 1 << max(3, (max(rows, 1) - 1).bit_length())))
+
+
+def history_feeds(windows: Sequence[np.ndarray], width: int) -> dict[str, np.ndarray]:
+    """The graph's hist_* inputs for these windows, each left-padded (hist_valid False) to `width` columns."""
+    out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype)
+           for name, fill, dtype in (("card", 0, np.int64), ("deck", 0, np.int64), ("time", 0.0, np.float64),
+                                     ("rating", 1, np.int64), ("duration", 0.0, np.float32),
+                                     ("state", -1, np.int64))}
+    out["hist_valid"] = np.zeros((len(windows), width), dtype=bool)
+    for i, w in enumerate(windows):
+        if len(w):
+            for name in _PAD:
+                out[f"hist_{name}"][i, width - len(w):] = w[name]
+            out["hist_valid"][i, width - len(w):] = True
+    return out
+
+
+def _new_rows(reviews: Sequence[Review], first_seq: int) -> np.ndarray:
+    rows = np.zeros(len(reviews), dtype=ROW)
+    rows["seq"] = np.arange(first_seq, first_seq + len(reviews))
+    rows["card"] = [id_hash(r.card_id) for r in reviews]
+    rows["deck"] = [id_hash(r.deck_id) for r in reviews]
+    rows["time"] = [r.time for r in reviews]
+    rows["duration"] = [np.nan if r.duration is None else r.duration for r in reviews]
+    rows["rating"] = [r.rating for r in reviews]
+    rows["state"] = [-1 if r.state is None else r.state for r in reviews]
+    return rows
+
+
+def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
+    """What a review must be, whatever the stored history: the field of the first fault is named."""
+    previous = -math.inf
+    for i, r in enumerate(reviews):
+        at = f"{field}[{i}]"
+        if not r.card_id:
+            raise InvalidInput(f"{at}.card_id", "must not be empty")
+        if not isinstance(r.rating, int) or not 1 <= r.rating <= 4:
+            raise InvalidInput(f"{at}.rating", f"{r.rating!r} is not a rating 1..4 (Again, Hard, Good, Easy)")
+        check_time(r.time, f"{at}.time")
+        if r.time < previous:
+            raise InvalidInput(f"{at}.time", f"{r.time!r} is before the previous review's {previous!r}: reviews "
+                                             "must be in time order")
+        previous = r.time
+        if r.duration is not None and not (math.isfinite(r.duration) and 0 <= r.duration <= 1e6):
+            raise InvalidInput(f"{at}.duration", f"{r.duration!r} is not a duration in seconds (0..1e6)")
+        if r.state is not None and not 0 <= r.state <= 3:
+            raise InvalidInput(f"{at}.state", f"{r.state!r} is not a card state 0..3")
+
+
+class SpacedRepetition:
+    def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
+                 on_retry=None):
+        self.registry, self.store, self.engines = registry, store, engines
+        self.writers = Writers(cas_retries, on_retry)
+
+    def model(self, name: str) -> LoadedModel:
+        return self.registry.get(name, task=TASK)
+
+    @staticmethod
+    def key(model: LoadedModel, user_id: str) -> str:
+        return f"srs:{model.name}:{model.schema}:{user_id}"
+
+    async def _read(self, key: str, cards: Sequence[str], event_ids: Sequence[str] = ()) -> tuple[History, set]:
+        stored, seen = await self.store.read(key, event_ids, fields=list(dict.fromkeys(cards)))
+        return _decode(stored), seen
+
+    async def _run(self, model: LoadedModel, hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray,
+                   decks: np.ndarray, times: np.ndarray) -> dict[str, np.ndarray]:
+        """The graph's outputs for queries (cards[i], decks[i], times[i]) on the windows hist[which[i]], in calls
+        of at most MAX_CELLS history cells (so a big schedule neither builds nor runs one huge batch)."""
+        names = [o.name for o in model.sessions["predict"].get_outputs()]
+        step = max(1, MAX_CELLS // hist["hist_valid"].shape[1])
+        parts = []
+        for lo in range(0, len(which), step):
+            rows = which[lo:lo + step]
+            feed = {name: value[rows] for name, value in hist.items()}
+            feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step])
+            outs = await self.engines.run(model, "predict", feed)
+            parts.append(dict(zip(names, outs, strict=True)))
+        return {name: np.concatenate([p[name] for p in parts]) for name in ("rating_probs", "recall", "duration_s")}
+
+    async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
+                      at: float) -> dict:
+        rows = window(model, history, card_id)
+        hist = history_feeds([rows], _width(len(rows), model.window[0]))
+        out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([id_hash(card_id)]),
+                              np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
+        probs = out["rating_probs"][0].tolist()
+        return {"card_id": card_id, "deck_id": deck_id, "time": at,
+                "p_rating": {str(k + 1): p for k, p in enumerate(probs)}, "p_recall": float(out["recall"][0]),
+                "expected_duration_s": float(out["duration_s"][0]), "history_used": len(rows),
+                "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
+
+    @staticmethod
+    def _query_time(history: History, at: float | None, field: str) -> float:
+        """`at`, checked against the user's last review; absent: now (or the last review, if that is later)."""
+        last = history.last_time
+        if at is None:
+            return max(_time.time(), last) if last is not None else _time.time()
+        check_time(at, field)
+        if last is not None and at < last:
+            raise InvalidInput(field, f"{at!r} is before the user's last review at {last!r}")
+        return at
+
+    # ------------------------------------------------------------------ operations
+
+    async def add_reviews(self, model_name: str, user_id: str, reviews: list[Review],
+                          predict: tuple[str, str, float | None] | None = None) -> dict:
+        """Append reviews (in time order, after the stored ones; replayed event ids are applied once) and
+        optionally predict one query (card_id, deck_id, time) afterwards, in one read and one write."""
+        model = self.model(model_name)
+        check_reviews(reviews)
+        if predict is not None and not predict[0]:
+            raise InvalidInput("predict.card_id", "must not be empty")
+        size, card_size = model.window
+        key = self.key(model, user_id)
+        event_ids = [r.event_id for r in reviews]
+        asked = [r.card_id for r in reviews] + ([predict[0]] if predict is not None else [])
+        async with self.writers.lock(key):
+            async for _ in self.writers.attempts(f"user {user_id!r}"):
+                history, already = await self._read(key, asked, [i for i in event_ids if i is not None])
+                fresh, fresh_ids = unapplied(event_ids, already)
+                last = history.last_time
+                if fresh and last is not None and reviews[fresh[0]].time < last:
+                    i = fresh[0]
+                    raise InvalidInput(f"reviews[{i}].time", f"{reviews[i].time!r} is before the user's last stored "
+                                                             f"review at {last!r}: reviews must be in time order")
+                new = _new_rows([reviews[i] for i in fresh], history.count)
+                recent = np.concatenate([history.recent, new])[-size:]
+                touched: dict[str, np.ndarray] = {}
+                n_cards = history.n_cards
+                for j, i in enumerate(fresh):
+                    card = reviews[i].card_id
+                    if card not in touched:
+                        old = history.cards.get(card)
+                        if old is None:
+                            n_cards += 1
+                            old = np.zeros(0, dtype=ROW)
+                        touched[card] = old
+                    touched[card] = np.concatenate([touched[card], new[j:j + 1]])[-card_size:] if card_size \
+                        else touched[card][:0]
+                after = History(history.stored, recent, {**history.cards, **touched}, n_cards)
+                at = None
+                if predict is not None:  # checked before anything is written
+                    at = self._query_time(after, predict[2], "predict.time")
+                if fresh:
+                    written = await self.store.compare_and_set(
+                        key, history.stored.version, _encode(recent, n_cards), len(fresh), fresh_ids,
+                        fields={card: rows.tobytes() for card, rows in touched.items()})
+                    if written is None:
+                        self.writers.lost(model)
+                        continue
+                else:
+                    written = history.stored
+                result = {"user_id": user_id, "model": model.name, "version": model.version,
+                          "applied": len(fresh), "replayed": len(reviews) - len(fresh),
+                          "reviews_total": written.events, "last_review_time": after.last_time,
+                          "state_version": written.version, "prediction": None}
+                if predict is not None:
+                    result["prediction"] = await self._answer(model, after, predict[0], predict[1], at)
+                return result
+
+    async def predict(self, model_name: str, user_id: str, card_id: str, deck_id: str = "",
+                      at: float | None = None) -> dict:
+        """P(rating), P(recall) and the expected answer time of a review of `card_id` at `at` (default now)."""
+        model = self.model(model_name)
+        if not card_id:
+            raise InvalidInput("card_id", "must not be empty")
+        if at is not None:
+            check_time(at, "time")
+        history, _ = await self._read(self.key(model, user_id), [card_id])
+        at = self._query_time(history, at, "time")
+        answer = await self._answer(model, history, card_id, deck_id, at)
+        return {"user_id": user_id, "model": model.name, "version": model.version,
+                "reviews_total": history.stored.events, **answer}
+
+    async def schedule(self, model_name: str, user_id: str, cards: list[tuple[str, str]], retention: float,
+                       now: float | None = None, horizon_days: float = 36500.0) -> dict:
+        """Per card, the time at which the predicted recall falls to `retention`.
+
+        One batched call evaluates every card at `now`; the cards not yet due are then evaluated at GRID_POINTS
+        log-spaced times from GRID_START seconds to the horizon (batched, in calls of at most MAX_CELLS cells).
+        For a card whose recall is above `retention` at one grid point and at or below it at the next, that
+        interval is bisected in log time, all such cards in one call per step, until the recall is within
+        RECALL_TOLERANCE of `retention` or the interval is shorter than MIN_INTERVAL seconds (then the
+        interval's end, where recall is at or below `retention`). Status: `due_now` when recall is already at
+        or below `retention` at `now`, `beyond_horizon` when it stays above it at every grid point up to the
+        horizon (due = the horizon), else `scheduled`. The model's recall need not fall monotonically: the
+        first crossing on the grid is the one searched."""
+        model = self.model(model_name)
+        if not cards:
+            raise InvalidInput("cards", "at least one card is needed")
+        if not 0 < retention < 1:
+            raise InvalidInput("desired_retention", f"{retention!r} is not a probability strictly between 0 and 1")
+        if not (math.isfinite(horizon_days) and 0 < horizon_days * 86400 <= 1e10):
+            raise InvalidInput("horizon_days", f"{horizon_days!r} is not a horizon in days (0 < days <= 115740)")
+        for i, (card, _) in enumerate(cards):
+            if not card:
+                raise InvalidInput(f"cards[{i}].card_id", "must not be empty")
+        if now is not None:
+            check_time(now, "now")
+        history, _ = await self._read(self.key(model, user_id), [c for c, _ in cards])
+        now = self._query_time(history, now, "now")
+        horizon = horizon_days * 86400.0
+        offsets = np.concatenate([[0.0], np.geomspace(min(GRID_START, horizon), horizon, GRID_POINTS)])
+        windows = [window(model, history, card) for card, _ in cards]
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]))
+        card_ids = np.array([id_hash(c) for c, _ in cards], dtype=np.int64)
+        deck_ids = np.array([id_hash(d) for _, d in cards], dtype=np.int64)
+        n, g = len(cards), len(offsets)
+        # recall at `now` first: a card already due needs no grid (overdue cards are common)
+        recall, duration = np.full((n, g), np.inf), np.zeros((n, g))
+        first = await self._run(model, hist, np.arange(n), card_ids, deck_ids, np.full(n, now))
+        recall[:, 0], duration[:, 0] = first["recall"], first["duration_s"]
+        rest = np.flatnonzero(recall[:, 0] > retention)
+        if len(rest):
+            which = np.repeat(rest, g - 1)
+            grid = await self._run(model, hist, which, card_ids[which], deck_ids[which],
+                                   now + np.tile(offsets[1:], len(rest)))
+            recall[rest, 1:] = grid["recall"].reshape(len(rest), g - 1)
+            duration[rest, 1:] = grid["duration_s"].reshape(len(rest), g - 1)
+
+        results: list[dict | None] = [None] * n
+        lo, hi = np.zeros(n), np.zeros(n)
+        at_hi = np.zeros((n, 2))  # recall and duration at `hi`
+        active = []
+        for i in range(n):
+            below = recall[i] <= retention
+            if below[0]:
+                results[i] = self._due(cards[i], "due_now", now, now, recall[i, 0], duration[i, 0])
+            elif not below.any():
+                results[i] = self._due(cards[i], "beyond_horizon", now, now + horizon, recall[i, -1], duration[i, -1])
+            else:
+                k = int(np.argmax(below))
+                if abs(recall[i, k] - retention) <= RECALL_TOLERANCE:
+                    results[i] = self._due(cards[i], "scheduled", now, now + offsets[k], recall[i, k], duration[i, k])
+                else:
+                    lo[i], hi[i], at_hi[i] = offsets[k - 1], offsets[k], (recall[i, k], duration[i, k])
+                    active.append(i)
+        for _ in range(MAX_STEPS):
+            if not active:
+                break
+            mid = np.array([math.sqrt(lo[i] * hi[i]) if lo[i] > 0 else hi[i] / 2 for i in active])
+            rows = np.array(active)
+            out = await self._run(model, hist, rows, card_ids[rows], deck_ids[rows], now + mid)
+            still = []
+            for j, i in enumerate(active):
+                p, d = float(out["recall"][j]), float(out["duration_s"][j])
+                if abs(p - retention) <= RECALL_TOLERANCE:
+                    results[i] = self._due(cards[i], "scheduled", now, now + mid[j], p, d)
+                    continue
+                if p > retention:
+                    lo[i] = mid[j]
+                else:
+                    hi[i], at_hi[i] = mid[j], (p, d)
+                if hi[i] - lo[i] < MIN_INTERVAL:
+                    results[i] = self._due(cards[i], "scheduled", now, now + hi[i], *at_hi[i])
+                else:
+                    still.append(i)
+            active = still
+        for i in active:  # out of steps (only with a pathological model): the interval's end
+            results[i] = self._due(cards[i], "scheduled", now, now + hi[i], *at_hi[i])
+        return {"user_id": user_id, "model": model.name, "version": model.version, "now": now,
+                "desired_retention": retention, "horizon_days": horizon_days, "reviews_total": history.stored.events,
+                "cards": results}
+
+    @staticmethod
+    def _due(card: tuple[str, str], status: str, now: float, due: float, recall, duration) -> dict:
+        return {"card_id": card[0], "deck_id": card[1], "status": status, "due": float(due),
+                "interval_days": (float(due) - now) / 86400.0, "p_recall_at_due": float(recall),
+                "expected_duration_s": float(duration)}
+
+    async def summary(self, model_name: str, user_id: str) -> dict:
+        model = self.model(model_name)
+        history = _decode(await self.store.get(self.key(model, user_id)))
+        stored = history.stored
+        return {"user_id": user_id, "model": model.name, "version": model.version, "exists": stored.exists,
+                "reviews_total": stored.events, "last_review_time": history.last_time, "cards": history.n_cards,
+                "state_version": stored.version, "last_update": stored.updated}
+
+    async def delete(self, model_name: str, user_id: str) -> bool:
+        model = self.model(model_name)
+        return await self.store.delete(self.key(model, user_id))

@@ -1,0 +1,516 @@
+"""Spaced repetition end to end: real HTTP into the app, real ONNX Runtime on an exported time-aware model
+(trained for one epoch on a generated log), real Redis (or the in-process store)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import hypothesis
+import numpy as np
+import onnxruntime as ort
+import pytest
+import redis.asyncio as aioredis
+import schemathesis
+import torch
+
+from nextstep.models.time_aware import TimeAwareConfig, Window
+from nextstep.review_window import select
+from nextstep.service.registry import load_artifact
+from nextstep.service.settings import Settings
+from nextstep.service.srs import GRID_POINTS, GRID_START, ROW, id_hash
+from nextstep.service.state import RedisStore
+from nextstep.training.reviews import ReviewLog
+from nextstep.training.time_aware_export import INPUTS, export_time_aware
+from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
+
+SIZE, CARD_SIZE = 32, 4  # small windows, so a few hundred reviews exercise the card-history rule
+CONFIG = TimeAwareConfig(d_model=16, n_layers=1, ffn_dim=32, t2v_dim=4, window=SIZE, card_window=CARD_SIZE)
+T0 = 1_767_225_600.0  # 2026-01-01 UTC
+DAY = 86400.0
+
+
+def review_log(seed: int, n: int = 300, n_cards: int = 40, days: float = 60.0) -> list[dict]:
+    """One user's reviews as the API takes them: 40 cards in 3 decks over `days` days, in time order; the
+    rating follows a forgetting curve (recall 0.5 ** (days / half-life), the half-life growing 2.5x with each
+    recall and halving with each lapse), so that even a briefly trained model predicts recall that falls
+    with time. Some durations and states are unknown (null)."""
+    rng = np.random.default_rng(seed)
+    times = np.sort(T0 + rng.uniform(0, days * DAY, n))
+    stability, last = np.full(n_cards, 2.0), np.full(n_cards, np.nan)
+    out = []
+    for i, t in enumerate(times):
+        c = int(rng.integers(n_cards))
+        first = np.isnan(last[c])
+        p = 0.7 if first else 0.5 ** ((t - last[c]) / DAY / stability[c])
+        rating = int(rng.integers(2, 5)) if rng.random() < p else 1
+        stability[c] = stability[c] * 2.5 if rating > 1 else max(0.5, stability[c] / 2)
+        last[c] = t
+        review = {"card_id": f"card-{c}", "deck_id": f"deck-{c % 3}", "time": float(t), "rating": rating,
+                  "event_id": f"r-{seed}-{i}"}
+        if i % 7:
+            review["duration"] = float(np.round(rng.lognormal(1.8, 0.5), 3))
+        if i % 5:
+            review["state"] = 0 if first else (2 if rating > 1 else 3)
+        out.append(review)
+    return out
+
+
+def as_log(reviews: list[dict], query: dict | None = None) -> ReviewLog:
+    """The reviews (and a query appended as one more row: its outcome is never read) as a one-user ReviewLog
+    with the service's integer coding of card and deck ids."""
+    rows = reviews + ([{**query, "rating": 1}] if query else [])
+    return ReviewLog(
+        ["u"], np.array([0, len(rows)]), np.array([id_hash(r["card_id"]) for r in rows], dtype=np.int64),
+        np.array([id_hash(r.get("deck_id", "")) for r in rows], dtype=np.int64),
+        np.array([r["time"] for r in rows], dtype=np.float64), np.array([r["rating"] for r in rows], dtype=np.int64),
+        np.array([np.nan if r.get("duration") is None else r["duration"] for r in rows], dtype=np.float32),
+        np.array([-1 if r.get("state") is None else r["state"] for r in rows], dtype=np.int64),
+        np.full(len(rows), -1, dtype=np.int64))
+
+
+@pytest.fixture(scope="session")
+def srs_model(tmp_path_factory):
+    """(artifacts dir with time_aware/1, the PyTorch model): the time-aware model trained for a few epochs on
+    three generated users (600 reviews), exported through the real exporter (which checks parity)."""
+    root = tmp_path_factory.mktemp("srs")
+    log = as_log([r for seed in (101, 102, 103) for r in review_log(seed, n=200)])
+    log.offsets = np.array([0, 200, 400, 600])
+    log.user_ids = ["a", "b", "c"]
+    rt = ReviewTensors(log, SIZE, CARD_SIZE)
+    threads = torch.get_num_threads()
+    try:
+        model, _ = fit(rt, np.arange(len(log)), CONFIG,
+                       TimeAwareTrainConfig(max_epochs=5, batch_size=64, lr=3e-3, seed=0, threads=1))
+    finally:
+        torch.set_num_threads(threads)
+    examples = rt.batch(torch.tensor([150, 199, 350, 599]))
+    seq = Window(*(torch.stack([x[:12], x[200:212]]) for x in (rt.card, rt.deck, rt.time, rt.rating, rt.duration,
+                                                                rt.state)), torch.ones(2, 12, dtype=torch.bool))
+    export_time_aware(model, root / "artifacts" / "time_aware" / "1",
+                      manifest={"name": "time_aware", "version": "1", "created": "2026-01-01T00:00:00Z"},
+                      examples=(*examples[0], *examples[1:]), sequence=seq)
+    return root / "artifacts", model
+
+
+@pytest.fixture(params=["in-process", "redis"])
+def store_url(request) -> str | None:
+    return request.getfixturevalue("redis_url") if request.param == "redis" else None
+
+
+def post_all(http: httpx.Client, user: str, reviews: list[dict], chunk: int) -> list[dict]:
+    replies = []
+    for lo in range(0, len(reviews), chunk):
+        reply = http.post("/v1/srs/time_aware/reviews", json={"user_id": user, "reviews": reviews[lo:lo + chunk]})
+        assert reply.status_code == 200, reply.text
+        replies.append(reply.json())
+    return replies
+
+
+@functools.cache
+def onnx_session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at) -> tuple[dict, np.ndarray]:
+    """The exported graph on the window review_window.select picks from the raw log (no padding), for a
+    query at `at` (a time, or an array of times: one row each)."""
+    n = len(reviews)
+    card_seq = np.array([i for i, r in enumerate(reviews) if r["card_id"] == card], dtype=np.int64)
+    seqs = select(card_seq, n, SIZE, CARD_SIZE)
+    log = as_log(reviews)
+    if len(seqs):
+        hist = [log.card[seqs], log.deck[seqs], log.time[seqs], log.rating[seqs], log.duration[seqs],
+                log.state[seqs], np.ones(len(seqs), dtype=bool)]
+    else:  # an empty window: one padding row
+        hist = [np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.ones(1, np.int64),
+                np.zeros(1, np.float32), np.full(1, -1, np.int64), np.zeros(1, dtype=bool)]
+    times = np.atleast_1d(np.asarray(at, dtype=np.float64))
+    b = len(times)
+    feeds = [np.repeat(h[None], b, axis=0) for h in hist] + [np.full(b, id_hash(card)), np.full(b, id_hash(deck)),
+                                                             times]
+    probs, recall, duration = onnx_session(art / "time_aware" / "1" / "predict.onnx").run(
+        None, dict(zip(INPUTS, feeds, strict=True)))
+    if np.ndim(at) == 0:
+        probs, recall, duration = probs[0], recall[0], duration[0]
+    return {"probs": probs, "recall": recall, "duration": duration}, seqs
+
+
+def offline_eager(model, reviews: list[dict], card: str, deck: str, at: float) -> dict:
+    """The PyTorch model through the training code's own windows (ReviewTensors: user_windows), the query
+    appended to the log as its last review."""
+    log = as_log(reviews, {"card_id": card, "deck_id": deck, "time": at})
+    out = predict(model, ReviewTensors(log, SIZE, CARD_SIZE), np.array([len(reviews)]))
+    return {"probs": out["rating_probs"][0], "recall": out["recall"][0], "duration": out["duration_s"][0]}
+
+
+def check_answer(got: dict, want: dict, atol: float = 1e-5) -> None:
+    np.testing.assert_allclose([got["p_rating"][k] for k in "1234"], want["probs"], atol=atol)
+    np.testing.assert_allclose(got["p_recall"], want["recall"], atol=atol)
+    np.testing.assert_allclose(got["expected_duration_s"], want["duration"], atol=atol, rtol=1e-5)
+
+
+def test_served_predictions_equal_the_offline_model(srs_model, store_url, serve):
+    art, model = srs_model
+    reviews = review_log(7)
+    last = reviews[-1]["time"]
+    counts = {}
+    for r in reviews:
+        counts[r["card_id"]] = counts.get(r["card_id"], 0) + 1
+    often = max(counts, key=counts.get)
+    stale = next(r["card_id"] for r in reviews if counts[r["card_id"]] > CARD_SIZE
+                 and all(x["card_id"] != r["card_id"] for x in reviews[-SIZE:]))
+    queries = [(often, "deck-x", last), (often, "deck-0", last + 3 * DAY),
+               (stale, "deck-1", last + 600.0), (stale, "deck-2", last + 40 * DAY), ("card-new", "deck-0", last + 1),
+               ("card-new", "", last + 10 * DAY), (reviews[-1]["card_id"], reviews[-1]["deck_id"], last)]
+    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
+        replies = post_all(http, "learner", reviews, 64)
+        assert [r["applied"] for r in replies] == [64, 64, 64, 64, 44] and replies[-1]["reviews_total"] == 300
+        older_rows_used = False
+        for card, deck, at in queries:
+            reply = http.post("/v1/srs/time_aware/predict", json={"user_id": "learner", "card_id": card,
+                                                                   "deck_id": deck, "time": at})
+            assert reply.status_code == 200, reply.text
+            got = reply.json()
+            want, seqs = offline_onnx(art, reviews, card, deck, at)
+            check_answer(got, want)
+            check_answer(got, offline_eager(model, reviews, card, deck, at))
+            assert got["history_used"] == len(seqs) and got["reviews_total"] == 300
+            assert got["card_reviews"] == sum(reviews[s]["card_id"] == card for s in seqs)
+            assert abs(sum(got["p_rating"].values()) - 1) < 1e-5
+            older_rows_used |= bool(len(seqs)) and int(seqs[0]) < len(reviews) - SIZE
+        assert older_rows_used, "no query used the card's rows from before the recent block"
+        # an unknown user: an empty window, the model's prior
+        fresh = http.post("/v1/srs/time_aware/predict", json={"user_id": "nobody", "card_id": "c", "time": T0}).json()
+        check_answer(fresh, offline_onnx(art, [], "c", "", T0)[0])
+        assert fresh["history_used"] == 0 and fresh["reviews_total"] == 0
+        # the prediction asked with the reviews is the one /predict gives afterwards
+        more = review_log(8, n=5, days=1)
+        for r in more:
+            r["time"] += last + DAY
+        both = http.post("/v1/srs/time_aware/reviews", json={
+            "user_id": "learner", "reviews": more, "predict": {"card_id": stale, "deck_id": "deck-1"}}).json()
+        assert both["applied"] == 5 and both["reviews_total"] == 305
+        assert both["prediction"]["time"] == more[-1]["time"]  # no time given, the clock is behind: the last review
+        check_answer(both["prediction"], offline_onnx(art, reviews + more, stale, "deck-1", more[-1]["time"])[0])
+        summary = http.get("/v1/srs/time_aware/users/learner").json()
+        assert summary["reviews_total"] == 305 and summary["last_review_time"] == more[-1]["time"]
+        assert summary["cards"] == len({r["card_id"] for r in reviews + more}) and summary["exists"]
+        assert http.delete("/v1/srs/time_aware/users/learner").json()["deleted"] is True
+        assert http.get("/v1/srs/time_aware/users/learner").json()["exists"] is False
+        assert http.delete("/v1/srs/time_aware/users/learner").json()["deleted"] is False
+
+
+def test_one_by_one_equals_one_batch_and_replays_apply_once(srs_model, store_url, serve):
+    art, _ = srs_model
+    reviews = review_log(11, n=120)
+    queries = [(f"card-{c}", f"deck-{c % 3}", reviews[-1]["time"] + dt) for c, dt in ((1, 0), (5, DAY), (39, 9 * DAY))]
+
+    def answers(http, user):
+        return [http.post("/v1/srs/time_aware/predict", json={"user_id": user, "card_id": c, "deck_id": d,
+                                                               "time": t}).json() for c, d, t in queries]
+
+    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
+        singles = post_all(http, "one-by-one", reviews, 1)
+        assert all(r["applied"] == 1 for r in singles) and singles[-1]["reviews_total"] == 120
+        batch = post_all(http, "batch", reviews, 120)[0]
+        assert batch["applied"] == 120 and batch["replayed"] == 0 and batch["state_version"] == 1
+        one, whole = (http.get(f"/v1/srs/time_aware/users/{u}").json() for u in ("one-by-one", "batch"))
+        for k in ("reviews_total", "last_review_time", "cards"):
+            assert one[k] == whole[k]
+        for a, b in zip(answers(http, "one-by-one"), answers(http, "batch"), strict=True):
+            assert {k: v for k, v in a.items() if k != "user_id"} == {k: v for k, v in b.items() if k != "user_id"}
+        # replays: the whole batch again changes nothing; a batch half old, half new applies the new half
+        again = post_all(http, "batch", reviews, 120)[0]
+        assert (again["applied"], again["replayed"], again["reviews_total"], again["state_version"]) == (0, 120, 120, 1)
+        more = review_log(12, n=10, days=1)
+        for r in more:
+            r["time"] += reviews[-1]["time"]
+        mixed = post_all(http, "batch", reviews[-10:] + more, 20)[0]
+        assert (mixed["applied"], mixed["replayed"], mixed["reviews_total"]) == (10, 10, 130)
+        # an id repeated within one request is one review
+        dup = http.post("/v1/srs/time_aware/reviews", json={"user_id": "dup", "reviews": [reviews[0], reviews[0]]})
+        assert (dup.json()["applied"], dup.json()["replayed"]) == (1, 1)
+
+
+def test_schedule_due_times_meet_the_desired_retention(srs_model, store_url, serve):
+    """Statuses follow the model's recall on the search grid (computed here offline); at each scheduled due
+    time an independent /predict gives recall within 0.01 of the retention, and no grid point before it is
+    at or below the retention (the first crossing; the model's recall need not fall monotonically)."""
+    art, _ = srs_model
+    reviews = review_log(21)
+    now = reviews[-1]["time"] + 3600
+    cards = [{"card_id": f"card-{c}", "deck_id": f"deck-{c % 3}"} for c in range(0, 40, 4)] + \
+        [{"card_id": "never-seen", "deck_id": "deck-0"}]
+    horizon = 36500 * DAY
+    offsets = np.concatenate([[0.0], np.geomspace(GRID_START, horizon, GRID_POINTS)])
+    curves = np.array([offline_onnx(art, reviews, c["card_id"], c["deck_id"], now + offsets)[0]["recall"]
+                       for c in cards])
+    # one retention per card with a crossing on the grid, and one shared by all (mixed statuses)
+    dips = [(i, float(curve[0] + curve.min()) / 2) for i, curve in enumerate(curves) if curve.min() < curve[0] - 0.02]
+    assert len(dips) >= 3, "the test model's recall hardly changes with time"
+    shared = float(np.median(curves[:, 0]))
+    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
+        post_all(http, "u", reviews, 100)
+
+        def predict(card, at):
+            reply = http.post("/v1/srs/time_aware/predict", json={"user_id": "u", **card, "time": at})
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        def schedule(indices, retention, **extra):
+            body = {"user_id": "u", "cards": [cards[i] for i in indices], "now": now, "desired_retention": retention}
+            reply = http.post("/v1/srs/time_aware/schedule", json={**body, **extra})
+            assert reply.status_code == 200, reply.text
+            got = reply.json()
+            assert got["now"] == now and [c["card_id"] for c in got["cards"]] == [cards[i]["card_id"] for i in indices]
+            return got["cards"]
+
+        def check(i, due, retention):
+            curve = curves[i]
+            expected = "due_now" if curve[0] <= retention else \
+                "beyond_horizon" if (curve > retention).all() else "scheduled"
+            assert due["status"] == expected, (i, due, retention)
+            at_due = predict(cards[i], due["due"])
+            assert abs(at_due["p_recall"] - due["p_recall_at_due"]) < 1e-5
+            assert abs(at_due["expected_duration_s"] - due["expected_duration_s"]) < 1e-4
+            if expected == "scheduled":
+                assert now < due["due"] and abs(at_due["p_recall"] - retention) <= 0.01, (i, due, retention)
+                assert (curve[offsets < due["due"] - now - 1e-6] > retention).all()
+            elif expected == "due_now":
+                assert due["due"] == now
+            else:
+                assert due["due"] == pytest.approx(now + horizon)
+
+        for i, retention in dips:
+            (due,) = schedule([i], retention)
+            assert due["status"] == "scheduled"
+            check(i, due, retention)
+        everything = schedule(range(len(cards)), shared)
+        for i, due in enumerate(everything):
+            check(i, due, shared)
+        assert {d["status"] for d in everything} >= {"due_now"}
+        # beyond a short horizon: a retention no card falls to within 864 s
+        low = schedule([1], 0.001, horizon_days=0.01)[0]
+        assert low["status"] == "beyond_horizon" and low["due"] == pytest.approx(now + 864.0)
+        assert low["p_recall_at_due"] == pytest.approx(predict(cards[1], now + 864.0)["p_recall"], abs=1e-5)
+        # no `now`: the current time
+        before = time.time()
+        default = http.post("/v1/srs/time_aware/schedule", json={"user_id": "u", "cards": [cards[1]],
+                                                                 "desired_retention": 0.9}).json()
+        assert before <= default["now"] <= time.time()
+
+
+BAD = [
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": 5}]}, 422, "rating"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": 0}]}, 422, "rating"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": "3"}]}, 422, "rating"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0 * 1000, "rating": 3}]}, 422, "seconds"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": -1, "rating": 3}]}, 422, "time"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": 3}, {"card_id": "c", "time": T0 - 1, "rating": 3}]},
+     422, "reviews[1].time"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0 - DAY, "rating": 3}]}, 422, "reviews[0].time"),
+    ("reviews", {"reviews": [{"card_id": "", "time": T0, "rating": 3}]}, 422, "card_id"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": 3, "duration": -2}]}, 422, "duration"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": 3, "state": 4}]}, 422, "state"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": 3, "grade": 3}]}, 422, "grade"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0, "rating": 3}] * 6}, 413, "reviews"),
+    ("reviews", {"reviews": []}, 422, "reviews"),
+    ("reviews", {"reviews": [{"card_id": "c", "time": T0 + 5, "rating": 3}], "predict": {"card_id": "c", "time": T0}},
+     422, "predict.time"),
+    ("predict", {"card_id": "c", "time": T0 - 1}, 422, "time"),
+    ("predict", {"card_id": "", "time": T0}, 422, "card_id"),
+    ("predict", {"card_id": "c", "time": 1.7e12}, 422, "seconds"),
+    ("schedule", {"cards": [{"card_id": "c"}], "desired_retention": 1.5}, 422, "desired_retention"),
+    ("schedule", {"cards": [{"card_id": "c"}], "desired_retention": 0}, 422, "desired_retention"),
+    ("schedule", {"cards": [{"card_id": "c"}], "desired_retention": 0.9, "now": T0 - 1}, 422, "now"),
+    ("schedule", {"cards": [{"card_id": "c"}], "desired_retention": 0.9, "horizon_days": 0}, 422, "horizon_days"),
+    ("schedule", {"cards": [], "desired_retention": 0.9}, 422, "cards"),
+    ("schedule", {"cards": [{"card_id": "c"}] * 4, "desired_retention": 0.9}, 413, "cards"),
+]
+
+
+def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(srs_model, serve):
+    art, _ = srs_model
+    settings = Settings(artifacts_dir=art, max_events=5, srs_max_schedule_cards=3)
+    with serve(settings) as url, httpx.Client(base_url=url) as http:
+        seed = {"user_id": "u", "reviews": [{"card_id": "c", "time": T0, "rating": 3}]}
+        assert http.post("/v1/srs/time_aware/reviews", json=seed).status_code == 200
+        before = http.get("/v1/srs/time_aware/users/u").json()
+        for path, body, status, field in BAD:
+            reply = http.post(f"/v1/srs/time_aware/{path}", json={"user_id": "u", **body})
+            assert reply.status_code == status, (path, body, reply.text)
+            assert field in reply.text, (path, body, reply.text)
+        assert http.get("/v1/srs/time_aware/users/u").json() == before
+        assert http.post("/v1/srs/time_aware/predict", json={"user_id": "", "card_id": "c"}).status_code == 422
+        assert http.get("/v1/srs/time_aware/users/" + "x" * 201).status_code == 422
+        missing = http.post("/v1/srs/nope/predict", json={"user_id": "u", "card_id": "c"})
+        assert missing.status_code == 404 and "time_aware" in missing.json()["error"]
+        # an srs model is not a knowledge-tracing one
+        assert http.post("/v1/kt/time_aware/predict", json={"student_id": "u", "question_ids": [1]}).status_code == 404
+        models = {m["name"]: m for m in http.get("/v1/models").json()["models"]}
+        assert models["time_aware"]["task"] == "srs"
+        assert models["time_aware"]["window"] == {"size": SIZE, "card_size": CARD_SIZE}
+
+
+def test_a_knowledge_tracing_model_is_not_served_on_the_srs_routes(srs_model, artifacts, tmp_path, serve):
+    art, _ = srs_model
+    kt_art, _ = artifacts
+    both = tmp_path / "artifacts"
+    shutil.copytree(art / "time_aware", both / "time_aware")
+    shutil.copytree(kt_art / "deep_gpcm", both / "deep_gpcm")
+    with serve(Settings(artifacts_dir=both)) as url, httpx.Client(base_url=url) as http:
+        for path, body in (("predict", {"user_id": "u", "card_id": "3"}),
+                           ("reviews", {"user_id": "u", "reviews": [{"card_id": "3", "time": T0, "rating": 2}]}),
+                           ("schedule", {"user_id": "u", "cards": [{"card_id": "3"}], "desired_retention": 0.9})):
+            reply = http.post(f"/v1/srs/deep_gpcm/{path}", json=body)
+            assert reply.status_code == 404 and "knowledge_tracing" in reply.json()["error"], reply.text
+        assert http.get("/v1/srs/deep_gpcm/users/u").status_code == 404
+        assert http.post("/v1/srs/time_aware/predict", json={"user_id": "u", "card_id": "3"}).status_code == 200
+
+
+def test_state_survives_a_restart_and_never_expires_by_default(srs_model, redis_url, serve):
+    art, _ = srs_model
+    reviews = review_log(31, n=80)
+    query = {"user_id": "kept", "card_id": "card-3", "deck_id": "deck-0", "time": reviews[-1]["time"] + DAY}
+    settings = Settings(artifacts_dir=art, redis_url=redis_url)
+    with serve(settings) as url, httpx.Client(base_url=url) as http:
+        post_all(http, "kept", reviews, 30)
+        before = http.post("/v1/srs/time_aware/predict", json=query).json()
+    with serve(settings) as url, httpx.Client(base_url=url) as http:  # nothing in memory: all from Redis
+        after = http.post("/v1/srs/time_aware/predict", json=query).json()
+        assert after == before and after["reviews_total"] == 80
+
+    async def ttls(pattern: str) -> dict:
+        raw = aioredis.Redis.from_url(redis_url)
+        try:
+            return {k.decode(): await raw.pttl(k) async for k in raw.scan_iter(pattern)}
+        finally:
+            await raw.aclose()
+
+    keys = asyncio.run(ttls("*srs:time_aware:*"))
+    assert {k.rsplit("}", 1)[1] for k in keys} == {"", ":fields", ":ids", ":ring"}
+    assert set(keys.values()) == {-1}  # no expiry
+    with serve(Settings(artifacts_dir=art, redis_url=redis_url, srs_ttl_seconds=60)) as url:
+        httpx.post(f"{url}/v1/srs/time_aware/reviews", json={"user_id": "kept", "reviews": [
+            {"card_id": "card-1", "time": reviews[-1]["time"] + 1, "rating": 3}]}).raise_for_status()
+    assert all(50_000 < ttl <= 60_000 for ttl in asyncio.run(ttls("*srs:time_aware:*")).values())
+
+
+def test_concurrent_reviews_are_all_applied_exactly_once(srs_model, store_url, serve):
+    """50 clients post reviews for one user at once (with Redis: through two service instances, whose writes
+    race on the compare-and-set); then all of them again, as replays."""
+    art, _ = srs_model
+    clients, per_client = 50, 3
+    cards = [(c * 7 + j) % 60 for c in range(clients) for j in range(per_client)]
+    total = clients * per_client
+
+    async def drive(urls: list[str], replay: bool) -> None:
+        https = [httpx.AsyncClient(base_url=u, timeout=30, limits=httpx.Limits(max_connections=clients))
+                 for u in urls]
+
+        async def client(c: int):
+            http = https[c % len(https)]
+            for j in range(per_client):
+                body = {"user_id": "busy", "reviews": [{"card_id": f"card-{cards[c * per_client + j]}",
+                                                        "time": T0 + 1.0, "rating": 1 + (c + j) % 4,
+                                                        "event_id": f"{c}-{j}"}]}
+                reply = await http.post("/v1/srs/time_aware/reviews", json=body)
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["applied"] == (0 if replay else 1)
+
+        try:
+            await asyncio.gather(*(client(c) for c in range(clients)))
+        finally:
+            for http in https:
+                await http.aclose()
+
+    def retries(url: str) -> float:
+        text = httpx.get(f"{url}/metrics").text
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith('nextstep_cas_retries_total{model="time_aware"}'))
+
+    settings = Settings(artifacts_dir=art, redis_url=store_url)
+    with contextlib.ExitStack() as running:
+        urls = [running.enter_context(serve(settings)) for _ in range(2 if store_url else 1)]
+        url = urls[0]
+        for u in urls:  # one request first: FastAPI builds an app's routes on its first request, and two apps
+            httpx.get(f"{u}/v1/srs/time_aware/users/warm-up")  # building the same routers at once warn
+        asyncio.run(drive(urls, replay=False))
+        first = httpx.get(f"{url}/v1/srs/time_aware/users/busy").json()
+        assert first["reviews_total"] == total and first["cards"] == len(set(cards))
+        if store_url:
+            assert sum(retries(u) for u in urls) > 0, "the two instances never raced"
+        asyncio.run(drive(urls, replay=True))
+        again = httpx.get(f"{url}/v1/srs/time_aware/users/busy").json()
+        assert again["reviews_total"] == total and again["state_version"] == first["state_version"]
+    if store_url:  # what is stored: the last SIZE reviews, numbered without gaps, and each card's last rows
+        async def stored():
+            store = RedisStore(store_url, ttl_seconds=None)
+            key = f"srs:time_aware:{load_artifact(art / 'time_aware' / '1').schema}:busy"
+            try:
+                return await store.read(key, fields=[f"card-{k}" for k in range(60)])
+            finally:
+                await store.close()
+
+        state, _ = asyncio.run(stored())
+        recent = np.frombuffer(state.blob, dtype=ROW, offset=8)
+        assert recent["seq"].tolist() == list(range(total - SIZE, total))
+        seqs = [np.frombuffer(v, dtype=ROW)["seq"] for v in state.fields.values()]
+        assert [len(s) for s in seqs] == [min(CARD_SIZE, cards.count(int(k.split("-")[1]))) for k in state.fields]
+        assert all((np.diff(s) > 0).all() for s in seqs)
+        everything = np.concatenate(seqs)
+        assert len(np.unique(everything)) == len(everything) and everything.max() < total
+
+
+def test_redis_outage_gives_503_and_recovers(srs_model, redis_process, serve):
+    art, _ = srs_model
+    body = {"user_id": "u", "reviews": [{"card_id": "c", "time": T0, "rating": 3}]}
+    with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url, \
+            httpx.Client(base_url=url, timeout=10) as http:
+        redis_process.stop()
+        for method, path, payload in (("POST", "/v1/srs/time_aware/reviews", body),
+                                      ("POST", "/v1/srs/time_aware/predict", {"user_id": "u", "card_id": "c"}),
+                                      ("GET", "/v1/srs/time_aware/users/u", None)):
+            reply = http.request(method, path, json=payload)
+            assert reply.status_code == 503 and "unavailable" in reply.json()["error"], (path, reply.text)
+        redis_process.start()
+        assert http.post("/v1/srs/time_aware/reviews", json=body).json()["applied"] == 1
+
+
+def test_versions_share_a_users_reviews_unless_the_window_changes(srs_model, tmp_path):
+    art, _ = srs_model
+    v1 = load_artifact(art / "time_aware" / "1")
+    assert v1.task == "srs" and v1.window == (SIZE, CARD_SIZE) and not v1.state_spec and not v1.ids
+    shutil.copytree(art / "time_aware" / "1", tmp_path / "time_aware" / "2")
+    assert load_artifact(tmp_path / "time_aware" / "2").schema == v1.schema
+    manifest = json.loads((tmp_path / "time_aware" / "2" / "manifest.json").read_text())
+    manifest["window"]["card_size"] = CARD_SIZE + 1
+    (tmp_path / "time_aware" / "2" / "manifest.json").write_text(json.dumps(manifest))
+    assert load_artifact(tmp_path / "time_aware" / "2").schema != v1.schema
+
+
+SCHEMA = schemathesis.openapi.from_path(Path(__file__).resolve().parents[2] / "openapi" / "openapi.json")
+
+
+@pytest.fixture(scope="module")
+def srs_url(srs_model, serve):
+    art, _ = srs_model
+    with serve(Settings(artifacts_dir=art, max_events=20, srs_max_schedule_cards=5)) as url:
+        yield url
+
+
+@SCHEMA.include(path_regex="^/v1/srs/").parametrize()
+@hypothesis.settings(max_examples=25, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+def test_no_server_errors_on_the_srs_routes(case, srs_url):
+    """Generated requests (from the committed OpenAPI document) against a real srs model: never a 5xx."""
+    if case.path_parameters:
+        case.path_parameters["model"] = "time_aware"
+    response = case.call(base_url=srs_url, timeout=30)
+    assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
