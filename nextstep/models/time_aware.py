@@ -211,6 +211,9 @@ class TimeAwareTransformer(nn.Module):
             self.gap_head = nn.Linear(d, 2)
             nn.init.zeros_(self.gap_head.weight)
             nn.init.zeros_(self.gap_head.bias)
+        # (scale, shift) applied to the three threshold logits: identity while training, then fitted on held-out
+        # reviews (time_aware_loop.calibrate); a positive scale keeps the thresholds ordered
+        self.register_buffer("calibration", torch.tensor([1.0, 0.0]))
         self.duration = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         with torch.no_grad():
             self.duration[-1].bias.fill_(2.0)  # log(1 + ~7 s)
@@ -296,6 +299,7 @@ class TimeAwareTransformer(nn.Module):
         b1 = self.first_threshold
         g1, g2 = gaps[..., :1], gaps[..., 1:]
         tl = torch.cat([s + b1, s + b1 - g1, s + b1 - g1 - g2], dim=-1)  # (..., 3), decreasing in k
+        tl = tl * self.calibration[0] + self.calibration[1]
         above = torch.sigmoid(tl)  # P(rating > k), k = 1..3
         one = torch.ones_like(above[..., :1])
         zero = torch.zeros_like(above[..., :1])

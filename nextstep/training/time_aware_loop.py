@@ -34,6 +34,7 @@ class TimeAwareTrainConfig:
     seed: int = 0
     threads: int | None = None
     device: str = "cpu"  # e.g. "cuda" for sweeps; the reported figures are CPU runs
+    calibrate: bool = True  # fit the thresholds' (scale, shift) on the validation reviews after training
     model: dict = field(default_factory=dict)  # TimeAwareConfig overrides
 
     def to_dict(self) -> dict:
@@ -146,8 +147,47 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
                 break
     model.load_state_dict(best_state)
     model.cpu().eval()
+    calibration = calibrate(model, rt, valid_rows) if tcfg.calibrate else None
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
-                   "n_valid": len(valid_rows), "seconds": time.perf_counter() - start}
+                   "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
+
+
+@torch.no_grad()
+def _threshold_logits(model, rt: ReviewTensors, rows: np.ndarray) -> torch.Tensor:
+    parts = []
+    for lo in range(0, len(rows), 1024):
+        w, card, deck, t = rt.batch(torch.from_numpy(rows[lo:lo + 1024]))
+        parts.append(model(w, card, deck, t).threshold_logits)
+    return torch.cat(parts) if parts else torch.zeros(0, 3)
+
+
+def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int = 200) -> list | None:
+    """Platt-scale the rating thresholds on held-out reviews: (scale, shift) minimising the CORAL loss of
+    scale * logits + shift on the scored ones (card last seen on an earlier day, the reviews the protocol
+    scores). The model's own thresholds come from early-stopped training and drift with the seed; two
+    parameters fitted on the latest reviews before the test block correct the overall level and spread.
+    Left at the identity when there are fewer than `min_rows` such reviews."""
+    rows = rows[rt.log.elapsed_days[rows] > 0]
+    if len(rows) < min_rows:
+        return None
+    model.calibration.copy_(torch.tensor([1.0, 0.0]))
+    logits = _threshold_logits(model, rt, rows).double()
+    target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
+    log_scale = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    shift = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_scale, shift], max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        z = logits * log_scale.exp() + shift
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z, target)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    scale, offset = float(log_scale.exp()), float(shift)
+    model.calibration.copy_(torch.tensor([scale, offset]))
+    return [scale, offset]
 
 
 @torch.no_grad()

@@ -111,3 +111,27 @@ def test_evaluate_scores_an_artifact_as_is_on_a_review_log(artifact, capsys):
     assert result["n_scored"] == trained["n_scored"]
     for key in ("log_loss", "rmse_bins", "auc", "rating_ce", "duration_mae_s"):
         assert np.isfinite(result[key]), key
+
+
+def test_calibration_is_a_positive_affine_map_fitted_on_held_out_reviews(log):
+    from nextstep.models.time_aware import coral_loss
+    from nextstep.training.time_aware_loop import calibrate
+
+    cfg = TimeAwareConfig(**SMALL)
+    rt = ReviewTensors(log, cfg.window, cfg.card_window)
+    model, info = fit(rt, np.arange(len(log) // 2), cfg,
+                      TimeAwareTrainConfig(max_epochs=2, batch_size=128, calibrate=False))
+    assert info["calibration"] is None and model.calibration.tolist() == [1.0, 0.0]
+    held = np.arange(len(log) // 2, len(log))
+    held = held[log.elapsed_days[held] > 0]
+    w, card, deck, t = rt.batch(torch.from_numpy(held))
+    with torch.no_grad():
+        before = model(w, card, deck, t)
+        scale, shift = calibrate(model, rt, held)
+        after = model(w, card, deck, t)
+    assert scale > 0
+    torch.testing.assert_close(after.threshold_logits, before.threshold_logits * scale + shift)
+    assert (after.threshold_logits[:, :-1] >= after.threshold_logits[:, 1:]).all()  # still ordered
+    rating = rt.rating[torch.from_numpy(held)]
+    assert coral_loss(after, rating) <= coral_loss(before, rating) + 1e-6  # fitted on exactly these rows
+    assert calibrate(model, rt, held[:10]) is None  # too few reviews: left as it is
