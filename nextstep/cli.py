@@ -101,6 +101,19 @@ def build_demo_artifacts(artifacts: Path, data: Path, epochs: int):
         yield name, out, train_model(name, data, out, cfg=cfg, progress=False, log=False)
 
 
+def build_demo_srs(artifacts: Path, data: Path) -> Path:
+    """A small flashcard model (time_aware) trained on a generated review log, exported to artifacts/time_aware/demo."""
+    from .training.reviews import simulate_reviews, write_review_csv
+    from .training.time_aware_loop import TimeAwareTrainConfig
+    from .training.time_aware_run import train_time_aware
+
+    data.mkdir(parents=True, exist_ok=True)
+    reviews = write_review_csv(simulate_reviews(n_users=3, n_cards=80, n_days=120, seed=7), data / "reviews.csv")
+    out = artifacts / "time_aware" / "demo"
+    train_time_aware(reviews, out, cfg=TimeAwareTrainConfig(max_epochs=5), progress=False)
+    return out
+
+
 def cmd_demo(args) -> int:
     """Generate a small GPCM data set, train each variant briefly, export, and show predictions."""
     import tempfile
@@ -142,9 +155,10 @@ def cmd_serve(args) -> int:
         if not args.demo:
             raise SystemExit(f"no artifacts under {settings.artifacts_dir}: train some (nextstep train) "
                              "or pass --demo to build small demo ones")
-        print(f"no artifacts under {settings.artifacts_dir}: training small demo models (about a minute)")
+        print(f"no artifacts under {settings.artifacts_dir}: training small demo models (a minute or two)")
         for name, out, _ in build_demo_artifacts(settings.artifacts_dir, settings.artifacts_dir / ".demo_data", 5):
             print(f"  {name}: {out}")
+        print(f"  time_aware: {build_demo_srs(settings.artifacts_dir, settings.artifacts_dir / '.demo_data')}")
     # workers > 1 share nothing but Redis (set NEXTSTEP_REDIS_URL): each loads the models itself
     os.environ["NEXTSTEP_ARTIFACTS_DIR"] = str(settings.artifacts_dir)
     if args.workers > 1 and not settings.redis_url:

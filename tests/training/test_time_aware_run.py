@@ -135,3 +135,12 @@ def test_calibration_is_a_positive_affine_map_fitted_on_held_out_reviews(log):
     rating = rt.rating[torch.from_numpy(held)]
     assert coral_loss(after, rating) <= coral_loss(before, rating) + 1e-6  # fitted on exactly these rows
     assert calibrate(model, rt, held[:10]) is None  # too few reviews: left as it is
+
+
+def test_the_serve_demo_builds_a_flashcard_model_the_service_loads(tmp_path):
+    from nextstep.cli import build_demo_srs
+    from nextstep.service.registry import load_artifact
+
+    out = build_demo_srs(tmp_path / "artifacts", tmp_path / "data")
+    loaded = load_artifact(out)
+    assert loaded.window == (64, 16) and "predict" in loaded.sessions
