@@ -78,7 +78,7 @@ class TimeAwareConfig:
 
 
 class Window(NamedTuple):
-    """A batch of windows: (B, H) history rows, left-padded (valid False), in time order."""
+    """A batch of windows: (B, H) history rows, left-padded (valid False), in time order (features rely on it)."""
 
     card: torch.Tensor  # int64
     deck: torch.Tensor  # int64
@@ -224,12 +224,18 @@ class TimeAwareTransformer(nn.Module):
         B, H = w.card.shape
         before = torch.ones(H, H, dtype=torch.bool, device=w.card.device).tril(-1)  # [j, k]: k < j
         prev = before & (w.card.unsqueeze(-1) == w.card.unsqueeze(-2)) & w.valid.unsqueeze(-2) & w.valid.unsqueeze(-1)
-        # float64 until the difference is taken: no row's feature depends on another row's rounding
-        last_prev = torch.where(prev, w.time.unsqueeze(-2), float("-inf")).amax(-1)  # (B, H)
-        has_prev = prev.any(-1)
-        interval = torch.where(has_prev, (w.time - torch.where(has_prev, last_prev, w.time)) / DAY, 0.0).float()
-        n_prev = prev.sum(-1).float()
-        lapses = (prev & (w.rating == 1).unsqueeze(-2)).sum(-1).float()
+        # counts as float32 matrix products and maxima (exact for these small integers; ONNX Runtime's integer
+        # and float64 reductions over (H, H) cost more than the rest of the graph at H = 256)
+        prev_f = prev.float()
+        n_prev = prev_f.sum(-1)
+        lapses = (prev_f @ (w.rating == 1).float().unsqueeze(-1)).squeeze(-1)
+        has_prev = n_prev > 0
+        # the card's previous row is the latest such row (rows are in time order); times stay float64 until the
+        # difference is taken, so no row's feature depends on another row's rounding
+        index = torch.arange(1, H + 1, device=w.card.device, dtype=torch.float32)
+        last = ((prev_f * index).amax(-1) - 1).clamp(min=0).long()  # (B, H)
+        last_prev = torch.gather(w.time, 1, last)
+        interval = torch.where(has_prev, (w.time - last_prev) / DAY, 0.0).float()
         dur = torch.nan_to_num(w.duration, nan=0.0)
         return torch.stack([
             _log1p(interval), _log1p(interval * 24), has_prev.float(), _log1p(n_prev), _log1p(lapses),
