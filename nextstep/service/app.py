@@ -7,10 +7,13 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
@@ -38,6 +41,17 @@ def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
     if field:
         body["field"] = field
     return JSONResponse(body, status_code=status)
+
+
+def _finite(value):
+    """A JSON-ready value with every NaN or infinite float replaced by its text ("nan", "inf", "-inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 class ServiceMiddleware:
@@ -214,6 +228,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(kt_routes.router)
     app.include_router(session_routes.router)
     app.include_router(srs_routes.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        # FastAPI's own 422, except that the echoed inputs may hold NaN or Infinity (Python's JSON reader takes
+        # those literals), which JSON cannot encode: they are echoed as text instead of failing with a 500
+        return JSONResponse(status_code=422, content={"detail": _finite(jsonable_encoder(exc.errors()))})
 
     @app.exception_handler(UnknownModel)
     async def unknown_model(request: Request, exc: UnknownModel):

@@ -631,6 +631,7 @@ def simulate_reviews(n_users: int = 2, n_cards: int = 40, n_decks: int = 3, n_da
         due = np.full(n_cards, np.inf)
         last = np.full(n_cards, np.nan)
         last_day = np.full(n_cards, -1)
+        last_rating = np.zeros(n_cards, dtype=np.int64)
         introduced = 0
         for day in range(n_days):
             todo = list(np.flatnonzero(due <= day))
@@ -653,10 +654,10 @@ def simulate_reviews(n_users: int = 2, n_cards: int = 40, n_decks: int = 3, n_da
                     rating = 2 if p < 0.75 or difficulty[c] > 0.85 else (4 if difficulty[c] < 0.2 else 3)
                     stability[c] *= 1.5 + 2.5 * (1 - difficulty[c]) * (1 if elapsed > 0.5 else 0.3)
                 duration = float(np.round(rng.lognormal(np.log(3 + 12 * difficulty[c] + 8 * (rating == 1)), 0.4), 3))
-                state = 0 if first else (2 if rating > 1 else 3)
+                state = 0 if first else (3 if last_rating[c] == 1 else 2)  # before the review: relearning after a lapse
                 elapsed_days = -1 if first else day - last_day[c]
                 rows.append((c, deck[c], clock, rating, duration, state, elapsed_days))
-                last[c], last_day[c] = clock, day
+                last[c], last_day[c], last_rating[c] = clock, day, rating
                 due[c] = day + max(1, int(round(stability[c] * rng.uniform(0.7, 1.6))))
         offsets.append(len(rows))
     a = np.array(rows, dtype=np.float64).reshape(-1, 7)

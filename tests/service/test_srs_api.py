@@ -43,7 +43,7 @@ def review_log(seed: int, n: int = 300, n_cards: int = 40, days: float = 60.0) -
     with time. Some durations and states are unknown (null)."""
     rng = np.random.default_rng(seed)
     times = np.sort(T0 + rng.uniform(0, days * DAY, n))
-    stability, last = np.full(n_cards, 2.0), np.full(n_cards, np.nan)
+    stability, last, last_rating = np.full(n_cards, 2.0), np.full(n_cards, np.nan), {}
     out = []
     for i, t in enumerate(times):
         c = int(rng.integers(n_cards))
@@ -51,13 +51,14 @@ def review_log(seed: int, n: int = 300, n_cards: int = 40, days: float = 60.0) -
         p = 0.7 if first else 0.5 ** ((t - last[c]) / DAY / stability[c])
         rating = int(rng.integers(2, 5)) if rng.random() < p else 1
         stability[c] = stability[c] * 2.5 if rating > 1 else max(0.5, stability[c] / 2)
-        last[c] = t
+        state = 0 if first else (3 if last_rating.get(c) == 1 else 2)  # the card's state before this review
+        last[c], last_rating[c] = t, rating
         review = {"card_id": f"card-{c}", "deck_id": f"deck-{c % 3}", "time": float(t), "rating": rating,
                   "event_id": f"r-{seed}-{i}"}
         if i % 7:
             review["duration"] = float(np.round(rng.lognormal(1.8, 0.5), 3))
         if i % 5:
-            review["state"] = 0 if first else (2 if rating > 1 else 3)
+            review["state"] = state
         out.append(review)
     return out
 
@@ -347,6 +348,18 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(srs_model, serv
             reply = http.post(f"/v1/srs/time_aware/{path}", json={"user_id": "u", **body})
             assert reply.status_code == status, (path, body, reply.text)
             assert field in reply.text, (path, body, reply.text)
+        # NaN and Infinity (JSON literals Python accepts) are a 422 naming the field, not a 500
+        for path, raw, field in (
+                ("reviews", '{"user_id":"u","reviews":[{"card_id":"c","time":NaN,"rating":3}]}', "time"),
+                ("reviews", '{"user_id":"u","reviews":[{"card_id":"c","time":1e9,"rating":3,"duration":Infinity}]}',
+                 "duration"),
+                ("predict", '{"user_id":"u","card_id":"c","time":-Infinity}', "time"),
+                ("schedule", '{"user_id":"u","cards":[{"card_id":"c"}],"desired_retention":NaN}',
+                 "desired_retention")):
+            reply = http.post(f"/v1/srs/time_aware/{path}", content=raw, headers={"content-type": "application/json"})
+            assert reply.status_code == 422 and field in reply.text, (path, raw, reply.text)
+        huge = {"user_id": "u", "card_id": 10**4000}
+        assert http.post("/v1/srs/time_aware/predict", json=huge).status_code == 422
         assert http.get("/v1/srs/time_aware/users/u").json() == before
         assert http.post("/v1/srs/time_aware/predict", json={"user_id": "", "card_id": "c"}).status_code == 422
         assert http.get("/v1/srs/time_aware/users/" + "x" * 201).status_code == 422

@@ -18,10 +18,11 @@ def _seconds(value: float) -> float:
 
 
 NonEmpty = Annotated[StrictStr, StringConstraints(min_length=1, max_length=200)]
-CardId = Annotated[NonEmpty | StrictInt,
+Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]  # an integer id is bounded like a string one
+CardId = Annotated[NonEmpty | Int64,
                    Field(description="the app's card id (string or integer: \"12\" and 12 are the same card)",
                          examples=["card-17"])]
-DeckId = Annotated[Annotated[StrictStr, StringConstraints(max_length=200)] | StrictInt,
+DeckId = Annotated[Annotated[StrictStr, StringConstraints(max_length=200)] | Int64,
                    Field(description="the card's deck (\"\": no deck; cards without a deck count as one deck)")]
 UnixSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False, description="unix time in seconds (not ms)",
                                      examples=[1767225600.0], json_schema_extra={"maximum": MS_LOOKING}),
