@@ -39,6 +39,7 @@ log time) of the first grid interval where the predicted recall crosses the desi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import time as _time
@@ -199,11 +200,24 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
             raise InvalidInput(f"{at}.state", f"{r.state!r} is not a card state 0..3")
 
 
+def _counted(method):
+    """Count the requests in progress (SpacedRepetition._active), so that a lone one runs the model inline."""
+    @functools.wraps(method)
+    async def counted(self, *args, **kwargs):
+        self._active += 1
+        try:
+            return await method(self, *args, **kwargs)
+        finally:
+            self._active -= 1
+    return counted
+
+
 class SpacedRepetition:
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None):
         self.registry, self.store, self.engines = registry, store, engines
         self.writers = Writers(cas_retries, on_retry)
+        self._active = 0  # requests in progress: at 1, inference runs inline (Engines.run(alone=True))
 
     def model(self, name: str) -> LoadedModel:
         return self.registry.get(name, task=TASK)
@@ -227,7 +241,7 @@ class SpacedRepetition:
             rows = which[lo:lo + step]
             feed = {name: value[rows] for name, value in hist.items()}
             feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step])
-            outs = await self.engines.run(model, "predict", feed)
+            outs = await self.engines.run(model, "predict", feed, alone=self._active == 1)
             parts.append(dict(zip(names, outs, strict=True)))
         return {name: np.concatenate([p[name] for p in parts]) for name in ("rating_probs", "recall", "duration_s")}
 
@@ -256,6 +270,7 @@ class SpacedRepetition:
 
     # ------------------------------------------------------------------ operations
 
+    @_counted
     async def add_reviews(self, model_name: str, user_id: str, reviews: list[Review],
                           predict: tuple[str, str, float | None] | None = None) -> dict:
         """Append reviews (in time order, after the stored ones; replayed event ids are applied once) and
@@ -312,6 +327,7 @@ class SpacedRepetition:
                     result["prediction"] = await self._answer(model, after, predict[0], predict[1], at)
                 return result
 
+    @_counted
     async def predict(self, model_name: str, user_id: str, card_id: str, deck_id: str = "",
                       at: float | None = None) -> dict:
         """P(rating), P(recall) and the expected answer time of a review of `card_id` at `at` (default now)."""
@@ -326,6 +342,7 @@ class SpacedRepetition:
         return {"user_id": user_id, "model": model.name, "version": model.version,
                 "reviews_total": history.stored.events, **answer}
 
+    @_counted
     async def schedule(self, model_name: str, user_id: str, cards: list[tuple[str, str]], retention: float,
                        now: float | None = None, horizon_days: float = 36500.0) -> dict:
         """Per card, the time at which the predicted recall falls to `retention`.
