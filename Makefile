@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
 
-.PHONY: help setup run demo test lint openapi bench train-synthetic train-assist2009 clean
+.PHONY: help setup run demo test lint openapi bench train-synthetic train-assist2009 train-ankimath clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -46,6 +46,9 @@ train-synthetic:  ## the three Deep-GPCM variants on the GPCM synthetic set (art
 train-assist2009:  ## deep_gpcm on DKVMN's ASSISTments 2009 copy (binary)
 	$(BIN)/nextstep train deep_gpcm --data $(DATA)/kt/dkvmn_assist2009_updated --out artifacts/deep_gpcm/assist2009 \
 	  --config configs/deep_gpcm_assistments09.json
+
+train-ankimath:  ## time_aware on AnkiMath under the srs-benchmark protocol, FSRS-6 and the other baselines side by side
+	$(BIN)/nextstep train time_aware --data $(DATA)/srs/ankimath --duration-cap-s 500 --out artifacts/time_aware/ankimath
 
 clean:
 	rm -rf artifacts .pytest_cache .ruff_cache
