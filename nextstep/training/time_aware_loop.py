@@ -153,12 +153,10 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
 
 
 @torch.no_grad()
-def _threshold_logits(model, rt: ReviewTensors, rows: np.ndarray) -> torch.Tensor:
-    parts = []
-    for lo in range(0, len(rows), 1024):
-        w, card, deck, t = rt.batch(torch.from_numpy(rows[lo:lo + 1024]))
-        parts.append(model(w, card, deck, t).threshold_logits)
-    return torch.cat(parts) if parts else torch.zeros(0, 3)
+def _predictions(model, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024):
+    """The model's Prediction for each batch of `rows`, in order (no gradients)."""
+    for lo in range(0, len(rows), batch):
+        yield model(*rt.batch(torch.from_numpy(rows[lo:lo + batch])))
 
 
 def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int = 200) -> list | None:
@@ -171,7 +169,7 @@ def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, 
     if len(rows) < min_rows:
         return None
     model.calibration.copy_(torch.tensor([1.0, 0.0]))
-    logits = _threshold_logits(model, rt, rows).double()
+    logits = torch.cat([p.threshold_logits for p in _predictions(model, rt, rows)]).double()
     target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
     log_scale = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     shift = torch.zeros(1, dtype=torch.float64, requires_grad=True)
@@ -195,9 +193,7 @@ def predict(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, ba
     """P(rating = 1..4), P(recall) and expected seconds for every review in `rows` (numpy arrays)."""
     model.eval()
     probs, recall, dur = [], [], []
-    for lo in range(0, len(rows), batch):
-        w, card, deck, t = rt.batch(torch.from_numpy(rows[lo:lo + batch]))
-        p = model(w, card, deck, t)
+    for p in _predictions(model, rt, rows, batch):
         probs.append(p.rating_probs)
         recall.append(p.recall)
         dur.append(expected_duration(p.log_duration))
