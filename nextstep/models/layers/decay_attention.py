@@ -1,0 +1,162 @@
+"""DTransformer's attention blocks: multi-head attention with causal masks and monotonic distance decay.
+
+Blocks 1-3 (questions, interactions, their mix) use AKT's context-aware decay: with softmax weights a_tj
+over the visible keys, the distance of key j from query t is d_tj = sqrt(|t - j| * sum_{j' > j} a_tj'),
+the score is multiplied by exp(-|gamma_h| d_tj) (clamped to [1e-5, 1e5]), and the distance is computed
+without gradient, as in AKT and DTransformer.
+
+Block 4 (the knowledge read-out) asks the same `n_know` learned queries at every position, so its scores do
+not depend on the query position: only the mask does. With a decay that is linear in the distance,
+exp(s_j - g_h (t - j)), every row is a prefix sum over keys, computed by a chunked scan instead of a
+(T x T) attention per knowledge query (DTransformer expands the batch n_know times for that). The scan keeps
+a running maximum so float32 neither overflows nor loses a row's nearest keys. docs/decisions.md has the
+reasoning.
+
+A row with no visible key (position 0 of a strictly causal block) outputs zeros.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+MAX_KNOW_DECAY = 2.0  # block 4's per-head decay rate g_h is clamped to [0, 2]
+MAX_WINDOW = 256  # the longest sequence block 4 is used on (SimAKTConfig checks its window)
+
+
+def causal_mask(T: int, peek_current: bool, device=None) -> torch.Tensor:
+    """(T, T) bool: query t may see key j iff j <= t (peek_current) or j < t."""
+    i = torch.arange(T, device=device)
+    return i[None, :] <= i[:, None] if peek_current else i[None, :] < i[:, None]
+
+
+class DecayAttention(nn.Module):
+    """Multi-head attention with shared query/key projection (DTransformer's kq_same) and AKT decay."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.qk = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.gamma = nn.Parameter(torch.empty(n_heads, 1, 1))
+        nn.init.xavier_uniform_(self.gamma)
+
+    def heads(self, x: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
+        B, T, _ = x.shape
+        return proj(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, dh)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q, k, v (B, H, T, dh), mask (T, T) -> per-head outputs (B, H, T, dh)."""
+        T = q.shape[2]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, T, T)
+        with torch.no_grad():
+            weights = torch.softmax(scores.masked_fill(~mask, -1e32), dim=-1)
+            after = weights.sum(-1, keepdim=True) - weights.cumsum(-1)  # attention on keys after j
+            pos = torch.arange(T, device=q.device, dtype=q.dtype)
+            distance = (after * (pos[None, :] - pos[:, None]).abs()).clamp(min=0.0).sqrt()
+        effect = (-self.gamma.abs() * distance).exp().clamp(1e-5, 1e5)
+        scores = (scores * effect).masked_fill(~mask, -1e32)
+        weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # rows with no key: all zero
+        return weights @ v
+
+    def merge(self, heads: torch.Tensor) -> torch.Tensor:
+        B, H, T, dh = heads.shape
+        return self.out(heads.transpose(1, 2).reshape(B, T, H * dh))
+
+
+class Block(nn.Module):
+    """One DTransformer layer: decayed attention, dropout, residual, layer norm."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.attn = DecayAttention(d_model, n_heads)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, peek_current: bool) -> torch.Tensor:
+        a = self.attn
+        mask = causal_mask(query.shape[1], peek_current, query.device)
+        out = a.merge(a.attend(a.heads(query, a.qk), a.heads(key, a.qk), a.heads(value, a.v), mask))
+        return self.norm(query + self.dropout(out))
+
+
+class KnowledgeReadout(nn.Module):
+    """Block 4: `n_know` learned knowledge queries attend to the mixed states of earlier positions.
+
+    z[b, t, k] = LayerNorm(know_k + W_o concat_h sum_{j < t} w_hj v_hj / sum_{j < t} w_hj),
+    w_hj = exp(s_hkj - g_h (t - j)), s_hkj = (W know_k)_h . (W hq_j)_h / sqrt(dh): keys up to t - 1, so z_t
+    knows responses before t only."""
+
+    def __init__(self, d_model: int, n_heads: int, n_know: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.know = nn.Parameter(torch.empty(n_know, d_model))
+        nn.init.xavier_uniform_(self.know)
+        self.qk = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.rate = nn.Parameter(torch.full((n_heads,), 0.1))
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(d_model)
+
+    CHUNK = 16  # keys per step of the scan in forward
+
+    def _terms(self, hq: torch.Tensor, p: torch.Tensor):
+        """Log-weights l = s_hkj + g_h j (B, K, H, T) and values (B, 1, H, T, dh); exp(-g_h t) cancels per row."""
+        B, T, d = hq.shape
+        H, dh = self.n_heads, self.d_head
+        q = self.qk(self.know).view(-1, H, dh)  # (K, H, dh)
+        k = self.qk(hq).view(B, T, H, dh)
+        v = self.v(p).view(B, T, H, dh).permute(0, 2, 1, 3)  # (B, H, T, dh)
+        scores = torch.einsum("khd,bthd->bkht", q, k) / math.sqrt(dh)  # (B, K, H, T)
+        pos = torch.arange(T, device=hq.device, dtype=hq.dtype)
+        return scores + self.rate.clamp(0.0, MAX_KNOW_DECAY)[:, None] * pos, v.unsqueeze(1)
+
+    def _finish(self, mixed: torch.Tensor) -> torch.Tensor:
+        """mixed (B, K, H, R, dh) -> z (B, R, K, d)."""
+        B, K, H, R, dh = mixed.shape
+        out = self.out(mixed.permute(0, 3, 1, 2, 4).reshape(B, R, K, H * dh))
+        return self.norm(self.know + self.dropout(out))
+
+    def forward(self, hq: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """Every position: hq, p (B, T, d) -> z (B, T, K, d).
+
+        A scan over chunks of CHUNK keys: each chunk's weights are taken relative to the running maximum of
+        the log-weights so far (so nothing overflows in float32 and a row's nearest keys never underflow:
+        within a chunk the log-weights differ from that maximum by at most the score spread plus g_h CHUNK),
+        exclusive prefix sums within the chunk, plus the rescaled sums of the chunks before."""
+        logits, v = self._terms(hq, p)
+        T = logits.shape[-1]
+        outs, num, den, ref = [], None, None, None
+        for c0 in range(0, T, self.CHUNK):
+            lc, vc = logits[..., c0:c0 + self.CHUNK], v[..., c0:c0 + self.CHUNK, :]
+            top = lc.amax(-1, keepdim=True).detach()
+            new_ref = top if ref is None else torch.maximum(ref, top)
+            w = (lc - new_ref).exp()  # (B, K, H, c)
+            wv = w.unsqueeze(-1) * vc  # (B, K, H, c, dh)
+            pn = torch.cat([torch.zeros_like(wv[:, :, :, :1]), wv[:, :, :, :-1].cumsum(3)], 3)  # keys j < t
+            pd = torch.cat([torch.zeros_like(w[..., :1]), w[..., :-1].cumsum(-1)], -1)
+            if num is None:
+                num, den = wv.sum(3), w.sum(-1, keepdim=True)
+            else:
+                scale = (ref - new_ref).exp()  # (B, K, H, 1)
+                carried_num, carried_den = num * scale, den * scale
+                pn = pn + carried_num.unsqueeze(3)
+                pd = pd + carried_den
+                num, den = carried_num + wv.sum(3), carried_den + w.sum(-1, keepdim=True)
+            ref = new_ref
+            outs.append(pn / pd.clamp(min=1e-30).unsqueeze(-1))  # a row with no key: 0 / tiny = 0
+        return self._finish(torch.cat(outs, 3))
+
+    def at(self, hq: torch.Tensor, p: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """One position per row: z at position length[b] (keys j < length[b]) -> (B, 1, K, d)."""
+        logits, v = self._terms(hq, p)
+        T = hq.shape[1]
+        visible = torch.arange(T, device=hq.device)[None, :] < length[:, None]  # (B, T)
+        logits = logits.masked_fill(~visible[:, None, None, :], -1e30)
+        w = (logits - logits.amax(-1, keepdim=True)).exp() * visible[:, None, None, :].to(logits.dtype)
+        num = (w.unsqueeze(-1) * v).sum(3, keepdim=True)
+        den = w.sum(-1, keepdim=True).unsqueeze(-1)
+        return self._finish(num / den.clamp(min=1e-30))

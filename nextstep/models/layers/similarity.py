@@ -1,0 +1,207 @@
+"""Inter-student heads of SimAKT's block 3: attention from a student's state to a memory bank of past students.
+
+A memory bank is built offline (nextstep/training/banks.py) from the complete trajectories of training
+students, encoded by the trained model: entry m is a sequence of interaction states S_m[0..L) (d) with a
+valid length. Every head type is one subclass of `BankHead`, registered by name, that answers two questions:
+
+- `select(summaries, spec, seed)` (offline, numpy): which training trajectories make up each bank entry
+  (k-means clusters for "cluster", farthest-first samples for "knn");
+- `weights(q, keys)` (in the graph): how strongly the student's query at each position weighs each entry.
+
+What they share: the position-weighted keys and values. At position t (the student has answered t + 1
+questions) entry m is summarised as a weighted mean of its projected states,
+
+    w(i, t) = decay^(t - i)                       for i <= t   (what the entry did at the same stage)
+    w(i, t) = future_weight * decay^(i - t - 1)   for i > t    (what the entry went on to do)
+
+over the entry's valid positions. The entry's future is a past student's, never the current student's.
+The sums are exponential moving averages, computed for every t at once with cumulative sums in float64
+(the seed's per-student, per-position Python loops, vectorised). They depend on the bank and the weights
+only, so the service computes them once per bank version (`project`), not per request.
+
+A new similarity module: subclass BankHead, implement `select` and `weights`, decorate with
+`@register("name")`, and name it in a configuration (or give "type": "package.module:ClassName").
+"""
+
+import importlib
+import math
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+REGISTRY: dict[str, type["BankHead"]] = {}
+
+
+def register(name: str):
+    def add(cls):
+        REGISTRY[name] = cls
+        cls.kind = name
+        return cls
+    return add
+
+
+def head_class(type_name: str) -> type["BankHead"]:
+    """The registered class for a type name, or a BankHead subclass named "package.module:ClassName"."""
+    if type_name in REGISTRY:
+        return REGISTRY[type_name]
+    if ":" in type_name:
+        module, _, cls_name = type_name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load similarity module {type_name!r}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, BankHead)):
+            raise ValueError(f"{type_name!r} is not a BankHead subclass")
+        return cls
+    raise ValueError(f"unknown similarity module type {type_name!r}; registered: {sorted(REGISTRY)}, or "
+                     f"'package.module:ClassName'")
+
+
+def position_weighted(states: torch.Tensor, lengths: torch.Tensor, decay: float, future_weight: float) -> torch.Tensor:
+    """states (M, L, e), lengths (M,) -> (L, M, e): entry m summarised at each position t (module docstring)."""
+    M, L, _ = states.shape
+    x = states.double()
+    i = torch.arange(L, device=states.device, dtype=torch.float64)
+    valid = (i[None, :] < lengths[:, None]).double()  # (M, L)
+    x = x * valid[..., None]
+    up, down = decay ** i, decay ** (-i)  # decay in [0.5, 1] and L <= 256: both fit float64 easily
+    past = (x * down[:, None]).cumsum(1) * up[:, None]  # sum_{i<=t} decay^(t-i) x_i
+    past_w = (valid * down).cumsum(1) * up
+    scaled, scaled_w = x * up[:, None], valid * up
+    future = (scaled.sum(1, keepdim=True) - scaled.cumsum(1)) * (down / decay)[:, None]  # sum_{i>t} decay^(i-t-1) x_i
+    future_w = (scaled_w.sum(1, keepdim=True) - scaled_w.cumsum(1)) * (down / decay)
+    mean = (past + future_weight * future) / (past_w + future_weight * future_w).clamp(min=1e-300)[..., None]
+    return mean.to(states.dtype).transpose(0, 1)
+
+
+class BankHead(nn.Module):
+    """One inter-student head: its own key/value projections of the bank (d_model -> d_head) and a weighting."""
+
+    kind: ClassVar[str] = "abstract"
+
+    def __init__(self, d_model: int, d_head: int, spec):
+        super().__init__()
+        self.spec = spec
+        self.d_head = d_head
+        self.w_k = nn.Linear(d_model, d_head, bias=False)
+        self.w_v = nn.Linear(d_model, d_head, bias=False)
+        log_t = torch.tensor(math.log(spec.temperature))
+        if spec.learn_temperature:
+            self.log_temperature = nn.Parameter(log_t)
+        else:
+            self.register_buffer("log_temperature", log_t)
+
+    @classmethod
+    def select(cls, summaries: np.ndarray, spec, seed: int) -> list[np.ndarray]:
+        """Offline: for each bank entry, the indices of the training trajectories it is made of."""
+        raise NotImplementedError
+
+    def weights(self, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """q (B, T, dh), keys (T, M, dh) -> attention weights (B, T, M), each row summing to 1."""
+        raise NotImplementedError
+
+    def project(self, states: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bank (M, L, d), lengths (M,) -> position-weighted keys and values, each (L, M, dh)."""
+        s = self.spec
+        return (position_weighted(self.w_k(states), lengths, s.decay_factor, s.future_weight),
+                position_weighted(self.w_v(states), lengths, s.decay_factor, s.future_weight))
+
+    def forward(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+        """q (B, T, dh), keys/values (L, M, dh) -> (output (B, T, dh), weights (B, T, M))."""
+        at = torch.arange(q.shape[1], device=q.device).clamp(max=keys.shape[0] - 1)  # beyond the bank: its end
+        keys, values = keys[at], values[at]
+        w = self.weights(q, keys)
+        return torch.einsum("btm,tmd->btd", w, values), w
+
+
+def _farthest_first(x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """k rows of x, each the farthest (Euclidean) from those already chosen; starts at a seeded random row.
+    One vector update of every row's distance to the chosen set per pick: O(k n d)."""
+    n = len(x)
+    first = int(np.random.default_rng(seed).integers(n))
+    chosen = [first]
+    nearest = ((x - x[first]) ** 2).sum(1)
+    for _ in range(min(k, n) - 1):
+        nxt = int(nearest.argmax())
+        chosen.append(nxt)
+        nearest = np.minimum(nearest, ((x - x[nxt]) ** 2).sum(1))
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def kmeans(x: np.ndarray, k: int, seed: int, iters: int = 100, restarts: int = 3) -> np.ndarray:
+    """Cluster labels of the rows of x: Lloyd's algorithm from k-means++ seeds, the best of `restarts` by
+    inertia (what scikit-learn's KMeans does, without its dependency). Vectorised: one (n, k) distance
+    matrix per iteration; an emptied cluster is re-seeded at the row farthest from its centre."""
+    rng = np.random.default_rng(seed)
+    n = len(x)
+    k = min(k, n)
+    sq = (x * x).sum(1)
+    best, best_inertia = None, np.inf
+    for _ in range(restarts):
+        centres = [x[rng.integers(n)]]
+        nearest = ((x - centres[0]) ** 2).sum(1)
+        for _ in range(k - 1):  # k-means++: the next seed with probability proportional to squared distance
+            total = nearest.sum()
+            i = rng.choice(n, p=nearest / total) if total > 0 else rng.integers(n)
+            centres.append(x[i])
+            nearest = np.minimum(nearest, ((x - x[i]) ** 2).sum(1))
+        c = np.stack(centres)
+        labels = None
+        for _ in range(iters):
+            dist = sq[:, None] + (c * c).sum(1)[None, :] - 2 * x @ c.T  # (n, k)
+            new = dist.argmin(1)
+            if labels is not None and (new == labels).all():
+                break
+            labels = new
+            counts = np.bincount(labels, minlength=k)
+            sums = np.zeros_like(c)
+            np.add.at(sums, labels, x)
+            empty = counts == 0
+            c = np.where(empty[:, None], c, sums / np.maximum(counts, 1)[:, None])
+            if empty.any():  # re-seed empty clusters at the worst-served rows
+                far = np.argsort(-dist[np.arange(n), labels])[:int(empty.sum())]
+                c[empty] = x[far]
+        inertia = float(((x - c[labels]) ** 2).sum())
+        if inertia < best_inertia:
+            best, best_inertia = labels, inertia
+    return best
+
+
+@register("cluster")
+class ClusterHead(BankHead):
+    """Bank: k-means centroids of the trajectory summaries (each entry averages its members' states).
+    Weights: softmax over every centroid of q . k / (sqrt(dh) temperature), or cosine / temperature."""
+
+    @classmethod
+    def select(cls, summaries, spec, seed):
+        labels = kmeans(np.asarray(summaries, dtype=np.float64), spec.size, seed)
+        groups = [np.flatnonzero(labels == c) for c in range(labels.max() + 1)]
+        return [g for g in groups if len(g)]
+
+    def weights(self, q, keys):
+        if self.spec.similarity_metric == "cosine":
+            q = nn.functional.normalize(q, dim=-1)
+            keys = nn.functional.normalize(keys, dim=-1)
+            scores = torch.einsum("btd,tmd->btm", q, keys)
+        else:
+            scores = torch.einsum("btd,tmd->btm", q, keys) / math.sqrt(self.d_head)
+        return torch.softmax(scores / self.log_temperature.exp(), dim=-1)
+
+
+@register("knn")
+class KNNHead(BankHead):
+    """Bank: `size` diverse trajectories chosen by farthest-first sampling of the summaries.
+    Weights: the `k_neighbors` entries nearest to q (Euclidean), softmax(-distance / temperature)."""
+
+    @classmethod
+    def select(cls, summaries, spec, seed):
+        return [np.array([i]) for i in _farthest_first(np.asarray(summaries, dtype=np.float64), spec.size, seed)]
+
+    def weights(self, q, keys):
+        sq = (q * q).sum(-1, keepdim=True) + (keys * keys).sum(-1)[None] - 2 * torch.einsum("btd,tmd->btm", q, keys)
+        distance = sq.clamp(min=1e-12).sqrt()  # (B, T, M)
+        near, index = torch.topk(-distance, self.spec.k_neighbors, dim=-1)  # the nearest; banks hold >= k
+        w = torch.softmax(near / self.log_temperature.exp(), dim=-1)
+        return torch.zeros_like(distance).scatter(-1, index, w)

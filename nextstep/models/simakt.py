@@ -1,0 +1,382 @@
+"""SimAKT (seed 001): a DTransformer knowledge tracer whose block 3 can give heads to past students.
+
+Baseline (DTransformer, Yin et al. 2023), for a student's interactions (question q_t, response r_t):
+
+    e_t  = E_skill(q_t) + mu(pid_t) * D_skill(q_t)                      question embedding (mu: problem difficulty)
+    s_t  = E_resp(r_t) + e_t + mu(pid_t) * (D_resp(r_t) + D_skill(q_t))  interaction embedding
+    hq   = block1(e, e, e)        questions, causal (j <= t)
+    hs   = block2(s, s, s)        interactions, causal (j <= t)
+    p    = block3(hq, hq, hs)     mix: queries and keys from questions, values from interactions (j <= t)
+    z_t  = block4(know, hq, p)    n_know knowledge queries over positions j < t (nothing of step t)
+    h_t  = sum_k softmax_k(know_k . e_t) z_tk                          read-out for the question asked
+    P(r_t = 1) = sigmoid(MLP([e_t; h_t]))
+
+so the prediction at t uses responses before t only. The blocks are in layers/decay_attention.py.
+
+SimAKT: block 3 has `n_heads` head slots; the first `intra_heads` attend within the student as above, and
+each inter-student head (layers/similarity.py) takes the next slot's query and attends to a memory bank of
+past students instead, its output scaled by its `influence_weight`. An inter-student head that is disabled,
+or whose influence weight is 0, is an ordinary intra-student head: with all of them off the model is the
+DTransformer baseline with the same weights, exactly (tests/models/test_simakt.py).
+
+Banks are inputs, not parameters: `bank_keys(banks)` turns raw banks (states (M, L, d), lengths (M,)) into
+each active head's position-weighted keys and values; every forward takes those.
+
+Streaming (what the service runs): the state is the last `window` interactions and a count; `step` appends
+one; `predict` encodes the window and answers for any questions at the next position. The window is the
+whole history for sequences up to `window` long, so stepping equals the full pass there.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .layers.decay_attention import MAX_WINDOW, Block, KnowledgeReadout, causal_mask
+from .layers.similarity import BankHead, head_class
+
+
+class ConfigError(ValueError):
+    """A similarity configuration that cannot be built; the message starts with the offending key."""
+
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
+@dataclass
+class InterHeadSpec:
+    type: str  # registered name ("cluster", "knn") or "package.module:ClassName"
+    name: str  # unique; names the head's bank
+    influence_weight: float = 1.0  # output scale; 0 turns the head into an intra-student head
+    temperature: float = 0.1
+    learn_temperature: bool = False
+    size: int = 100  # bank entries: clusters (cluster) or samples (knn)
+    k_neighbors: int = 15  # knn: entries each position attends to
+    decay_factor: float = 0.95  # position weighting of bank entries (layers/similarity.py)
+    future_weight: float = 0.3  # 0: an entry is compared up to the student's position only
+    similarity_metric: str = "dot"  # cluster: "dot" (scaled dot product) or "cosine"
+    enabled: bool = True
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and self.influence_weight > 0
+
+
+@dataclass
+class SimilarityConfig:
+    intra_heads: int
+    inter_heads: list[InterHeadSpec] = field(default_factory=list)
+
+    @property
+    def active(self) -> list[tuple[int, InterHeadSpec]]:
+        """(block-3 head slot, spec) of every inter-student head that is on."""
+        return [(self.intra_heads + i, h) for i, h in enumerate(self.inter_heads) if h.active]
+
+    def to_dict(self) -> dict:
+        return {"intra_heads": self.intra_heads, "inter_heads": [asdict(h) for h in self.inter_heads]}
+
+
+# configuration keys: the modular style's per-head keys (and the seed's aliases), and the dual style's
+_HEAD_KEYS = {"type", "name", "influence_weight", "temperature", "initial_temperature", "learn_temperature",
+              "adaptive_temperature", "size", "n_clusters", "memory_size", "k_neighbors", "decay_factor",
+              "future_weight", "temporal_config", "similarity_metric", "distance_metric", "enabled", "description"}
+_DUAL_KEYS = {"approach", "total_heads", "intra_heads", "inter_heads", "head_allocation", "cluster_config",
+              "knn_config", "temporal_config", "description"}
+_APPROACHES = {"none": (), "cluster": ("cluster",), "knn": ("knn",), "dual_similarity": ("cluster", "knn"),
+               "position_weighted_dual": ("cluster", "knn")}
+_DEFAULTS = {"cluster": {"size": 100, "temperature": 0.05}, "knn": {"size": 200, "temperature": 0.1}}
+
+
+def _number(where: str, value, *, low: float | None = None, high: float | None = None, integer: bool = False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ConfigError(where, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if value != value or (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"{'' if low is None else f'>= {low}'}{' and ' if low is not None and high is not None else ''}" \
+                 f"{'' if high is None else f'<= {high}'}"
+        raise ConfigError(where, f"must be {bounds}, got {value!r}")
+    return value
+
+
+def _head(where: str, d: dict, kind: str | None = None, temporal: dict | None = None) -> InterHeadSpec:
+    if not isinstance(d, dict):
+        raise ConfigError(where, f"must be an object, got {d!r}")
+    unknown = sorted(set(d) - _HEAD_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: {sorted(_HEAD_KEYS)})")
+    kind = kind or d.get("type")
+    if not isinstance(kind, str):
+        raise ConfigError(f"{where}.type", f"required: a similarity module type, got {kind!r}")
+    try:
+        cls = head_class(kind)
+    except ValueError as e:
+        raise ConfigError(f"{where}.type", str(e)) from None
+    name = d.get("name", kind if ":" not in kind else cls.__name__.lower())
+    if not (isinstance(name, str) and name.isidentifier() and name.isascii()):
+        raise ConfigError(f"{where}.name", f"must be letters, digits and '_' (it names graph inputs), got {name!r}")
+    t = {**(temporal or {}), **d.get("temporal_config", {})}
+    unknown = sorted(set(t) - {"decay_factor", "future_weight", "strategy"})
+    if unknown:
+        raise ConfigError(f"{where}.temporal_config.{unknown[0]}",
+                          "unknown key (decay_factor, future_weight, strategy)")
+    if t.get("strategy", "position_weighted") != "position_weighted":
+        raise ConfigError(f"{where}.temporal_config.strategy",
+                          f"only 'position_weighted' is built, got {t['strategy']!r}")
+    if d.get("distance_metric", "euclidean") != "euclidean":
+        raise ConfigError(f"{where}.distance_metric", f"only 'euclidean' is built, got {d['distance_metric']!r}")
+    base = _DEFAULTS.get(kind, {})
+    spec = InterHeadSpec(type=kind, name=name)
+    spec.influence_weight = float(_number(f"{where}.influence_weight", d.get("influence_weight", 1.0), low=0))
+    temp = d.get("temperature", d.get("initial_temperature", base.get("temperature", spec.temperature)))
+    spec.temperature = float(_number(f"{where}.temperature", temp, low=1e-4))
+    if temp <= 0:
+        raise ConfigError(f"{where}.temperature", f"must be > 0, got {temp!r}")
+    learn = d.get("learn_temperature", d.get("adaptive_temperature", False))
+    if not isinstance(learn, bool):
+        raise ConfigError(f"{where}.learn_temperature", f"must be true or false, got {learn!r}")
+    spec.learn_temperature = learn
+    size = d.get("size", d.get("n_clusters", d.get("memory_size", base.get("size", spec.size))))
+    spec.size = _number(f"{where}.size", size, low=1, integer=True)
+    spec.k_neighbors = _number(f"{where}.k_neighbors", d.get("k_neighbors", spec.k_neighbors), low=1, integer=True)
+    if kind == "knn" and spec.k_neighbors > spec.size:
+        raise ConfigError(f"{where}.k_neighbors", f"{spec.k_neighbors} neighbours from a bank of {spec.size}")
+    spec.decay_factor = float(_number(f"{where}.temporal_config.decay_factor", t.get("decay_factor", 0.95),
+                                      low=0.5, high=1.0))
+    spec.future_weight = float(_number(f"{where}.temporal_config.future_weight", t.get("future_weight", 0.3),
+                                       low=0.0, high=1.0))
+    metric = d.get("similarity_metric", "dot")
+    if metric not in ("dot", "cosine"):
+        raise ConfigError(f"{where}.similarity_metric", f"must be 'dot' or 'cosine', got {metric!r}")
+    spec.similarity_metric = metric
+    if not isinstance(d.get("enabled", True), bool):
+        raise ConfigError(f"{where}.enabled", f"must be true or false, got {d['enabled']!r}")
+    spec.enabled = d.get("enabled", True)
+    return spec
+
+
+def parse_similarity(data: dict | None, n_heads: int) -> SimilarityConfig:
+    """Validate a similarity configuration of either style of seed 001 and return it.
+
+    Modular: {"intra_heads": N, "inter_heads": [{"type": "cluster", ...}, ...]}, N + len(inter) = n_heads.
+    Fixed dual: {"approach": "none" | "cluster" | "knn" | "position_weighted_dual", "cluster_config": {...},
+    "knn_config": {...}, "temporal_config": {...}}, optionally with the head counts it implies.
+    A {"similarity_config": {...}} wrapper is unwrapped. None or {} is the baseline (every head intra)."""
+    if data is None or data == {}:
+        return SimilarityConfig(intra_heads=n_heads)
+    if not isinstance(data, dict):
+        raise ConfigError("similarity_config", f"must be an object, got {type(data).__name__}")
+    if set(data) == {"similarity_config"}:
+        data = data["similarity_config"]
+    if isinstance(data.get("inter_heads"), list):  # modular
+        unknown = sorted(set(data) - {"intra_heads", "inter_heads", "total_heads", "description"})
+        if unknown:
+            raise ConfigError(unknown[0], "unknown key in a modular configuration (intra_heads, inter_heads)")
+        heads = [_head(f"inter_heads[{i}]", h) for i, h in enumerate(data["inter_heads"])]
+        intra = _number("intra_heads", data.get("intra_heads", n_heads - len(heads)), low=0, integer=True)
+    else:  # fixed dual
+        unknown = sorted(set(data) - _DUAL_KEYS)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown key (allowed: {sorted(_DUAL_KEYS)})")
+        approach = data.get("approach", "none")
+        if approach not in _APPROACHES:
+            raise ConfigError("approach", f"must be one of {sorted(_APPROACHES)}, got {approach!r}")
+        temporal = data.get("temporal_config", {})
+        if not isinstance(temporal, dict):
+            raise ConfigError("temporal_config", f"must be an object, got {temporal!r}")
+        heads = [_head(f"{kind}_config", data.get(f"{kind}_config", {}), kind, temporal)
+                 for kind in _APPROACHES[approach]]
+        declared = data.get("inter_heads", len(heads))
+        if declared != len(heads):
+            raise ConfigError("inter_heads", f"approach {approach!r} has {len(heads)} inter-student heads, "
+                                             f"the configuration says {declared!r}")
+        intra = _number("intra_heads", data.get("intra_heads", n_heads - len(heads)), low=0, integer=True)
+    total = data.get("total_heads", n_heads)
+    if total != n_heads:
+        raise ConfigError("total_heads", f"the model has {n_heads} heads in block 3, the configuration says {total!r}")
+    if intra + len(heads) != n_heads:
+        raise ConfigError("intra_heads", f"{intra} intra-student + {len(heads)} inter-student heads != the "
+                                         f"{n_heads} heads of block 3")
+    names = [h.name for h in heads]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise ConfigError(f"inter_heads[{i}].name", f"{name!r} is used twice: every head needs its own bank name")
+    return SimilarityConfig(intra_heads=intra, inter_heads=heads)
+
+
+@dataclass
+class SimAKTConfig:
+    n_questions: int  # vocabulary rows: 0 padding, 1 unknown, then (problem, skill) pairs and bare skills
+    n_skills: int  # skill rows: 0 padding, 1 unknown, then skills
+    n_problems: int = 0  # problem rows (0 padding, 1 unknown); 0 = the data has no problem ids
+    d_model: int = 128
+    n_heads: int = 8
+    n_know: int = 16
+    d_fc: int = 256
+    dropout: float = 0.2
+    window: int = 200  # interactions the served state keeps (and the longest training chunk)
+    similarity: dict = field(default_factory=dict)  # parse_similarity input, kept raw for the manifest
+
+    def __post_init__(self):
+        if not 1 <= self.window <= MAX_WINDOW:
+            raise ValueError(f"window must be in 1..{MAX_WINDOW}, got {self.window}")
+
+
+class SimAKTOutput(NamedTuple):
+    logits: torch.Tensor  # (B, T) or (B, M): log-odds of a right response
+    inter_weights: list[torch.Tensor]  # per active inter head: (B, T, M_bank) attention over its bank
+
+
+class SimilarityBlock(nn.Module):
+    """Block 3: intra-student decayed attention in every slot, then each active inter head replaces its slot."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, similarity: SimilarityConfig):
+        super().__init__()
+        self.block = Block(d_model, n_heads, dropout)
+        self.similarity = similarity
+        d_head = d_model // n_heads
+        self.inter = nn.ModuleDict({h.name: head_class(h.type)(d_model, d_head, h) for h in similarity.inter_heads})
+        self.active = similarity.active
+
+    def heads(self, hq: torch.Tensor, hs: torch.Tensor, bank_kv: list[tuple[torch.Tensor, torch.Tensor]]):
+        """Per-slot outputs before the output projection (B, H, T, dh), and each active head's bank weights."""
+        a = self.block.attn
+        q = a.heads(hq, a.qk)  # (B, H, T, dh); keys are the same projection (kq_same)
+        heads = a.attend(q, q, a.heads(hs, a.v), causal_mask(hq.shape[1], True, hq.device))
+        if not self.active:
+            return heads, []
+        slots, weights = list(heads.unbind(1)), []
+        for (slot, spec), (keys, values) in zip(self.active, bank_kv, strict=True):
+            out, w = self.inter[spec.name](q[:, slot], keys, values)
+            slots[slot] = spec.influence_weight * out
+            weights.append(w)
+        return torch.stack(slots, 1), weights
+
+    def forward(self, hq: torch.Tensor, hs: torch.Tensor, bank_kv: list[tuple[torch.Tensor, torch.Tensor]]):
+        b = self.block
+        heads, weights = self.heads(hq, hs, bank_kv)
+        return b.norm(hq + b.dropout(b.attn.merge(heads))), weights
+
+
+class SimAKT(nn.Module):
+    family = "simakt"
+
+    def __init__(self, cfg: SimAKTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.sim = parse_similarity(cfg.similarity, cfg.n_heads)
+        d = cfg.d_model
+        self.skill_embed = nn.Embedding(cfg.n_skills, d)
+        self.resp_embed = nn.Embedding(2, d)
+        if cfg.n_problems:
+            self.skill_diff = nn.Embedding(cfg.n_skills, d)
+            self.resp_diff = nn.Embedding(2, d)
+            self.problem_diff = nn.Embedding(cfg.n_problems, 1)
+            nn.init.zeros_(self.problem_diff.weight)  # every problem starts at its skill's mean
+        # vocabulary row -> skill row and problem row (set by training from the data's pairs)
+        self.register_buffer("question_skill", torch.arange(cfg.n_questions).clamp(max=cfg.n_skills - 1))
+        self.register_buffer("question_problem", torch.zeros(cfg.n_questions, dtype=torch.long))
+        self.block1 = Block(d, cfg.n_heads, cfg.dropout)
+        self.block2 = Block(d, cfg.n_heads, cfg.dropout)
+        self.block3 = SimilarityBlock(d, cfg.n_heads, cfg.dropout, self.sim)
+        self.block4 = KnowledgeReadout(d, cfg.n_heads, cfg.n_know, cfg.dropout)
+        self.out = nn.Sequential(nn.Linear(2 * d, cfg.d_fc), nn.GELU(), nn.Dropout(cfg.dropout),
+                                 nn.Linear(cfg.d_fc, cfg.d_fc // 2), nn.GELU(), nn.Dropout(cfg.dropout),
+                                 nn.Linear(cfg.d_fc // 2, 1))
+
+    # ------------------------------------------------------------------ pieces
+    @property
+    def heads(self) -> list[BankHead]:
+        """The active inter-student heads, in the order bank inputs are given."""
+        return [self.block3.inter[spec.name] for _, spec in self.sim.active]
+
+    def question_embedding(self, questions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(e, problem difficulty mu or None) for vocabulary rows of any shape."""
+        skill = self.question_skill[questions]
+        e = self.skill_embed(skill)
+        if not self.cfg.n_problems:
+            return e, None
+        mu = self.problem_diff(self.question_problem[questions])
+        return e + mu * self.skill_diff(skill), mu
+
+    def interaction_embedding(self, questions, responses, e, mu):
+        s = self.resp_embed(responses) + e
+        if mu is not None:
+            s = s + mu * (self.resp_diff(responses) + self.skill_diff(self.question_skill[questions]))
+        return s
+
+    def trajectory_states(self, questions: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+        """hs (B, T, d): block 2's interaction states, what memory banks are made of."""
+        e, mu = self.question_embedding(questions)
+        s = self.interaction_embedding(questions, responses, e, mu)
+        return self.block2(s, s, s, peek_current=True)
+
+    def bank_keys(self, banks: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Raw banks (states (M, L, d), lengths (M,)), one per active head -> (keys, values), each (L, M, dh)."""
+        if len(banks) != len(self.heads):
+            raise ValueError(f"{len(self.heads)} active inter-student heads need as many banks, got {len(banks)}")
+        return [head.project(states, lengths) for head, (states, lengths) in zip(self.heads, banks, strict=True)]
+
+    def _encode(self, questions, responses, bank_kv):
+        e, mu = self.question_embedding(questions)
+        s = self.interaction_embedding(questions, responses, e, mu)
+        hq = self.block1(e, e, e, peek_current=True)
+        hs = self.block2(s, s, s, peek_current=True)
+        p, weights = self.block3(hq, hs, bank_kv)
+        return e, hq, p, weights
+
+    def _answer(self, e: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """e (B, R, d) questions asked, z (B, R or 1, K, d) knowledge states -> logits (B, R)."""
+        attn = torch.softmax(torch.einsum("brd,kd->brk", e, self.block4.know), dim=-1)
+        h = torch.einsum("brk,brkd->brd", attn, z.expand(-1, e.shape[1], -1, -1))
+        return self.out(torch.cat([e, h], dim=-1)).squeeze(-1)
+
+    # ------------------------------------------------------------------ full pass (training)
+    def forward(self, questions: torch.Tensor, responses: torch.Tensor,
+                bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> SimAKTOutput:
+        """Teacher-forced: logits[:, t] predicts responses[:, t] from interactions before t."""
+        e, hq, p, weights = self._encode(questions, responses, list(bank_kv))
+        z = self.block4(hq, p)
+        return SimAKTOutput(self._answer(e, z), weights)
+
+    # ------------------------------------------------------------------ streaming (serving)
+    def state_spec(self) -> list[dict]:
+        W = self.cfg.window
+        return [{"name": "window_questions", "shape": [W], "dtype": "int64"},
+                {"name": "window_responses", "shape": [W], "dtype": "int64"},
+                {"name": "seen", "shape": [], "dtype": "int64"}]
+
+    def init_state(self, B: int) -> tuple[torch.Tensor, ...]:
+        W = self.cfg.window
+        return (torch.zeros(B, W, dtype=torch.long), torch.zeros(B, W, dtype=torch.long),
+                torch.zeros(B, dtype=torch.long))
+
+    def step(self, state, question: torch.Tensor, response: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Append one interaction; a full window drops its oldest."""
+        wq, wr, seen = state
+        W = wq.shape[1]
+        full = (seen >= W)[:, None]
+        wq = torch.where(full, torch.roll(wq, -1, 1), wq)
+        wr = torch.where(full, torch.roll(wr, -1, 1), wr)
+        at = (torch.arange(W, device=wq.device)[None, :] == seen.clamp(max=W - 1)[:, None])
+        return (torch.where(at, question[:, None], wq), torch.where(at, response[:, None], wr), seen + 1)
+
+    def predict(self, state, questions: torch.Tensor,
+                bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> SimAKTOutput:
+        """questions (B, M) at the next position -> logits (B, M); inter weights (B, M_bank) of each active
+        head at the student's latest position (zeros before the first interaction)."""
+        wq, wr, seen = state
+        n = seen.clamp(max=wq.shape[1])
+        _, hq, p, weights = self._encode(wq, wr, list(bank_kv))
+        z = self.block4.at(hq, p, n)
+        e, _ = self.question_embedding(questions)
+        last = (n - 1).clamp(min=0)
+        latest = [w[torch.arange(w.shape[0], device=w.device), last] * (n > 0)[:, None].to(w.dtype) for w in weights]
+        return SimAKTOutput(self._answer(e, z), latest)
+
+
+def regularisation(model: SimAKT) -> torch.Tensor:
+    """DTransformer's L2 on the problem difficulties (keeps rare problems near their skill)."""
+    if not model.cfg.n_problems:
+        return model.skill_embed.weight.new_zeros(())
+    return (model.problem_diff.weight ** 2).sum()

@@ -1,0 +1,289 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nextstep.models.layers.decay_attention import KnowledgeReadout
+from nextstep.models.layers.similarity import (
+    REGISTRY,
+    BankHead,
+    ClusterHead,
+    _farthest_first,
+    kmeans,
+    position_weighted,
+)
+from nextstep.models.simakt import ConfigError, SimAKT, SimAKTConfig, parse_similarity
+
+DUAL = {"intra_heads": 2, "inter_heads": [{"type": "cluster", "size": 10, "temperature": 0.5},
+                                          {"type": "knn", "size": 12, "k_neighbors": 4, "temperature": 1.0}]}
+
+
+def make(similarity=None, window=16, seed=0, problems=True) -> SimAKT:
+    torch.manual_seed(seed)
+    cfg = SimAKTConfig(n_questions=30, n_skills=12, n_problems=20 if problems else 0, d_model=32, n_heads=4, n_know=4,
+                       window=window, dropout=0.0, similarity=similarity if similarity is not None else DUAL)
+    m = SimAKT(cfg).eval()
+    m.question_skill.copy_(torch.randint(2, 12, (30,)))
+    m.question_problem.copy_(torch.randint(2, 20, (30,)))
+    with torch.no_grad():
+        if problems:
+            m.problem_diff.weight.normal_()  # trained difficulties are not zero
+    return m
+
+
+def banks(window=16, d=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(10, window, d, generator=g), torch.randint(1, window + 1, (10,), generator=g)),
+            (torch.randn(12, window, d, generator=g), torch.randint(1, window + 1, (12,), generator=g))]
+
+
+def data(B=3, T=14, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(2, 30, (B, T), generator=g), torch.randint(0, 2, (B, T), generator=g)
+
+
+@pytest.mark.parametrize("problems", [True, False])
+def test_stepping_equals_the_full_pass(problems):
+    m = make(problems=problems)
+    kv = m.bank_keys(banks())
+    q, r = data()
+    with torch.no_grad():
+        full = m(q, r, kv).logits
+        state = m.init_state(q.shape[0])
+        for t in range(q.shape[1]):
+            out = m.predict(state, q[:, t:t + 1], kv)
+            assert torch.allclose(out.logits[:, 0], full[:, t], atol=1e-5)
+            state = m.step(state, q[:, t], r[:, t])
+
+
+def test_a_full_window_slides_and_predicts_from_the_last_window_interactions():
+    W = 8
+    m = make(window=W)
+    kv = m.bank_keys(banks(window=W))
+    q, r = data(T=20)
+    with torch.no_grad():
+        state = m.init_state(3)
+        for t in range(20):
+            state = m.step(state, q[:, t], r[:, t])
+        assert torch.equal(state[0], q[:, -W:]) and torch.equal(state[1], r[:, -W:])
+        assert state[2].tolist() == [20, 20, 20]
+        nxt = torch.tensor([[5], [6], [7]])
+        served = m.predict(state, nxt, kv).logits[:, 0]
+        tail_q, tail_r = torch.cat([q[:, -W:], nxt], 1), torch.cat([r[:, -W:], torch.zeros(3, 1, dtype=torch.long)], 1)
+        assert torch.allclose(served, m(tail_q, tail_r, kv).logits[:, -1], atol=1e-5)
+
+
+def test_no_future_leak():
+    """Nothing at or after t (question or response), nor the response at t, moves the prediction at t.
+    (1e-6, not bit-identical: block 4's scan rescales by a running maximum that later keys can raise.)"""
+    m = make()
+    kv = m.bank_keys(banks())
+    q, r = data(T=30)
+    with torch.no_grad():
+        base = m(q, r, kv).logits
+        for t in (0, 7, 29):
+            q2, r2 = q.clone(), r.clone()
+            q2[:, t + 1:] = 3
+            r2[:, t:] = 1 - r2[:, t:]
+            other = m(q2, r2, kv).logits
+            assert (other[:, :t + 1] - base[:, :t + 1]).abs().max() <= 1e-6
+            if t < 29:
+                assert (other[:, t + 1:] - base[:, t + 1:]).abs().max() > 1e-3  # the test can fail
+
+
+def test_students_in_a_batch_do_not_see_each_other():
+    m = make()
+    kv = m.bank_keys(banks())
+    q, r = data()
+    with torch.no_grad():
+        base = m(q, r, kv).logits
+        r2 = r.clone()
+        r2[1] = 1 - r2[1]
+        other = m(q, r2, kv).logits
+    assert torch.equal(other[0], base[0]) and torch.equal(other[2], base[2])
+
+
+def _copy(src: SimAKT, similarity) -> SimAKT:
+    dst = make(similarity)
+    dst.load_state_dict(src.state_dict(), strict=False)  # the baseline has no bank projections
+    return dst
+
+
+def test_inter_heads_off_or_at_zero_influence_is_the_baseline_exactly():
+    trained = make(DUAL)
+    q, r = data(T=20)
+    baseline = _copy(trained, {})  # every head intra-student: DTransformer
+    off = {**DUAL, "inter_heads": [{**h, "enabled": False} for h in DUAL["inter_heads"]]}
+    zero = {**DUAL, "inter_heads": [{**h, "influence_weight": 0} for h in DUAL["inter_heads"]]}
+    with torch.no_grad():
+        expected = baseline(q, r).logits
+        for cfg in (off, zero):
+            model = _copy(trained, cfg)
+            assert model.heads == []
+            assert torch.equal(model(q, r).logits, expected)
+            state = model.init_state(3)
+            for t in range(5):
+                state = model.step(state, q[:, t], r[:, t])
+            assert torch.equal(model.predict(state, q[:, 5:6]).logits, baseline.predict(state, q[:, 5:6]).logits)
+        # and a head that is on does change the output
+        assert not torch.allclose(trained(q, r, trained.bank_keys(banks())).logits, expected, atol=1e-4)
+
+
+def test_influence_weight_scales_the_head_output():
+    weighted = make({"intra_heads": 3, "inter_heads": [{"type": "cluster", "size": 10, "influence_weight": 2.5}]})
+    unit = _copy(weighted, {"intra_heads": 3, "inter_heads": [{"type": "cluster", "size": 10}]})
+    kv = weighted.bank_keys(banks()[:1])
+    hq, hs = torch.randn(2, 9, 32), torch.randn(2, 9, 32)
+    with torch.no_grad():
+        a, wa = weighted.block3.heads(hq, hs, kv)
+        b, wb = unit.block3.heads(hq, hs, kv)
+    assert torch.allclose(a[:, 3], 2.5 * b[:, 3]) and torch.equal(a[:, :3], b[:, :3])
+    assert torch.equal(wa[0], wb[0])
+
+
+# ----------------------------------------------------------------------------- position weighting and heads
+
+def test_position_weighted_keys_match_the_seeds_formula():
+    g = torch.Generator().manual_seed(0)
+    M, L, e = 3, 9, 4
+    x, lengths = torch.randn(M, L, e, generator=g), torch.tensor([9, 4, 1])
+    decay, fw = 0.8, 0.3
+    got = position_weighted(x, lengths, decay, fw)  # (L, M, e)
+    for m in range(M):
+        for t in range(L):
+            w = [decay ** (t - i) if i <= t else fw * decay ** (i - t - 1) for i in range(int(lengths[m]))]
+            ref = sum(wi * x[m, i] for i, wi in enumerate(w)) / sum(w)
+            assert torch.allclose(got[t, m], ref, atol=1e-5)
+
+
+def test_future_weight_zero_compares_entries_up_to_the_position_only():
+    x = torch.randn(2, 10, 3)
+    a = position_weighted(x, torch.tensor([10, 10]), 0.9, 0.0)
+    x2 = x.clone()
+    x2[:, 6:] = 100.0
+    b = position_weighted(x2, torch.tensor([10, 10]), 0.9, 0.0)
+    assert torch.allclose(a[:6], b[:6]) and not torch.allclose(a[6:], b[6:])
+
+
+def test_knn_weights_keep_k_neighbours_and_cluster_weights_all():
+    m = make()
+    q = torch.randn(2, 5, 8)
+    cluster, knn = m.block3.inter["cluster"], m.block3.inter["knn"]
+    keys = torch.randn(5, 12, 8)
+    w = knn.weights(q, keys)
+    assert ((w > 0).sum(-1) == 4).all() and torch.allclose(w.sum(-1), torch.ones(2, 5))
+    nearest = ((q[:, :, None] - keys[None]) ** 2).sum(-1).topk(4, largest=False).indices
+    assert torch.equal(torch.sort(w.topk(4).indices, -1).values, torch.sort(nearest, -1).values)
+    w = cluster.weights(q, keys[:, :10])
+    assert (w > 0).all() and torch.allclose(w.sum(-1), torch.ones(2, 5))
+
+
+def test_kmeans_finds_separated_clusters_and_farthest_first_spreads():
+    rng = np.random.default_rng(0)
+    centres = np.array([[0, 0], [10, 0], [0, 10]], dtype=float)
+    x = np.concatenate([c + rng.normal(0, 0.3, (30, 2)) for c in centres])
+    labels = kmeans(x, 3, seed=0)
+    assert sorted(np.bincount(labels).tolist()) == [30, 30, 30]
+    assert all(len(set(labels[i * 30:(i + 1) * 30])) == 1 for i in range(3))
+    chosen = _farthest_first(x, 3, seed=0)
+    assert len({int(c) // 30 for c in chosen}) == 3  # one from each blob
+
+
+def test_knowledge_readout_scan_equals_a_direct_computation():
+    torch.manual_seed(0)
+    block = KnowledgeReadout(16, 4, 3, 0.0).eval()
+    with torch.no_grad():
+        block.rate.copy_(torch.tensor([0.0, 0.5, 1.5, 2.0]))
+    hq, p = torch.randn(2, 70, 16) * 3, torch.randn(2, 70, 16)
+    with torch.no_grad():
+        z = block(hq, p)
+        for t in (0, 1, 15, 16, 17, 69):
+            at = block.at(hq, p, torch.tensor([t, t]))
+            assert torch.allclose(z[:, t], at[:, 0], atol=1e-5)
+        # direct: softmax over j < t of s_j - g (t - j), per head
+        H, dh = 4, 4
+        qk = block.qk(block.know).view(3, H, dh)
+        k = block.qk(hq).view(2, 70, H, dh)
+        v = block.v(p).view(2, 70, H, dh)
+        t = 40
+        s = torch.einsum("khd,bjhd->bkhj", qk, k[:, :t]) / math.sqrt(dh) - block.rate[:, None] * (t - torch.arange(t))
+        mixed = torch.einsum("bkhj,bjhd->bkhd", torch.softmax(s, -1), v[:, :t])
+        ref = block.norm(block.know + block.out(mixed.reshape(2, 3, 16)))
+        assert torch.allclose(z[:, t], ref, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+def test_both_configuration_styles_build_the_same_heads():
+    dual = parse_similarity({"approach": "position_weighted_dual", "cluster_config": {"n_clusters": 50},
+                             "knn_config": {"memory_size": 100, "k_neighbors": 10},
+                             "temporal_config": {"future_weight": 0.0}}, 8)
+    modular = parse_similarity({"intra_heads": 6, "inter_heads": [
+        {"type": "cluster", "n_clusters": 50, "temperature": 0.05, "temporal_config": {"future_weight": 0.0}},
+        {"type": "knn", "memory_size": 100, "k_neighbors": 10, "temporal_config": {"future_weight": 0.0}}]}, 8)
+    assert dual == modular
+    assert [h.size for h in dual.inter_heads] == [50, 100] and dual.intra_heads == 6
+    assert parse_similarity({"approach": "none"}, 8).inter_heads == []
+    assert parse_similarity({"similarity_config": {"approach": "knn"}}, 8).intra_heads == 7
+
+
+@pytest.mark.parametrize("config, where", [
+    ({"intra_heads": 7, "inter_heads": [{"type": "cluster"}, {"type": "knn"}]}, "intra_heads"),
+    ({"approach": "position_weighted_dual", "intra_heads": 7}, "intra_heads"),
+    ({"approach": "position_weighted_dual", "inter_heads": 3}, "inter_heads"),
+    ({"approach": "knn", "total_heads": 4}, "total_heads"),
+    ({"intra_heads": 7, "inter_heads": [{"type": "cluster", "influence_weight": -1}]},
+     "inter_heads[0].influence_weight"),
+    ({"approach": "knn", "knn_config": {"influence_weight": -0.5}}, "knn_config.influence_weight"),
+    ({"intra_heads": 7, "inter_heads": [{"type": "graph"}]}, "inter_heads[0].type"),
+    ({"intra_heads": 7, "inter_heads": [{"type": "knn", "k_neighbor": 3}]}, "inter_heads[0].k_neighbor"),
+    ({"intra_heads": 7, "inter_heads": [{"type": "knn", "memory_size": 5, "k_neighbors": 6}]},
+     "inter_heads[0].k_neighbors"),
+    ({"intra_heads": 7, "inter_heads": [{"type": "cluster", "temporal_config": {"future_weight": 1.5}}]},
+     "inter_heads[0].temporal_config.future_weight"),
+    ({"intra_heads": 6, "inter_heads": [{"type": "cluster"}, {"type": "cluster"}]}, "inter_heads[1].name"),
+    ({"approach": "hybrid"}, "approach"),
+    ({"approach": "knn", "colour": "red"}, "colour"),
+])
+def test_bad_configurations_name_the_key(config, where):
+    with pytest.raises(ConfigError) as err:
+        parse_similarity(config, 8)
+    assert err.value.where == where
+
+
+def test_the_repository_configurations_parse(tmp_path):
+    from pathlib import Path
+
+    from nextstep.training.simakt_run import load_similarity
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "simakt"
+    got = {p.stem: parse_similarity(load_similarity(p), 8) for p in sorted(root.iterdir())}
+    assert [len(got[n].active) for n in ("none", "cluster", "knn", "dual")] == [0, 1, 1, 2]
+    collection = tmp_path / "many.json"
+    collection.write_text(json.dumps({"similarity_approaches": {"strict_causal": {"approach": "knn"}}}))
+    assert parse_similarity(load_similarity(f"{collection}#strict_causal"), 8).inter_heads[0].type == "knn"
+
+
+class MeanHead(BankHead):
+    """A plug-in for the test: one bank entry per five trajectories, uniform weights."""
+
+    @classmethod
+    def select(cls, summaries, spec, seed):
+        return [np.arange(i, min(i + 5, len(summaries))) for i in range(0, len(summaries), 5)]
+
+    def weights(self, q, keys):
+        return torch.full((q.shape[0], q.shape[1], keys.shape[1]), 1.0 / keys.shape[1])
+
+
+def test_a_new_similarity_module_plugs_in_by_path():
+    sim = {"intra_heads": 3, "inter_heads": [{"type": f"{__name__}:MeanHead", "size": 4}]}
+    m = make(sim)
+    assert isinstance(m.heads[0], MeanHead) and "cluster" in REGISTRY and REGISTRY["cluster"] is ClusterHead
+    q, r = data()
+    with torch.no_grad():
+        out = m(q, r, m.bank_keys(banks()[:1])).logits
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    with pytest.raises(ConfigError, match="not a BankHead"):
+        parse_similarity({"intra_heads": 3, "inter_heads": [{"type": "torch.nn:Linear"}]}, 4)
