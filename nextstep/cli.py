@@ -13,7 +13,7 @@ def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
     """A training config from --config (JSON; model settings under "model") and the flags; unknown keys and
     bad values are refused before any data is read."""
     values = json.loads(Path(args.config).read_text()) if args.config else {}
-    derived = {"n_questions", "n_cats", "n_items"}  # come from the data
+    derived = {"n_questions", "n_cats", "n_items", "n_skills", "n_problems", "similarity"}  # from the data / files
     checks = [("", values, cls)] + ([("model.", values.get("model", {}), model_cls)] if model_cls else [])
     for where, given, c in checks:
         known = {f.name for f in fields(c)} - derived
@@ -51,12 +51,25 @@ def cmd_train(args) -> int:
         cfg = _config(args, TimeAwareTrainConfig, TimeAwareConfig)
         manifest = train_time_aware(args.data, out, cfg=cfg, day_columns=args.day_columns,
                                     duration_cap_s=args.duration_cap_s, progress=not args.quiet)
+    elif args.model == "simakt":
+        from .models.simakt import ConfigError, SimAKTConfig
+        from .training.simakt_run import SimAKTTrainConfig, load_similarity, train_simakt
+
+        if args.valid or args.loss or args.format or args.day_columns != "check" or args.duration_cap_s is not None:
+            raise SystemExit("--valid, --loss, --format, --day-columns and --duration-cap-s do not apply to simakt")
+        cfg = _config(args, SimAKTTrainConfig, SimAKTConfig, flags=("epochs", "seed", "device"))
+        try:
+            manifest = train_simakt(args.data, out, cfg=cfg, similarity=load_similarity(args.similarity_config))
+        except ConfigError as exc:
+            raise SystemExit(f"--similarity-config {args.similarity_config}: {exc}") from None
     elif args.model in TRAINERS:
         train_cls, model_cls, _ = TRAINERS[args.model]
         cfg = _config(args, train_cls, model_cls, flags=("epochs", "seed", "loss"))
         manifest = train_next_item(args.model, args.data, out, cfg=cfg, valid=args.valid, fmt=args.format,
                                    progress=not args.quiet)
     else:
+        if args.similarity_config or args.device:
+            raise SystemExit("--similarity-config and --device apply to simakt")
         if args.day_columns != "check" or args.duration_cap_s is not None:
             raise SystemExit("--day-columns and --duration-cap-s apply to time_aware (review logs)")
         if args.valid or args.loss:
@@ -84,6 +97,13 @@ def cmd_evaluate(args) -> int:
     else:
         result = evaluate_artifact(args.artifact, args.data, args.format, args.max_len)
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_banks_build(args) -> int:
+    from .training.banks import build_artifact_banks
+
+    print(json.dumps(build_artifact_banks(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
     return 0
 
 
@@ -276,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a model on a data set directory, evaluate it, export it")
     train.add_argument("model", choices=["deep_gpcm", "attention_gpcm", "coral_gpcm", *NEXT_ITEM_MODELS,
-                                         "time_aware"])
+                                         "time_aware", "simakt"])
     train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
     train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION)")
     train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
@@ -291,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--duration-cap-s", type=float,
                        help="time_aware: the app's answer-time cap in seconds, when the CSV cannot say (Anki: 60 "
                             "by default; capped answers are left out of the duration error)")
+    train.add_argument("--similarity-config",
+                       help="simakt: JSON or YAML file of block 3's inter-student heads (FILE#name picks one of "
+                            "several); default: none, the DTransformer baseline")
+    train.add_argument("--device", help="simakt: torch device to train on (default cpu)")
     train.add_argument("--config", help="JSON file of training config fields (model overrides under 'model')")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=cmd_train)
@@ -329,6 +353,16 @@ def build_parser() -> argparse.ArgumentParser:
     anki.add_argument("--out", required=True, help="the CSV to write")
     anki.add_argument("--user-id", default="0", help="user id written in the user_id column (default 0)")
     anki.set_defaults(func=cmd_import_anki)
+
+    banks = sub.add_parser("banks", help="SimAKT memory banks")
+    banks_sub = banks.add_subparsers(dest="banks_command", required=True)
+    build = banks_sub.add_parser("build", help="rebuild an artifact's memory banks from a data set's training "
+                                               "students into ARTIFACT/banks/VERSION")
+    build.add_argument("artifact")
+    build.add_argument("--data", required=True, help="data set directory: its *train* file is read, never *test*")
+    build.add_argument("--version", help="bank version (default: a UTC timestamp)")
+    build.add_argument("--seed", type=int, default=0)
+    build.set_defaults(func=cmd_banks_build)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")

@@ -14,6 +14,7 @@ expected and what was found. Mapping raw ids to embedding rows is the job of `Vo
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import os
@@ -315,6 +316,14 @@ def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[K
         if not ds.sequences:
             raise DataFormatError(ds.path, 1, "at least one record", "an empty file")
     return train, test
+
+
+def fingerprint(*paths: str | os.PathLike) -> str:
+    """A short content hash of data files (provenance in manifests)."""
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(Path(p).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def split_students(ds: KTDataset, valid_fraction: float, seed: int) -> tuple[KTDataset, KTDataset]:

@@ -20,12 +20,11 @@ import torch
 from ..models.gru4rec import GRU4Rec, GRU4RecConfig
 from ..models.mrn import MRN, MRNConfig
 from ..models.next_item import Markov, NextItemModel, Popularity
-from .data import Vocabulary
+from .data import Vocabulary, fingerprint
 from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
 from .mrn_loop import MRNTrainConfig, fit_mrn
 from .next_item_export import TASK, export_next_item
 from .ranking import evaluate_sessions
-from .run import fingerprint
 from .sessions import SessionData, load_session_split
 
 

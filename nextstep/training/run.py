@@ -4,7 +4,6 @@
     test file  --------------------> metrics.test (never used to choose anything)
 """
 
-import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 
 from ..models.deep_gpcm import MODELS, DeepGPCM, GPCMConfig
-from .data import KTDataset, Vocabulary, load_dataset, split_students
+from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
 from .export import export_artifact
 from .loop import Encoded, TrainConfig, fit, predict_sequences
 from .metrics import ordinal_metrics
@@ -25,13 +24,6 @@ TASK = "knowledge_tracing"
 
 def encode(ds: KTDataset, vocab: Vocabulary) -> list[Encoded]:
     return [(vocab.encode(s.questions), s.responses) for s in ds.sequences]
-
-
-def fingerprint(*paths: str | Path) -> str:
-    digest = hashlib.sha256()
-    for p in paths:
-        digest.update(Path(p).read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def irt_recovery(model: DeepGPCM, vocab: Vocabulary, truth_file: Path, test_pred: dict) -> dict:

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
+from .data import fingerprint
 from .reviews import ReviewLog, read_reviews
-from .run import fingerprint
 from .srs_eval import evaluate_baselines, evaluate_predictions, protocol_folds
 from .time_aware_export import export_time_aware
 from .time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict

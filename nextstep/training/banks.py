@@ -1,0 +1,189 @@
+"""SimAKT memory banks: built offline from training students' complete trajectories, saved as .npy.
+
+    trajectories (question rows, responses), training students only
+      -> encoded by the trained model: block 2's states hs (N, L, d), padded to the model's window
+      -> summary per trajectory: the mean of its valid states (N, d)
+      -> per active inter-student head: the head class's `select` groups trajectories into entries
+         (k-means clusters; farthest-first samples), an entry's states are its members' per-position mean
+      -> banks/<version>/<head>_states.npy (M, L, d) float32, <head>_lengths.npy (M,) int64,
+         <head>_summaries.npy (M, d), <head>_sizes.npy (M,) members per entry, and provenance.json:
+         which data file, which students (ids and a hash), which weights, when, with what settings.
+
+No pickle anywhere: a bank is arrays and JSON. Test students never reach this module: `build_banks` takes
+trajectories and their student ids, and the callers pass training students only (tests prove it).
+"""
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models.simakt import SimAKT
+
+BANK_FILES = ("states", "lengths", "summaries", "sizes")
+
+
+@dataclass
+class Bank:
+    head: str  # the inter-student head (and bank) name
+    type: str
+    states: np.ndarray  # (M, L, d) float32
+    lengths: np.ndarray  # (M,) int64
+    summaries: np.ndarray  # (M, d) float32
+    sizes: np.ndarray  # (M,) int64: trajectories averaged into each entry
+    sources: list[list[str]]  # student ids behind each entry (knn: one; cluster: its members)
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(self.states), torch.from_numpy(self.lengths)
+
+
+@torch.no_grad()
+def encode_trajectories(model: SimAKT, trajectories: list[tuple[np.ndarray, np.ndarray]],
+                        batch_size: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(states (N, W, d) float32 zero-padded, lengths (N,), summaries (N, d)) of trajectories <= window long."""
+    was_training = model.training
+    model.eval()
+    W, d = model.cfg.window, model.cfg.d_model
+    states = np.zeros((len(trajectories), W, d), dtype=np.float32)
+    lengths = np.array([len(q) for q, _ in trajectories], dtype=np.int64)
+    if (lengths > W).any() or (lengths < 1).any():
+        raise ValueError(f"trajectories must be 1..{W} interactions long (cut them to the model's window)")
+    order = np.argsort(lengths, kind="stable")
+    dev = model.skill_embed.weight.device
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        T = int(lengths[idx].max())
+        q = np.zeros((len(idx), T), dtype=np.int64)
+        r = np.zeros((len(idx), T), dtype=np.int64)
+        for row, i in enumerate(idx):
+            q[row, :lengths[i]], r[row, :lengths[i]] = trajectories[i]
+        hs = model.trajectory_states(torch.from_numpy(q).to(dev), torch.from_numpy(r).to(dev))
+        states[idx, :T] = hs.cpu().numpy()
+    valid = np.arange(W)[None, :] < lengths[:, None]
+    states *= valid[..., None]  # padding rows are zero, not block 2's output for the padding id
+    summaries = (states.sum(1) / lengths[:, None]).astype(np.float32)
+    model.train(was_training)
+    return states, lengths, summaries
+
+
+def build_banks(model: SimAKT, trajectories: list[tuple[np.ndarray, np.ndarray]], student_ids: list[str],
+                seed: int = 0) -> list[Bank]:
+    """One bank per active inter-student head of `model`, from these (training) trajectories."""
+    if len(trajectories) != len(student_ids):
+        raise ValueError("one student id per trajectory")
+    if not model.sim.active:
+        return []
+    return select_banks(model, encode_trajectories(model, trajectories), student_ids, seed)
+
+
+def select_banks(model: SimAKT, encoded: tuple[np.ndarray, np.ndarray, np.ndarray], student_ids: list[str],
+                 seed: int = 0, rows: list[int] | None = None) -> list[Bank]:
+    """Banks from already encoded trajectories (encode_trajectories), optionally only `rows` of them."""
+    states, lengths, summaries = encoded
+    if rows is not None:
+        states, lengths, summaries = states[rows], lengths[rows], summaries[rows]
+        student_ids = [student_ids[i] for i in rows]
+    banks = []
+    for _, spec in model.sim.active:
+        groups = type(model.block3.inter[spec.name]).select(summaries, spec, seed)
+        if spec.type == "knn" and len(groups) < spec.k_neighbors:
+            raise ValueError(f"head {spec.name!r}: {len(groups)} bank entries from {len(lengths)} "
+                             f"trajectories, fewer than its k_neighbors={spec.k_neighbors}")
+        M, W = len(groups), states.shape[1]
+        b_states = np.zeros((M, W, states.shape[2]), dtype=np.float32)
+        b_lengths = np.zeros(M, dtype=np.int64)
+        for m, members in enumerate(groups):
+            count = (np.arange(W)[None, :] < lengths[members][:, None]).sum(0)  # members alive at each position
+            b_states[m] = states[members].sum(0) / np.maximum(count, 1)[:, None]
+            b_lengths[m] = lengths[members].max()
+        banks.append(Bank(spec.name, spec.type, b_states, b_lengths,
+                          np.stack([summaries[g].mean(0) for g in groups]).astype(np.float32),
+                          np.array([len(g) for g in groups], dtype=np.int64),
+                          [[student_ids[i] for i in g] for g in groups]))
+    return banks
+
+
+def weights_hash(model: SimAKT) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def save_banks(banks: list[Bank], out_dir: Path, provenance: dict) -> Path:
+    """Write the banks and provenance.json into out_dir (created); returns out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for b in banks:
+        for part in BANK_FILES:
+            np.save(out_dir / f"{b.head}_{part}.npy", getattr(b, part), allow_pickle=False)
+        students = sorted({s for src in b.sources for s in src})
+        entries.append({"head": b.head, "type": b.type, "entries": len(b.lengths), "window": b.states.shape[1],
+                        "d_model": b.states.shape[2], "students": len(students),
+                        "students_sha256": hashlib.sha256("\n".join(students).encode()).hexdigest()[:16],
+                        "sources": b.sources if b.type != "cluster" else None,
+                        "files": {p: f"{b.head}_{p}.npy" for p in BANK_FILES}})
+    (out_dir / "provenance.json").write_text(json.dumps({**provenance, "banks": entries}, indent=2))
+    return out_dir
+
+
+def load_banks(bank_dir: Path, model: SimAKT) -> list[Bank]:
+    """The banks in bank_dir for `model`'s active heads, checked against its window and width."""
+    bank_dir = Path(bank_dir)
+    prov = json.loads((bank_dir / "provenance.json").read_text())
+    by_head = {e["head"]: e for e in prov["banks"]}
+    banks = []
+    for _, spec in model.sim.active:
+        if spec.name not in by_head:
+            raise ValueError(f"{bank_dir}: no bank for inter-student head {spec.name!r} (has {sorted(by_head)})")
+        e = by_head[spec.name]
+        arrays = {p: np.load(bank_dir / e["files"][p], allow_pickle=False) for p in BANK_FILES}
+        M = len(arrays["lengths"])
+        if arrays["states"].shape != (M, model.cfg.window, model.cfg.d_model) or arrays["states"].dtype != np.float32:
+            raise ValueError(f"{bank_dir}: bank {spec.name!r} states are {arrays['states'].dtype}"
+                             f"{arrays['states'].shape}, the model needs float32 ({M}, {model.cfg.window}, "
+                             f"{model.cfg.d_model})")
+        banks.append(Bank(spec.name, e["type"], arrays["states"], arrays["lengths"].astype(np.int64),
+                          arrays["summaries"], arrays["sizes"], e.get("sources") or [[] for _ in range(M)]))
+    return banks
+
+
+def provenance(model: SimAKT, data_file: str, students: list[str], seed: int) -> dict:
+    return {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "data_file": str(data_file),
+            "n_trajectories": len(students), "n_students": len(set(students)), "seed": seed,
+            "model_weights_sha256": weights_hash(model), "similarity": model.sim.to_dict()}
+
+
+def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, version: str | None = None,
+                         seed: int = 0) -> dict:
+    """`nextstep banks build`: encode the data set's training students with the artifact's weights and
+    write new banks to ARTIFACT/banks/<version>. The test file is not opened."""
+    from .data import find_split_files, read_dtransformer, read_pykt_csv, read_three_line
+    from .simakt_export import load_simakt
+    from .simakt_run import KTVocab, trajectories
+
+    artifact_dir = Path(artifact_dir)
+    model, manifest = load_simakt(artifact_dir)
+    if not model.sim.active:
+        raise ValueError(f"{artifact_dir}: the model has no active inter-student head, so it uses no bank")
+    train_path, _, fmt, kwargs = find_split_files(data_dir)
+    reader = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer}[fmt]
+    train = reader(train_path, **kwargs)
+    vocab_json = json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text())
+    vocab = KTVocab.from_json(vocab_json)
+    trajs, ids = trajectories(train, vocab, model.cfg.window)
+    banks = build_banks(model, trajs, ids, seed)
+    version = version or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = artifact_dir / manifest["banks"]["dir"] / version
+    if out.exists():
+        raise FileExistsError(f"{out} exists: bank versions are immutable, choose another --version")
+    save_banks(banks, out, provenance(model, str(train_path), ids, seed))
+    return {"artifact": str(artifact_dir), "version": version, "dir": str(out),
+            "banks": {b.head: {"type": b.type, "entries": len(b.lengths)} for b in banks},
+            "trajectories": len(trajs), "students": len(set(ids))}

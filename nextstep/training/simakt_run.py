@@ -1,0 +1,306 @@
+"""SimAKT end to end: read a data set directory, train with memory banks, evaluate on its test file, export.
+
+    train file --split by student--> fit students (two halves) + validation students (early stopping)
+    test file  --------------------> metrics.test (auc, accuracy, nll): never used to choose anything
+
+Banks during training are cross-fitted: they are rebuilt from the current encoder at every epoch, one from
+each half of the fit students, and a batch of one half attends to the other half's bank, so no student ever
+sees a bank that holds their own trajectory (their own future). Validation uses a bank of all fit
+students. After training, the final banks come from every training-file student (fit and validation: all
+training data, no test student), exactly what `nextstep banks build` makes, and the test metrics use them.
+"""
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models.simakt import SimAKT, SimAKTConfig, parse_similarity, regularisation
+from .banks import Bank, build_banks, encode_trajectories, provenance, select_banks
+from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
+from .metrics import roc_auc
+
+Trajectory = tuple[np.ndarray, np.ndarray]  # (question rows, responses)
+
+
+@dataclass
+class SimAKTTrainConfig:
+    epochs: int = 40  # upper bound; early stopping or the time budget usually ends sooner
+    batch_size: int = 32
+    lr: float = 1e-3
+    problem_l2: float = 1e-5  # DTransformer's L2 on problem difficulties (sum of squares)
+    grad_clip: float = 10.0
+    patience: int = 4  # epochs without a better validation AUC
+    valid_fraction: float = 0.1
+    max_minutes: float = 27.0  # stop starting epochs after this (one run must fit in 30 min on 2 cores)
+    seed: int = 0
+    device: str = "cpu"  # "cuda" for sweeps on a GPU; every reported figure is a CPU run
+    model: dict = field(default_factory=dict)  # SimAKTConfig overrides (d_model, n_know, dropout, window, ...)
+
+
+def load_similarity(path: str | Path | None) -> dict:
+    """A similarity configuration from a JSON or YAML file. FILE#name picks one named configuration from a
+    file of several (the seed's {"similarity_approaches": {name: {...}}} layout)."""
+    if path is None:
+        return {}
+    path, _, name = str(path).partition("#")
+    text = Path(path).read_text()
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if name:
+        collection = next((v for v in data.values() if isinstance(v, dict) and name in v), None) \
+            if isinstance(data, dict) else None
+        if collection is None:
+            raise ValueError(f"{path}: no configuration named {name!r}")
+        data = collection[name]
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a similarity configuration is a JSON/YAML object")
+    return data
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+@dataclass
+class KTVocab:
+    """Question rows: 0 padding, 1 unknown, then every (problem, skill) pair seen in training, then every
+    skill alone (what an unseen problem of a known skill maps to). External ids: "problem:skill" and "skill"
+    (just "skill" for data without problem ids)."""
+
+    skills: Vocabulary
+    problems: Vocabulary | None
+    pairs: list[tuple[int, int]]  # (problem id, skill id) in row order, after the 2 reserved rows
+
+    @classmethod
+    def build(cls, ds: KTDataset) -> "KTVocab":
+        skills = Vocabulary.build(np.concatenate([s.questions for s in ds.sequences]))
+        if ds.sequences[0].problems is None:
+            return cls(skills, None, [])
+        problems = Vocabulary.build(np.concatenate([s.problems for s in ds.sequences]))
+        pairs = sorted({(int(p), int(q)) for s in ds.sequences for p, q in zip(s.problems, s.questions, strict=True)})
+        return cls(skills, problems, pairs)
+
+    @property
+    def ids(self) -> list[str]:
+        return [f"{p}:{q}" for p, q in self.pairs] + [str(q) for q in self.skills.ids]
+
+    def __len__(self) -> int:
+        return 2 + len(self.pairs) + len(self.skills.ids)
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(question row -> skill row, question row -> problem row)."""
+        n = len(self)
+        skill, problem = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
+        skill[0] = problem[0] = 0
+        if self.pairs:
+            p, q = np.array(self.pairs).T
+            skill[2:2 + len(p)], problem[2:2 + len(p)] = self.skills.encode(q), self.problems.encode(p)
+        skill[2 + len(self.pairs):] = np.arange(2, len(self.skills))
+        return torch.from_numpy(skill), torch.from_numpy(problem)
+
+    def encode(self, questions: np.ndarray, problems: np.ndarray | None) -> np.ndarray:
+        """Rows: the (problem, skill) pair if seen in training, else the skill alone, else unknown (1)."""
+        skill_rows = self.skills.encode(questions)
+        rows = np.where(skill_rows > 1, skill_rows - 2 + 2 + len(self.pairs), 1)
+        if self.pairs and problems is not None:
+            keys = np.asarray(problems, dtype=np.int64) * (1 << 32) + np.asarray(questions, dtype=np.int64)
+            table = np.array([p * (1 << 32) + q for p, q in self.pairs], dtype=np.int64)  # sorted: pairs are
+            pos = np.clip(np.searchsorted(table, keys), 0, len(table) - 1)
+            rows = np.where(table[pos] == keys, pos + 2, rows)
+        return rows.astype(np.int64)
+
+    def to_json(self) -> dict:
+        return {"ids": self.ids, "skills": self.skills.ids, "problems": self.problems.ids if self.problems else None,
+                "pairs": [list(p) for p in self.pairs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KTVocab":
+        problems = Vocabulary(d["problems"]) if d.get("problems") is not None else None
+        return cls(Vocabulary(d["skills"]), problems, [tuple(p) for p in d.get("pairs", [])])
+
+
+def trajectories(ds: KTDataset, vocab: KTVocab, window: int) -> tuple[list[Trajectory], list[str]]:
+    """Every sequence cut into chunks of at most `window` (each starts afresh), with its student id."""
+    out, ids = [], []
+    for s in ds.sequences:
+        rows = vocab.encode(s.questions, s.problems)
+        for i in range(0, len(rows), window):
+            out.append((rows[i:i + window], s.responses[i:i + window]))
+            ids.append(s.student_id)
+    return out, ids
+
+
+def batches(trajs: list[Trajectory], batch_size: int, rng: np.random.Generator | None = None):
+    order = np.argsort([len(q) for q, _ in trajs], kind="stable")
+    groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if rng is not None:
+        rng.shuffle(groups)
+    for g in groups:
+        T = max(len(trajs[i][0]) for i in g)
+        q, r = np.zeros((len(g), T), dtype=np.int64), np.zeros((len(g), T), dtype=np.int64)
+        mask = np.zeros((len(g), T), dtype=bool)
+        for row, i in enumerate(g):
+            n = len(trajs[i][0])
+            q[row, :n], r[row, :n], mask[row, :n] = trajs[i][0], trajs[i][1], True
+        yield torch.from_numpy(q), torch.from_numpy(r), torch.from_numpy(mask)
+
+
+def bank_tensors(banks: list[Bank], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [tuple(t.to(device) for t in b.tensors()) for b in banks]
+
+
+def _device(model: SimAKT) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def predict(model: SimAKT, trajs: list[Trajectory], banks: list[Bank], batch_size: int = 64) -> tuple[np.ndarray,
+                                                                                                       np.ndarray]:
+    """P(right) and the response at every interaction of the trajectories."""
+    model.eval()
+    dev = _device(model)
+    kv = model.bank_keys(bank_tensors(banks, dev))
+    probs, targets = [], []
+    for q, r, mask in batches(trajs, batch_size):
+        probs.append(torch.sigmoid(model(q.to(dev), r.to(dev), kv).logits)[mask.to(dev)].cpu().numpy())
+        targets.append(r[mask].numpy())
+    return np.concatenate(probs), np.concatenate(targets)
+
+
+def binary_metrics(probs: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
+    return {"auc": roc_auc(targets, p), "accuracy": float(((p >= 0.5) == (targets == 1)).mean()),
+            "nll": float(-np.mean(targets * np.log(p) + (1 - targets) * np.log(1 - p))), "n": int(len(targets))}
+
+
+def split_halves(ids: list[str], rng: np.random.Generator) -> list[list[int]]:
+    """Positions of the trajectories in two halves by student: all of a student's chunks on one side."""
+    students = sorted(set(ids))
+    half_of = dict(zip(students, rng.permutation(len(students)) % 2, strict=True))
+    return [[i for i, s in enumerate(ids) if half_of[s] == h] for h in (0, 1)]
+
+
+def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_trajs: list[Trajectory],
+        cfg: SimAKTTrainConfig, log=print) -> list[dict]:
+    """Adam with early stopping on validation AUC and a wall-clock budget; leaves the best weights loaded."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    halves = split_halves(fit_ids, rng)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    uses_banks = bool(model.sim.active)
+    started, history, best, best_state, stale = time.perf_counter(), [], -math.inf, None, 0
+    def banks_now(epoch: int) -> tuple[list[list[Bank]], list[Bank]]:
+        """Banks of the current weights: one per half (for training) and one of all fit students (for
+        validation), from one encoding of the fit trajectories."""
+        if not uses_banks:
+            return [[], []], []
+        encoded = encode_trajectories(model, fit_trajs)
+        return ([select_banks(model, encoded, fit_ids, cfg.seed + epoch, h) for h in halves],
+                select_banks(model, encoded, fit_ids, cfg.seed))
+
+    half_banks, _ = banks_now(1)
+    for epoch in range(1, cfg.epochs + 1):
+        t0 = time.perf_counter()
+        model.train()
+        work = [(h, q, r, m) for h in (0, 1) for q, r, m in batches([fit_trajs[i] for i in halves[h]],
+                                                                    cfg.batch_size, rng)]
+        rng.shuffle(work)
+        total, count = 0.0, 0
+        dev = _device(model)
+        half_raw = [bank_tensors(b, dev) for b in half_banks]
+        for h, q, r, mask in work:
+            q, r, mask = q.to(dev), r.to(dev), mask.to(dev)
+            kv = model.bank_keys(half_raw[1 - h])  # the other half's students: never the student's own bank
+            logits = model(q, r, kv).logits
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], r[mask].float())
+            full = loss + cfg.problem_l2 * regularisation(model)
+            opt.zero_grad(set_to_none=True)
+            full.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            total, count = total + loss.item() * int(mask.sum()), count + int(mask.sum())
+        half_banks, valid_banks = banks_now(epoch + 1)  # the next epoch trains with the halves
+        metrics = binary_metrics(*predict(model, valid_trajs, valid_banks))
+        elapsed = time.perf_counter() - started
+        row = {"epoch": epoch, "train_loss": total / max(count, 1), "seconds": time.perf_counter() - t0,
+               **{f"valid_{k}": v for k, v in metrics.items()}}
+        improved = metrics["auc"] > best + 1e-5
+        row["best"] = improved
+        history.append(row)
+        log(f"epoch {epoch:3d}  loss {row['train_loss']:.4f}  valid auc {metrics['auc']:.4f}  "
+            f"acc {metrics['accuracy']:.4f}  nll {metrics['nll']:.4f}  {row['seconds']:.0f}s"
+            + ("  *" if improved else ""))
+        if improved:
+            best, stale = metrics["auc"], 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            stale += 1
+        per_epoch = elapsed / epoch
+        if stale >= cfg.patience or elapsed + per_epoch > cfg.max_minutes * 60:
+            break
+    model.load_state_dict(best_state)
+    model.eval()
+    return history
+
+
+def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,
+                 similarity: dict | None = None, name: str = "simakt", export: bool = True, log=print) -> dict:
+    """Train, evaluate on the test file, and (export=True) export to out_dir; returns the manifest (without
+    export: the manifest's metrics and training sections, for sweeps on machines without ONNX)."""
+    data_dir = Path(data_dir)
+    parse_similarity(similarity or {}, cfg.model.get("n_heads", 8))  # fail before reading data on a bad file
+    started = time.perf_counter()
+    train_ds, test_ds = load_dataset(data_dir)
+    if train_ds.n_cats != 2:
+        raise ValueError(f"{train_ds.path}: SimAKT predicts right/wrong responses; this data has K = {train_ds.n_cats}")
+    fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
+    vocab = KTVocab.build(fit_ds)  # ids seen only by validation or test students are unknown, as in serving
+    model_cfg = SimAKTConfig(n_questions=len(vocab), n_skills=len(vocab.skills),
+                             n_problems=len(vocab.problems) if vocab.problems else 0,
+                             similarity=similarity or {}, **cfg.model)
+    torch.manual_seed(cfg.seed)
+    model = SimAKT(model_cfg)
+    skill, problem = vocab.tables()
+    model.question_skill.copy_(skill)
+    model.question_problem.copy_(problem)
+    fit_trajs, fit_ids = trajectories(fit_ds, vocab, model_cfg.window)
+    valid_trajs, valid_ids = trajectories(valid_ds, vocab, model_cfg.window)
+    test_trajs, _ = trajectories(test_ds, vocab, model_cfg.window)
+    history = fit(model.to(cfg.device), fit_trajs, fit_ids, valid_trajs, cfg, log)
+
+    banks = build_banks(model, fit_trajs + valid_trajs, fit_ids + valid_ids, cfg.seed)
+    train_seconds = time.perf_counter() - started
+    probs, targets = predict(model, test_trajs, banks)
+    model = model.cpu()
+    best = [h for h in history if h["best"]][-1]
+    metrics = {"test": {**binary_metrics(probs, targets),
+                        "unknown_questions": int(sum((q == 1).sum() for q, _ in test_trajs))},
+               "valid": {k.removeprefix("valid_"): v for k, v in best.items() if k.startswith("valid_")}}
+    log(f"test auc {metrics['test']['auc']:.4f}  acc {metrics['test']['accuracy']:.4f}  "
+        f"nll {metrics['test']['nll']:.4f}  ({train_seconds:.0f}s)")
+    version = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    manifest = {
+        "name": name, "version": version, "task": "knowledge_tracing",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": {"dir": str(data_dir), "format": train_ds.fmt, "train_file": train_ds.path, "test_file": test_ds.path,
+                 "fingerprint": fingerprint(train_ds.path, test_ds.path), "n_fit_students": len(fit_ds),
+                 "n_valid_students": len(valid_ds), "n_test_students": len(test_ds)},
+        "responses": {"n_cats": 2},
+        "metrics": metrics,
+        "train_config": asdict(cfg),
+        "training": {"epochs_run": len(history), "best_epoch": best["epoch"], "seconds": round(train_seconds, 1),
+                     "history": history, "torch": torch.__version__},
+    }
+    if not export:
+        return manifest
+    from .simakt_export import export_simakt
+
+    bank_prov = provenance(model, train_ds.path, fit_ids + valid_ids, cfg.seed) if banks else None
+    return export_simakt(model, Path(out_dir), manifest=manifest, vocab_json=vocab.to_json(), banks=banks,
+                         bank_provenance=bank_prov, parity=test_trajs)

@@ -1,0 +1,127 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nextstep.cli import main
+from nextstep.training.banks import build_artifact_banks, build_banks, load_banks
+from nextstep.training.data import load_dataset
+from nextstep.training.simakt_ablation import table
+from nextstep.training.simakt_export import load_simakt
+from nextstep.training.simakt_run import KTVocab, SimAKTTrainConfig, split_halves, train_simakt, trajectories
+
+SIM = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
+                                         {"type": "knn", "size": 10, "k_neighbors": 3}]}
+SMALL = {"d_model": 32, "n_heads": 8, "n_know": 4, "window": 32}
+
+
+def write_dtransformer(path: Path, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            L = int(rng.integers(5, 50))
+            q = rng.integers(1, 8, L)
+            p = q * 10 + rng.integers(0, 3, L)
+            r = (rng.random(L) < 0.3 + 0.08 * q).astype(int)
+            f.write(f"{L}\n{','.join(map(str, p))}\n{','.join(map(str, q))}\n{','.join(map(str, r))}\n")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("simakt")
+    data = root / "data"
+    data.mkdir()
+    write_dtransformer(data / "train.txt", 100, 0)
+    write_dtransformer(data / "test.txt", 30, 1)
+    out = root / "artifact"
+    manifest = train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=2, model=SMALL), similarity=SIM,
+                            log=lambda *_: None)
+    return data, out, manifest
+
+
+def test_a_run_reports_binary_test_metrics_and_exports_with_parity(run):
+    _, out, manifest = run
+    test = manifest["metrics"]["test"]
+    assert {"auc", "accuracy", "nll"} <= set(test) and 0.5 < test["auc"] <= 1 and test["nll"] > 0
+    assert manifest["parity"]["passed"] and manifest["parity"]["steps"] == 32
+    assert set(manifest["graphs"]) == {"step", "predict", "step_predict", "bank_project"}
+    inputs = [i["name"] for i in manifest["graphs"]["predict"]["inputs"]]
+    assert inputs[-4:] == ["bank_cluster_keys", "bank_cluster_values", "bank_knn_keys", "bank_knn_values"]
+    assert (out / "banks" / manifest["banks"]["default"] / "provenance.json").exists()
+
+
+def test_banks_hold_training_students_only(run):
+    data, out, manifest = run
+    model, _ = load_simakt(out)
+    prov = json.loads((out / "banks" / manifest["banks"]["default"] / "provenance.json").read_text())
+    knn = next(b for b in prov["banks"] if b["type"] == "knn")
+    sources = {s for entry in knn["sources"] for s in entry}
+    assert sources and all(s.startswith("train:") for s in sources)  # student ids are "<file stem>:<index>"
+    train, test = load_dataset(data)
+    assert prov["n_students"] == len(train)  # every training student (fit and validation), nothing else
+    # `banks build` never opens the test file: it works with the test file unreadable, and a test
+    # student's trajectory cannot change a bank
+    (data / "test.txt").write_text("not a data file")
+    try:
+        built = build_artifact_banks(out, data, version="rebuilt", seed=3)
+    finally:
+        write_dtransformer(data / "test.txt", 30, 1)
+    assert built["students"] == len(train)
+    vocab = KTVocab.from_json(json.loads((out / "vocab_questions.json").read_text()))
+    trajs, ids = trajectories(train, vocab, model.cfg.window)
+    test_trajs, test_ids = trajectories(test, vocab, model.cfg.window)
+    a = build_banks(model, trajs, ids, seed=3)
+    b = build_banks(model, trajs, ids, seed=3)
+    assert all(np.array_equal(x.states, y.states) for x, y in zip(a, b, strict=True))
+    rebuilt = load_banks(out / "banks" / "rebuilt", model)
+    assert all(np.allclose(x.states, y.states, atol=1e-6) for x, y in zip(a, rebuilt, strict=True))
+    with_test = build_banks(model, trajs + test_trajs, ids + test_ids, seed=3)
+    assert any(any(s.startswith("test:") for s in src) for bank in with_test for src in bank.sources)  # can fail
+    with pytest.raises(FileExistsError):
+        build_artifact_banks(out, data, version="rebuilt")
+
+
+def test_cross_fitting_halves_split_by_student():
+    ids = [f"s{i % 7}" for i in range(40)]
+    halves = split_halves(ids, np.random.default_rng(0))
+    assert sorted(halves[0] + halves[1]) == list(range(40))
+    assert not {ids[i] for i in halves[0]} & {ids[i] for i in halves[1]}
+
+
+def test_vocabulary_pairs_fall_back_to_the_skill():
+    train, _ = load_dataset_from_lines(["3", "10,11,20", "1,1,2", "1,0,1"])
+    vocab = KTVocab.build(train)
+    assert vocab.ids == ["10:1", "11:1", "20:2", "1", "2"]
+    rows = vocab.encode(np.array([1, 2, 1, 9]), np.array([10, 99, 12, 10]))
+    assert rows.tolist() == [2, 6, 5, 1]  # the pair; skill 2 alone; skill 1 alone; unknown skill
+    skill, problem = vocab.tables()
+    assert skill.tolist() == [0, 1, 2, 2, 3, 2, 3] and problem.tolist() == [0, 1, 2, 3, 4, 1, 1]
+    assert KTVocab.from_json(json.loads(json.dumps(vocab.to_json()))).ids == vocab.ids
+
+
+def load_dataset_from_lines(lines, tmp=Path("/tmp")):
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    (d / "train.txt").write_text("\n".join(lines) + "\n")
+    (d / "test.txt").write_text("\n".join(lines) + "\n")
+    return load_dataset(d)
+
+
+def test_cli_refuses_a_bad_similarity_file(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"intra_heads": 5, "inter_heads": [{"type": "cluster"}, {"type": "knn"}]}))
+    with pytest.raises(SystemExit, match="intra_heads: 5 intra-student"):
+        main(["train", "simakt", "--data", str(tmp_path), "--similarity-config", str(bad)])
+    bad.write_text("intra_heads: 7\ninter_heads:\n  - type: knn\n    influence_weight: -2\n")
+    yaml_file = tmp_path / "bad.yaml"
+    bad.rename(yaml_file)
+    with pytest.raises(SystemExit, match=r"inter_heads\[0\].influence_weight"):
+        main(["train", "simakt", "--data", str(tmp_path), "--similarity-config", str(yaml_file)])
+
+
+def test_ablation_table():
+    rows = [{"config": "none", "test": {"auc": a, "accuracy": 0.7, "nll": 0.5}, "seconds": 10} for a in (0.8, 0.82)]
+    text = table(rows)
+    assert "| none | 2 | 0.8100 (0.8000-0.8200) | 0.7000 (0.7000-0.7000) |" in text
