@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
 
-.PHONY: help setup run demo test lint openapi bench train-synthetic train-assist2009 train-ankimath clean
+.PHONY: help setup run demo test lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -49,6 +49,14 @@ train-assist2009:  ## deep_gpcm on DKVMN's ASSISTments 2009 copy (binary)
 
 train-ankimath:  ## time_aware on AnkiMath under the srs-benchmark protocol, FSRS-6 and the other baselines side by side
 	$(BIN)/nextstep train time_aware --data $(DATA)/srs/ankimath --duration-cap-s 500 --out artifacts/time_aware/ankimath
+
+train-simakt:  ## SimAKT (dual inter-student heads) on DTransformer's ASSISTments 2009 copy, banks in the artifact
+	$(BIN)/nextstep train simakt --data $(DATA)/kt/dtransformer_assist09 --similarity-config configs/simakt/dual.yaml \
+	  --out artifacts/simakt/assist09
+
+ablation-simakt:  ## the SimAKT ablation (none / cluster / knn / dual, seeds 0-2) on one data set: hours on 2 cores
+	$(BIN)/python -m nextstep.training.simakt_ablation --data $(DATA)/kt/dtransformer_assist09 --out runs/simakt_ablation \
+	  --configs configs/simakt/none.json configs/simakt/cluster.json configs/simakt/knn.json configs/simakt/dual.yaml
 
 clean:
 	rm -rf artifacts .pytest_cache .ruff_cache

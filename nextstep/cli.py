@@ -86,8 +86,13 @@ def cmd_evaluate(args) -> int:
     from .training.next_item_run import TASK, evaluate_next_item
     from .training.run import evaluate_artifact
 
-    task = json.loads((Path(args.artifact) / "manifest.json").read_text()).get("task")
-    if task == "srs":
+    manifest = json.loads((Path(args.artifact) / "manifest.json").read_text())
+    task = manifest.get("task")
+    if manifest.get("family") == "simakt":
+        from .training.simakt_run import evaluate_simakt
+
+        result = evaluate_simakt(args.artifact, args.data, args.banks)
+    elif task == "srs":
         from .training.time_aware_run import evaluate_time_aware
 
         result = evaluate_time_aware(args.artifact, args.data, day_columns=args.day_columns,
@@ -325,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS])
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
     evaluate.add_argument("--max-len", type=int, help="score chunks of this length, each from a fresh state")
+    evaluate.add_argument("--banks", help="simakt: the bank version to use (default: the one exported with it)")
     evaluate.add_argument("--day-columns", choices=["check", "ignore", "trust"], default="check",
                           help="time_aware: how a review-log CSV's day columns are read (see train)")
     evaluate.add_argument("--duration-cap-s", type=float, help="time_aware: the app's answer-time cap (see train)")

@@ -304,3 +304,20 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     bank_prov = provenance(model, train_ds.path, fit_ids + valid_ids, cfg.seed) if banks else None
     return export_simakt(model, Path(out_dir), manifest=manifest, vocab_json=vocab.to_json(), banks=banks,
                          bank_provenance=bank_prov, parity=test_trajs)
+
+
+def evaluate_simakt(artifact_dir: str | Path, data_dir: str | Path, bank_version: str | None = None) -> dict:
+    """`nextstep evaluate` for SimAKT: the artifact's model with one of its bank versions (default: the one
+    exported with it) on the data set's test file."""
+    from .banks import load_banks
+    from .simakt_export import load_simakt
+
+    artifact_dir = Path(artifact_dir)
+    model, manifest = load_simakt(artifact_dir)
+    version = bank_version or manifest["banks"]["default"]
+    banks = load_banks(artifact_dir / manifest["banks"]["dir"] / version, model) if model.sim.active else []
+    vocab = KTVocab.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
+    _, test_ds = load_dataset(data_dir)
+    trajs, _ = trajectories(test_ds, vocab, model.cfg.window)
+    return {**binary_metrics(*predict(model, trajs, banks)), "bank_version": version if banks else None,
+            "unknown_questions": int(sum((q == 1).sum() for q, _ in trajs))}

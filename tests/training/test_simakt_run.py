@@ -82,6 +82,14 @@ def test_banks_hold_training_students_only(run):
         build_artifact_banks(out, data, version="rebuilt")
 
 
+def test_evaluate_rescores_the_artifact_with_its_banks(run, capsys):
+    data, out, manifest = run
+    assert main(["evaluate", str(out), "--data", str(data)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["auc"] == pytest.approx(manifest["metrics"]["test"]["auc"], abs=1e-6)
+    assert result["bank_version"] == manifest["banks"]["default"]
+
+
 def test_cross_fitting_halves_split_by_student():
     ids = [f"s{i % 7}" for i in range(40)]
     halves = split_halves(ids, np.random.default_rng(0))
