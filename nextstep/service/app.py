@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from .banks import Banks, make_bank_store
 from .kt import Engines, InvalidInput, KnowledgeTracer, TooLarge
 from .metrics import Metrics
 from .registry import ModelRegistry, UnknownId, UnknownModel
@@ -199,9 +200,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = make_store(settings.redis_url, ttl_seconds=settings.state_ttl_seconds,
                            max_event_ids=settings.max_event_ids)
         engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
+        banks = Banks(make_bank_store(settings.redis_url), refresh_seconds=settings.bank_refresh_seconds)
+        await banks.prepare(registry.models())  # publish the artifacts' bank versions, project the active ones
         app.state.registry, app.state.store = registry, store
         app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
-                                           cas_retries=settings.cas_retries,
+                                           cas_retries=settings.cas_retries, banks=banks,
                                            on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # sessions expire much sooner than learners: their own store (same Redis, its own TTL)
         session_store = make_store(settings.redis_url, ttl_seconds=settings.session_ttl_seconds,
@@ -218,6 +221,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                          on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         yield
         await engines.close()
+        await banks.close()
         await store.close()
         await session_store.close()
         await srs_store.close()
@@ -290,6 +294,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = request.app.state.registry
         errors = await asyncio.to_thread(registry.load)
         metrics.models_loaded.set(len(registry.models()))
+        await request.app.state.tracer.banks.prepare(registry.models())
         return {"models": [f"{m.name}/{m.version}" for m in registry.models()], "errors": errors}
 
     return app

@@ -5,6 +5,10 @@ model version and state layout, so a state written by one version is never read 
 events is optimistic concurrency: read (state, version), step the model through the new events, write
 with compare-and-set; on a conflict, re-read and redo. Event ids make replays idempotent: ids already
 applied (in the store's window) and repeated ids within a request are skipped.
+
+Models with memory banks (SimAKT, banks.py): a request takes the active bank once, when it starts, feeds its
+projected keys and values to every predict call as shared inputs, and names its version (`bank_version`).
+Their predictions are [P(wrong), P(right)] without theta, alpha and beta (the graphs output none).
 """
 
 import weakref
@@ -12,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .registry import LoadedModel, ModelRegistry, UnknownId
+from .banks import Bank, Banks, InProcessBankStore
+from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
 from .runtime import MicroBatcher
 from .state import StateStore, StoredState
 from .writes import Writers, batched, unapplied
@@ -48,9 +53,11 @@ class Engines:
             weakref.WeakKeyDictionary()
 
     async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray], *,
-                  alone: bool = False) -> list[np.ndarray]:
-        """The graph's outputs for these feeds (batch axis first). `alone`: the caller is the only request in
-        flight, so nobody could share the run: run it inline when the batcher is idle (no executor hop)."""
+                  shared: dict[str, np.ndarray] | None = None, alone: bool = False) -> list[np.ndarray]:
+        """The graph's outputs for these feeds (batch axis first). `shared`: inputs without a batch axis (a
+        bank's keys and values), those the graph takes are given as they are. `alone`: the caller is the only
+        request in flight, so nobody could share the run: run it inline when the batcher is idle (no executor
+        hop)."""
         graphs = self._batchers.get(model)
         if graphs is None:
             graphs = self._batchers[model] = {}
@@ -62,12 +69,13 @@ class Engines:
                     self.on_batch(name, graph, rows, secs)
             batcher = graphs[graph] = MicroBatcher(model.sessions[graph], max_batch=self.max_batch,
                                                    max_wait_ms=self.max_wait_ms, on_batch=on_batch)
-        feeds = {n: feeds[n] for n in model.input_names[graph]}
+        shared = {n: shared[n] for n in model.input_names[graph] if n in shared} if shared else None
+        feeds = {n: feeds[n] for n in model.input_names[graph] if not shared or n not in shared}
         if alone:
-            outputs = batcher.run_now(feeds)
+            outputs = batcher.run_now(feeds, shared)
             if outputs is not None:
                 return outputs
-        return await batcher.run(feeds)
+        return await batcher.run(feeds, shared)
 
     async def close(self) -> None:
         for graphs in list(self._batchers.values()):
@@ -85,26 +93,78 @@ def question_index(model: LoadedModel, ids: list[str], field: str) -> np.ndarray
                            f"unknown question id {exc.value!r} for model {model.name}") from None
 
 
+def irt(model: LoadedModel) -> bool:
+    """Whether the predict graph gives theta, alpha and beta after the probabilities (the GPCM families)."""
+    return model.output_names["predict"][1:4] == ["theta", "alpha", "beta"]
+
+
 def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.ndarray]) -> list[dict]:
-    """Rows of the predict outputs (probs, theta, alpha, beta; batch row 0) as JSON-ready dicts."""
+    """Rows of the predict outputs (probs, and theta, alpha, beta where the model has them; batch row 0) as
+    JSON-ready dicts."""
     # Python floats in one call per array; for a few categories plain Python beats numpy's per-call cost
-    probs, theta, alpha, beta = (o[0].tolist() for o in outputs[:4])
+    probs = outputs[0][0].tolist()
     categories = range(model.n_cats)
-    return [{"question_id": qid, "probabilities": p, "expected_response": sum(k * v for k, v in enumerate(p)),
-             "most_likely_response": max(categories, key=p.__getitem__),  # the first of equal maxima, as argmax
-             "theta": theta[i], "alpha": alpha[i], "beta": beta[i]}
-            for i, (qid, p) in enumerate(zip(question_ids, probs, strict=True))]
+    rows = [{"question_id": qid, "probabilities": p, "expected_response": sum(k * v for k, v in enumerate(p)),
+             "most_likely_response": max(categories, key=p.__getitem__)}  # the first of equal maxima, as argmax
+            for qid, p in zip(question_ids, probs, strict=True)]
+    if irt(model):
+        for row, theta, alpha, beta in zip(rows, *(o[0].tolist() for o in outputs[1:4]), strict=True):
+            row.update(theta=theta, alpha=alpha, beta=beta)
+    return rows
+
+
+def explanation(model: LoadedModel, bank: Bank, outputs: list[np.ndarray], top: int = 5) -> dict:
+    """Each inter-student head's `top` bank entries by attention weight at the learner's latest position (the
+    graph's explain_<head> outputs; entries of weight 0 left out: none before the first event)."""
+    named = dict(zip(model.output_names["predict"], outputs, strict=True))
+    heads = {}
+    for head, name in zip(model.banks["heads"], model.banks["explain"], strict=True):
+        weights = named[name][0]
+        order = np.argsort(-weights, kind="stable")[:top]
+        heads[head] = [{"entry": int(i), "weight": float(weights[i]), **bank.entries[head][i]}
+                       for i in order if weights[i] > 0]
+    return {"bank_version": bank.version, "heads": heads}
 
 
 class KnowledgeTracer:
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
-                 on_retry=None):
+                 on_retry=None, banks: Banks | None = None):
         self.registry, self.store, self.engines = registry, store, engines
+        self.banks = banks or Banks(InProcessBankStore())
         self.writers = Writers(cas_retries, on_retry)
         self._absorbing = 0  # absorb calls in progress: at 1, inference runs inline (Engines.run(alone=True))
 
     def model(self, name: str) -> LoadedModel:
         return self.registry.get(name, task="knowledge_tracing")
+
+    @staticmethod
+    def _bank_version(model: LoadedModel, bank: Bank | None) -> dict:
+        """{"bank_version": ...} in every answer of a model with a banks section; nothing for the others."""
+        return {"bank_version": bank.version if bank else None} if model.banks is not None else {}
+
+    def _explaining(self, model: LoadedModel, explain: bool) -> bool:
+        if explain and not self.banks.uses_banks(model):
+            raise InvalidInput("explain", f"model {model.name} has no memory banks to explain its predictions by")
+        return explain
+
+    def _bank_model(self, name: str) -> LoadedModel:
+        model = self.model(name)
+        if not self.banks.uses_banks(model):
+            raise UnknownModel(f"model {name!r} has no memory banks")
+        return model
+
+    async def bank_versions(self, model_name: str) -> dict:
+        model = self._bank_model(model_name)
+        return {"model": model.name, "version": model.version, **await self.banks.versions(model)}
+
+    async def activate_bank(self, model_name: str, version: str) -> dict:
+        """Make `version` the active bank: loaded and projected here before the pointer moves."""
+        model = self._bank_model(model_name)
+        known = [v["version"] for v in (await self.banks.versions(model))["versions"]]
+        if version not in known:
+            raise InvalidInput("version", f"no bank version {version!r} for model {model.name}; known: {known}")
+        previous = await self.banks.activate(model, version)
+        return {"model": model.name, "version": model.version, "bank_version": version, "previous": previous}
 
     @staticmethod
     def key(model: LoadedModel, student_id: str) -> str:
@@ -125,27 +185,34 @@ class KnowledgeTracer:
         stored = await self.store.get(self.key(model, student_id))
         return stored, self._decode(model, stored)
 
-    async def _predict(self, model: LoadedModel, state: dict[str, np.ndarray], indices: np.ndarray):
-        return await self.engines.run(model, "predict", {**batched(state), "questions": indices[None]})
+    async def _predict(self, model: LoadedModel, state: dict[str, np.ndarray], indices: np.ndarray,
+                       bank: Bank | None = None):
+        return await self.engines.run(model, "predict", {**batched(state), "questions": indices[None]},
+                                      shared=bank.kv if bank else None)
 
     async def absorb(self, model_name: str, student_id: str, events: list[Event],
-                     predict_ids: list[str] | None = None) -> dict:
+                     predict_ids: list[str] | None = None, explain: bool = False) -> dict:
         """Apply events in order (skipping replayed ids) and optionally predict afterwards, in one round trip."""
         model = self.model(model_name)
         questions = question_index(model, [e.question_id for e in events], "events[].question_id")
         responses = self._responses(model, events)
         predict_index = question_index(model, predict_ids, "predict_question_ids[]") if predict_ids else None
+        if self._explaining(model, explain) and predict_index is None:  # the weights do not depend on the question
+            predict_index = np.array([2], dtype=np.int64)
+        bank = await self.banks.current(model)  # this request's bank, to its end
         key = self.key(model, student_id)
         self._absorbing += 1
         try:
             async with self.writers.lock(key):
-                return await self._absorb(model, student_id, key, events, questions, responses, predict_ids,
-                                          predict_index)
+                return await self._absorb(model, bank, student_id, key, events, questions, responses, predict_ids,
+                                          predict_index, explain)
         finally:
             self._absorbing -= 1
 
-    async def _absorb(self, model, student_id, key, events, questions, responses, predict_ids, predict_index):
+    async def _absorb(self, model, bank, student_id, key, events, questions, responses, predict_ids, predict_index,
+                      explain):
         event_ids = [e.event_id for e in events]
+        shared = bank.kv if bank else None
         async for _ in self.writers.attempts(f"student {student_id!r}"):
             stored, already = await self.store.read(key, [i for i in event_ids if i is not None])
             state = self._decode(model, stored)
@@ -155,7 +222,7 @@ class KnowledgeTracer:
                 feeds = {**batched(state), "question": questions[i:i + 1], "response": responses[i:i + 1]}
                 if n == len(fresh) - 1 and predict_index is not None:  # last event: step and predict in one call
                     outs = await self.engines.run(model, "step_predict", {**feeds, "questions": predict_index[None]},
-                                                  alone=self._absorbing == 1)
+                                                  shared=shared, alone=self._absorbing == 1)
                     outputs = outs[len(model.state_spec):]
                 else:
                     outs = await self.engines.run(model, "step", feeds, alone=self._absorbing == 1)
@@ -169,53 +236,72 @@ class KnowledgeTracer:
                     self.writers.lost(model)
                     continue
             if predict_index is not None and outputs is None:
-                outputs = await self._predict(model, state, predict_index)
+                outputs = await self._predict(model, state, predict_index, bank)
             return {"student_id": student_id, "model": model.name, "version": model.version,
-                    "state_version": written.version, "events_absorbed": len(fresh),
+                    **self._bank_version(model, bank), "state_version": written.version, "events_absorbed": len(fresh),
                     "events_skipped": len(events) - len(fresh), "events_total": written.events,
-                    "predictions": predictions(model, predict_ids, outputs) if outputs is not None else None}
+                    "predictions": predictions(model, predict_ids, outputs) if predict_ids else None,
+                    **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
-    async def predict(self, model_name: str, student_id: str, question_ids: list[str]) -> dict:
+    async def predict(self, model_name: str, student_id: str, question_ids: list[str], explain: bool = False) -> dict:
         model = self.model(model_name)
         index = question_index(model, question_ids, "question_ids[]")
+        self._explaining(model, explain)
+        bank = await self.banks.current(model)
         stored, state = await self._state(model, student_id)
-        outputs = await self._predict(model, state, index)
+        outputs = await self._predict(model, state, index, bank)
         return {"student_id": student_id, "model": model.name, "version": model.version,
-                "state_version": stored.version, "events_total": stored.events,
-                "predictions": predictions(model, question_ids, outputs)}
+                **self._bank_version(model, bank), "state_version": stored.version, "events_total": stored.events,
+                "predictions": predictions(model, question_ids, outputs),
+                **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
     async def next_item(self, model_name: str, student_id: str, candidates: list[str] | None, strategy: str,
                         target: float, k: int) -> dict:
-        """Rank candidate questions: maximum GPCM Fisher information at the learner's current ability, or
-        predicted probability of full credit closest to `target`."""
+        """Rank candidate questions: maximum Fisher information at the learner's current state (GPCM: alpha^2
+        Var(Y | theta); right/wrong without IRT outputs: Bernoulli p(1 - p)), or predicted probability of full
+        credit closest to `target`."""
         model = self.model(model_name)
         candidates = candidates if candidates else model.ids
         index = question_index(model, candidates, "candidate_question_ids[]")
+        bank = await self.banks.current(model)
         stored, state = await self._state(model, student_id)
-        probs, theta, alpha, _ = (o[0] for o in (await self._predict(model, state, index))[:4])
+        outputs = [o[0] for o in await self._predict(model, state, index, bank)]
+        probs, with_irt = outputs[0], irt(model)
         categories = np.arange(model.n_cats)
         if strategy == "fisher":
-            # GPCM item information at theta: alpha^2 Var(Y | theta)
             mean = probs @ categories
-            scores = alpha**2 * (probs @ categories**2 - mean**2)
+            scores = probs @ categories**2 - mean**2  # Var(Y): p(1 - p) for right/wrong
+            if with_irt:
+                scores = outputs[2] ** 2 * scores  # GPCM item information at theta: alpha^2 Var(Y | theta)
             order = np.argsort(-scores, kind="stable")
         else:
             scores = probs[:, -1]
             order = np.argsort(np.abs(scores - target), kind="stable")
-        ranked = [{"question_id": candidates[i], "score": float(scores[i]), "theta": float(theta[i])}
-                  for i in order[:k]]
-        return {"student_id": student_id, "model": model.name, "version": model.version, "strategy": strategy,
-                "state_version": stored.version, "items": ranked}
+        ranked = [{"question_id": candidates[i], "score": float(scores[i]),
+                   **({"theta": float(outputs[1][i])} if with_irt else {})} for i in order[:k]]
+        return {"student_id": student_id, "model": model.name, "version": model.version,
+                **self._bank_version(model, bank), "strategy": strategy, "state_version": stored.version,
+                "items": ranked}
 
     async def summary(self, model_name: str, student_id: str) -> dict:
+        """The stored state's counts and the learner's ability: mean theta over the vocabulary (GPCM); a model
+        without theta reports ability null and its mean predicted P(full credit) over the vocabulary instead."""
         model = self.model(model_name)
+        bank = await self.banks.current(model)
         stored, state = await self._state(model, student_id)
         index = np.arange(2, len(model.ids) + 2, dtype=np.int64)
-        theta = (await self._predict(model, state, index))[1][0]
+        outputs = await self._predict(model, state, index, bank)
+        if irt(model):
+            theta = outputs[1][0]
+            ability = {"ability": float(theta.mean()), "ability_range": [float(theta.min()), float(theta.max())]}
+        else:
+            p = outputs[0][0][:, -1]
+            ability = {"ability": None, "ability_range": None, "mean_p_right": float(p.mean()),
+                       "p_right_range": [float(p.min()), float(p.max())]}
         return {"student_id": student_id, "model": model.name, "version": model.version,
-                "exists": stored.blob is not None, "state_version": stored.version, "events_total": stored.events,
-                "last_update": stored.updated, "ability": float(theta.mean()),
-                "ability_range": [float(theta.min()), float(theta.max())]}
+                **self._bank_version(model, bank), "exists": stored.blob is not None,
+                "state_version": stored.version, "events_total": stored.events, "last_update": stored.updated,
+                **ability}
 
     async def delete(self, model_name: str, student_id: str) -> bool:
         model = self.model(model_name)
@@ -224,6 +310,7 @@ class KnowledgeTracer:
     async def score_sequences(self, model_name: str, students: list[tuple[str, list[Event], list[str] | None]]):
         """Stateless: replay each student's whole history from the initial state; nothing is stored."""
         model = self.model(model_name)
+        bank = await self.banks.current(model)
         results = []
         for s, (student_id, events, predict_ids) in enumerate(students):
             try:
@@ -234,14 +321,16 @@ class KnowledgeTracer:
             state, per_event = model.initial_state, []
             for i in range(len(events)):
                 q = questions[i:i + 1]
-                per_event.append(predictions(model, [events[i].question_id], await self._predict(model, state, q)))
+                per_event.append(predictions(model, [events[i].question_id],
+                                             await self._predict(model, state, q, bank)))
                 outs = await self.engines.run(model, "step", {**batched(state), "question": q,
                                                               "response": responses[i:i + 1]})
                 state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=True)}
             final = None
             if predict_ids:
                 index = question_index(model, predict_ids, f"students[{s}].predict_question_ids[]")
-                final = predictions(model, predict_ids, await self._predict(model, state, index))
+                final = predictions(model, predict_ids, await self._predict(model, state, index, bank))
             results.append({"student_id": student_id, "events": len(events),
                             "event_predictions": [p[0] for p in per_event], "predictions": final})
-        return {"model": model.name, "version": model.version, "students": results}
+        return {"model": model.name, "version": model.version, **self._bank_version(model, bank),
+                "students": results}

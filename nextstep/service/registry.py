@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 # model has state tensors. A task without state or vocabulary (srs: the service keeps raw reviews and feeds
 # them as a window; ids are hashed, not looked up) needs neither manifest key.
 TASKS = {
-    "knowledge_tracing": {"graphs": ("step", "predict", "step_predict"), "vocabulary": "questions", "state": True},
+    "knowledge_tracing": {"graphs": ("step", "predict", "step_predict"), "vocabulary": "questions", "state": True,
+                          "optional": ("bank_project",)},  # SimAKT: memory banks -> their keys and values
     "next_item": {"graphs": ("step", "recommend", "step_recommend"), "vocabulary": "items", "state": True},
     "srs": {"graphs": ("predict",), "vocabulary": None, "state": False},
 }
@@ -82,8 +83,11 @@ class LoadedModel:
     # the version; srs_schema_hash)
     sessions: dict[str, ort.InferenceSession]  # the task's graphs, by name
     input_names: dict[str, list[str]]  # per graph, in the session's order
+    output_names: dict[str, list[str]]  # per graph, in the session's order
     state_nbytes: int  # size of one serialised state
     window: tuple[int, int] = (0, 0)  # srs: (size, card_size) of the review window the model reads; else (0, 0)
+    banks: dict | None = None  # SimAKT: the manifest's `banks` (heads, inputs, keys, explain, default, dir); with
+    # heads, predict and step_predict take the projected banks (`keys`) and bank_project makes them from `inputs`
     _index: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -194,8 +198,9 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         nbytes += value.nbytes
 
     # graphs: open each, check it takes what the manifest declares (and the state tensors)
-    graphs, sessions, input_names = manifest["graphs"], {}, {}
-    for g in task["graphs"]:
+    graphs, sessions, input_names, output_names = manifest["graphs"], {}, {}, {}
+    optional = [g for g in task.get("optional", ()) if g in graphs]
+    for g in (*task["graphs"], *optional):
         if g not in graphs or "onnx" not in graphs[g]:
             raise fail(f"manifest declares no {g!r} ONNX graph")
         onnx_path = file(graphs[g]["onnx"], f"{g} graph")
@@ -209,7 +214,7 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         if actual != declared:
             raise fail(f"{g} graph takes {actual}, manifest declares {declared}")
         types = dict(actual)
-        for s in spec:
+        for s in spec if g in task["graphs"] else ():  # (an optional graph, e.g. bank_project, takes no state)
             if ONNX_DTYPES.get(types.get(s["name"], "")) != s["dtype"]:
                 raise fail(f"{g} graph has no {s['dtype']} input for state {s['name']!r}")
         declared_out = [o["name"] for o in graphs[g].get("outputs", [])]
@@ -222,7 +227,7 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
                 raise fail(f"{g} graph takes {wrong}, which the service does not feed (it feeds {SRS_INPUTS})")
             if not set(SRS_OUTPUTS) <= set(declared_out):
                 raise fail(f"{g} graph outputs {declared_out}, the service needs {list(SRS_OUTPUTS)}")
-        sessions[g], input_names[g] = session, [name for name, _ in actual]
+        sessions[g], input_names[g], output_names[g] = session, [name for name, _ in actual], declared_out
 
     # vocabulary and responses
     ids: list[str] = []
@@ -235,7 +240,7 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
             raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})") from None
         if len(set(ids)) != len(ids):
             raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids")
-    n_cats, window = 0, (0, 0)
+    n_cats, window, banks = 0, (0, 0), None
     name, version = path.parent.name, path.name
     schema = schema_hash(name, version, spec)
     if manifest["task"] == "srs":
@@ -252,13 +257,36 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
             n_cats = int(manifest["responses"]["n_cats"])
         except (KeyError, TypeError, ValueError):
             raise fail("manifest responses.n_cats missing or not an integer") from None
+        banks = _check_banks(manifest.get("banks"), input_names, output_names, fail)
     elif not isinstance(manifest.get("top_k"), int) or manifest["top_k"] < 1:
         raise fail("manifest top_k missing or not a positive integer")
 
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
         manifest=manifest, n_cats=n_cats, state_spec=spec, initial_state=initial, ids=ids, schema=schema,
-        sessions=sessions, input_names=input_names, state_nbytes=nbytes, window=window)
+        sessions=sessions, input_names=input_names, output_names=output_names, state_nbytes=nbytes, window=window,
+        banks=banks)
+
+
+def _check_banks(banks, input_names: dict, output_names: dict, fail) -> dict | None:
+    """The manifest's `banks` section (SimAKT), checked against the graphs; None when there is none."""
+    if banks is None:
+        return None
+    try:
+        heads, inputs, keys, explain = (list(banks[k]) for k in ("heads", "inputs", "keys", "explain"))
+        default, folder = banks.get("default"), str(banks["dir"])
+    except (KeyError, TypeError) as e:
+        raise fail(f"manifest banks {banks!r} lacks or mangles {e}") from None
+    if heads:
+        if input_names.get("bank_project") != inputs or output_names.get("bank_project") != keys:
+            raise fail(f"bank_project graph takes {input_names.get('bank_project')} and outputs "
+                       f"{output_names.get('bank_project')}; manifest banks say {inputs} -> {keys}")
+        if default is not None and not isinstance(default, str):
+            raise fail(f"manifest banks.default {default!r} is not a version name")
+    for g in ("predict", "step_predict"):
+        if not set(keys) <= set(input_names[g]) or not set(explain) <= set(output_names[g]):
+            raise fail(f"{g} graph does not take the bank tensors {keys} or output {explain}")
+    return {"heads": heads, "inputs": inputs, "keys": keys, "explain": explain, "default": default, "dir": folder}
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ the next run takes the queued requests whose feeds have the same names, non-batc
 concatenated along axis 0 up to `max_batch` rows. Every output is split back by rows, so every graph
 output must have the batch axis first (true of the step / predict / step_predict graphs).
 
+Shared inputs: a request may also bring `shared` feeds without a batch axis (SimAKT's projected memory
+banks, (L, M, d_head)), given to the run as they are. Requests share a run only if their shared feeds are
+the very same arrays (the key holds their ids, unique while the queued requests hold them), so requests
+that use different bank versions never share a run.
+
 Latency: a lone request is dispatched at once (no timer at low load); `run_now` runs one in the calling
 thread when the batcher is idle, for callers that know nothing else is in flight (saves the thread hop).
 Only when other requests are already queued does the batcher wait to fill the batch, and at most until
@@ -34,7 +39,8 @@ log = logging.getLogger(__name__)
 @dataclass(eq=False)
 class _Request:
     feeds: dict[str, np.ndarray]
-    key: tuple  # what must match to share a run: input names, non-batch shapes, dtypes
+    shared: dict[str, np.ndarray]  # non-batched inputs, passed as they are
+    key: tuple  # what must match to share a run: input names, non-batch shapes, dtypes; the shared arrays
     rows: int
     arrived: float  # loop.time()
     future: asyncio.Future
@@ -55,12 +61,16 @@ class MicroBatcher:
         self._drainer: asyncio.Task | None = None  # runs while the queue is non-empty, then exits
         self._closed = False
 
-    async def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """This request's outputs (in the session's output order), each its own rows of the batch."""
+    async def run(self, feeds: dict[str, np.ndarray], shared: dict[str, np.ndarray] | None = None
+                  ) -> list[np.ndarray]:
+        """This request's outputs (in the session's output order), each its own rows of the batch. `shared`:
+        inputs without a batch axis, the same for every row (module docstring)."""
         feeds, rows = self._checked(feeds)
-        key = tuple((name, value.shape[1:], value.dtype.str) for name, value in sorted(feeds.items()))
+        shared = shared or {}
+        key = (tuple((name, value.shape[1:], value.dtype.str) for name, value in sorted(feeds.items())),
+               tuple((name, id(value)) for name, value in sorted(shared.items())))
         loop = asyncio.get_running_loop()
-        request = _Request(feeds, key, rows, loop.time(), loop.create_future())
+        request = _Request(feeds, shared, key, rows, loop.time(), loop.create_future())
         self._queue.append(request)
         if self._drainer is None or self._drainer.done():  # (made here so that they belong to the running loop)
             self._arrived = asyncio.Event()
@@ -78,7 +88,8 @@ class MicroBatcher:
                              f"{ {n: v.shape for n, v in feeds.items()} }")
         return feeds, rows.pop()
 
-    def run_now(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+    def run_now(self, feeds: dict[str, np.ndarray], shared: dict[str, np.ndarray] | None = None
+                ) -> list[np.ndarray] | None:
         """Run one request right here, in the calling (event loop) thread, if the batcher is idle: nothing
         queued and no run in flight. None when it is busy (then `await run(feeds)`). For a caller that knows
         no other request is about to come (one request in the whole service): it saves the hop to the
@@ -86,7 +97,7 @@ class MicroBatcher:
         feeds, _ = self._checked(feeds)
         if self._queue or (self._drainer is not None and not self._drainer.done()):
             return None
-        result = self._run_one(feeds)
+        result = self._run_one(feeds, shared or {})
         if isinstance(result, BaseException):
             raise result
         return result
@@ -151,19 +162,20 @@ class MicroBatcher:
 
     def _execute(self, batch: list[_Request]) -> list[list[np.ndarray] | BaseException]:
         if len(batch) == 1:
-            return [self._run_one(batch[0].feeds)]
+            return [self._run_one(batch[0].feeds, batch[0].shared)]
         feeds = {name: np.concatenate([r.feeds[name] for r in batch]) for name in batch[0].feeds}
-        outputs = self._run_one(feeds)
+        outputs = self._run_one(feeds, batch[0].shared)  # (the same shared arrays: they are in the key)
         if isinstance(outputs, BaseException):  # find the culprit: each request alone, errors to their own
-            return [self._run_one(r.feeds) for r in batch]
+            return [self._run_one(r.feeds, r.shared) for r in batch]
         bounds = np.cumsum([0] + [r.rows for r in batch])
         return [[out[start:stop] for out in outputs] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
 
-    def _run_one(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | BaseException:
+    def _run_one(self, feeds: dict[str, np.ndarray], shared: dict[str, np.ndarray]
+                 ) -> list[np.ndarray] | BaseException:
         rows = next(iter(feeds.values())).shape[0]
         started = time.perf_counter()
         try:
-            outputs = self.session.run(None, feeds)
+            outputs = self.session.run(None, {**feeds, **shared} if shared else feeds)
         except Exception as e:
             return e
         finally:

@@ -23,6 +23,7 @@ async def tracer(request: Request) -> KnowledgeTracer:
 
 Tracer = Annotated[KnowledgeTracer, Depends(tracer)]
 ModelName = Annotated[str, Path(description="model name, e.g. deep_gpcm", examples=["deep_gpcm"])]
+EXPLAIN = "models with memory banks (SimAKT): each inter-student head's top 5 bank entries by attention weight"
 
 
 class EventIn(Strict):
@@ -36,6 +37,7 @@ class EventsIn(Strict):
     student_id: StudentId
     events: Annotated[list[EventIn], Field(min_length=1)]
     predict_question_ids: Annotated[list[Id] | None, Field(description="predict these after the events")] = None
+    explain: Annotated[bool, Field(description=EXPLAIN)] = False
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "student_id": "student-42",
@@ -46,6 +48,7 @@ class EventsIn(Strict):
 class PredictIn(Strict):
     student_id: StudentId
     question_ids: Annotated[list[Id], Field(min_length=1)]
+    explain: Annotated[bool, Field(description=EXPLAIN)] = False
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"student_id": "student-42", "question_ids": ["18", "19"]}]})
@@ -60,6 +63,12 @@ class NextItemIn(Strict):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"student_id": "student-42", "strategy": "fisher", "k": 5}]})
+
+
+class BankVersionIn(Strict):
+    version: Annotated[str, Field(min_length=1, max_length=200, description="a bank version GET /banks lists")]
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "v2"}]})
 
 
 class SequenceIn(Strict):
@@ -85,7 +94,7 @@ async def absorb_events(kt: KnowledgeTracer, settings, model: str, body: EventsI
     if body.predict_question_ids:
         too_many("predict_question_ids", len(body.predict_question_ids), settings.max_questions)
     ids = [str(q) for q in body.predict_question_ids] if body.predict_question_ids else None
-    return await kt.absorb(model, body.student_id, _events(body.events), ids)
+    return await kt.absorb(model, body.student_id, _events(body.events), ids, body.explain)
 
 
 @router.post("/events", summary="Fold a learner's new responses into their state (and predict)")
@@ -96,7 +105,7 @@ async def post_events(model: ModelName, body: EventsIn, kt: Tracer, request: Req
 @router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question")
 async def post_predict(model: ModelName, body: PredictIn, kt: Tracer, request: Request) -> dict:
     too_many("question_ids", len(body.question_ids), request.app.state.settings.max_questions)
-    return await kt.predict(model, body.student_id, [str(q) for q in body.question_ids])
+    return await kt.predict(model, body.student_id, [str(q) for q in body.question_ids], body.explain)
 
 
 @router.post("/next-item", summary="Rank questions by Fisher information or closeness to a target")
@@ -126,3 +135,13 @@ async def get_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> 
 @router.delete("/students/{student_id}", summary="Delete a learner's state and replay window")
 async def delete_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return {"student_id": student_id, "deleted": await kt.delete(model, student_id)}
+
+
+@router.get("/banks", summary="Memory bank versions (SimAKT): the active one, entries per head, provenance")
+async def get_banks(model: ModelName, kt: Tracer) -> dict:
+    return await kt.bank_versions(model)
+
+
+@router.put("/banks/active", summary="Switch the active memory bank version (loaded before the switch)")
+async def put_active_bank(model: ModelName, body: BankVersionIn, kt: Tracer) -> dict:
+    return await kt.activate_bank(model, body.version)

@@ -1,0 +1,311 @@
+"""SimAKT memory banks in the service: versions kept in the store, one active version, projected once per process.
+
+A bank version is the files of `<artifact>/banks/<version>/` (per inter-student head: states, lengths,
+summaries and sizes as .npy, and provenance.json). In Redis, per model and schema hash (so the weights
+that made a bank are the weights that read it):
+
+    nextstep:{banks:<model>:<schema>}:bank:<version>   HASH  <head>_<part> -> the .npy file's bytes
+    nextstep:{banks:<model>:<schema>}:versions         HASH  <version> -> provenance.json (listed = complete)
+    nextstep:{banks:<model>:<schema>}:active           STRING  the active version
+
+Bank versions are immutable (`nextstep banks build` refuses an existing one). At startup and reload every
+version found in the artifact is published if absent, and the pointer is set to the manifest's default if
+there is none, so replicas sharing one Redis agree on the active version; `InProcessBankStore` does the same
+in memory when no Redis is configured.
+
+Per process, `Banks` keeps (model, version) -> the projected keys and values (`bank_project` runs once per
+version) and the version it serves. Which version is active is re-read from the store at most every
+`refresh_seconds` (NEXTSTEP_BANK_REFRESH_SECONDS, 1 s), by the one request that finds it stale: one round
+trip a second per model instead of one per request, and no change to the state read every other task
+shares; the price is that a swap made through another replica is seen within `refresh_seconds`. A swap
+(`activate`) and a refresh load and project the new version before they switch to it; a request takes the
+bank once when it starts and keeps it to the end, so requests in flight finish with the bank they began with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .registry import LoadedModel
+from .resp import pack
+from .state import RedisStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+PARTS = ("states", "lengths", "summaries", "sizes")  # the files of one head's bank (nextstep/training/banks.py)
+PROVENANCE = ("created", "data_file", "n_trajectories", "n_students", "seed", "model_weights_sha256")
+
+
+@dataclass(eq=False)
+class Bank:
+    """One projected bank version: what predict and step_predict take, and what an explanation names."""
+
+    version: str
+    kv: dict[str, np.ndarray]  # bank_<head>_keys / _values, (L, M, d_head), read-only
+    entries: dict[str, list[dict]]  # per head, per entry: {"type": "cluster", "members": n} or {"type": "knn",
+    # "student": training student id}
+
+
+class InProcessBankStore:
+    """The bank store in memory (no Redis configured): the same operations as `RedisBankStore`."""
+
+    def __init__(self) -> None:
+        self._spaces: dict[str, dict] = {}
+
+    def _space(self, space: str) -> dict:
+        return self._spaces.setdefault(space, {"active": None, "versions": {}, "banks": {}})
+
+    async def versions(self, space: str) -> tuple[str | None, dict[str, bytes]]:
+        s = self._space(space)
+        return s["active"], dict(s["versions"])
+
+    async def publish(self, space: str, version: str, fields: dict[str, bytes], provenance: bytes) -> None:
+        s = self._space(space)
+        if version not in s["versions"]:
+            s["banks"][version], s["versions"][version] = dict(fields), provenance
+
+    async def fetch(self, space: str, version: str, names: list[str]) -> tuple[list[bytes | None], bytes | None]:
+        s = self._space(space)
+        return [s["banks"].get(version, {}).get(n) for n in names], s["versions"].get(version)
+
+    async def init_active(self, space: str, default: str | None) -> str | None:
+        s = self._space(space)
+        if s["active"] is None:
+            s["active"] = default
+        return s["active"]
+
+    async def active(self, space: str) -> str | None:
+        return self._space(space)["active"]
+
+    async def set_active(self, space: str, version: str) -> None:
+        self._space(space)["active"] = version
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisBankStore(RedisStore):
+    """Banks in Redis (module docstring), on a connection of their own: a bank is megabytes, and must not
+    hold up the state reads pipelined on the state store's connection; hence also the longer timeout."""
+
+    def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
+        super().__init__(url, ttl_seconds=None, socket_timeout=socket_timeout)
+
+    def _key(self, space: str, what: str) -> str:
+        return f"{self._prefix}:{{{space}}}:{what}"
+
+    async def versions(self, space: str) -> tuple[str | None, dict[str, bytes]]:
+        active, listing = await self._call("bank versions", pack(b"GET", self._key(space, "active")),
+                                           pack(b"HGETALL", self._key(space, "versions")))
+        listing = dict(zip(listing[::2], listing[1::2], strict=True)) if isinstance(listing, list) else listing
+        return (active.decode() if active is not None else None), {v.decode(): p for v, p in listing.items()}
+
+    async def publish(self, space: str, version: str, fields: dict[str, bytes], provenance: bytes) -> None:
+        """Write a version if absent: its arrays and its listing entry in one transaction, so a listed version
+        is complete. (Two replicas publishing the same immutable version at once write the same bytes.)"""
+        listed = self._key(space, "versions")
+        (exists,) = await self._call("bank publish", pack(b"HEXISTS", listed, version))
+        if not exists:
+            pairs = [part for name, value in fields.items() for part in (name, value)]
+            await self._call("bank publish", pack(b"MULTI"), pack(b"HSET", self._key(space, f"bank:{version}"), *pairs),
+                             pack(b"HSET", listed, version, provenance), pack(b"EXEC"))
+
+    async def fetch(self, space: str, version: str, names: list[str]) -> tuple[list[bytes | None], bytes | None]:
+        """(the named fields of a version, its provenance); None where absent."""
+        values, provenance = await self._call("bank fetch", pack(b"HMGET", self._key(space, f"bank:{version}"), *names),
+                                              pack(b"HGET", self._key(space, "versions"), version))
+        return values, provenance
+
+    async def init_active(self, space: str, default: str | None) -> str | None:
+        key = self._key(space, "active")
+        commands = ([pack(b"SET", key, default, b"NX")] if default else []) + [pack(b"GET", key)]
+        active = (await self._call("bank pointer", *commands))[-1]
+        return active.decode() if active is not None else None
+
+    async def active(self, space: str) -> str | None:
+        (active,) = await self._call("bank pointer", pack(b"GET", self._key(space, "active")))
+        return active.decode() if active is not None else None
+
+    async def set_active(self, space: str, version: str) -> None:
+        await self._call("bank pointer", pack(b"SET", self._key(space, "active"), version))
+
+
+def make_bank_store(redis_url: str | None) -> InProcessBankStore | RedisBankStore:
+    return RedisBankStore(redis_url) if redis_url else InProcessBankStore()
+
+
+def read_version(model: LoadedModel, folder: Path) -> tuple[dict[str, bytes], bytes]:
+    """A bank version's files as store fields, checked against the model's bank_project graph (ValueError)."""
+    provenance = (folder / "provenance.json").read_bytes()
+    by_head = {e["head"]: e for e in json.loads(provenance)["banks"]}
+    shapes = {i.name: i.shape for i in model.sessions["bank_project"].get_inputs()}
+    fields = {}
+    for head in model.banks["heads"]:
+        if head not in by_head:
+            raise ValueError(f"{folder}: no bank for inter-student head {head!r}")
+        files = by_head[head].get("files", {})
+        for part in PARTS:
+            fields[f"{head}_{part}"] = (folder / files.get(part, f"{head}_{part}.npy")).read_bytes()
+        states, lengths = (np.load(io.BytesIO(fields[f"{head}_{p}"]), allow_pickle=False) for p in PARTS[:2])
+        want = shapes[f"bank_{head}_states"]
+        if states.dtype != np.float32 or states.ndim != 3 or lengths.shape != states.shape[:1] \
+                or any(isinstance(w, int) and w != n for w, n in zip(want, states.shape, strict=True)):
+            raise ValueError(f"{folder}: bank {head!r} is {states.dtype}{list(states.shape)} with lengths "
+                             f"{list(lengths.shape)}; the model takes float32 {want}")
+    return fields, provenance
+
+
+def project(model: LoadedModel, version: str, values: list[bytes], provenance: bytes) -> Bank:
+    """Run bank_project on one version's arrays (in a worker thread: it is the costly part of a swap)."""
+    heads = model.banks["heads"]
+    arrays = dict(zip([f"{h}_{p}" for h in heads for p in ("states", "lengths", "sizes")],
+                      (np.load(io.BytesIO(v), allow_pickle=False) for v in values), strict=True))
+    feeds = {f"bank_{h}_{p}": arrays[f"{h}_{p}"] for h in heads for p in ("states", "lengths")}
+    kv = dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True))
+    for value in kv.values():
+        value.flags.writeable = False
+    by_head = {e["head"]: e for e in json.loads(provenance)["banks"]}
+    entries = {}
+    for h in heads:
+        kind, sources = by_head[h]["type"], by_head[h].get("sources")
+        entries[h] = [{"type": kind, "student": sources[i][0] if sources and sources[i] else None}
+                      if kind == "knn" else {"type": kind, "members": int(n)}
+                      for i, n in enumerate(arrays[f"{h}_sizes"])]
+    return Bank(version, kv, entries)
+
+
+@dataclass(eq=False)
+class _Served:
+    """One model's banks in this process."""
+
+    space: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # publishing and loading (rare); never per request
+    loaded: dict[str, Bank] = field(default_factory=dict)
+    active: str | None = None  # the version this process serves
+    ready: bool = False  # published and the pointer read
+    next_check: float = 0.0  # time.monotonic() after which the pointer is re-read
+    checking: bool = False
+    swaps: int = 0  # activate() calls: a pointer read that began before one is stale
+
+
+class Banks:
+    def __init__(self, store: InProcessBankStore | RedisBankStore, *, refresh_seconds: float = 1.0):
+        self.store, self.refresh = store, refresh_seconds
+        self._served: weakref.WeakKeyDictionary[LoadedModel, _Served] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def uses_banks(model: LoadedModel) -> bool:
+        return bool(model.banks and model.banks["heads"])
+
+    async def prepare(self, models: list[LoadedModel]) -> None:
+        """Publish the banks of every model that has some and load each one's active version (startup, reload);
+        a failure is logged and that model tries again on its first request."""
+        for model in models:
+            if self.uses_banks(model):
+                try:
+                    await self._ready(model)
+                except Exception:  # the other models serve; this one's requests fail, naming the fault
+                    log.exception("memory banks of %s/%s not ready", model.name, model.version)
+
+    async def current(self, model: LoadedModel) -> Bank | None:
+        """The bank a request of this model uses (None for a model without banks)."""
+        if not self.uses_banks(model):
+            return None
+        served = await self._ready(model)
+        if time.monotonic() >= served.next_check and not served.checking:
+            served.checking, swaps = True, served.swaps
+            try:
+                version = await self.store.active(served.space)
+                if version and version != served.active and swaps == served.swaps:
+                    await self._bank(model, served, version)  # loaded before this process switches to it
+                    if swaps == served.swaps:
+                        served.active = version
+            except Exception:  # keep serving the bank this process has; try again after the interval
+                log.exception("active bank version of %s/%s not followed", model.name, model.version)
+            finally:
+                served.checking, served.next_check = False, time.monotonic() + self.refresh
+        return await self._bank(model, served, served.active)
+
+    async def versions(self, model: LoadedModel) -> dict:
+        served = await self._ready(model)
+        active, listing = await self.store.versions(served.space)
+        out = []
+        for version, provenance in sorted(listing.items()):
+            prov = json.loads(provenance)
+            out.append({"version": version, "loaded": version in served.loaded,
+                        "heads": {e["head"]: {"type": e["type"], "entries": e["entries"],
+                                              "students": e.get("students")} for e in prov["banks"]},
+                        "provenance": {k: prov[k] for k in PROVENANCE if k in prov}})
+        return {"active": active, "serving": served.active, "versions": out}
+
+    async def activate(self, model: LoadedModel, version: str) -> str | None:
+        """Load and project `version`, then move the pointer to it; returns the version served before."""
+        served = await self._ready(model)
+        await self._bank(model, served, version)
+        await self.store.set_active(served.space, version)
+        previous, served.active = served.active, version
+        served.swaps += 1
+        served.next_check = time.monotonic() + self.refresh
+        return previous
+
+    async def _ready(self, model: LoadedModel) -> _Served:
+        served = self._served.get(model)
+        if served is None:
+            served = self._served.setdefault(model, _Served(f"banks:{model.name}:{model.schema}"))
+        if not served.ready:
+            async with served.lock:
+                if not served.ready:
+                    await self._publish(model, served)
+        return served
+
+    async def _publish(self, model: LoadedModel, served: _Served) -> None:
+        """Every version in the artifact into the store if absent; the pointer to the default if none; load it."""
+        _, listing = await self.store.versions(served.space)
+        root = model.path / model.banks["dir"]
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if root.is_dir() else []
+        for folder in folders:
+            if folder.name in listing:
+                continue
+            try:
+                fields, provenance = await asyncio.to_thread(read_version, model, folder)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("bank version %s of %s/%s not published: %s", folder.name, model.name, model.version, exc)
+                continue
+            await self.store.publish(served.space, folder.name, fields, provenance)
+            listing[folder.name] = provenance
+        default = model.banks["default"]
+        active = await self.store.init_active(served.space, default if default in listing else None)
+        if active is None:
+            raise ValueError(f"no usable bank version in {root} (default {default!r})")
+        served.loaded[active] = await self._load(model, served, active)
+        served.active, served.ready = active, True
+        served.next_check = time.monotonic() + self.refresh
+
+    async def _bank(self, model: LoadedModel, served: _Served, version: str) -> Bank:
+        bank = served.loaded.get(version)
+        if bank is None:
+            async with served.lock:  # one load per version; requests meanwhile keep the bank they hold
+                bank = served.loaded.get(version)
+                if bank is None:
+                    bank = served.loaded[version] = await self._load(model, served, version)
+        return bank
+
+    async def _load(self, model: LoadedModel, served: _Served, version: str) -> Bank:
+        heads = model.banks["heads"]
+        names = [f"{h}_{p}" for h in heads for p in ("states", "lengths", "sizes")]
+        values, provenance = await self.store.fetch(served.space, version, names)
+        if provenance is None or any(v is None for v in values):
+            raise StoreUnavailable(f"bank version {version!r} of model {model.name} is not in the store")
+        return await asyncio.to_thread(project, model, version, values, provenance)
+
+    async def close(self) -> None:
+        await self.store.close()

@@ -1,0 +1,353 @@
+"""SimAKT served end to end: real HTTP into the app, real ONNX Runtime, real Redis; predictions against the eager
+PyTorch model stepping with the same memory bank; bank swaps under load and across two app instances."""
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from nextstep.service.registry import ModelRegistry
+from nextstep.service.runtime import MicroBatcher
+from nextstep.service.settings import Settings
+
+W = 64  # the test model's window
+
+
+@pytest.fixture(scope="module")
+def simakt(tmp_path_factory) -> dict:
+    """A small SimAKT trained for real (two epochs, window 64, a cluster and a KNN head) with two bank versions:
+    the one exported with it (the manifest's default) and "v2" (other k-means / farthest-first seeds)."""
+    from nextstep.training.banks import build_artifact_banks
+    from nextstep.training.simakt_run import SimAKTTrainConfig, train_simakt
+
+    root = tmp_path_factory.mktemp("simakt")
+    data, artifacts = root / "data", root / "artifacts"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+
+    def write(path, n):  # DTransformer format: length, then problem, skill and response lines
+        with open(path, "w") as f:
+            for _ in range(n):
+                L = int(rng.integers(5, 60))
+                q = rng.integers(1, 8, L)
+                p = q * 10 + rng.integers(0, 3, L)
+                r = (rng.random(L) < 0.3 + 0.08 * q).astype(int)
+                f.write(f"{L}\n{','.join(map(str, p))}\n{','.join(map(str, q))}\n{','.join(map(str, r))}\n")
+
+    write(data / "train.txt", 120)
+    write(data / "test.txt", 40)
+    sim = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
+                                             {"type": "knn", "size": 10, "k_neighbors": 3}]}
+    art = artifacts / "simakt" / "v1"
+    manifest = train_simakt(data, art, cfg=SimAKTTrainConfig(epochs=2, model={
+        "d_model": 32, "n_heads": 8, "n_know": 4, "window": W}), similarity=sim, log=lambda *_: None)
+    build_artifact_banks(art, data, version="v2", seed=1)
+    return {"artifacts": artifacts, "art": art, "v1": manifest["banks"]["default"], "v2": "v2",
+            "ids": json.loads((art / "vocab_questions.json").read_text())["ids"]}
+
+
+class Offline:
+    """The eager PyTorch model stepping one learner, with a bank version of the artifact."""
+
+    def __init__(self, art: Path):
+        from nextstep.training.banks import load_banks
+        from nextstep.training.simakt_export import load_simakt
+
+        self.model, _ = load_simakt(art)
+        ids = json.loads((art / "vocab_questions.json").read_text())["ids"]
+        self.row = {str(q): i + 2 for i, q in enumerate(ids)}
+        self.banks, self.kv = {}, {}
+        with torch.no_grad():
+            for version in (p.name for p in (art / "banks").iterdir()):
+                self.banks[version] = load_banks(art / "banks" / version, self.model)
+                self.kv[version] = self.model.bank_keys([b.tensors() for b in self.banks[version]])
+
+    @torch.no_grad()
+    def run(self, version: str, events: list[tuple[str, int]], asked: list[str]) -> tuple[np.ndarray, list]:
+        """P(right) for asked[t] after events[:t + 1], for every t; and the inter-student weights after the last."""
+        state, probs = self.model.init_state(1), []
+        for (qid, r), nxt in zip(events, asked, strict=True):
+            state = self.model.step(state, torch.tensor([self.row[qid]]), torch.tensor([r]))
+            out = self.model.predict(state, torch.tensor([[self.row[nxt]]]), self.kv[version])
+            probs.append(torch.sigmoid(out.logits)[0, 0].item())
+        return np.array(probs), [w[0].numpy() for w in out.inter_weights]
+
+
+@pytest.fixture(scope="module")
+def offline(simakt) -> Offline:
+    return Offline(simakt["art"])
+
+
+def history(ids: list[str], n: int, seed: int) -> tuple[list[tuple[str, int]], list[str]]:
+    """n events over the vocabulary (problem:skill ids and bare skills) and the question asked after each."""
+    rng = np.random.default_rng(seed)
+    qs = [ids[i] for i in rng.integers(0, len(ids), n + 1)]
+    return [(q, int(r)) for q, r in zip(qs[:-1], rng.integers(0, 2, n), strict=True)], qs[1:]
+
+
+@pytest.fixture(params=["in-process", "redis"])
+def store_url(request) -> str | None:
+    return request.getfixturevalue("redis_url") if request.param == "redis" else None
+
+
+def test_predictions_equal_the_offline_model_with_the_same_bank_past_the_window(simakt, offline, store_url, serve):
+    """(a) events with predictions, one at a time, for a learner with more events than the window; then the
+    same after a swap to v2; (b) the batch route replays the same history to the same answers."""
+    events, asked = history(simakt["ids"], W + 16, seed=1)
+    with serve(Settings(artifacts_dir=simakt["artifacts"], redis_url=store_url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        listing = http.get("/v1/kt/simakt/banks").json()
+        assert listing["active"] == simakt["v1"] and {v["version"] for v in listing["versions"]} == {simakt["v1"], "v2"}
+        assert listing["versions"][0]["heads"]["knn"]["entries"] == 10
+        want, _ = offline.run(simakt["v1"], events, asked)
+        served = []
+        for t, ((q, r), nxt) in enumerate(zip(events, asked, strict=True)):
+            reply = http.post("/v1/kt/simakt/events", json={
+                "student_id": "long", "events": [{"question_id": q, "response": r, "event_id": f"e{t}"}],
+                "predict_question_ids": [nxt]})
+            assert reply.status_code == 200, reply.text
+            body = reply.json()
+            assert body["bank_version"] == simakt["v1"]
+            prediction = body["predictions"][0]
+            assert set(prediction) == {"question_id", "probabilities", "expected_response", "most_likely_response"}
+            served.append(prediction["probabilities"])
+        served = np.array(served)
+        np.testing.assert_allclose(served[:, 1], want, atol=1e-5)
+        np.testing.assert_allclose(served.sum(1), 1, atol=1e-6)
+
+        batch = http.post("/v1/kt/simakt/batch", json={"students": [{
+            "student_id": "x", "events": [{"question_id": q, "response": r} for q, r in events],
+            "predict_question_ids": [asked[-1]]}]}).json()
+        assert batch["bank_version"] == simakt["v1"]
+        per_event = np.array([p["probabilities"] for p in batch["students"][0]["event_predictions"]])
+        np.testing.assert_allclose(per_event[1:], served[:-1], atol=1e-6)  # before event t+1 = after event t
+        np.testing.assert_allclose(batch["students"][0]["predictions"][0]["probabilities"], served[-1], atol=1e-6)
+
+        assert http.put("/v1/kt/simakt/banks/active", json={"version": "v2"}).status_code == 200
+        after, _ = offline.run("v2", events, asked)
+        reply = http.post("/v1/kt/simakt/predict", json={"student_id": "long", "question_ids": [asked[-1]]}).json()
+        assert reply["bank_version"] == "v2" and reply["events_total"] == len(events)
+        assert reply["predictions"][0]["probabilities"][1] == pytest.approx(after[-1], abs=1e-5)
+        assert abs(after[-1] - want[-1]) > 1e-5  # the two banks do answer differently
+
+        summary = http.get("/v1/kt/simakt/students/long").json()
+        assert summary["ability"] is None and 0 < summary["mean_p_right"] < 1 and summary["bank_version"] == "v2"
+        ranked = http.post("/v1/kt/simakt/next-item", json={"student_id": "long", "k": 50}).json()["items"]
+        scores = [i["score"] for i in ranked]
+        assert scores == sorted(scores, reverse=True) and len(ranked) == len(simakt["ids"]) and max(scores) <= 0.25
+        target = http.post("/v1/kt/simakt/next-item", json={"student_id": "long", "strategy": "target",
+                                                            "target": 0.5, "candidate_question_ids": [asked[-1]]})
+        assert target.json()["items"][0]["score"] == pytest.approx(after[-1], abs=1e-5)
+        assert http.delete("/v1/kt/simakt/students/long").json()["deleted"] is True
+
+
+def test_bank_swap_under_load_drops_nothing_and_never_mixes_banks(simakt, offline, redis_url, serve):
+    """(c) concurrent predict and events requests while PUT flips the bank back and forth: all answer 200, each
+    prediction equals the offline model with the bank version it names, and after each PUT returns the
+    predictions are the new bank's."""
+    students = {f"fixed-{s}": history(simakt["ids"], 8 + s, seed=100 + s) for s in range(6)}
+    want = {v: {s: offline.run(v, ev, asked)[0][-1] for s, (ev, asked) in students.items()}
+            for v in (simakt["v1"], "v2")}
+    flips = [simakt["v2"], simakt["v1"]] * 4
+
+    async def drive(url: str) -> tuple[list[tuple[int, str]], list[str]]:
+        statuses, seen = [], []  # every load request's status; the bank version of each prediction
+        async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=40)) as http:
+            for s, (ev, _) in students.items():
+                reply = await http.post("/v1/kt/simakt/events", json={
+                    "student_id": s, "events": [{"question_id": q, "response": r} for q, r in ev]})
+                assert reply.status_code == 200, reply.text
+            done = asyncio.Event()
+
+            async def client(c: int):
+                n = 0
+                while not done.is_set():
+                    n += 1
+                    s, (_, asked) = list(students.items())[(c + n) % len(students)]
+                    if n % 3:
+                        reply = await http.post("/v1/kt/simakt/predict", json={"student_id": s,
+                                                                               "question_ids": [asked[-1]]})
+                        body = reply.json()
+                        if reply.status_code == 200:
+                            seen.append(body["bank_version"])
+                            got = body["predictions"][0]["probabilities"][1]
+                            assert got == pytest.approx(want[body["bank_version"]][s], abs=1e-5)
+                    else:
+                        reply = await http.post("/v1/kt/simakt/events", json={
+                            "student_id": f"load-{c}", "events": [{"question_id": asked[n % len(asked)],
+                                                                   "response": n % 2}],
+                            "predict_question_ids": [asked[-1]]})
+                    statuses.append((reply.status_code, reply.text if reply.status_code != 200 else ""))
+
+            async def flipper():
+                try:
+                    for version in flips:
+                        await asyncio.sleep(0.15)
+                        reply = await http.put("/v1/kt/simakt/banks/active", json={"version": version})
+                        assert reply.status_code == 200, reply.text
+                        for s, (_, asked) in students.items():  # the new bank, from the moment the PUT returned
+                            body = (await http.post("/v1/kt/simakt/predict", json={
+                                "student_id": s, "question_ids": [asked[-1]]})).json()
+                            assert body["bank_version"] == version
+                            assert body["predictions"][0]["probabilities"][1] == pytest.approx(want[version][s],
+                                                                                               abs=1e-5)
+                finally:
+                    done.set()
+
+            await asyncio.gather(flipper(), *(client(c) for c in range(24)))
+        return statuses, seen
+
+    with serve(Settings(artifacts_dir=simakt["artifacts"], redis_url=redis_url)) as url:
+        statuses, seen = asyncio.run(drive(url))
+    assert len(statuses) > 200 and {code for code, _ in statuses} == {200}, [s for s in statuses if s[0] != 200]
+    assert {simakt["v1"], "v2"} <= set(seen)
+
+
+def test_a_swap_in_one_instance_is_seen_by_another_within_the_refresh_interval(simakt, offline, redis_url, serve):
+    """(d) two app instances share one Redis: a PUT on one moves the other within NEXTSTEP_BANK_REFRESH_SECONDS."""
+    refresh = 0.5
+    settings = Settings(artifacts_dir=simakt["artifacts"], redis_url=redis_url, bank_refresh_seconds=refresh)
+    events, asked = history(simakt["ids"], 12, seed=7)
+    ask = {"student_id": "shared", "question_ids": [asked[-1]]}
+    with serve(settings) as a, serve(settings) as b, httpx.Client(timeout=30) as http:
+        fill = {"student_id": "shared", "events": [{"question_id": q, "response": r} for q, r in events]}
+        http.post(f"{a}/v1/kt/simakt/events", json=fill).raise_for_status()
+        assert http.post(f"{b}/v1/kt/simakt/predict", json=ask).json()["bank_version"] == simakt["v1"]
+        assert http.put(f"{a}/v1/kt/simakt/banks/active", json={"version": "v2"}).status_code == 200
+        swapped = time.monotonic()
+        while (body := http.post(f"{b}/v1/kt/simakt/predict", json=ask).json())["bank_version"] != "v2":
+            assert time.monotonic() - swapped < refresh + 1.0, "instance b did not see the swap"
+            time.sleep(0.02)
+        want, _ = offline.run("v2", events, asked)
+        assert body["predictions"][0]["probabilities"][1] == pytest.approx(want[-1], abs=1e-5)
+        listing = http.get(f"{b}/v1/kt/simakt/banks").json()
+        assert listing["active"] == listing["serving"] == "v2"
+
+
+def test_explanations_are_the_graphs_attention_weights(simakt, offline, serve):
+    """(f) explain: each head's top entries are the predict graph's explain_<head> outputs, which sum to 1 once
+    there is an event (and are empty before); entries name their cluster's size or their KNN student."""
+    art = simakt["art"]
+    events, asked = history(simakt["ids"], 20, seed=3)
+    provenance = json.loads((art / "banks" / simakt["v1"] / "provenance.json").read_text())
+    by_head = {e["head"]: e for e in provenance["banks"]}
+    sizes = np.load(art / "banks" / simakt["v1"] / "cluster_sizes.npy")
+    # the graphs themselves, fed as the export's parity check feeds them
+    opts = ort.SessionOptions()
+    project, predict = (ort.InferenceSession(str(art / f"{g}.onnx"), opts, providers=["CPUExecutionProvider"])
+                        for g in ("bank_project", "predict"))
+    banks = {f"bank_{b.head}_{p}": getattr(b, p) for b in offline.banks[simakt["v1"]] for p in ("states", "lengths")}
+    kv = dict(zip([o.name for o in project.get_outputs()], project.run(None, banks), strict=True))
+    state = offline.model.init_state(1)
+    for q, r in events:
+        state = offline.model.step(state, torch.tensor([offline.row[q]]), torch.tensor([r]))
+    feeds = {"window_questions": state[0].numpy(), "window_responses": state[1].numpy(), "seen": state[2].numpy(),
+             "questions": np.array([[offline.row[asked[-1]]]]), **kv}
+    graph = dict(zip([o.name for o in predict.get_outputs()], predict.run(None, feeds), strict=True))
+    _, eager = offline.run(simakt["v1"], events, asked)
+
+    with serve(Settings(artifacts_dir=simakt["artifacts"])) as url, httpx.Client(base_url=url, timeout=30) as http:
+        fresh = http.post("/v1/kt/simakt/predict", json={"student_id": "e", "question_ids": ["3"], "explain": True})
+        assert fresh.json()["explanation"] == {"bank_version": simakt["v1"], "heads": {"cluster": [], "knn": []}}
+        reply = http.post("/v1/kt/simakt/events", json={
+            "student_id": "e", "events": [{"question_id": q, "response": r} for q, r in events], "explain": True})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["predictions"] is None
+        from_events = reply.json()["explanation"]
+        body = http.post("/v1/kt/simakt/predict", json={"student_id": "e", "question_ids": [asked[-1]],
+                                                        "explain": True}).json()
+    explanation = body["explanation"]
+    assert explanation == from_events and explanation["bank_version"] == body["bank_version"] == simakt["v1"]
+    for head, weights_eager in zip(("cluster", "knn"), eager, strict=True):
+        weights = graph[f"explain_{head}"][0]
+        assert weights.sum() == pytest.approx(1, abs=1e-5)
+        np.testing.assert_allclose(weights, weights_eager, atol=1e-5)
+        top = np.argsort(-weights, kind="stable")[:5]
+        entries = explanation["heads"][head]
+        assert [e["entry"] for e in entries] == [int(i) for i in top if weights[i] > 0]
+        np.testing.assert_allclose([e["weight"] for e in entries], weights[[e["entry"] for e in entries]], atol=1e-6)
+        for e in entries:
+            if head == "cluster":
+                assert e == {"entry": e["entry"], "weight": e["weight"], "type": "cluster",
+                             "members": int(sizes[e["entry"]])}
+            else:
+                assert e["type"] == "knn" and e["student"] == by_head["knn"]["sources"][e["entry"]][0]
+    assert len(explanation["heads"]["knn"]) == 3  # k_neighbors: the other entries weigh 0
+    assert sum(e["weight"] for e in explanation["heads"]["knn"]) == pytest.approx(1, abs=1e-5)
+
+
+def test_bad_input_is_a_4xx_naming_the_field(simakt, artifacts, tmp_path, serve):
+    """(e) unknown bank version, unknown question id, response 2; and bank routes or explain on a GPCM model."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    (root / "simakt").symlink_to(simakt["artifacts"] / "simakt", target_is_directory=True)
+    (root / "deep_gpcm").symlink_to(artifacts[0] / "deep_gpcm", target_is_directory=True)
+    cases = [
+        ("PUT", "/v1/kt/simakt/banks/active", {"version": "v9"}, 422, "version"),
+        ("PUT", "/v1/kt/simakt/banks/active", {}, 422, "version"),
+        ("PUT", "/v1/kt/simakt/banks/active", {"version": ""}, 422, "version"),
+        ("POST", "/v1/kt/simakt/events", {"student_id": "s", "events": [{"question_id": "99:9", "response": 1}]},
+         422, "events[0].question_id"),
+        ("POST", "/v1/kt/simakt/events", {"student_id": "s", "events": [{"question_id": "3", "response": 1},
+                                                                       {"question_id": "30:3", "response": 2}]},
+         422, "events[1].response"),
+        ("POST", "/v1/kt/simakt/predict", {"student_id": "s", "question_ids": ["3", "nope"]}, 422, "question_ids[1]"),
+        ("POST", "/v1/kt/simakt/batch", {"students": [{"student_id": "s", "events": [
+            {"question_id": "3", "response": 2}]}]}, 422, "students[0].events[0].response"),
+        ("POST", "/v1/kt/deep_gpcm/predict", {"student_id": "s", "question_ids": [3], "explain": True}, 422, "explain"),
+        ("GET", "/v1/kt/deep_gpcm/banks", None, 404, "model"),
+        ("PUT", "/v1/kt/deep_gpcm/banks/active", {"version": "v2"}, 404, "model"),
+    ]
+    with serve(Settings(artifacts_dir=root)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for method, path, body, status, field in cases:
+            reply = http.request(method, path, json=body)
+            assert reply.status_code == status, (path, body, reply.text)
+            assert field in reply.text, (path, body, reply.text)
+        assert http.get("/v1/kt/simakt/banks").json()["active"] == simakt["v1"]  # nothing moved
+        gpcm = http.post("/v1/kt/deep_gpcm/predict", json={"student_id": "s", "question_ids": [3]}).json()
+        assert "bank_version" not in gpcm and {"theta", "alpha", "beta"} <= set(gpcm["predictions"][0])
+
+
+def test_requests_with_different_banks_never_share_a_run(simakt):
+    """The micro-batcher passes the bank tensors as shared, non-batched inputs and batches only requests that
+    carry the same ones: concurrent requests on two banks each get their own bank's answer."""
+    registry = ModelRegistry(simakt["artifacts"])
+    assert registry.load() == {}
+    model = registry.get("simakt")
+    session = model.sessions["predict"]
+    rng = np.random.default_rng(0)
+
+    def bank(version: str) -> dict:
+        folder = simakt["art"] / "banks" / version
+        feeds = {f"bank_{h}_{p}": np.load(folder / f"{h}_{p}.npy") for h in ("cluster", "knn")
+                 for p in ("states", "lengths")}
+        return dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True))
+
+    banks = [bank(simakt["v1"]), bank("v2")]
+    requests = []
+    for i in range(8):
+        seen = rng.integers(1, W, 1)
+        requests.append(({"window_questions": rng.integers(2, len(model.ids) + 2, (1, W)),
+                          "window_responses": rng.integers(0, 2, (1, W)), "seen": seen,
+                          "questions": rng.integers(2, len(model.ids) + 2, (1, 2))}, banks[i % 2]))
+    runs = []
+
+    async def main():
+        batcher = MicroBatcher(session, max_batch=64, max_wait_ms=5, on_batch=lambda rows, _: runs.append(rows))
+        try:
+            return await asyncio.gather(*(batcher.run(feeds, shared) for feeds, shared in requests))
+        finally:
+            await batcher.close()
+
+    got = asyncio.run(main())
+    for (feeds, shared), outputs in zip(requests, got, strict=True):
+        for g, w in zip(outputs, session.run(None, {**feeds, **shared}), strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-6)
+    assert sorted(runs) == [4, 4]  # one run per bank, never one with both
+
