@@ -51,21 +51,12 @@ MODEL = "simakt"
 BUILD = """
 import sys
 from pathlib import Path
-import numpy as np
 from nextstep.training.banks import build_artifact_banks
 from nextstep.training.simakt_run import SimAKTTrainConfig, train_simakt
+from nextstep.training.synthetic import write_problem_dataset
 
 data, out = Path(sys.argv[1]), Path(sys.argv[2])
-data.mkdir(parents=True)
-rng = np.random.default_rng(0)
-ability = rng.normal(size=400)
-def write(path, n):  # DTransformer format: length, then problem, skill and response lines
-    with open(path, "w") as f:
-        for s in range(n):
-            L = int(rng.integers(120, 260)); q = rng.integers(1, 51, L); p = q * 10 + rng.integers(0, 3, L)
-            r = (rng.random(L) < 1 / (1 + np.exp(q / 25 - 1 - ability[s % 400]))).astype(int)
-            f.write(f"{L}\\n{','.join(map(str, p))}\\n{','.join(map(str, q))}\\n{','.join(map(str, r))}\\n")
-write(data / "train.txt", 400); write(data / "test.txt", 40)
+write_problem_dataset(data, n_train=400, n_test=40, length=(120, 260), n_skills=50)
 sim = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 64},
                                          {"type": "knn", "size": 200, "k_neighbors": 15}]}
 train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=1, model={"d_model": 128, "n_heads": 8}), similarity=sim)

@@ -146,3 +146,24 @@ def write_gpcm_dataset(out_dir: str | os.PathLike, **kwargs) -> Path:
         },
     )
     return out
+
+
+def write_problem_dataset(out_dir: str | os.PathLike, *, n_train: int = 120, n_test: int = 40,
+                          length: tuple[int, int] = (5, 60), n_skills: int = 7, seed: int = 0) -> Path:
+    """A small binary data set in DTransformer's format (train.txt, test.txt: a length line, then problem,
+    skill and response lines) for tests and benchmarks: each student has a Rasch ability, each skill a
+    difficulty, each skill three problems (id = skill * 10 + 0..2)."""
+    rng = np.random.default_rng(seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    difficulty = np.linspace(-1.5, 1.5, n_skills)
+    for name, n in (("train.txt", n_train), ("test.txt", n_test)):
+        lines = []
+        for _ in range(n):
+            L = int(rng.integers(*length))
+            q = rng.integers(1, n_skills + 1, L)
+            p = q * 10 + rng.integers(0, 3, L)
+            r = (rng.random(L) < 1 / (1 + np.exp(difficulty[q - 1] - rng.normal()))).astype(int)
+            lines += [str(L), ",".join(map(str, p)), ",".join(map(str, q)), ",".join(map(str, r))]
+        (out / name).write_text("\n".join(lines) + "\n")
+    return out

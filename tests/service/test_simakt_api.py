@@ -25,23 +25,11 @@ def simakt(tmp_path_factory) -> dict:
     the one exported with it (the manifest's default) and "v2" (other k-means / farthest-first seeds)."""
     from nextstep.training.banks import build_artifact_banks
     from nextstep.training.simakt_run import SimAKTTrainConfig, train_simakt
+    from nextstep.training.synthetic import write_problem_dataset
 
     root = tmp_path_factory.mktemp("simakt")
     data, artifacts = root / "data", root / "artifacts"
-    data.mkdir()
-    rng = np.random.default_rng(0)
-
-    def write(path, n):  # DTransformer format: length, then problem, skill and response lines
-        with open(path, "w") as f:
-            for _ in range(n):
-                L = int(rng.integers(5, 60))
-                q = rng.integers(1, 8, L)
-                p = q * 10 + rng.integers(0, 3, L)
-                r = (rng.random(L) < 0.3 + 0.08 * q).astype(int)
-                f.write(f"{L}\n{','.join(map(str, p))}\n{','.join(map(str, q))}\n{','.join(map(str, r))}\n")
-
-    write(data / "train.txt", 120)
-    write(data / "test.txt", 40)
+    write_problem_dataset(data)
     sim = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
                                              {"type": "knn", "size": 10, "k_neighbors": 3}]}
     art = artifacts / "simakt" / "v1"

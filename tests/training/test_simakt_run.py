@@ -10,30 +10,17 @@ from nextstep.training.data import load_dataset
 from nextstep.training.simakt_ablation import table
 from nextstep.training.simakt_export import load_simakt
 from nextstep.training.simakt_run import KTVocab, SimAKTTrainConfig, split_halves, train_simakt, trajectories
+from nextstep.training.synthetic import write_problem_dataset
 
 SIM = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
                                          {"type": "knn", "size": 10, "k_neighbors": 3}]}
 SMALL = {"d_model": 32, "n_heads": 8, "n_know": 4, "window": 32}
 
 
-def write_dtransformer(path: Path, n: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            L = int(rng.integers(5, 50))
-            q = rng.integers(1, 8, L)
-            p = q * 10 + rng.integers(0, 3, L)
-            r = (rng.random(L) < 0.3 + 0.08 * q).astype(int)
-            f.write(f"{L}\n{','.join(map(str, p))}\n{','.join(map(str, q))}\n{','.join(map(str, r))}\n")
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("simakt")
-    data = root / "data"
-    data.mkdir()
-    write_dtransformer(data / "train.txt", 100, 0)
-    write_dtransformer(data / "test.txt", 30, 1)
+    data = write_problem_dataset(root / "data", n_train=100, n_test=30, length=(5, 50))
     out = root / "artifact"
     manifest = train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=2, model=SMALL), similarity=SIM,
                             log=lambda *_: None)
@@ -66,7 +53,7 @@ def test_banks_hold_training_students_only(run):
     try:
         built = build_artifact_banks(out, data, version="rebuilt", seed=3)
     finally:
-        write_dtransformer(data / "test.txt", 30, 1)
+        write_problem_dataset(data, n_train=100, n_test=30, length=(5, 50))
     assert built["students"] == len(train)
     vocab = KTVocab.from_json(json.loads((out / "vocab_questions.json").read_text()))
     trajs, ids = trajectories(train, vocab, model.cfg.window)
