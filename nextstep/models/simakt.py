@@ -225,6 +225,7 @@ class SimAKTConfig:
 class SimAKTOutput(NamedTuple):
     logits: torch.Tensor  # (B, T) or (B, M): log-odds of a right response
     inter_weights: list[torch.Tensor]  # per active inter head: (B, T, M_bank) attention over its bank
+    knowledge: torch.Tensor | None = None  # full pass: z (B, T, n_know, d), what the contrastive loss compares
 
 
 class SimilarityBlock(nn.Module):
@@ -337,7 +338,7 @@ class SimAKT(nn.Module):
         """Teacher-forced: logits[:, t] predicts responses[:, t] from interactions before t."""
         e, hq, p, weights = self._encode(questions, responses, list(bank_kv))
         z = self.block4(hq, p)
-        return SimAKTOutput(self._answer(e, z), weights)
+        return SimAKTOutput(self._answer(e, z), weights, z)
 
     # ------------------------------------------------------------------ streaming (serving)
     def state_spec(self) -> list[dict]:
@@ -380,3 +381,36 @@ def regularisation(model: SimAKT) -> torch.Tensor:
     if not model.cfg.n_problems:
         return model.skill_embed.weight.new_zeros(())
     return (model.problem_diff.weight ** 2).sum()
+
+
+def _augment(questions, responses, mask, rate: float, generator: torch.Generator):
+    """DTransformer's views of a batch: (questions, responses) with random adjacent interactions swapped, and
+    the responses with random ones flipped (the hard negative); each at about `rate` of the positions."""
+    B, T = questions.shape
+    draw = torch.rand(B, T, generator=generator).to(questions.device) < rate
+    swap = draw & mask & torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], 1)  # i and i + 1 both real
+    swap = swap & ~torch.cat([torch.zeros_like(swap[:, :1]), swap[:, :-1]], 1)  # no overlapping swaps
+    after = torch.cat([torch.zeros_like(swap[:, :1]), swap[:, :-1]], 1)  # the partner of each swap
+    idx = torch.arange(T, device=questions.device).expand(B, T) + swap.long() - after.long()
+    flip = (torch.rand(B, T, generator=generator).to(questions.device) < rate) & mask
+    return (questions.gather(1, idx), responses.gather(1, idx)), torch.where(flip, 1 - responses, responses)
+
+
+def contrastive_loss(model: SimAKT, questions, responses, mask, bank_kv, z: torch.Tensor, *, rate: float = 0.2,
+                     temperature: float = 0.05, generator: torch.Generator) -> torch.Tensor:
+    """DTransformer's contrastive loss (optional, `lambda_cl`): at every position, a student's knowledge
+    states (z averaged over the knowledge queries) should be closer, by cosine / temperature, to those of
+    their own sequence with a few adjacent interactions swapped than to any other student's, and than to
+    their own sequence with a few responses flipped (hard negative). `z` is the original pass's."""
+    (q2, r2), flipped = _augment(questions, responses, mask, rate, generator)
+    z1 = z.mean(2)  # (B, T, d)
+    z2 = model(q2, r2, bank_kv).knowledge.mean(2)
+    z3 = model(questions, flipped, bank_kv).knowledge.mean(2)
+    unit = torch.nn.functional.normalize
+    z1, z2, z3 = unit(z1, dim=-1), unit(z2, dim=-1), unit(z3, dim=-1)
+    sims = torch.einsum("btd,ctd->btc", z1, z2) / temperature  # (B, T, B): row b, candidate c
+    sims = sims.masked_fill(~mask.T[None].expand(z1.shape[0], -1, -1), -1e4)  # a candidate padded at t
+    hard = (z1 * z3).sum(-1, keepdim=True) / temperature  # (B, T, 1)
+    logits = torch.cat([sims, hard], -1)[mask]  # (N, B + 1)
+    target = torch.arange(z1.shape[0], device=z.device)[:, None].expand(-1, z1.shape[1])[mask]
+    return torch.nn.functional.cross_entropy(logits, target)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.simakt import SimAKT, SimAKTConfig, parse_similarity, regularisation
+from ..models.simakt import SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
 from .banks import Bank, build_banks, encode_trajectories, provenance, select_banks
 from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
 from .metrics import roc_auc
@@ -33,6 +33,7 @@ class SimAKTTrainConfig:
     batch_size: int = 32
     lr: float = 1e-3
     problem_l2: float = 1e-5  # DTransformer's L2 on problem difficulties (sum of squares)
+    lambda_cl: float = 0.0  # DTransformer's contrastive loss weight (0.1 there); off: it triples the step cost
     grad_clip: float = 10.0
     patience: int = 4  # epochs without a better validation AUC
     valid_fraction: float = 0.1
@@ -193,6 +194,7 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_tr
     rng = np.random.default_rng(cfg.seed)
     halves = split_halves(fit_ids, rng)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed)  # the contrastive loss's augmentations
     uses_banks = bool(model.sim.active)
     started, history, best, best_state, stale = time.perf_counter(), [], -math.inf, None, 0
     def banks_now(epoch: int) -> tuple[list[list[Bank]], list[Bank]]:
@@ -217,9 +219,11 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_tr
         for h, q, r, mask in work:
             q, r, mask = q.to(dev), r.to(dev), mask.to(dev)
             kv = model.bank_keys(half_raw[1 - h])  # the other half's students: never the student's own bank
-            logits = model(q, r, kv).logits
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], r[mask].float())
+            out = model(q, r, kv)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(out.logits[mask], r[mask].float())
             full = loss + cfg.problem_l2 * regularisation(model)
+            if cfg.lambda_cl > 0:
+                full = full + cfg.lambda_cl * contrastive_loss(model, q, r, mask, kv, out.knowledge, generator=gen)
             opt.zero_grad(set_to_none=True)
             full.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

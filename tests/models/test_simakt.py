@@ -287,3 +287,31 @@ def test_a_new_similarity_module_plugs_in_by_path():
     assert out.shape == q.shape and torch.isfinite(out).all()
     with pytest.raises(ConfigError, match="not a BankHead"):
         parse_similarity({"intra_heads": 3, "inter_heads": [{"type": "torch.nn:Linear"}]}, 4)
+
+
+def test_contrastive_views_swap_neighbours_and_flip_responses_inside_the_sequence():
+    from nextstep.models.simakt import _augment
+
+    q, r = data(B=4, T=30)
+    mask = torch.arange(30)[None, :] < torch.tensor([[30], [12], [2], [1]])
+    (q2, r2), flipped = _augment(q, r, mask, 0.3, torch.Generator().manual_seed(0))
+    for b in range(4):
+        n = int(mask[b].sum())
+        pairs = sorted(zip(q[b, :n].tolist(), r[b, :n].tolist()))
+        assert sorted(zip(q2[b, :n].tolist(), r2[b, :n].tolist())) == pairs  # a permutation of the same steps
+        assert torch.equal(q2[b, n:], q[b, n:]) and torch.equal(flipped[b, n:], r[b, n:])  # padding untouched
+    assert (q2 != q).any() and (flipped != r).any()
+
+
+def test_contrastive_loss_trains():
+    from nextstep.models.simakt import contrastive_loss
+
+    m = make().train()
+    kv = m.bank_keys(banks())
+    q, r = data(B=4, T=20)
+    mask = torch.arange(20)[None, :] < torch.tensor([[20], [15], [20], [9]])
+    out = m(q, r, kv)
+    loss = contrastive_loss(m, q, r, mask, kv, out.knowledge, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(loss) and loss > 0
+    loss.backward()
+    assert m.block4.know.grad is not None and m.block4.know.grad.abs().sum() > 0
