@@ -297,8 +297,8 @@ def test_contrastive_views_swap_neighbours_and_flip_responses_inside_the_sequenc
     (q2, r2), flipped = _augment(q, r, mask, 0.3, torch.Generator().manual_seed(0))
     for b in range(4):
         n = int(mask[b].sum())
-        pairs = sorted(zip(q[b, :n].tolist(), r[b, :n].tolist()))
-        assert sorted(zip(q2[b, :n].tolist(), r2[b, :n].tolist())) == pairs  # a permutation of the same steps
+        pairs = sorted(zip(q[b, :n].tolist(), r[b, :n].tolist(), strict=True))
+        assert sorted(zip(q2[b, :n].tolist(), r2[b, :n].tolist(), strict=True)) == pairs  # same steps
         assert torch.equal(q2[b, n:], q[b, n:]) and torch.equal(flipped[b, n:], r[b, n:])  # padding untouched
     assert (q2 != q).any() and (flipped != r).any()
 
