@@ -22,6 +22,7 @@ import torch
 from ..models.simakt import SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
 from .banks import Bank, build_banks, encode_trajectories, provenance, select_banks
 from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
+from .loop import batches  # (question rows, responses) padded batches, length-sorted, shuffled by rng
 from .metrics import roc_auc
 
 Trajectory = tuple[np.ndarray, np.ndarray]  # (question rows, responses)
@@ -135,21 +136,6 @@ def trajectories(ds: KTDataset, vocab: KTVocab, window: int) -> tuple[list[Traje
             out.append((rows[i:i + window], s.responses[i:i + window]))
             ids.append(s.student_id)
     return out, ids
-
-
-def batches(trajs: list[Trajectory], batch_size: int, rng: np.random.Generator | None = None):
-    order = np.argsort([len(q) for q, _ in trajs], kind="stable")
-    groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    if rng is not None:
-        rng.shuffle(groups)
-    for g in groups:
-        T = max(len(trajs[i][0]) for i in g)
-        q, r = np.zeros((len(g), T), dtype=np.int64), np.zeros((len(g), T), dtype=np.int64)
-        mask = np.zeros((len(g), T), dtype=bool)
-        for row, i in enumerate(g):
-            n = len(trajs[i][0])
-            q[row, :n], r[row, :n], mask[row, :n] = trajs[i][0], trajs[i][1], True
-        yield torch.from_numpy(q), torch.from_numpy(r), torch.from_numpy(mask)
 
 
 def bank_tensors(banks: list[Bank], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
