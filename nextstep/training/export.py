@@ -38,9 +38,10 @@ class ParityError(RuntimeError):
 
 
 class StepGraph(nn.Module):
-    """(*state, question (B,), response (B,)) -> next state tensors."""
+    """(*state, question (B,), response (B,)) -> next state tensors, for any knowledge-tracing streaming model
+    (DeepGPCM, SimAKT)."""
 
-    def __init__(self, model: DeepGPCM):
+    def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
@@ -213,6 +214,16 @@ def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_jso
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
     return manifest
+
+
+def load_weights(artifact_dir: Path, build) -> tuple[nn.Module, dict]:
+    """(the model of an artifact's weights.pt, in eval mode; its manifest). `build(family, config dict)` makes
+    the empty model."""
+    manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text())
+    saved = torch.load(Path(artifact_dir) / manifest["weights"], weights_only=True)
+    model = build(saved["family"], saved["config"])
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), manifest
 
 
 def save_initial_state(model, spec: list[dict], out_dir: Path) -> None:

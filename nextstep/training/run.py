@@ -14,7 +14,7 @@ import torch
 
 from ..models.deep_gpcm import MODELS, DeepGPCM, GPCMConfig
 from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
-from .export import export_artifact
+from .export import export_artifact, load_weights
 from .loop import Encoded, TrainConfig, fit, predict_sequences
 from .metrics import ordinal_metrics
 from .report import write_report
@@ -115,12 +115,9 @@ def _parity_batch(seqs: list[Encoded], length: int, n: int = 8) -> tuple[torch.T
 def load_model(artifact_dir: str | Path) -> tuple[DeepGPCM, Vocabulary, dict]:
     """The PyTorch model, vocabulary and manifest of an exported artifact."""
     artifact_dir = Path(artifact_dir)
-    manifest = json.loads((artifact_dir / "manifest.json").read_text())
-    saved = torch.load(artifact_dir / manifest["weights"], weights_only=True)
-    model = MODELS[saved["family"]](GPCMConfig(**saved["config"]))
-    model.load_state_dict(saved["state_dict"])
+    model, manifest = load_weights(artifact_dir, lambda family, config: MODELS[family](GPCMConfig(**config)))
     vocab = Vocabulary.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
-    return model.eval(), vocab, manifest
+    return model, vocab, manifest
 
 
 def evaluate_artifact(artifact_dir: str | Path, data_dir: str | Path, fmt: str | None = None,

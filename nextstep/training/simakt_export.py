@@ -21,17 +21,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.simakt import SimAKT
+from ..models.simakt import SimAKT, SimAKTConfig
 from .banks import Bank, save_banks
 from .export import (
     ENGINE_TOLERANCE,
     OPSET,
     STEP_TOLERANCE,
     ParityError,
+    StepGraph,
     _export_onnx,
     _json_default,
     _trace,
     io,
+    load_weights,
     onnx_session,
     save_initial_state,
 )
@@ -62,16 +64,6 @@ class BankProjectGraph(nn.Module):
 
     def forward(self, *banks):
         return tuple(t for kv in self.model.bank_keys(_pairs(banks)) for t in kv)
-
-
-class StepGraph(nn.Module):
-    def __init__(self, model: SimAKT):
-        super().__init__()
-        self.model = model
-
-    def forward(self, *inputs):
-        *state, question, response = inputs
-        return tuple(self.model.step(tuple(state), question, response))
 
 
 def _answer(out) -> tuple:
@@ -230,11 +222,4 @@ def export_simakt(model: SimAKT, out_dir: Path, *, manifest: dict, vocab_json: d
 
 
 def load_simakt(artifact_dir: str | Path) -> tuple[SimAKT, dict]:
-    from ..models.simakt import SimAKTConfig
-
-    artifact_dir = Path(artifact_dir)
-    manifest = json.loads((artifact_dir / "manifest.json").read_text())
-    saved = torch.load(artifact_dir / manifest["weights"], weights_only=True)
-    model = SimAKT(SimAKTConfig(**saved["config"]))
-    model.load_state_dict(saved["state_dict"])
-    return model.eval(), manifest
+    return load_weights(artifact_dir, lambda family, config: SimAKT(SimAKTConfig(**config)))

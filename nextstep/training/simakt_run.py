@@ -23,7 +23,7 @@ from ..models.simakt import SimAKT, SimAKTConfig, contrastive_loss, parse_simila
 from .banks import Bank, build_banks, encode_trajectories, provenance, select_banks
 from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
 from .loop import batches  # (question rows, responses) padded batches, length-sorted, shuffled by rng
-from .metrics import roc_auc
+from .metrics import ordinal_metrics
 
 Trajectory = tuple[np.ndarray, np.ndarray]  # (question rows, responses)
 
@@ -109,7 +109,7 @@ class KTVocab:
     def encode(self, questions: np.ndarray, problems: np.ndarray | None) -> np.ndarray:
         """Rows: the (problem, skill) pair if seen in training, else the skill alone, else unknown (1)."""
         skill_rows = self.skills.encode(questions)
-        rows = np.where(skill_rows > 1, skill_rows - 2 + 2 + len(self.pairs), 1)
+        rows = np.where(skill_rows > 1, skill_rows + len(self.pairs), 1)  # the bare-skill rows follow the pairs
         if self.pairs and problems is not None:
             keys = np.asarray(problems, dtype=np.int64) * (1 << 32) + np.asarray(questions, dtype=np.int64)
             table = np.array([p * (1 << 32) + q for p, q in self.pairs], dtype=np.int64)  # sorted: pairs are
@@ -161,9 +161,9 @@ def predict(model: SimAKT, trajs: list[Trajectory], banks: list[Bank], batch_siz
 
 
 def binary_metrics(probs: np.ndarray, targets: np.ndarray) -> dict[str, float]:
-    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
-    return {"auc": roc_auc(targets, p), "accuracy": float(((p >= 0.5) == (targets == 1)).mean()),
-            "nll": float(-np.mean(targets * np.log(p) + (1 - targets) * np.log(1 - p))), "n": int(len(targets))}
+    """auc, accuracy, nll and n of P(right) against 0/1 responses (metrics.ordinal_metrics with K = 2)."""
+    m = ordinal_metrics(np.stack([1 - probs, probs], axis=1), targets)
+    return {"auc": m["auc"], "accuracy": m["accuracy"], "nll": m["nll"], "n": int(m["n"])}
 
 
 def split_halves(ids: list[str], rng: np.random.Generator) -> list[list[int]]:

@@ -12,7 +12,6 @@ as it would in the app.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 
 from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
 from .data import fingerprint
+from .export import load_weights
 from .reviews import ReviewLog, read_reviews
 from .srs_eval import evaluate_baselines, evaluate_predictions, protocol_folds
 from .time_aware_export import export_time_aware
@@ -100,12 +100,7 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
 
 
 def load_time_aware(artifact_dir: str | Path) -> tuple[TimeAwareTransformer, dict]:
-    artifact_dir = Path(artifact_dir)
-    manifest = json.loads((artifact_dir / "manifest.json").read_text())
-    saved = torch.load(artifact_dir / manifest["weights"], weights_only=True)
-    model = TimeAwareTransformer(TimeAwareConfig(**saved["config"]))
-    model.load_state_dict(saved["state_dict"])
-    return model.eval(), manifest
+    return load_weights(artifact_dir, lambda family, config: TimeAwareTransformer(TimeAwareConfig(**config)))
 
 
 def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits: int = 5, day_columns: str = "check",
