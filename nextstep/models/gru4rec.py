@@ -57,18 +57,23 @@ def glorot_(t: torch.Tensor, fan_in: int, fan_out: int) -> None:
 
 
 class Dropout(nn.Module):
-    """Inverted dropout, the same function as nn.Dropout; its mask comes from one uniform draw and a
-    comparison, which for the small (32 x 100) activations of GRU4Rec training is faster than the
-    Bernoulli sampler behind nn.Dropout (bench/gru4rec_training.py)."""
+    """Inverted dropout, the same function as nn.Dropout, with the mask available on its own: the
+    training step (training/gru4rec_step.py) keeps it for the backward pass. The mask comes from one
+    uniform draw and a comparison, cheaper than nn.Dropout's Bernoulli sampler for 32 x 100 activations."""
 
     def __init__(self, p: float):
         super().__init__()
         self.p = p
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def mask(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The scaled keep-mask for x (zeros and 1 / (1 - p)); None when nothing is dropped."""
         if not self.training or self.p == 0:
-            return x
-        return x * (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
+            return None
+        return (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = self.mask(x)
+        return x if mask is None else x * mask
 
 
 class GRULayer(nn.Module):
@@ -87,8 +92,6 @@ class GRULayer(nn.Module):
                 glorot_(self.w_ih.data[g * hidden:(g + 1) * hidden], n_in, hidden)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        if self.w_ih is not None and self.training:  # the fused kernel: fewer autograd nodes, same function
-            return torch.gru_cell(x, h, self.w_ih, self.w_hh, self.b_ih, self.b_hh)
         gi = x if self.w_ih is None else torch.addmm(self.b_ih, x, self.w_ih.t())
         gh = torch.addmm(self.b_hh, h, self.w_hh.t())
         i_r, i_z, i_n = gi.chunk(3, 1)
@@ -151,8 +154,3 @@ class GRU4Rec(NextItemModel):
     def scores(self, state: tuple[torch.Tensor, ...]) -> torch.Tensor:
         w = self.out.weight
         return torch.addmm(w[:, -1], state[-1], w[:, :-1].t())
-
-    def score_items(self, hidden: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """Scores of the given items only: hidden (B, H), items (M,) -> (B, M). Training never scores all."""
-        w = self.out(items)
-        return torch.addmm(w[:, -1], hidden, w[:, :-1].t())

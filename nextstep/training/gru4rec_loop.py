@@ -1,5 +1,4 @@
-"""Training GRU4Rec: session-parallel mini-batches, shared sampled negatives, the four losses, Adagrad
-with momentum.
+"""Training GRU4Rec: session-parallel mini-batches, shared sampled negatives, Adagrad with momentum.
 
 Session-parallel mini-batches (Hidasi et al. 2016): B slots each walk through one session; at every
 step slot b feeds the current item of its session and is scored on the next one. When a session has no
@@ -12,32 +11,22 @@ Scores are computed only for the B targets of the step plus n_sample extra negat
 step for the whole mini-batch from popularity^sample_alpha: a (B, B + n_sample) matrix whose diagonal
 holds each slot's target. The whole catalogue is never scored in training.
 
-Losses on that matrix O (row b, positive in column b):
-  cross-entropy  -log softmax(O_b)_b, with the logQ correction O_bj -= logq * log Q_j, where
-                 Q_j = B * p_j + n_sample * s_j is the expected number of times item j appears among the
-                 columns (p = popularity, the distribution of in-batch targets; s = popularity^alpha);
-  bpr            mean over negatives j of -log sigmoid(O_bb - O_bj);
-  bpr-max        -log sum_j s_bj sigmoid(O_bb - O_bj) + bpreg * sum_j s_bj O_bj^2, with s_b the softmax
-                 over the negatives (Hidasi & Karatzoglou 2018), computed in log space (no log(0)).
-Losses are summed over the mini-batch (the official code averages; Adagrad divides the scale out, so
-the learning rates carry over). A step whose only column is its own target (the last slot of an epoch
-with n_sample = 0) has no negative and is skipped.
+The losses on that matrix and the gradients of a step are in gru4rec_step.py. A step whose only column is
+its own target (the last slot of an epoch with n_sample = 0) has no negative: its state advances, but it
+adds no loss.
 """
 
-import functools
 import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..models.gru4rec import GRU4Rec
+from .gru4rec_step import LOSSES, TrainStep
 from .sessions import SessionData
-
-LOSSES = ("cross-entropy", "bpr", "bpr-max")
 
 
 @dataclass
@@ -101,22 +90,15 @@ def session_parallel(offsets: np.ndarray, order: np.ndarray, batch_size: int):
             start, end, reset = start[kept], end[kept], reset[kept]
 
 
-def parallel_steps(model: GRU4Rec, items: torch.Tensor, offsets: np.ndarray, order: np.ndarray, batch_size: int):
-    """Drive `model.advance` through session-parallel mini-batches. Yields (targets (B,), state after the
-    input items) per step; the consumer computes the loss from the state and may backpropagate before
-    the next step (the state is detached then: truncated backpropagation through time of one step)."""
-    state = model.init_state(min(batch_size, len(order)))
-    for positions, keep, reset in session_parallel(offsets, order, batch_size):
-        if keep is not None:
-            keep_t = torch.from_numpy(keep)
-            state = tuple(h[keep_t] for h in state)
-        if reset is not None:
-            reset_t = torch.from_numpy(reset).unsqueeze(1)
-            state = tuple(h.masked_fill(reset_t, 0.0) for h in state)
-        pos = torch.from_numpy(positions)
-        state = model.advance(state, items.index_select(0, pos))
-        yield items.index_select(0, pos + 1), state
-        state = tuple(h.detach() for h in state)
+def carry(state: tuple[torch.Tensor, ...], keep: np.ndarray | None, reset: np.ndarray | None):
+    """Apply one step's slot changes from `session_parallel` to a state: keep rows, then zero reset rows."""
+    if keep is not None:
+        keep_t = torch.from_numpy(keep)
+        state = tuple(h[keep_t] for h in state)
+    if reset is not None:
+        reset_t = torch.from_numpy(reset).unsqueeze(1)
+        state = tuple(h.masked_fill(reset_t, 0.0) for h in state)
+    return state
 
 
 def _compose(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -151,37 +133,24 @@ class NegativeSampler:
         return self.cache[self.used - 1]
 
 
-def log_expected_counts(counts: np.ndarray, sample_alpha: float, batch: int, n_sample: int) -> torch.Tensor:
-    """log Q_j: how often item j is expected among a step's columns, `batch` targets drawn from the click
-    distribution plus `n_sample` negatives drawn from popularity^alpha (the logQ correction)."""
-    clicks = counts / counts.sum()
-    with np.errstate(divide="ignore"):
-        return torch.from_numpy(np.log(batch * clicks + n_sample * sampling_probabilities(counts, sample_alpha)))\
-            .float()
+class LogQ:
+    """The logQ correction of a step's columns, as in the official code: an in-batch target (drawn from
+    the click distribution) is corrected by strength * log count, an extra negative (drawn from
+    popularity^alpha) by strength * alpha * log count. (docs/decisions.md: this beat the log of each
+    item's expected number of columns on validation MRR@20.)"""
 
+    def __init__(self, counts: np.ndarray, sample_alpha: float, strength: float = 1.0):
+        log_count = torch.from_numpy(np.log(np.maximum(counts, 1))).float()  # never-clicked rows are never columns
+        self.target, self.sampled = strength * log_count, strength * sample_alpha * log_count
 
-def sampled_loss(O: torch.Tensor, kind: str, bpreg: float = 0.0, elu_param: float = 0.0) -> torch.Tensor:
-    """O (M, M + n): row b's positive in column b, every other column a negative. Summed over rows."""
-    if kind == "cross-entropy":
-        return (torch.logsumexp(O, 1) - O.diagonal()).sum()
-    positive = O.diagonal().unsqueeze(1)
-    negative = torch.ones_like(O, dtype=torch.bool)
-    negative.diagonal().fill_(False)
-    if kind == "bpr":
-        return -(F.logsigmoid(positive - O) * negative).sum() / max(O.shape[1] - 1, 1)
-    if kind == "bpr-max":
-        if elu_param > 0:
-            O = F.elu(O, elu_param)
-            positive = O.diagonal().unsqueeze(1)
-        log_s = torch.log_softmax(O.masked_fill(~negative, float("-inf")), 1)
-        ranking = -torch.logsumexp(log_s + F.logsigmoid(positive - O), 1)
-        reg = (log_s.exp() * O.pow(2)).sum(1)
-        return (ranking + bpreg * reg).sum()
-    raise ValueError(f"unknown loss {kind!r}")
+    def __call__(self, columns: torch.Tensor, n_targets: int) -> torch.Tensor:
+        return torch.cat([self.target.index_select(0, columns[:n_targets]),
+                          self.sampled.index_select(0, columns[n_targets:])])
 
 
 class AdagradM(torch.optim.Optimizer):
-    """Adagrad with momentum, the optimiser of the official GRU4Rec. Sparse gradients (item embeddings)
+    """Adagrad with momentum, the optimiser of the official GRU4Rec: acc += g², m = momentum · m −
+    lr · g / sqrt(acc + eps), p += m (eps inside the root, as there). Sparse gradients (item embeddings)
     update only the rows they touch: their squared-gradient accumulators and momenta included, so an
     item's embedding does not keep drifting on momentum in steps where it was not seen."""
 
@@ -208,8 +177,8 @@ class AdagradM(torch.optim.Optimizer):
                 grads = [p.grad for p in dense]
                 accs = [self.state[p]["acc"] for p in dense]
                 torch._foreach_addcmul_(accs, grads, grads)
-                denom = torch._foreach_sqrt(accs)
-                torch._foreach_add_(denom, eps)
+                denom = torch._foreach_add(accs, eps)
+                torch._foreach_sqrt_(denom)
                 updates = torch._foreach_div(grads, denom)
                 torch._foreach_mul_(updates, -lr)
                 if mu > 0:
@@ -224,7 +193,7 @@ class AdagradM(torch.optim.Optimizer):
         rows, values = grad.indices()[0], grad.values()  # coalesced: each row once
         acc = state["acc"].index_select(0, rows).addcmul_(values, values)  # index_select: ~3x faster than [rows]
         state["acc"].index_copy_(0, rows, acc)
-        update = state["mom"].index_select(0, rows).mul_(mu).addcdiv_(values, acc.sqrt_().add_(eps), value=-lr)
+        update = state["mom"].index_select(0, rows).mul_(mu).addcdiv_(values, acc.add_(eps).sqrt_(), value=-lr)
         state["mom"].index_copy_(0, rows, update)
         p.index_add_(0, rows, update)
 
@@ -239,12 +208,11 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
     counts = np.bincount(train.items, minlength=model.n_items)
     sampler = NegativeSampler(counts, cfg.sample_alpha, cfg.n_sample, generator) if cfg.n_sample else None
 
-    @functools.cache
-    def log_q(batch: int) -> torch.Tensor:
-        return cfg.logq * log_expected_counts(counts, cfg.sample_alpha, batch, cfg.n_sample)
+    log_q = LogQ(counts, cfg.sample_alpha, cfg.logq) if cfg.loss == "cross-entropy" and cfg.logq > 0 else None
     items = torch.from_numpy(train.items)
     offsets = train.offsets
     optimizer = AdagradM(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    step = TrainStep(model, cfg.loss, cfg.bpreg, cfg.elu_param, cfg.batch_size)
     n_targets = int((train.lengths() - 1).clip(min=0).sum())
     history = []
     for epoch in range(1, cfg.epochs + 1):
@@ -253,18 +221,19 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
         total, seen, started = 0.0, 0, time.perf_counter()
         bar = tqdm(total=n_targets, desc=f"epoch {epoch}/{cfg.epochs}", unit="ev", disable=not progress,
                    mininterval=1.0)
-        for target, state in parallel_steps(model, items, offsets, order, cfg.batch_size):
+        state = model.init_state(min(cfg.batch_size, len(order)))
+        for positions, keep, reset in session_parallel(offsets, order, cfg.batch_size):
+            state = carry(state, keep, reset)
+            pos = torch.from_numpy(positions)
+            inputs, target = items.index_select(0, pos), items.index_select(0, pos + 1)
             columns = target if sampler is None else torch.cat([target, sampler.draw()])
             if len(columns) < 2:  # one slot left and no sampled negatives: nothing to rank the target against
+                with torch.no_grad():
+                    state = model.advance(state, inputs)
                 continue
-            O = model.score_items(state[-1], columns)
-            if cfg.loss == "cross-entropy" and cfg.logq > 0:
-                O = O - log_q(len(target)).index_select(0, columns)
-            loss = sampled_loss(O, cfg.loss, cfg.bpreg, cfg.elu_param)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, state = step(state, inputs, columns, None if log_q is None else log_q(columns, len(target)))
             optimizer.step()
-            total += loss.item()
+            total += loss
             seen += len(target)
             bar.update(len(target))
         bar.close()

@@ -53,16 +53,6 @@ def test_no_future_leak(mode):
     torch.testing.assert_close(m(items)[:, :4], m(changed)[:, :4], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["constrained", "embedding"])
-def test_the_fused_training_cell_computes_the_exported_cell(mode):
-    m = model(mode, dropout_hidden=0.0)
-    items, state = batch()[:, 0], tuple(torch.randn(3, 16) for _ in range(1))
-    explicit = m.advance(state, items)
-    m.train()  # training runs torch.gru_cell; dropout is 0, so the function must be the same
-    fused = m.advance(state, items)
-    torch.testing.assert_close(fused[0], explicit[0], atol=1e-6, rtol=0)
-
-
 def test_glorot_uniform_weights_and_zero_biases():
     m = model("embedding", layers=(16,))
     bound = (6 / (V + 16)) ** 0.5

@@ -11,13 +11,13 @@ from nextstep.training.data import Vocabulary
 from nextstep.training.gru4rec_loop import (
     AdagradM,
     GRU4RecTrainConfig,
+    LogQ,
     NegativeSampler,
+    carry,
     fit_gru4rec,
-    log_expected_counts,
-    parallel_steps,
-    sampled_loss,
     session_parallel,
 )
+from nextstep.training.gru4rec_step import TrainStep, sampled_loss
 from nextstep.training.ranking import evaluate_sessions
 from nextstep.training.sessions import zipf_sessions
 
@@ -63,18 +63,25 @@ def tiny_model(n_items=30, **kw):
     return GRU4Rec(GRU4RecConfig(n_items=n_items, layers=(8,), **kw))
 
 
+def training_states(m, items, offsets, order, batch_size):
+    """The state of every input position after the training step that fed it (weights left unchanged)."""
+    step, out = TrainStep(m), {}
+    state = m.init_state(min(batch_size, len(order)))
+    for positions, keep, reset in session_parallel(offsets, order, batch_size):
+        state = carry(state, keep, reset)
+        pos = torch.from_numpy(positions)
+        _, state = step(state, items[pos], torch.cat([items[pos + 1], torch.arange(2, 9)]))
+        out.update({int(p): state[0][b].clone() for b, p in enumerate(positions)})
+    return out
+
+
 def test_states_in_a_mini_batch_equal_each_session_run_alone():
     data = zipf_sessions(12, 28, (2, 6), seed=0)
     data.items = data.items + 1  # rows 2..29
-    m = tiny_model().eval()  # no dropout, so the states are deterministic
+    m = tiny_model(dropout_hidden=0.0).train()  # the training path, without dropout: deterministic states
     items = torch.from_numpy(data.items)
-    order = np.arange(len(data))
-    got = {}
-    position_iter = session_parallel(data.offsets, order, 4)
-    for (_, state), (positions, _, _) in zip(parallel_steps(m, items, data.offsets, order, 4), position_iter,
-                                                  strict=True):
-        for b, p in enumerate(positions):
-            got[int(p)] = state[0][b]
+    got = training_states(m, items, data.offsets, np.arange(len(data)), 4)
+    m.eval()
     for s in range(len(data)):
         alone = m.init_state(1)
         for p in range(data.offsets[s], data.offsets[s + 1] - 1):
@@ -85,20 +92,12 @@ def test_states_in_a_mini_batch_equal_each_session_run_alone():
 def test_changing_one_session_changes_no_other_slot():
     data = zipf_sessions(10, 28, (3, 6), seed=1)
     data.items = data.items + 1
-    m = tiny_model().eval()
+    m = tiny_model(dropout_hidden=0.0).train()
     order = np.arange(len(data))
-
-    def states(items):
-        out = {}
-        pos_iter = session_parallel(data.offsets, order, 4)
-        for (_, st), (positions, _, _) in zip(parallel_steps(m, torch.from_numpy(items), data.offsets, order, 4),
-                                              pos_iter, strict=True):
-            out.update({int(p): st[0][b].clone() for b, p in enumerate(positions)})
-        return out
-
     changed = data.items.copy()
     changed[data.offsets[2]:data.offsets[3]] = 29  # session 2 becomes something else
-    a, b = states(data.items), states(changed)
+    a = training_states(m, torch.from_numpy(data.items), data.offsets, order, 4)
+    b = training_states(m, torch.from_numpy(changed), data.offsets, order, 4)
     for p in a:
         if not data.offsets[2] <= p < data.offsets[3]:
             torch.testing.assert_close(a[p], b[p], atol=0, rtol=0)
@@ -142,15 +141,15 @@ def test_adagrad_momentum_dense_and_sparse_rows():
         table(torch.tensor([1, 1, 4])).sum().backward()  # rows 1 (twice) and 4 only
         opt.step()
         acc += g * g
-        mom = 0.5 * mom - 0.1 * g / (acc.sqrt() + 1e-6)
+        mom = 0.5 * mom - 0.1 * g / (acc + 1e-6).sqrt()
         expected = expected + mom
     torch.testing.assert_close(dense.detach(), expected)
     after = table.weight.detach()
     untouched = [0, 2, 3, 5]
     torch.testing.assert_close(after[untouched], before[untouched], atol=0, rtol=0)
     # row 1 got gradient 2 (two lookups) twice: acc 4 then 8; momentum 0.5
-    m1 = -0.1 * 2 / 2
-    m2 = 0.5 * m1 - 0.1 * 2 / 8 ** 0.5
+    m1 = -0.1 * 2 / (4 + 1e-6) ** 0.5
+    m2 = 0.5 * m1 - 0.1 * 2 / (8 + 1e-6) ** 0.5
     torch.testing.assert_close(after[1], before[1] + m1 + m2)
 
 
@@ -202,13 +201,10 @@ def test_without_sampled_negatives_the_last_lone_slot_is_skipped_not_nan(loss):
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
-
-def test_logq_correction_is_the_log_expected_count_of_each_column():
-    # counts 3 and 1 (rows 2, 3): in-batch targets follow p = (.75, .25); sample_alpha 0 makes the extra
-    # negatives uniform, s = (.5, .5). With B = 2 targets and n = 4 negatives, Q = 2 p + 4 s = (3.5, 2.5).
-    counts = np.array([0, 0, 3, 1])
-    q = log_expected_counts(counts, sample_alpha=0.0, batch=2, n_sample=4)
-    np.testing.assert_allclose(q[2:].numpy(), np.log([3.5, 2.5]), rtol=1e-6)
-    assert torch.isinf(q[:2]).all()  # padding and unknown rows are never columns
-    no_samples = log_expected_counts(counts, sample_alpha=0.5, batch=2, n_sample=0)
-    np.testing.assert_allclose(no_samples[2:].numpy(), np.log([1.5, 0.5]), rtol=1e-6)
+def test_logq_corrects_targets_by_log_count_and_sampled_negatives_by_alpha_log_count():
+    counts = np.array([0, 0, 3, 1, 8])
+    log_q = LogQ(counts, sample_alpha=0.5, strength=2.0)
+    columns = torch.tensor([2, 3, 3, 4, 2])  # two in-batch targets, then three sampled negatives
+    want = 2.0 * np.log([3, 1, 1 ** 0.5, 8 ** 0.5, 3 ** 0.5])
+    np.testing.assert_allclose(log_q(columns, 2).numpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(log_q(columns[:2], 2).numpy(), want[:2], rtol=1e-6)  # no sampled negatives
