@@ -179,14 +179,10 @@ class AdagradM(torch.optim.Optimizer):
                 torch._foreach_addcmul_(accs, grads, grads)
                 denom = torch._foreach_add(accs, eps)
                 torch._foreach_sqrt_(denom)
-                updates = torch._foreach_div(grads, denom)
-                torch._foreach_mul_(updates, -lr)
-                if mu > 0:
-                    moms = [self.state[p]["mom"] for p in dense]
-                    torch._foreach_mul_(moms, mu)
-                    torch._foreach_add_(moms, updates)
-                    updates = moms
-                torch._foreach_add_(dense, updates)
+                moms = [self.state[p]["mom"] for p in dense]
+                torch._foreach_mul_(moms, mu)
+                torch._foreach_addcdiv_(moms, grads, denom, value=-lr)
+                torch._foreach_add_(dense, moms)
 
     @staticmethod
     def _sparse_step(p, grad, state, lr, mu, eps):
