@@ -4,8 +4,8 @@ A training step is small (32 sessions, 100 hidden units, 544 scored columns) and
 detached after every step (one-step truncated backpropagation, as in the official code), so the whole
 backward pass is a dozen matrix products. Autograd spent more time recording and replaying the graph
 and building sparse gradients than on that arithmetic; this step computes the same gradients directly
-(about 1.6x the events per second, bench/gru4rec_training.py). The model's own forward pass
-(`GRU4Rec.advance`, `scores`) remains the definition: tests/training/test_gru4rec_step.py checks these
+(about 1.2x the events per second of the autograd version; docs/results.md). The model's own forward
+pass (`GRU4Rec.advance`, `scores`) remains the definition: tests/training/test_gru4rec_step.py checks these
 gradients against autograd through it for every input mode, depth, dropout and loss.
 
 Losses on the step's score matrix O (row b, positive in column b):
