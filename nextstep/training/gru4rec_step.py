@@ -9,9 +9,8 @@ pass (`GRU4Rec.advance`, `scores`) remains the definition: tests/training/test_g
 gradients against autograd through it for every input mode, depth, dropout and loss.
 
 Losses on the step's score matrix O (row b, positive in column b):
-  cross-entropy  -log softmax(O_b)_b, with the logQ correction O_bj -= logq * log Q_j, where
-                 Q_j = B * p_j + n_sample * s_j is the expected number of times item j appears among the
-                 columns (p = popularity, the distribution of in-batch targets; s = popularity^alpha);
+  cross-entropy  -log softmax(O_b)_b, after the caller's logQ correction of each column (gru4rec_loop.LogQ:
+                 log count for an in-batch target, alpha * log count for a sampled negative);
   bpr            mean over negatives j of -log sigmoid(O_bb - O_bj);
   bpr-max        -log sum_j s_bj sigmoid(O_bb - O_bj) + bpreg * sum_j s_bj O_bj^2, with s_b the softmax
                  over the negatives (Hidasi & Karatzoglou 2018), computed in log space (no log(0)).
