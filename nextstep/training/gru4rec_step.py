@@ -25,8 +25,8 @@ GRU (PyTorch's gate order r, z, n), for one layer with input x and previous stat
 and its backward, given dL/dy (h is a constant: the state was detached):
     dn = dh' ⊙ (1 − z) ⊙ (1 − n²),  dz = dh' ⊙ (h − n) ⊙ z(1 − z),  dr = dn ⊙ gh_n ⊙ r(1 − r)
     dgi = [dr, dz, dn],  dgh = [dr, dz, dn ⊙ r],  dW_ih = dgiᵀ x,  dW_hh = dghᵀ h,  dx = dgi W_ih.
-Scores O = y Wᵀ + b − logq·log Q over the step's columns; for cross-entropy dO = softmax(O) − I, for the
-other losses dO comes from autograd on O alone (a two-node graph).
+Scores O = y Wᵀ + b over the step's columns, minus each column's logQ correction; for cross-entropy
+dO = softmax(O) − I, for the other losses dO comes from autograd on O alone (a two-node graph).
 
 Dense gradients land in `.grad` of the GRU weights; the item tables get coalesced sparse gradients
 (each row once, duplicates summed), which is what `AdagradM` consumes.
