@@ -257,6 +257,30 @@ end
 """
 
 
+# Numbers wrk's threads 0, 1, ... as the global `tid` of each (set in the main Lua state before the
+# threads start; a script's init reads it as `tid or 0`). Substituted for $threads in every bench's script.
+LUA_THREADS = """\
+local threads = {}
+function setup(thread)
+  thread:set("tid", #threads)
+  table.insert(threads, thread)
+end"""
+
+
+def run_in_tempdir(run, args, prefix: str) -> int:
+    """run(args, work_dir, procs) in a fresh temporary directory; a BenchError is printed and gives exit
+    status 1; every process the run started is stopped whatever happens."""
+    procs = Processes()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        try:
+            return run(args, Path(tmp), procs)
+        except BenchError as exc:
+            print(f"benchmark failed: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            procs.stop_all()
+
+
 def lua_string(text: str) -> str:
     level = 0
     while f"]{'=' * level}]" in text:
@@ -275,13 +299,8 @@ local TAG = $tag
 local POOL = $pool  -- students per wrk thread, taken in turn
 local PATH = "/v1/kt/$model/events"
 local HEADERS = {["Content-Type"] = "application/json"}
-local threads = {}
 local n = 0
-
-function setup(thread)  -- runs in the main Lua state: number the threads
-  thread:set("tid", #threads)
-  table.insert(threads, thread)
-end
+$threads
 
 function init(args)
   tid = tid or 0
@@ -307,7 +326,7 @@ def events_lua(question_ids: list[str], n_cats: int, tag: str, students_per_thre
     """wrk script: POST /events, one event + one prediction, students round-robin within each thread."""
     questions = ",\n  ".join(lua_string(json.dumps(qid)) for qid in question_ids)
     return EVENTS_LUA.substitute(questions=questions, n_cats=n_cats, tag=lua_string(tag),
-                                 pool=students_per_thread, model=MODEL) + LUA_DONE
+                                 pool=students_per_thread, model=MODEL, threads=LUA_THREADS) + LUA_DONE
 
 
 def run_wrk(url: str, script: Path, threads: int, connections: int, duration: float,

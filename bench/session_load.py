@@ -21,17 +21,18 @@ import random
 import string
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 from service_load import (
     LUA_DONE,
+    LUA_THREADS,
     BenchError,
     Processes,
     lua_string,
     machine_info,
+    run_in_tempdir,
     run_wrk,
     show_wrk,
     start_redis,
@@ -59,12 +60,8 @@ local POOL = $pool
 local PATH = "/v1/sessions/$model/$route"
 local HEADERS = {["Content-Type"] = "application/json"}
 local CLICK = $click
-local threads = {}
 local n = 0
-function setup(thread)
-  thread:set("tid", #threads)
-  table.insert(threads, thread)
-end
+$threads
 function init(args)
   tid = tid or 0
 end
@@ -95,16 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sessions", type=int, default=2000)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    procs = Processes()
-    with tempfile.TemporaryDirectory(prefix="nextstep-session-bench-") as tmp:
-        work = Path(tmp)
-        try:
-            return run(args, work, procs)
-        except BenchError as exc:
-            print(f"benchmark failed: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            procs.stop_all()
+    return run_in_tempdir(run, args, "nextstep-session-bench-")
 
 
 def run(args, work: Path, procs: Processes) -> int:
@@ -137,7 +125,8 @@ def run(args, work: Path, procs: Processes) -> int:
     for name, route, click in (("recommend", "recommend", "false"), ("click + recommend", "events", "true")):
         path = work / f"{route}.lua"
         path.write_text(LUA.substitute(items=",\n  ".join(lua_string(json.dumps(i)) for i in items),
-                                       pool=args.sessions, model=MODEL, route=route, click=click, k=K) + LUA_DONE)
+                                       pool=args.sessions, model=MODEL, route=route, click=click, k=K,
+                                       threads=LUA_THREADS) + LUA_DONE)
         scripts[name] = path
     (work / "healthz.lua").write_text(HEALTHZ + LUA_DONE)
     scripts["healthz"] = work / "healthz.lua"

@@ -28,7 +28,6 @@ import statistics
 import string
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,10 +35,12 @@ from pathlib import Path
 import httpx
 from service_load import (
     LUA_DONE,
+    LUA_THREADS,
     BenchError,
     Processes,
     lua_string,
     machine_info,
+    run_in_tempdir,
     run_wrk,
     show_wrk,
     start_redis,
@@ -72,12 +73,8 @@ local NQ = #Q
 local POOL = $pool    -- students per wrk thread, taken in turn
 local KIND = "$kind"
 local HEADERS = {["Content-Type"] = "application/json"}
-local threads = {}
 local n = 0
-function setup(thread)
-  thread:set("tid", #threads)
-  table.insert(threads, thread)
-end
+$threads
 function init(args)
   tid = tid or 0
 end
@@ -143,15 +140,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.connections < 2 or args.connections % 2:
         parser.error("--connections must be an even number >= 2 (the loaded runs use two wrk threads)")
-    procs = Processes()
-    with tempfile.TemporaryDirectory(prefix="nextstep-simakt-bench-") as tmp:
-        try:
-            return run(args, Path(tmp), procs)
-        except BenchError as exc:
-            print(f"benchmark failed: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            procs.stop_all()
+    return run_in_tempdir(run, args, "nextstep-simakt-bench-")
 
 
 def run(args, work: Path, procs: Processes) -> int:
@@ -208,7 +197,7 @@ def run(args, work: Path, procs: Processes) -> int:
                                 ("events", "eN", pool), ("predict", "sN", pool)):
         scripts[tag] = work / f"{tag}.lua"
         scripts[tag].write_text(LUA.substitute(questions=",\n  ".join(lua_string(q) for q in ids), pool=students,
-                                               kind=kind, tag=tag, model=MODEL) + LUA_DONE)
+                                               kind=kind, tag=tag, model=MODEL, threads=LUA_THREADS) + LUA_DONE)
     run_wrk(base, scripts["pN"], 2, args.connections, 2, None)  # warm-up
     results = {"machine": machine, "artifact": origin, "window": window, "bank_versions": versions,
                "bank_entries": heads, "students": args.connections, "events_per_student": args.events, "runs": {}}

@@ -26,17 +26,18 @@ import json
 import string
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 from service_load import (
     LUA_DONE,
+    LUA_THREADS,
     BenchError,
     Processes,
     machine_info,
     metrics_snapshot,
+    run_in_tempdir,
     run_wrk,
     show_wrk,
     start_redis,
@@ -82,12 +83,8 @@ local POOL = $users
 local PATH = "/v1/srs/$model/$route"
 local HEADERS = {["Content-Type"] = "application/json"}
 local KIND = "$kind"
-local threads = {}
 local n = 0
-function setup(thread)
-  thread:set("tid", #threads)
-  table.insert(threads, thread)
-end
+$threads
 function init(args)
   tid = tid or 0
 end
@@ -169,15 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("--retention", type=float, help="desired retention of the schedule requests")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    procs = Processes()
-    with tempfile.TemporaryDirectory(prefix="nextstep-srs-bench-") as tmp:
-        try:
-            return run(args, Path(tmp), procs)
-        except BenchError as exc:
-            print(f"benchmark failed: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            procs.stop_all()
+    return run_in_tempdir(run, args, "nextstep-srs-bench-")
 
 
 def run(args, work: Path, procs: Processes) -> int:
@@ -243,7 +232,8 @@ def run(args, work: Path, procs: Processes) -> int:
     for kind, route in (("predict", "predict"), ("review", "reviews"), ("schedule", "schedule")):
         path = work / f"{kind}.lua"
         path.write_text(LUA.substitute(users=args.users, model=MODEL, route=route, kind=kind, cards=CARDS,
-                                       decks=DECKS, schedule_cards=SCHEDULE_CARDS, retention=retention) + LUA_DONE)
+                                       decks=DECKS, schedule_cards=SCHEDULE_CARDS, retention=retention,
+                                       threads=LUA_THREADS) + LUA_DONE)
         scripts[kind] = (path, f"/v1/srs/{{model}}/{route}")
     (work / "healthz.lua").write_text(HEALTHZ + LUA_DONE)
     scripts["healthz"] = (work / "healthz.lua", "/healthz")
