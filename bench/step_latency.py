@@ -101,7 +101,7 @@ class Eager:
         return self.model.step(state, q, r)
 
     def predict(self, state, qm):
-        return self.model.predict(state, qm)
+        return self.model.readout(state, qm)
 
     def probs(self, out):
         return out.log_probs.exp().numpy()

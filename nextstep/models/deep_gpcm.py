@@ -14,9 +14,9 @@ Variants
 - CORALGPCM: DeepGPCM whose GPCM probabilities are blended with CORAL probabilities built on global
   ordered thresholds tau (section 5).
 
-Every variant is a streaming model: init_state(B) -> state; step(state, q, r) -> state;
-predict(state, q) -> outputs. forward(q, r) is the teacher-forced full-sequence pass used in training;
-its output at t is what predict gives after stepping through (q_1, r_1) .. (q_{t-1}, r_{t-1}).
+Every variant implements the streaming contract (streaming.py): init_state(B) -> state; step(state, q, r) ->
+state; readout(state, q) -> outputs. forward(q, r) is the teacher-forced full-sequence pass used in training;
+its output at t is what readout gives after stepping through (q_1, r_1) .. (q_{t-1}, r_{t-1}).
 """
 
 from dataclasses import dataclass
@@ -65,6 +65,7 @@ class GPCMOutput(NamedTuple):
 
 class DeepGPCM(nn.Module):
     family = "deep_gpcm"
+    task = "knowledge_tracing"
 
     def __init__(self, cfg: GPCMConfig):
         super().__init__()
@@ -115,7 +116,7 @@ class DeepGPCM(nn.Module):
         erase, add = self.memory.erase_add(values)
         return (self.memory.write(memory, weights, erase, add), *extra)
 
-    def predict(self, state: tuple[torch.Tensor, ...], questions: torch.Tensor) -> GPCMOutput:
+    def readout(self, state: tuple[torch.Tensor, ...], questions: torch.Tensor) -> GPCMOutput:
         """Answer for questions (B, M) without changing the state; outputs shaped (B, M, ...)."""
         keys = self.question_embed(questions)  # (B, M, dk)
         read = self.memory.read(state[0], self.memory.address(keys))  # (B, M, dv)

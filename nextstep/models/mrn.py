@@ -227,5 +227,5 @@ class MRN(NextItemModel):
                     same = (self.code(history[..., :L, :]) @ CX.detach().t()) == n  # (..., L, V)
                     hits = (same & seen.unsqueeze(-1)).any(-2).to(S.dtype)
             S = S + cfg.repeat * hits
-        out = S / cfg.temperature  # rows 0/1 get a finite score too; recommend() and ranking skip them
+        out = S / cfg.temperature  # rows 0/1 get a finite score too; readout() and ranking skip them
         return out if self.bias is None else out + self.bias

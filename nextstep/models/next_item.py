@@ -1,10 +1,10 @@
-"""The streaming API every next-item model implements, and the two count baselines.
+"""The streaming contract (streaming.py) for next-item models, and the two count baselines.
 
     init_state(B) -> state                  per-session tensors (state_spec() names them)
     step(state, items (B,)) -> state        fold in the item just clicked
-    scores(state) -> (B, V)                 a score for every item row
+    readout(state, exclude (B, S), k)       the k best rows and their scores, never rows 0/1 or `exclude`
     forward(items (B, T)) -> (B, T, V)      scores after each prefix: row t has seen items[:, :t+1] only
-    recommend(state, exclude (B, S), k)     the k best rows and their scores, never rows 0/1 or `exclude`
+    scores(state) -> (B, V)                 what a family defines: a score for every item row
 
 Rows 0 (padding) and 1 (unknown) exist in every model but are never recommended; `exclude` is padded
 with 0, so a ragged list of already-seen items needs no mask.
@@ -19,6 +19,7 @@ RESERVED = 2  # rows 0 (padding) and 1 (unknown)
 
 class NextItemModel(nn.Module):
     family = "next_item"
+    task = "next_item"
     n_items: int
 
     def state_spec(self) -> list[dict]:
@@ -41,7 +42,7 @@ class NextItemModel(nn.Module):
             out.append(self.scores(state))
         return torch.stack(out, 1)
 
-    def recommend(self, state: tuple[torch.Tensor, ...], exclude: torch.Tensor, k: int
+    def readout(self, state: tuple[torch.Tensor, ...], exclude: torch.Tensor, k: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """(top item rows (B, k) int64, their scores (B, k)), best first; rows 0/1 and `exclude` left out."""
         return top_k(self.scores(state), exclude, k)

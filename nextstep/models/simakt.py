@@ -23,7 +23,7 @@ Banks are inputs, not parameters: `bank_keys(banks)` turns raw banks (states (M,
 each active head's position-weighted keys and values; every forward takes those.
 
 Streaming (what the service runs): the state is the last `window` interactions and a count; `step` appends
-one; `predict` encodes the window and answers for any questions at the next position. The window is the
+one; `readout` encodes the window and answers for any questions at the next position. The window is the
 whole history for sequences up to `window` long, so stepping equals the full pass there.
 """
 
@@ -261,6 +261,7 @@ class SimilarityBlock(nn.Module):
 
 class SimAKT(nn.Module):
     family = "simakt"
+    task = "knowledge_tracing"
 
     def __init__(self, cfg: SimAKTConfig):
         super().__init__()
@@ -362,7 +363,7 @@ class SimAKT(nn.Module):
         at = (torch.arange(W, device=wq.device)[None, :] == seen.clamp(max=W - 1)[:, None])
         return (torch.where(at, question[:, None], wq), torch.where(at, response[:, None], wr), seen + 1)
 
-    def predict(self, state, questions: torch.Tensor,
+    def readout(self, state, questions: torch.Tensor,
                 bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> SimAKTOutput:
         """questions (B, M) at the next position -> logits (B, M); inter weights (B, M_bank) of each active
         head at the student's latest position (zeros before the first interaction)."""

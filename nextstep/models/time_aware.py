@@ -32,9 +32,10 @@ sigmoid(s + b_k), so P(recall) = P(rating > 1)) and a duration head for log(1 + 
 positive, so the probabilities stay rank-consistent while the Hard/Good/Easy split can differ from what the
 recall score alone implies; b_1 stays a constant, as in the seed.
 
-`forward` takes a batch of windows with one query each (the serving path: only the last row is
-computed). `forward_sequence` predicts every review of a sequence at once with causal masks (the seed's
-training view); the two agree whenever the window holds all earlier reviews, which a test checks.
+The streaming contract (streaming.py): the state is a window of raw reviews; `step` appends one; `readout`
+answers a batch of windows with one query each (the serving path: only the query row is computed); `forward`
+predicts every review of a sequence at once with causal masks (the seed's training view). The two agree
+whenever the window holds all earlier reviews, which a test checks.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class Window(NamedTuple):
     duration: torch.Tensor  # float32 seconds, NaN when unknown
     state: torch.Tensor  # int64 0..3, -1 unknown
     valid: torch.Tensor  # bool
+
+
+WINDOW_DTYPES = ("int64", "int64", "float64", "int64", "float32", "int64", "bool")  # Window's fields, in order
 
 
 class Query(NamedTuple):
@@ -186,6 +190,9 @@ N_QUERY_NUM = 14
 
 
 class TimeAwareTransformer(nn.Module):
+    family = "time_aware"
+    task = "srs"
+
     def __init__(self, cfg: TimeAwareConfig):
         super().__init__()
         self.cfg = cfg
@@ -313,15 +320,34 @@ class TimeAwareTransformer(nn.Module):
         probs = (cum[..., :-1] - cum[..., 1:]).clamp(min=0)
         return Prediction(probs, above[..., 0], self.duration(x).squeeze(-1), tl)
 
-    # ---- entry points ---------------------------------------------------------------------------
-    def forward(self, w: Window, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
+    # ---- the streaming contract (streaming.py) ------------------------------------------------------
+    # The state is a window of the user's latest reviews (each field (B, H), left-padded, in time order); the
+    # service keeps raw reviews and picks each query's window with review_window.select, which `step` equals
+    # while the card's own reviews are among the latest H.
+    def state_spec(self) -> list[dict]:
+        H = self.cfg.window
+        return [{"name": f"hist_{name}", "shape": [H], "dtype": dtype, "init": "empty window"}
+                for name, dtype in zip(Window._fields, WINDOW_DTYPES, strict=True)]
+
+    def init_state(self, batch: int) -> Window:
+        H = self.cfg.window
+        return Window(*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES))
+
+    def step(self, state, card, deck, time, rating, duration, review_state) -> Window:
+        """Append one review (each field (B,)) as the newest row; a full window drops its oldest."""
+        new = (card, deck, time, rating, duration, review_state, torch.ones_like(card, dtype=torch.bool))
+        return Window(*(torch.cat([old[:, 1:], row.to(old.dtype).unsqueeze(1)], 1)
+                        for old, row in zip(state, new, strict=True)))
+
+    def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
         """One query per window: (B, H) rows, query (B,) -> outputs (B, ...). The serving path."""
+        w = Window(*state)
         q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
         pred = self._core(w, q, w.valid.unsqueeze(1))
         return Prediction(*(t.squeeze(1) for t in pred))
 
-    def forward_sequence(self, w: Window) -> Prediction:
-        """Every row of (B, T) sequences predicted from the rows before it: outputs (B, T, ...)."""
+    def forward(self, w: Window) -> Prediction:
+        """Teacher-forced: every row of (B, T) sequences predicted from the rows before it: outputs (B, T, ...)."""
         T = w.card.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=w.card.device).tril(-1)  # [i, j]: j < i
         pred = self._core(w, Query(w.card, w.deck, w.time), causal.unsqueeze(0).expand(w.card.shape[0], T, T))

@@ -63,7 +63,7 @@ class StepPredictGraph(nn.Module):
     def forward(self, *inputs):
         *state, question, response, questions = inputs
         state = self.model.step(tuple(state), question, response)
-        out = self.model.predict(state, questions)
+        out = self.model.readout(state, questions)
         return (*state, out.log_probs.exp(), out.theta, out.alpha, out.beta)
 
 
@@ -76,7 +76,7 @@ class PredictGraph(nn.Module):
 
     def forward(self, *inputs):
         *state, questions = inputs
-        out = self.model.predict(tuple(state), questions)
+        out = self.model.readout(tuple(state), questions)
         return out.log_probs.exp(), out.theta, out.alpha, out.beta
 
 
@@ -126,7 +126,7 @@ def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tens
         for t in range(T):
             q, r = questions[:, t], responses[:, t]
             qm = q.unsqueeze(1)
-            stepped = model.predict(eager, qm)
+            stepped = model.readout(eager, qm)
             stepped = (stepped.log_probs.exp(), stepped.theta, stepped.alpha, stepped.beta)
             scripted = predict_ts(*ts, qm)
             feeds = {**ort_state, "questions": qm.numpy()}
@@ -139,7 +139,7 @@ def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tens
             feeds = {**ort_state, "question": q.numpy(), "response": r.numpy(), "questions": qm.numpy()}
             fused = fused_onnx.run(None, {k: feeds[k] for k in fused_inputs})
             eager = model.step(eager, q, r)
-            after = model.predict(eager, qm)
+            after = model.readout(eager, qm)
             for a, c in zip((*eager, after.log_probs.exp(), after.theta, after.alpha, after.beta), fused, strict=True):
                 diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
                                                     float(np.abs(a.numpy().astype(np.float64) - c).max()))

@@ -59,7 +59,7 @@ class RecommendGraph(nn.Module):
 
     def forward(self, *inputs):
         *state, exclude = inputs
-        return self.model.recommend(tuple(state), exclude, self.k)
+        return self.model.readout(tuple(state), exclude, self.k)
 
 
 class StepRecommendGraph(nn.Module):
@@ -70,7 +70,7 @@ class StepRecommendGraph(nn.Module):
     def forward(self, *inputs):
         *state, item, exclude = inputs
         state = self.model.step(tuple(state), item)
-        return (*state, *self.model.recommend(state, exclude, self.k))
+        return (*state, *self.model.readout(state, exclude, self.k))
 
 
 def _feed(session, values: dict) -> dict:
@@ -109,7 +109,7 @@ def check_parity(model: NextItemModel, sessions: torch.Tensor, k: int, step_ts, 
             eager = model.step(eager, item)
             scores = model.scores(eager)
             diffs["full_vs_step"] = max(diffs["full_vs_step"], (scores - full[:, t]).abs().max().item())
-            rows_e, values_e = model.recommend(eager, exclude, k)
+            rows_e, values_e = model.readout(eager, exclude, k)
             rows_e = rows_e.masked_fill(~torch.isfinite(values_e), 2 ** 62)
             ts = step_ts(*ts, item)
             rows_t = compare("eager_vs_torchscript", scores, values_e, *recommend_ts(*ts, exclude))

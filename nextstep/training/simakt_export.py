@@ -78,7 +78,7 @@ class PredictGraph(nn.Module):
 
     def forward(self, *inputs):
         state, questions, kv = inputs[:3], inputs[3], inputs[4:]
-        return _answer(self.model.predict(tuple(state), questions, _pairs(kv)))
+        return _answer(self.model.readout(tuple(state), questions, _pairs(kv)))
 
 
 class StepPredictGraph(nn.Module):
@@ -89,7 +89,7 @@ class StepPredictGraph(nn.Module):
     def forward(self, *inputs):
         state, question, response, questions, kv = inputs[:3], inputs[3], inputs[4], inputs[5], inputs[6:]
         state = self.model.step(tuple(state), question, response)
-        return (*state, *_answer(self.model.predict(state, questions, _pairs(kv))))
+        return (*state, *_answer(self.model.readout(state, questions, _pairs(kv))))
 
 
 def _run(session, feeds: dict) -> list[np.ndarray]:
@@ -121,7 +121,7 @@ def check_parity(model: SimAKT, banks: list[Bank], questions: torch.Tensor, resp
         ort_state = dict(zip(STATE, [t.numpy() for t in state], strict=True))
         for t in range(T):
             q, r, qm = questions[:, t], responses[:, t], questions[:, t:t + 1]
-            eager = _answer(model.predict(state, qm, kv))
+            eager = _answer(model.readout(state, qm, kv))
             worse("full_vs_step", eager[0][:, 0, 1], full[:, t])
             for a, b in zip(eager, scripted["predict"](*ts_state, qm, *flat_kv), strict=True):
                 worse("eager_vs_torchscript", a, b)
@@ -130,7 +130,7 @@ def check_parity(model: SimAKT, banks: list[Bank], questions: torch.Tensor, resp
                 worse("eager_vs_onnxruntime", a, b)
             feeds = {**ort_state, "question": q.numpy(), "response": r.numpy(), "questions": qm.numpy(), **kv_feeds}
             state = model.step(state, q, r)
-            after = (*state, *_answer(model.predict(state, qm, kv)))
+            after = (*state, *_answer(model.readout(state, qm, kv)))
             for a, b in zip(after, _run(graphs["step_predict"], feeds), strict=True):
                 worse("eager_vs_onnxruntime", a, b)
             ts_state = scripted["step"](*ts_state, q, r)

@@ -40,7 +40,7 @@ class PredictGraph(nn.Module):
 
     def forward(self, *inputs):  # INPUTS, in order
         *history, card, deck, time = inputs
-        p = self.model(Window(*history), card, deck, time)
+        p = self.model.readout(Window(*history), card, deck, time)
         return p.rating_probs, p.recall, expected_duration(p.log_duration)
 
 
@@ -64,11 +64,11 @@ def check_parity(model: TimeAwareTransformer, examples: tuple, sequence: Window,
             diffs["eager_vs_torchscript"] = max(diffs["eager_vs_torchscript"], float((a - b).abs().max()))
             diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
                                                 float(np.abs(a.numpy().astype(np.float64) - c).max()))
-        full = model.forward_sequence(sequence)
+        full = model(sequence)
         T = sequence.card.shape[1]
         for i in range(T):
             w = prefix_window(sequence, i)
-            last = model(w, sequence.card[:, i], sequence.deck[:, i], sequence.time[:, i])
+            last = model.readout(w, sequence.card[:, i], sequence.deck[:, i], sequence.time[:, i])
             d = max(float((last.rating_probs - full.rating_probs[:, i]).abs().max()),
                     float((last.log_duration - full.log_duration[:, i]).abs().max()))
             diffs["last_row_vs_sequence"] = max(diffs["last_row_vs_sequence"], d)

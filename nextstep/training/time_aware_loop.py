@@ -77,7 +77,7 @@ class ReviewTensors:
 def _loss(model, rt: ReviewTensors, rows: torch.Tensor, duration_weight: float,
           device: str = "cpu") -> tuple[torch.Tensor, int]:
     w, card, deck, t = rt.batch(rows, device)
-    pred = model(w, card, deck, t)
+    pred = model.readout(w, card, deck, t)
     loss = coral_loss(pred, rt.rating[rows].to(device))
     dur = rt.duration[rows].to(device)
     known = ~torch.isnan(dur)
@@ -156,7 +156,7 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
 def _predictions(model, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024):
     """The model's Prediction for each batch of `rows`, in order (no gradients)."""
     for lo in range(0, len(rows), batch):
-        yield model(*rt.batch(torch.from_numpy(rows[lo:lo + batch])))
+        yield model.readout(*rt.batch(torch.from_numpy(rows[lo:lo + batch])))
 
 
 def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int = 200) -> list | None:

@@ -39,7 +39,7 @@ def test_forward_equals_stepping(name, B, T):
         full = model(q, r)
         state = model.init_state(B)
         for t in range(T):
-            out = model.predict(state, q[:, t:t + 1])  # (B, 1, ...)
+            out = model.readout(state, q[:, t:t + 1])  # (B, 1, ...)
             for f in FIELDS:
                 assert max_diff(getattr(out, f)[:, 0], getattr(full, f)[:, t]) <= 1e-5, (f, t)
             if full.cum_logits is not None:
@@ -58,9 +58,9 @@ def test_predict_several_questions_at_once(name):
         state = model.init_state(2)
         for t in range(7):
             state = model.step(state, q[:, t], r[:, t])
-        together = model.predict(state, candidates)
+        together = model.readout(state, candidates)
         for m in range(candidates.shape[1]):
-            alone = model.predict(state, candidates[:, m:m + 1])
+            alone = model.readout(state, candidates[:, m:m + 1])
             for f in FIELDS:
                 assert max_diff(getattr(together, f)[:, m], getattr(alone, f)[:, 0]) <= 1e-6, (f, m)
     # different questions get different answers: the question matters
@@ -150,10 +150,10 @@ def test_predict_and_step_leave_the_given_state_alone(name):
         for t in range(6):
             state = model.step(state, q[:, t], r[:, t])
         before = [s.clone() for s in state]
-        first = model.predict(state, q[:, 6:8])
+        first = model.readout(state, q[:, 6:8])
         for a, b in zip(state, before, strict=True):
             assert torch.equal(a, b)
-        second = model.predict(state, q[:, 6:8])
+        second = model.readout(state, q[:, 6:8])
         for f in FIELDS:
             assert torch.equal(getattr(first, f), getattr(second, f))
         nxt = model.step(state, q[:, 6], r[:, 6])  # step returns a new state, the old one is kept

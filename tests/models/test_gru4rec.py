@@ -73,7 +73,7 @@ def test_recommend_leaves_out_padding_unknown_and_excluded_rows_best_first():
     m, items = model(), batch()
     state = m.step(m.init_state(3), items[:, 0])
     exclude = torch.cat([items[:, :3], torch.zeros(3, 2, dtype=torch.long)], 1)
-    rows, values = m.recommend(state, exclude, k=V - 2 - 3)
+    rows, values = m.readout(state, exclude, k=V - 2 - 3)
     for b in range(3):
         assert not set(rows[b].tolist()) & ({0, 1} | set(items[b, :3].tolist()))
     assert (values[:, :-1] >= values[:, 1:]).all()

@@ -53,7 +53,7 @@ def test_stepping_equals_the_full_pass(problems):
         full = m(q, r, kv).logits
         state = m.init_state(q.shape[0])
         for t in range(q.shape[1]):
-            out = m.predict(state, q[:, t:t + 1], kv)
+            out = m.readout(state, q[:, t:t + 1], kv)
             assert torch.allclose(out.logits[:, 0], full[:, t], atol=1e-5)
             state = m.step(state, q[:, t], r[:, t])
 
@@ -70,7 +70,7 @@ def test_a_full_window_slides_and_predicts_from_the_last_window_interactions():
         assert torch.equal(state[0], q[:, -W:]) and torch.equal(state[1], r[:, -W:])
         assert state[2].tolist() == [20, 20, 20]
         nxt = torch.tensor([[5], [6], [7]])
-        served = m.predict(state, nxt, kv).logits[:, 0]
+        served = m.readout(state, nxt, kv).logits[:, 0]
         tail_q, tail_r = torch.cat([q[:, -W:], nxt], 1), torch.cat([r[:, -W:], torch.zeros(3, 1, dtype=torch.long)], 1)
         assert torch.allclose(served, m(tail_q, tail_r, kv).logits[:, -1], atol=1e-5)
 
@@ -126,7 +126,7 @@ def test_inter_heads_off_or_at_zero_influence_is_the_baseline_exactly():
             state = model.init_state(3)
             for t in range(5):
                 state = model.step(state, q[:, t], r[:, t])
-            assert torch.equal(model.predict(state, q[:, 5:6]).logits, baseline.predict(state, q[:, 5:6]).logits)
+            assert torch.equal(model.readout(state, q[:, 5:6]).logits, baseline.readout(state, q[:, 5:6]).logits)
         # and a head that is on does change the output
         assert not torch.allclose(trained(q, r, trained.bank_keys(banks())).logits, expected, atol=1e-4)
 

@@ -33,18 +33,30 @@ def model():
 
 def test_last_row_serving_equals_full_sequence(model):
     seq = _sequences()
-    full = model.forward_sequence(seq)
+    full = model(seq)
     assert full.rating_probs.shape == (B, T, 4)
     for i in range(T):
-        last = model(prefix_window(seq, i), seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        last = model.readout(prefix_window(seq, i), seq.card[:, i], seq.deck[:, i], seq.time[:, i])
         torch.testing.assert_close(last.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
         torch.testing.assert_close(last.log_duration, full.log_duration[:, i], atol=1e-5, rtol=0)
         torch.testing.assert_close(last.recall, 1 - last.rating_probs[:, 0], atol=1e-6, rtol=0)
 
 
+def test_stepping_reviews_into_the_window_state_equals_full_sequence(model):
+    seq = _sequences(5)
+    full = model(seq)
+    state = model.init_state(B)  # the window (H = 64 rows) holds every earlier review of these T-row sequences
+    for i in range(T):
+        out = model.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        torch.testing.assert_close(out.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.log_duration, full.log_duration[:, i], atol=1e-5, rtol=0)
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+    assert [list(x.shape) for x in state] == [[B, *s["shape"]] for s in model.state_spec()]
+
+
 def test_no_future_leak(model):
     seq = _sequences(1)
-    base = model.forward_sequence(seq)
+    base = model(seq)
     for t in range(T):
         changed = [x.clone() for x in seq]
         g = torch.Generator().manual_seed(t)
@@ -55,7 +67,7 @@ def test_no_future_leak(model):
         if t + 1 < T:  # card and time of later reviews (time stays increasing)
             changed[0][:, t + 1:] = torch.randint(0, 9, (B, T - t - 1), generator=g)
             changed[2][:, t + 1:] = changed[2][:, t + 1:] + 1234.5
-        out = model.forward_sequence(Window(*changed))
+        out = model(Window(*changed))
         torch.testing.assert_close(out.rating_probs[:, :t], base.rating_probs[:, :t], atol=0, rtol=0)
         torch.testing.assert_close(out.log_duration[:, :t], base.log_duration[:, :t], atol=0, rtol=0)
         # the prediction at t sees only t's card, deck and time: rating, duration and state at t do not enter
@@ -63,7 +75,7 @@ def test_no_future_leak(model):
         same_query[3][:, t:] = changed[3][:, t:]
         same_query[4][:, t:] = changed[4][:, t:]
         same_query[5][:, t:] = changed[5][:, t:]
-        out = model.forward_sequence(Window(*same_query))
+        out = model(Window(*same_query))
         torch.testing.assert_close(out.rating_probs[:, :t + 1], base.rating_probs[:, :t + 1], atol=0, rtol=0)
         torch.testing.assert_close(out.log_duration[:, :t + 1], base.log_duration[:, :t + 1], atol=0, rtol=0)
 
@@ -71,29 +83,29 @@ def test_no_future_leak(model):
 def test_the_query_card_deck_and_time_matter(model):
     seq = _sequences(2)
     w, card, deck, time = prefix_window(seq, T - 1), seq.card[:, -1], seq.deck[:, -1], seq.time[:, -1]
-    base = model(w, card, deck, time).rating_probs
-    assert not torch.allclose(model(w, card, deck, time + 30 * 86400).rating_probs, base)
-    assert not torch.allclose(model(w, card + 100, deck, time).rating_probs, base)
-    assert not torch.allclose(model(w, card, deck + 100, time).rating_probs, base)
+    base = model.readout(w, card, deck, time).rating_probs
+    assert not torch.allclose(model.readout(w, card, deck, time + 30 * 86400).rating_probs, base)
+    assert not torch.allclose(model.readout(w, card + 100, deck, time).rating_probs, base)
+    assert not torch.allclose(model.readout(w, card, deck + 100, time).rating_probs, base)
 
 
 def test_padding_and_an_empty_window(model):
     seq = _sequences(3)
     w = prefix_window(seq, 5)
-    out = model(w, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
+    out = model.readout(w, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
     # garbage in padded rows changes nothing
     garbage = Window(torch.where(w.valid, w.card, 7), torch.where(w.valid, w.deck, 7),
                      torch.where(w.valid, w.time, 9e9), torch.where(w.valid, w.rating, 4),
                      torch.where(w.valid, w.duration, 1e6), torch.where(w.valid, w.state, 3), w.valid)
-    again = model(garbage, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
+    again = model.readout(garbage, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
     torch.testing.assert_close(again.rating_probs, out.rating_probs, atol=1e-6, rtol=0)
-    empty = model(prefix_window(seq, 0), seq.card[:, 0], seq.deck[:, 0], seq.time[:, 0])
+    empty = model.readout(prefix_window(seq, 0), seq.card[:, 0], seq.deck[:, 0], seq.time[:, 0])
     assert torch.isfinite(empty.rating_probs).all() and torch.isfinite(empty.log_duration).all()
     torch.testing.assert_close(empty.rating_probs.sum(-1), torch.ones(B), atol=1e-6, rtol=0)
 
 
 def test_coral_probabilities_are_ordered_and_loss_matches_formula(model):
-    pred = model.forward_sequence(_sequences(4))
+    pred = model(_sequences(4))
     assert (pred.rating_probs >= 0).all()
     torch.testing.assert_close(pred.rating_probs.sum(-1), torch.ones(B, T), atol=1e-6, rtol=0)
     above = torch.sigmoid(pred.threshold_logits)

@@ -62,7 +62,7 @@ class Offline:
         state, probs = self.model.init_state(1), []
         for (qid, r), nxt in zip(events, asked, strict=True):
             state = self.model.step(state, torch.tensor([self.row[qid]]), torch.tensor([r]))
-            out = self.model.predict(state, torch.tensor([[self.row[nxt]]]), self.kv[version])
+            out = self.model.readout(state, torch.tensor([[self.row[nxt]]]), self.kv[version])
             probs.append(torch.sigmoid(out.logits)[0, 0].item())
         return np.array(probs), [w[0].numpy() for w in out.inter_weights]
 

@@ -127,7 +127,7 @@ def test_eager_torchscript_and_onnxruntime_agree_from_the_exported_state(exporte
         full = _eager_outputs(model(q, r))
         for t in range(T):
             qm = q[:, t:t + 1]
-            e = _eager_outputs(model.predict(eager, qm))
+            e = _eager_outputs(model.readout(eager, qm))
             s = predict_ts(*scripted, qm)
             o = predict_onnx.run(list(OUTPUTS), {**onnx_state, "questions": qm.numpy()})
             for field, a, b, c, f in zip(OUTPUTS, e, s, o, full, strict=True):
@@ -170,7 +170,7 @@ def test_onnx_predict_answers_several_questions_at_once(exported):
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
     with torch.no_grad():
         torch_state = tuple(torch.from_numpy(v) for v in state.values())
-        eager = model.predict(torch_state, torch.from_numpy(candidates))
+        eager = model.readout(torch_state, torch.from_numpy(candidates))
     for a, c in zip(_eager_outputs(eager), (probs, theta, alpha, beta), strict=True):
         np.testing.assert_allclose(c, a.numpy(), atol=1e-4, rtol=0)
 

@@ -126,9 +126,9 @@ def test_calibration_is_a_positive_affine_map_fitted_on_held_out_reviews(log):
     held = held[log.elapsed_days[held] > 0]
     w, card, deck, t = rt.batch(torch.from_numpy(held))
     with torch.no_grad():
-        before = model(w, card, deck, t)
+        before = model.readout(w, card, deck, t)
         scale, shift = calibrate(model, rt, held)
-        after = model(w, card, deck, t)
+        after = model.readout(w, card, deck, t)
     assert scale > 0
     torch.testing.assert_close(after.threshold_logits, before.threshold_logits * scale + shift)
     assert (after.threshold_logits[:, :-1] >= after.threshold_logits[:, 1:]).all()  # still ordered
