@@ -1,12 +1,26 @@
-"""`nextstep` command line: train, evaluate, demo."""
+"""`nextstep` command line.
+
+    train        train a registered family on a data set, evaluate it on held-out data, export it
+    evaluate     re-measure an artifact on a data set's held-out data
+    banks build  rebuild a SimAKT artifact's memory banks from training students
+    serve        serve the artifacts over HTTP
+    score        score whole histories offline through the exported graphs
+    import-anki  write an Anki collection's reviews as a review-log CSV
+    demo         train small models on generated data and replay a learner through ONNX Runtime
+
+`train` and `evaluate` are built from the family registry (nextstep/training/families.py).
+"""
 
 import argparse
+import importlib
 import json
 import os
 import sys
 import time
 from dataclasses import fields
 from pathlib import Path
+
+from .training.families import FAMILIES, family
 
 
 def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
@@ -33,75 +47,57 @@ def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
         raise SystemExit(f"{args.model} config: {exc}") from None
 
 
+def _options(args, entry, mapping: dict, command: str) -> dict:
+    """The keywords of the family's train or evaluate function from the command-line options it takes; an option
+    given that the family does not take is an error naming it."""
+    parser_defaults = {"day_columns": "check", "valid": False}
+    wrong = [o for o in ALL_OPTIONS[command] if o not in mapping
+             and getattr(args, o, None) not in (None, parser_defaults.get(o))]
+    if wrong:
+        flags = ", ".join("--" + o.replace("_", "-") for o in wrong)
+        takes = ", ".join("--" + o.replace("_", "-") for o in mapping) or "none of them"
+        raise SystemExit(f"{flags}: not an option of {command} {entry.name} (it takes {takes})")
+    kwargs = {}
+    for option, keyword in mapping.items():
+        value = getattr(args, option)
+        if isinstance(keyword, tuple):  # (keyword, "module:function" that turns the option into the value)
+            keyword, convert = keyword
+            module, _, name = convert.partition(":")
+            try:
+                value = getattr(importlib.import_module(module), name)(value)
+            except ValueError as exc:
+                raise SystemExit(f"--{option.replace('_', '-')} {value}: {exc}") from None
+        kwargs[keyword] = value
+    return kwargs
+
+
 def cmd_train(args) -> int:
-    from .models.deep_gpcm import GPCMConfig
-    from .training.loop import TrainConfig
-    from .training.next_item_run import TRAINERS, train_next_item
-    from .training.run import train_model
-
+    entry = family(args.model)
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-    if args.model == "time_aware":
-        from .models.time_aware import TimeAwareConfig
-        from .training.time_aware_loop import TimeAwareTrainConfig
-        from .training.time_aware_run import train_time_aware
-
-        if args.valid or args.loss or args.format:
-            raise SystemExit("--valid, --loss and --format do not apply to time_aware: it is evaluated under the "
-                             "srs-benchmark protocol (time-ordered folds), and the reader is chosen from the data")
-        cfg = _config(args, TimeAwareTrainConfig, TimeAwareConfig)
-        manifest = train_time_aware(args.data, out, cfg=cfg, day_columns=args.day_columns,
-                                    duration_cap_s=args.duration_cap_s, progress=not args.quiet)
-    elif args.model == "simakt":
-        from .models.simakt import ConfigError, SimAKTConfig
-        from .training.simakt_run import SimAKTTrainConfig, load_similarity, train_simakt
-
-        if args.valid or args.loss or args.format or args.day_columns != "check" or args.duration_cap_s is not None:
-            raise SystemExit("--valid, --loss, --format, --day-columns and --duration-cap-s do not apply to simakt")
-        cfg = _config(args, SimAKTTrainConfig, SimAKTConfig, flags=("epochs", "seed", "device"))
-        try:
-            manifest = train_simakt(args.data, out, cfg=cfg, similarity=load_similarity(args.similarity_config))
-        except ConfigError as exc:
-            raise SystemExit(f"--similarity-config {args.similarity_config}: {exc}") from None
-    elif args.model in TRAINERS:
-        train_cls, model_cls, _ = TRAINERS[args.model]
-        cfg = _config(args, train_cls, model_cls, flags=("epochs", "seed", "loss"))
-        manifest = train_next_item(args.model, args.data, out, cfg=cfg, valid=args.valid, fmt=args.format,
-                                   progress=not args.quiet)
-    else:
-        if args.similarity_config or args.device:
-            raise SystemExit("--similarity-config and --device apply to simakt")
-        if args.day_columns != "check" or args.duration_cap_s is not None:
-            raise SystemExit("--day-columns and --duration-cap-s apply to time_aware (review logs)")
-        if args.valid or args.loss:
-            raise SystemExit("--valid and --loss apply to next-item models; knowledge tracing validates on a "
-                             "split of the training students (valid_fraction) and takes losses from --config")
-        manifest = train_model(args.model, args.data, out, cfg=_config(args, TrainConfig, GPCMConfig),
-                               fmt=args.format, progress=not args.quiet)
+    kwargs = _options(args, entry, entry.train_options, "train")
+    cfg = _config(args, entry.resolve("train_config"), entry.resolve("config"), flags=entry.flags)
+    if entry.progress:
+        kwargs[entry.progress] = not args.quiet
+    train = entry.resolve("train")
+    user_error = entry.resolve("user_error") if entry.user_error else ()
+    try:
+        manifest = train(args.model, args.data, out, cfg=cfg, **kwargs) if entry.named else \
+            train(args.data, out, cfg=cfg, **kwargs)
+    except user_error as exc:
+        raise SystemExit(f"train {entry.name}: {exc}") from None
     print(json.dumps({"artifact": str(out), "metrics": manifest["metrics"], "parity": manifest["parity"],
                       "training": manifest["training"]}, indent=2))
     return 0
 
 
 def cmd_evaluate(args) -> int:
-    from .training.next_item_run import TASK, evaluate_next_item
-    from .training.run import evaluate_artifact
-
-    manifest = json.loads((Path(args.artifact) / "manifest.json").read_text())
-    task = manifest.get("task")
-    if manifest.get("family") == "simakt":
-        from .training.simakt_run import evaluate_simakt
-
-        result = evaluate_simakt(args.artifact, args.data, args.banks)
-    elif task == "srs":
-        from .training.time_aware_run import evaluate_time_aware
-
-        result = evaluate_time_aware(args.artifact, args.data, day_columns=args.day_columns,
-                                     duration_cap_s=args.duration_cap_s)
-    elif task == TASK:
-        result = evaluate_next_item(args.artifact, args.data, valid=args.valid, fmt=args.format)
-    else:
-        result = evaluate_artifact(args.artifact, args.data, args.format, args.max_len)
-    print(json.dumps(result, indent=2))
+    try:
+        manifest = json.loads((Path(args.artifact) / "manifest.json").read_text())
+        entry = family(str(manifest.get("family")))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"evaluate: {args.artifact} is not a readable artifact: {exc}") from None
+    kwargs = _options(args, entry, entry.evaluate_options, "evaluate")
+    print(json.dumps(entry.resolve("evaluate")(args.artifact, args.data, **kwargs), indent=2))
     return 0
 
 
@@ -290,7 +286,10 @@ def cmd_import_anki(args) -> int:
     return 0
 
 
-NEXT_ITEM_MODELS = ("gru4rec", "popularity", "markov", "mrn")
+ALL_OPTIONS = {  # the family-specific options of each command (a family's entry says which it takes)
+    "train": ("format", "valid", "day_columns", "duration_cap_s", "similarity_config"),
+    "evaluate": ("format", "valid", "max_len", "banks", "day_columns", "duration_cap_s"),
+}
 KT_FORMATS = ("three_line", "pykt", "dtransformer")
 SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 
@@ -300,8 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a model on a data set directory, evaluate it, export it")
-    train.add_argument("model", choices=["deep_gpcm", "attention_gpcm", "coral_gpcm", *NEXT_ITEM_MODELS,
-                                         "time_aware", "simakt"])
+    train.add_argument("model", choices=sorted(FAMILIES), metavar="MODEL",
+                       help="; ".join(f"{f.name}: {f.help}" for f in FAMILIES.values()))
     train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
     train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION)")
     train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")

@@ -30,7 +30,18 @@ from ..models.deep_gpcm import DeepGPCM
 OPSET = 18
 STEP_TOLERANCE = 1e-5  # full-sequence pass vs stepping through it, eager
 ENGINE_TOLERANCE = 1e-4  # eager vs TorchScript vs ONNX Runtime
-PREDICT_OUTPUTS = ("probs", "theta", "alpha", "beta")
+IRT_OUTPUTS = ("theta", "alpha", "beta")  # after the probabilities, for the families whose readout has them
+
+
+def readout_outputs(out) -> tuple:
+    """A knowledge-tracing readout as graph outputs: probabilities, then theta, alpha, beta where present."""
+    return (out.log_probs.exp(), *(getattr(out, f) for f in IRT_OUTPUTS if getattr(out, f, None) is not None))
+
+
+def readout_names(model) -> list[str]:
+    with torch.no_grad():
+        out = model.readout(model.init_state(1), torch.zeros(1, 1, dtype=torch.long))
+    return ["probs", *(f for f in IRT_OUTPUTS if getattr(out, f, None) is not None)]
 
 
 class ParityError(RuntimeError):
@@ -64,7 +75,7 @@ class StepPredictGraph(nn.Module):
         *state, question, response, questions = inputs
         state = self.model.step(tuple(state), question, response)
         out = self.model.readout(state, questions)
-        return (*state, out.log_probs.exp(), out.theta, out.alpha, out.beta)
+        return (*state, *readout_outputs(out))
 
 
 class PredictGraph(nn.Module):
@@ -77,7 +88,7 @@ class PredictGraph(nn.Module):
     def forward(self, *inputs):
         *state, questions = inputs
         out = self.model.readout(tuple(state), questions)
-        return out.log_probs.exp(), out.theta, out.alpha, out.beta
+        return readout_outputs(out)
 
 
 def _export_onnx(graph: nn.Module, example: tuple, names: list[str], outputs: list[str], path: Path,
@@ -119,7 +130,7 @@ def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tens
     B, T = questions.shape
     with torch.no_grad():
         full = model(questions, responses)
-        full = (full.log_probs.exp(), full.theta, full.alpha, full.beta)
+        full = readout_outputs(full)
         eager, ts = model.init_state(B), model.init_state(B)
         ort_state = {n: t.numpy() for n, t in zip(names, model.init_state(B), strict=True)}
         diffs = {"full_vs_step": 0.0, "eager_vs_torchscript": 0.0, "eager_vs_onnxruntime": 0.0}
@@ -127,7 +138,7 @@ def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tens
             q, r = questions[:, t], responses[:, t]
             qm = q.unsqueeze(1)
             stepped = model.readout(eager, qm)
-            stepped = (stepped.log_probs.exp(), stepped.theta, stepped.alpha, stepped.beta)
+            stepped = readout_outputs(stepped)
             scripted = predict_ts(*ts, qm)
             feeds = {**ort_state, "questions": qm.numpy()}
             onnx_out = predict_onnx.run(None, {k: feeds[k] for k in predict_inputs})
@@ -140,7 +151,7 @@ def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tens
             fused = fused_onnx.run(None, {k: feeds[k] for k in fused_inputs})
             eager = model.step(eager, q, r)
             after = model.readout(eager, qm)
-            for a, c in zip((*eager, after.log_probs.exp(), after.theta, after.alpha, after.beta), fused, strict=True):
+            for a, c in zip((*eager, *readout_outputs(after)), fused, strict=True):
                 diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
                                                     float(np.abs(a.numpy().astype(np.float64) - c).max()))
             ts = step_ts(*ts, q, r)
@@ -178,9 +189,9 @@ def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_jso
     _export_onnx(StepGraph(model), (*example_state, q, r), step_names, step_outs, out_dir / "step.onnx",
                  [*state_dyn, {0: batch}, {0: batch}])
     _export_onnx(PredictGraph(model), (*example_state, q.view(2, 1).repeat(1, 2)), predict_names,
-                 list(PREDICT_OUTPUTS), out_dir / "predict.onnx", [*state_dyn, {0: batch, 1: n_query}])
+                 readout_names(model), out_dir / "predict.onnx", [*state_dyn, {0: batch, 1: n_query}])
     _export_onnx(StepPredictGraph(model), (*example_state, q, r, q.view(2, 1).repeat(1, 2)),
-                 [*step_names, "questions"], [*step_outs, *PREDICT_OUTPUTS], out_dir / "step_predict.onnx",
+                 [*step_names, "questions"], [*step_outs, *readout_names(model)], out_dir / "step_predict.onnx",
                  [*state_dyn, {0: batch}, {0: batch}, {0: batch, 1: n_query}])
     step_ts = _trace(StepGraph(model), (*example_state, q, r), out_dir / "step.pt")
     predict_ts = _trace(PredictGraph(model), (*example_state, q.view(2, 1)), out_dir / "predict.pt")

@@ -86,9 +86,10 @@ def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len
         out["probs"].append(pred.log_probs.exp()[mask].numpy())
         out["targets"].append(r[mask].numpy())
         out["questions"].append(q[mask].numpy())
-        out["theta"].append(pred.theta[mask].numpy())
-        out["alpha"].append(pred.alpha[mask].numpy())
-    return {k: np.concatenate(v) for k, v in out.items()}
+        for irt in ("theta", "alpha"):  # the GPCM families' IRT outputs; DKT has none
+            if getattr(pred, irt, None) is not None:
+                out[irt].append(getattr(pred, irt)[mask].numpy())
+    return {k: np.concatenate(v) for k, v in out.items() if v}
 
 
 def evaluate(model, seqs: list[Encoded], max_len: int | None = None) -> dict[str, float]:
@@ -118,7 +119,7 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, che
                    disable=not progress, leave=False)
         for q, r, mask in bar:
             out = model(q, r)
-            cum = out.cum_logits[mask] if out.cum_logits is not None else None
+            cum = out.cum_logits[mask] if getattr(out, "cum_logits", None) is not None else None
             loss = loss_fn(out.log_probs[mask], r[mask], cum)
             opt.zero_grad(set_to_none=True)
             loss.backward()

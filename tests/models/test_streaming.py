@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from nextstep.models.deep_gpcm import MODELS, GPCMConfig
+from nextstep.models.dkt import DKT, DKTConfig
 from nextstep.models.gru4rec import GRU4Rec, GRU4RecConfig
 from nextstep.models.mrn import MRN, MRNConfig
 from nextstep.models.next_item import Markov, Popularity
@@ -16,6 +17,7 @@ from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer
 def _families():
     items = np.array([2, 3, 4, 2, 5, 3])
     yield from (cls(GPCMConfig(n_questions=12, n_cats=3, window=4)) for cls in MODELS.values())
+    yield DKT(DKTConfig(n_questions=12, n_cats=3, hidden=8, embed_dim=8, layers=2))
     yield SimAKT(SimAKTConfig(n_questions=12, n_skills=6, d_model=16, n_heads=2, n_know=2, window=8))
     yield GRU4Rec(GRU4RecConfig(n_items=8, layers=(6,)))
     yield MRN(MRNConfig(n_items=8))
