@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.model_selection import TimeSeriesSplit
 
 from nextstep.training import reviews
 from nextstep.training.reviews import STATE_UNKNOWN, ReviewLog
@@ -80,13 +81,7 @@ def truncate_to_scored(rows, n_scored):
 @pytest.mark.parametrize("n", [6, 7, 13, 100, 1001])
 def test_time_series_folds_are_sklearns(n):
     folds = time_series_folds(n, 5)
-    try:
-        from sklearn.model_selection import TimeSeriesSplit
-    except ImportError:  # hand-computed: test size n // 6, the first training block takes the remainder
-        size = n // 6
-        expected = [(np.arange(s), np.arange(s, s + size)) for s in range(n - 5 * size, n, size)]
-    else:
-        expected = list(TimeSeriesSplit(n_splits=5).split(np.zeros(n)))
+    expected = list(TimeSeriesSplit(n_splits=5).split(np.zeros(n)))
     assert len(folds) == 5
     for (tr, te), (etr, ete) in zip(folds, expected, strict=True):
         np.testing.assert_array_equal(tr, etr)
