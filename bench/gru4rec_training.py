@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     torch.manual_seed(cfg.seed)
     model = GRU4Rec(GRU4RecConfig(n_items=len(vocab), **cfg.model))
     history = fit_gru4rec(model, train.encode(vocab, drop_unknown=False), cfg, progress=False, log=False)
-    rates = [h["events_per_second"] for h in history]
+    rates = [round(h["targets_per_second"], 1) for h in history]
     result = {
         "machine": machine(), "torch": torch.__version__, "data": args.data, "train_events": train.n_events,
         "settings": {k: v for k, v in vars(cfg).items() if k != "model"} | {"model": vars(model.cfg)},

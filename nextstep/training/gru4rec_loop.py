@@ -16,16 +16,14 @@ its own target (the last slot of an epoch with n_sample = 0) has no negative: it
 adds no loss.
 """
 
-import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..models.gru4rec import GRU4Rec
 from .gru4rec_step import LOSSES, TrainStep
+from .loop import print_row, train_epochs
 from .sessions import SessionData
 
 
@@ -196,50 +194,40 @@ class AdagradM(torch.optim.Optimizer):
 
 def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, progress: bool = True,
                 log: bool = True) -> list[dict]:
-    """Train in place on encoded sessions; return one record per epoch (loss per event, events/s)."""
+    """Train in place on encoded sessions for cfg.epochs (no validation, no early stopping); return one
+    row per epoch (see loop.train_epochs: train_loss per target, targets, targets_per_second)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     generator = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     counts = np.bincount(train.items, minlength=model.n_items)
     sampler = NegativeSampler(counts, cfg.sample_alpha, cfg.n_sample, generator) if cfg.n_sample else None
-
     log_q = LogQ(counts, cfg.sample_alpha, cfg.logq) if cfg.loss == "cross-entropy" and cfg.logq > 0 else None
     items = torch.from_numpy(train.items)
-    offsets = train.offsets
     optimizer = AdagradM(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     step = TrainStep(model, cfg.loss, cfg.bpreg, cfg.elu_param, cfg.batch_size)
-    n_targets = int((train.lengths() - 1).clip(min=0).sum())
-    history = []
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
+    state = ()  # the slots' hidden state, carried from step to step within an epoch
+
+    def epoch_batches(epoch: int):
+        nonlocal state
         order = rng.permutation(len(train)) if cfg.session_order == "random" else np.arange(len(train))
-        total, seen, started = 0.0, 0, time.perf_counter()
-        bar = tqdm(total=n_targets, desc=f"epoch {epoch}/{cfg.epochs}", unit="ev", disable=not progress,
-                   mininterval=1.0)
         state = model.init_state(min(cfg.batch_size, len(order)))
-        for positions, keep, reset in session_parallel(offsets, order, cfg.batch_size):
-            state = carry(state, keep, reset)
-            pos = torch.from_numpy(positions)
-            inputs, target = items.index_select(0, pos), items.index_select(0, pos + 1)
-            columns = target if sampler is None else torch.cat([target, sampler.draw()])
-            if len(columns) < 2:  # one slot left and no sampled negatives: nothing to rank the target against
-                with torch.no_grad():
-                    state = model.advance(state, inputs)
-                continue
-            loss, state = step(state, inputs, columns, None if log_q is None else log_q(columns, len(target)))
-            optimizer.step()
-            total += loss
-            seen += len(target)
-            bar.update(len(target))
-        bar.close()
-        seconds = time.perf_counter() - started
-        record = {"epoch": epoch, "loss": total / max(seen, 1), "events": seen, "seconds": round(seconds, 2),
-                  "events_per_second": round(seen / seconds, 1)}
-        if not math.isfinite(record["loss"]):
-            raise FloatingPointError(f"training diverged at epoch {epoch}: loss {record['loss']}")
-        history.append(record)
-        if log:
-            print(f"epoch {epoch}: loss {record['loss']:.4f}  {record['events_per_second']:.0f} events/s")
-    model.eval()
-    return history
+        return session_parallel(train.offsets, order, cfg.batch_size)
+
+    def train_step(batch):
+        nonlocal state
+        positions, keep, reset = batch
+        state = carry(state, keep, reset)
+        pos = torch.from_numpy(positions)
+        inputs, target = items.index_select(0, pos), items.index_select(0, pos + 1)
+        columns = target if sampler is None else torch.cat([target, sampler.draw()])
+        if len(columns) < 2:  # one slot left and no sampled negatives: nothing to rank the target against
+            with torch.no_grad():
+                state = model.advance(state, inputs)
+            return None, 0, {"loss": 0.0}
+        loss, state = step(state, inputs, columns, None if log_q is None else log_q(columns, len(target)))
+        optimizer.step()
+        return None, len(target), {"loss": loss}
+
+    return train_epochs(model, cfg.epochs, epoch_batches, train_step, progress=progress,
+                        report=print_row if log else None)

@@ -1,15 +1,19 @@
-"""Mini-batching, the training loop with early stopping and checkpoints, and batched evaluation.
+"""The one training loop of every gradient-trained family (`train_epochs`), and knowledge tracing's
+batching, training (`fit`) and batched evaluation.
 
-Sequences arrive as (question indices, responses) pairs already mapped through the vocabulary.
+Knowledge-tracing sequences arrive as (question indices, responses) pairs already mapped through the vocabulary.
 Training cuts long sequences into chunks of `max_len` (each chunk starts from the initial memory,
 as DKVMN does); evaluation by default runs every sequence whole, as the service sees a learner.
 Batches group sequences of similar length so that padding costs little.
 """
 
 import math
+import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,18 +82,20 @@ def batches(seqs: list[Encoded], batch_size: int, rng: np.random.Generator | Non
 
 @torch.no_grad()
 def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len: int | None = None) -> dict:
-    """Teacher-forced predictions at every real position: probs (N, K), targets, questions, theta, alpha."""
+    """Teacher-forced predictions at every real position: probs (N, K), targets, questions, and theta and
+    alpha where the model has them (the IRT families; DKT-style models output log_probs alone)."""
     model.eval()
-    out = {"probs": [], "targets": [], "questions": [], "theta": [], "alpha": []}
+    out = {"probs": [], "targets": [], "questions": []}
     for q, r, mask in batches(chunk(seqs, max_len), batch_size):
         pred = model(q, r)
         out["probs"].append(pred.log_probs.exp()[mask].numpy())
         out["targets"].append(r[mask].numpy())
         out["questions"].append(q[mask].numpy())
-        for irt in ("theta", "alpha"):  # the GPCM families' IRT outputs; DKT has none
-            if getattr(pred, irt, None) is not None:
-                out[irt].append(getattr(pred, irt)[mask].numpy())
-    return {k: np.concatenate(v) for k, v in out.items() if v}
+        for name in ("theta", "alpha"):
+            value = getattr(pred, name, None)
+            if value is not None:
+                out.setdefault(name, []).append(value[mask].numpy())
+    return {k: np.concatenate(v) for k, v in out.items()}
 
 
 def evaluate(model, seqs: list[Encoded], max_len: int | None = None) -> dict[str, float]:
@@ -99,59 +105,128 @@ def evaluate(model, seqs: list[Encoded], max_len: int | None = None) -> dict[str
 
 def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, checkpoint: Path | None = None,
         progress: bool = True, log: bool = True) -> list[dict]:
-    """Train with Adam and early stopping on validation `cfg.monitor`; leaves the best weights loaded.
-
-    `progress` shows a bar per epoch; `log` prints one line per epoch.
-    Returns the per-epoch history (train loss, validation metrics, seconds)."""
+    """Train with Adam, halving the learning rate and stopping early on validation `cfg.monitor`; leaves the
+    best weights loaded (and saved to `checkpoint`). Returns the per-epoch history (see `train_epochs`)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     loss_fn = CombinedLoss.from_spec(cfg.loss, model.cfg.n_cats)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sign = 1.0 if MONITORS[cfg.monitor] else -1.0  # minimise sign * metric
-    schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=cfg.lr_patience)
     chunks = chunk(train, cfg.max_len)
-    n_batches = math.ceil(len(chunks) / cfg.batch_size)
+
+    def step(batch):
+        q, r, mask = batch
+        out = model(q, r)
+        cum = getattr(out, "cum_logits", None)  # CORAL's cumulative logits; absent or None elsewhere
+        return loss_fn(out.log_probs[mask], r[mask], None if cum is None else cum[mask]), int(mask.sum())
+
+    return train_epochs(model, cfg.epochs, lambda epoch: batches(chunks, cfg.batch_size, rng), step,
+                        optimizer=opt, grad_clip=cfg.grad_clip,
+                        validate=lambda: evaluate(model, valid, cfg.eval_max_len),
+                        monitor=f"valid_{cfg.monitor}", lower_is_better=MONITORS[cfg.monitor], patience=cfg.patience,
+                        lr_schedule=torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5,
+                                                                               patience=cfg.lr_patience),
+                        checkpoint=checkpoint, progress=progress, report=print_row if log else None)
+
+
+# ----------------------------------------------------------------------------- the shared loop
+
+def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], Iterable], step: Callable[[Any], tuple],
+                 *, optimizer: torch.optim.Optimizer | None = None, grad_clip: float | None = None,
+                 validate: Callable[[], dict] | None = None, monitor: str | None = None,
+                 lower_is_better: bool = True, patience: int | None = None, min_delta: float = 1e-5,
+                 lr_schedule=None, max_seconds: float | None = None, checkpoint: Path | None = None,
+                 before_epoch: Callable[[int], dict | None] | None = None, progress: bool = True,
+                 report: Callable[[dict], None] | None = None) -> list[dict]:
+    """Train `model` for up to `epochs` epochs; return one history row per epoch.
+
+    Each epoch: `before_epoch(epoch)` (e.g. a curriculum stage; the dict it returns goes into the row),
+    `model.train()`, then `step(batch)` for every batch of `batches(epoch)`. A step returns `(loss, n)`
+    or `(loss, n, sums)`: `loss` the scalar tensor minimised (a mean over the batch's n targets), which the
+    loop backpropagates, clips to `grad_clip` and hands to `optimizer`; `sums` the quantities to report,
+    summed over the n targets (default {"loss": loss.item() * n}). A step that owns its update (no
+    `optimizer`, e.g. GRU4Rec's hand-written gradients) returns `(None, n, sums)`.
+    Then `validate()`, whose metrics enter the row as valid_<name>.
+
+    Row: epoch, the before_epoch fields, train_<name> = sums[name] / targets, targets, seconds (the whole
+    epoch, validation included), targets_per_second (training steps only), valid_* and, with an
+    optimizer, lr; with a `monitor`, best.
+    `monitor` names a row key (e.g. "valid_nll", "train_loss"); with one, the best epoch's weights are kept
+    in memory (and saved to `checkpoint`) and loaded at the end, `lr_schedule.step(score)` sees the
+    signed score after every epoch (lower is better), and training stops after `patience` epochs without
+    an improvement of more than `min_delta`. Without one, training runs every epoch and keeps the last
+    weights. `max_seconds`: no epoch is started that would, at the mean epoch time so far, end past it.
+    `progress`: a bar per epoch, only when stderr is a terminal; `report(row)` after every epoch (e.g.
+    `print_row`, one line per epoch, readable in a log file)."""
+    sign = 1.0 if lower_is_better else -1.0
     history, best, best_state, stale = [], math.inf, None, 0
-    for epoch in range(1, cfg.epochs + 1):
+    started = time.perf_counter()
+    bar = progress and sys.stderr.isatty()
+    for epoch in range(1, epochs + 1):
+        t0 = time.perf_counter()
+        row = {"epoch": epoch, **((before_epoch and before_epoch(epoch)) or {})}
         model.train()
-        start, total, count = time.perf_counter(), 0.0, 0
-        bar = tqdm(batches(chunks, cfg.batch_size, rng), total=n_batches, desc=f"epoch {epoch}",
-                   disable=not progress, leave=False)
-        for q, r, mask in bar:
-            out = model(q, r)
-            cum = out.cum_logits[mask] if getattr(out, "cum_logits", None) is not None else None
-            loss = loss_fn(out.log_probs[mask], r[mask], cum)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            n = int(mask.sum())
-            total, count = total + loss.item() * n, count + n
-            bar.set_postfix(loss=f"{total / count:.4f}")
-        valid_metrics = evaluate(model, valid, cfg.eval_max_len)
-        row = {"epoch": epoch, "train_loss": total / max(count, 1), "seconds": time.perf_counter() - start,
-               **{f"valid_{k}": v for k, v in valid_metrics.items()}}
-        row["lr"] = opt.param_groups[0]["lr"]
+        totals, count = {}, 0
+        work = batches(epoch)
+        if bar:
+            work = tqdm(work, desc=f"epoch {epoch}/{epochs}", leave=False, mininterval=1.0)
+        for batch in work:
+            out = step(batch)
+            loss, n = out[0], out[1]
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                optimizer.step()
+            for name, value in (out[2] if len(out) > 2 else {"loss": loss.item() * n}).items():
+                totals[name] = totals.get(name, 0.0) + value
+            count += n
+        train_seconds = time.perf_counter() - t0
+        row.update({f"train_{name}": value / max(count, 1) for name, value in totals.items()})
+        if not math.isfinite(row.get("train_loss", 0.0)):
+            raise FloatingPointError(f"training diverged at epoch {epoch}: loss {row['train_loss']}")
+        metrics = validate() if validate is not None else {}
+        row.update({f"valid_{name}": value for name, value in metrics.items()})
+        row.update(targets=count, seconds=time.perf_counter() - t0, targets_per_second=count / train_seconds)
+        if optimizer is not None:
+            row["lr"] = optimizer.param_groups[0]["lr"]
         history.append(row)
-        score = sign * valid_metrics[cfg.monitor]
-        schedule.step(score)
-        improved = score < best - 1e-5
-        row["best"] = improved
-        if log:
-            tqdm.write(f"epoch {epoch:3d}  loss {row['train_loss']:.4f}  valid {cfg.monitor} {sign * score:.4f}  "
-                       f"acc {valid_metrics['categorical_accuracy']:.4f}  qwk {valid_metrics['qwk']:.4f}"
-                       + (f"  auc {valid_metrics['auc']:.4f}" if "auc" in valid_metrics else "")
-                       + f"  {row['seconds']:.0f}s" + ("  *" if improved else ""))
-        if improved:
-            best, stale = score, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            if checkpoint is not None:
-                torch.save({"epoch": epoch, "state_dict": best_state, "valid": valid_metrics}, checkpoint)
-        else:
-            stale += 1
-            if stale >= cfg.patience:
-                break
+        if monitor is not None:
+            score = sign * row[monitor]
+            if lr_schedule is not None:
+                lr_schedule.step(score)
+            row["best"] = score < best - min_delta
+        if report is not None:
+            report(row)
+        if monitor is not None:
+            if row["best"]:
+                best, stale = score, 0
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                if checkpoint is not None:
+                    torch.save({"epoch": epoch, "state_dict": best_state, "valid": metrics}, checkpoint)
+            else:
+                stale += 1
+                if patience is not None and stale >= patience:
+                    break
+        elapsed = time.perf_counter() - started
+        if max_seconds is not None and elapsed + elapsed / epoch > max_seconds:
+            break
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
     return history
+
+
+ROW_BOOKKEEPING = ("epoch", "targets", "seconds", "targets_per_second", "best")
+
+
+def describe(row: dict) -> str:
+    """One line for an epoch's row: its losses, validation metrics and other numbers, time and speed."""
+    numbers = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                        if k not in ROW_BOOKKEEPING and k != "valid_n")
+    return (f"epoch {row['epoch']:3d}  {numbers}  {row['seconds']:.0f}s  {row['targets_per_second']:.0f} targets/s"
+            + ("  *" if row.get("best") else ""))
+
+
+def print_row(row: dict) -> None:
+    tqdm.write(describe(row))

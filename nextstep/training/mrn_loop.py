@@ -19,16 +19,14 @@ in order, with the model's active K and L capped at the stage's values; the rema
 `epochs` in all) run with the model's own K and L.
 """
 
-import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from ..models.mrn import MRN
+from .loop import print_row, train_epochs
 from .sessions import SessionData
 
 
@@ -103,47 +101,30 @@ def mrn_loss(model: MRN, items: torch.Tensor, cfg: MRNTrainConfig) -> tuple[torc
 
 def fit_mrn(model: MRN, train: SessionData, cfg: MRNTrainConfig, progress: bool = True,
             log: bool = True) -> list[dict]:
-    """Train in place on encoded sessions; return one record per epoch (loss parts per target, events/s)."""
+    """Train in place on encoded sessions for cfg.epochs (no validation, no early stopping); return one row
+    per epoch (see loop.train_epochs): the stage's K and L, train_loss and its parts per target."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     lengths = train.lengths()
-    n_targets = int((lengths - 1).clip(min=0).sum())
     schedule = [(K, L) for epochs, K, L in cfg.curriculum for _ in range(epochs)]
     full = (model.cfg.parallel, model.cfg.history)
-    history = []
+
+    def stage(epoch: int) -> dict:
+        K, L = schedule[epoch - 1] if epoch <= len(schedule) else full
+        model.k_active, model.l_active = min(K, full[0]), min(L, full[1])
+        return {"K": model.k_active, "L": model.l_active}
+
+    def step(sessions):
+        items = pad(train, sessions)
+        loss, parts = mrn_loss(model, items, cfg)
+        n = int((items[:, 1:] >= 2).sum())
+        return loss, n, {key: value * n for key, value in {"loss": loss.item(), **parts}.items()}
+
     try:
-        for epoch in range(1, cfg.epochs + 1):
-            K, L = schedule[epoch - 1] if epoch <= len(schedule) else full
-            model.k_active, model.l_active = min(K, full[0]), min(L, full[1])
-            model.train()
-            sums, seen, started = {}, 0, time.perf_counter()
-            bar = tqdm(total=n_targets, desc=f"epoch {epoch}/{cfg.epochs}", unit="ev", disable=not progress,
-                       mininterval=1.0)
-            for sessions in length_batches(lengths, cfg.batch_size, rng):
-                items = pad(train, sessions)
-                loss, parts = mrn_loss(model, items, cfg)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                n = int((items[:, 1:] >= 2).sum())
-                for key, value in {"loss": loss.item(), **parts}.items():
-                    sums[key] = sums.get(key, 0.0) + value * n
-                seen += n
-                bar.update(n)
-            bar.close()
-            seconds = time.perf_counter() - started
-            record = {"epoch": epoch, "K": model.k_active, "L": model.l_active,
-                      **{key: value / max(seen, 1) for key, value in sums.items()},
-                      "events": seen, "seconds": round(seconds, 2), "events_per_second": round(seen / seconds, 1)}
-            if not math.isfinite(record["loss"]):
-                raise FloatingPointError(f"training diverged at epoch {epoch}: loss {record['loss']}")
-            history.append(record)
-            if log:
-                print(f"epoch {epoch} (K={record['K']}, L={record['L']}): loss {record['loss']:.4f} "
-                      f"nll {record['nll']:.4f}  {record['events_per_second']:.0f} events/s")
+        return train_epochs(model, cfg.epochs, lambda epoch: length_batches(lengths, cfg.batch_size, rng), step,
+                            optimizer=optimizer, before_epoch=stage, progress=progress,
+                            report=print_row if log else None)
     finally:
         model.k_active, model.l_active = full
-    model.eval()
-    return history

@@ -11,7 +11,6 @@ training data, no test student), exactly what `nextstep banks build` makes, and 
 """
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 from ..models.simakt import SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
 from .banks import Bank, build_banks, encode_trajectories, provenance, select_banks
 from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
-from .loop import batches  # (question rows, responses) padded batches, length-sorted, shuffled by rng
+from .loop import batches, describe, train_epochs  # batches: padded, length-sorted, shuffled by rng
 from .metrics import ordinal_metrics
 
 Trajectory = tuple[np.ndarray, np.ndarray]  # (question rows, responses)
@@ -175,68 +174,55 @@ def split_halves(ids: list[str], rng: np.random.Generator) -> list[list[int]]:
 
 def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_trajs: list[Trajectory],
         cfg: SimAKTTrainConfig, log=print) -> list[dict]:
-    """Adam with early stopping on validation AUC and a wall-clock budget; leaves the best weights loaded."""
+    """Adam with early stopping on validation AUC and a wall-clock budget; leaves the best weights loaded.
+
+    The banks follow the weights: built before the first epoch, and after every epoch (from one encoding
+    of the fit students) the next epoch's two half banks and the validation bank of all fit students."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     halves = split_halves(fit_ids, rng)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)  # the contrastive loss's augmentations
-    uses_banks = bool(model.sim.active)
-    started, history, best, best_state, stale = time.perf_counter(), [], -math.inf, None, 0
-    def banks_now(epoch: int) -> tuple[list[list[Bank]], list[Bank]]:
-        """Banks of the current weights: one per half (for training) and one of all fit students (for
-        validation), from one encoding of the fit trajectories."""
-        if not uses_banks:
-            return [[], []], []
-        encoded = encode_trajectories(model, fit_trajs)
-        return ([select_banks(model, encoded, fit_ids, cfg.seed + epoch, h) for h in halves],
-                select_banks(model, encoded, fit_ids, cfg.seed))
+    banks = {"epoch": 0, "halves": [[], []], "valid": []}
 
-    half_banks, _ = banks_now(1)
-    for epoch in range(1, cfg.epochs + 1):
-        t0 = time.perf_counter()
-        model.train()
+    def rebuild(epoch: int) -> None:
+        """Banks of the current weights for `epoch`: one per half (training) and one of all fit students."""
+        banks["epoch"] = epoch
+        if model.sim.active:
+            encoded = encode_trajectories(model, fit_trajs)
+            banks["halves"] = [select_banks(model, encoded, fit_ids, cfg.seed + epoch, h) for h in halves]
+            banks["valid"] = select_banks(model, encoded, fit_ids, cfg.seed)
+
+    def epoch_batches(epoch: int) -> list:
+        if epoch == 1:
+            rebuild(1)
         work = [(h, q, r, m) for h in (0, 1) for q, r, m in batches([fit_trajs[i] for i in halves[h]],
                                                                     cfg.batch_size, rng)]
         rng.shuffle(work)
-        total, count = 0.0, 0
         dev = _device(model)
-        half_raw = [bank_tensors(b, dev) for b in half_banks]
-        for h, q, r, mask in work:
-            q, r, mask = q.to(dev), r.to(dev), mask.to(dev)
-            kv = model.bank_keys(half_raw[1 - h])  # the other half's students: never the student's own bank
-            out = model(q, r, kv)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(out.logits[mask], r[mask].float())
-            full = loss + cfg.problem_l2 * regularisation(model)
-            if cfg.lambda_cl > 0:
-                full = full + cfg.lambda_cl * contrastive_loss(model, q, r, mask, kv, out.knowledge, generator=gen)
-            opt.zero_grad(set_to_none=True)
-            full.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            total, count = total + loss.item() * int(mask.sum()), count + int(mask.sum())
-        half_banks, valid_banks = banks_now(epoch + 1)  # the next epoch trains with the halves
-        metrics = binary_metrics(*predict(model, valid_trajs, valid_banks))
-        elapsed = time.perf_counter() - started
-        row = {"epoch": epoch, "train_loss": total / max(count, 1), "seconds": time.perf_counter() - t0,
-               **{f"valid_{k}": v for k, v in metrics.items()}}
-        improved = metrics["auc"] > best + 1e-5
-        row["best"] = improved
-        history.append(row)
-        log(f"epoch {epoch:3d}  loss {row['train_loss']:.4f}  valid auc {metrics['auc']:.4f}  "
-            f"acc {metrics['accuracy']:.4f}  nll {metrics['nll']:.4f}  {row['seconds']:.0f}s"
-            + ("  *" if improved else ""))
-        if improved:
-            best, stale = metrics["auc"], 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            stale += 1
-        per_epoch = elapsed / epoch
-        if stale >= cfg.patience or elapsed + per_epoch > cfg.max_minutes * 60:
-            break
-    model.load_state_dict(best_state)
-    model.eval()
-    return history
+        banks["raw"] = [bank_tensors(b, dev) for b in banks["halves"]]
+        return work
+
+    def step(batch):
+        h, q, r, mask = batch
+        dev = _device(model)
+        q, r, mask = q.to(dev), r.to(dev), mask.to(dev)
+        kv = model.bank_keys(banks["raw"][1 - h])  # the other half's students: never the student's own bank
+        out = model(q, r, kv)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(out.logits[mask], r[mask].float())
+        full = loss + cfg.problem_l2 * regularisation(model)
+        if cfg.lambda_cl > 0:
+            full = full + cfg.lambda_cl * contrastive_loss(model, q, r, mask, kv, out.knowledge, generator=gen)
+        n = int(mask.sum())
+        return full, n, {"loss": loss.item() * n}  # reported: the prediction loss alone
+
+    def validate() -> dict:
+        rebuild(banks["epoch"] + 1)  # the next epoch trains with the halves
+        return binary_metrics(*predict(model, valid_trajs, banks["valid"]))
+
+    return train_epochs(model, cfg.epochs, epoch_batches, step, optimizer=opt, grad_clip=cfg.grad_clip,
+                        validate=validate, monitor="valid_auc", lower_is_better=False, patience=cfg.patience,
+                        max_seconds=cfg.max_minutes * 60, progress=False, report=lambda row: log(describe(row)))
 
 
 def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,

@@ -9,7 +9,6 @@ training reviews, which are never trained on.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +18,7 @@ import torch
 
 from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss, expected_duration
 from ..review_window import user_windows
+from .loop import train_epochs
 from .reviews import ReviewLog
 
 
@@ -112,7 +112,8 @@ def split_validation(log: ReviewLog, rows: np.ndarray, fraction: float) -> tuple
 
 def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig,
         log_progress=None) -> tuple[TimeAwareTransformer, dict]:
-    """Train on `rows` (global review numbers), early-stopping on their latest `valid_fraction`."""
+    """Train on `rows` (global review numbers), early-stopping on their latest `valid_fraction` (on the
+    training loss when no user has enough rows to hold any out)."""
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
@@ -120,34 +121,27 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     train_rows, valid_rows = split_validation(rt.log, rows, tcfg.valid_fraction)
     model = TimeAwareTransformer(cfg).to(tcfg.device)
     opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    best, best_state, bad, history = math.inf, copy.deepcopy(model.state_dict()), 0, []
     start = time.perf_counter()
-    for epoch in range(tcfg.max_epochs):
-        model.train()
+
+    def batches(epoch):
         order = rng.permutation(train_rows)
-        total = 0.0
-        for lo in range(0, len(order), tcfg.batch_size):
-            loss, k = _loss(model, rt, torch.from_numpy(order[lo:lo + tcfg.batch_size]), tcfg.duration_weight,
-                            tcfg.device)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            total += loss.item() * k
-        v = validation_loss(model, rt, valid_rows, tcfg) if len(valid_rows) else total / max(len(order), 1)
-        history.append({"epoch": epoch + 1, "train_loss": total / max(len(order), 1), "valid_loss": v,
-                        "seconds": time.perf_counter() - start})
+        return (torch.from_numpy(order[lo:lo + tcfg.batch_size]) for lo in range(0, len(order), tcfg.batch_size))
+
+    def report(row):
+        row.setdefault("valid_loss", row["train_loss"])  # what early stopping watched
         if log_progress:
-            log_progress(history[-1])
-        if v < best - 1e-5:
-            best, best_state, bad = v, copy.deepcopy(model.state_dict()), 0
-        else:
-            bad += 1
-            if bad >= tcfg.patience:
-                break
-    model.load_state_dict(best_state)
+            log_progress(row)
+
+    history = train_epochs(model, tcfg.max_epochs, batches,
+                           lambda batch: _loss(model, rt, batch, tcfg.duration_weight, tcfg.device),
+                           optimizer=opt, grad_clip=1.0,
+                           validate=(lambda: {"loss": validation_loss(model, rt, valid_rows, tcfg)})
+                           if len(valid_rows) else None,
+                           monitor="valid_loss" if len(valid_rows) else "train_loss", patience=tcfg.patience,
+                           progress=False, report=report)
     model.cpu().eval()
     calibration = calibrate(model, rt, valid_rows) if tcfg.calibrate else None
+    best = [row for row in history if row["best"]][-1]["valid_loss"]
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
                    "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
 

@@ -174,8 +174,8 @@ def test_training_learns_sequential_structure_that_popularity_cannot(loss):
     torch.manual_seed(0)
     m = GRU4Rec(GRU4RecConfig(n_items=len(vocab), **cfg.model))
     history = fit_gru4rec(m, enc, cfg, progress=False, log=False)
-    assert history[-1]["loss"] < history[0]["loss"]
-    assert history[0]["events"] == int((enc.lengths() - 1).sum())
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert history[0]["targets"] == int((enc.lengths() - 1).sum())
     gru = evaluate_sessions(m, test)["recall@5"]
     pop = evaluate_sessions(Popularity.fit(enc.items, len(vocab)), test)["recall@5"]
     assert gru > pop + 0.2
@@ -197,7 +197,7 @@ def test_without_sampled_negatives_the_last_lone_slot_is_skipped_not_nan(loss):
     m = tiny_model(n_items=len(vocab))
     cfg = GRU4RecTrainConfig(loss=loss, epochs=2, n_sample=0, batch_size=4)
     history = fit_gru4rec(m, data.encode(vocab, drop_unknown=False), cfg, progress=False, log=False)
-    assert all(np.isfinite(h["loss"]) for h in history)
+    assert all(np.isfinite(h["train_loss"]) for h in history)
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 

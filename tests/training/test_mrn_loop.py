@@ -37,7 +37,7 @@ def test_training_lowers_the_loss_and_beats_popularity():
     cfg = MRNTrainConfig(epochs=8, batch_size=128, curriculum=[[1, 1, 2]], lambda_contrastive=0.1,
                          lambda_l2=1e-4)
     history = fit_mrn(model, train, cfg, progress=False, log=False)
-    assert history[-1]["nll"] < history[0]["nll"]
+    assert history[-1]["train_nll"] < history[0]["train_nll"]
     assert (history[0]["K"], history[0]["L"]) == (1, 2) and (history[-1]["K"], history[-1]["L"]) == (2, 4)
     assert (model.k_active, model.l_active) == (2, 4)  # restored after the curriculum
     mrn = evaluate_sessions(model, test)
