@@ -1,0 +1,173 @@
+"""The shared training loop (loop.train_epochs) and the knowledge-tracing path for models without IRT outputs."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from nextstep.training.loop import TrainConfig, fit, predict_sequences, print_row, train_epochs
+
+
+def regression(seed: int = 0):
+    """A linear model, 4 batches of a noisy linear problem, and a mean-squared-error step."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 3, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1 * torch.randn(64, generator=g)
+    model = torch.nn.Linear(3, 1)
+
+    def step(batch):
+        xb, yb = batch
+        return ((model(xb).squeeze(1) - yb) ** 2).mean(), len(yb)
+
+    return model, (lambda epoch: [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]), step
+
+
+def scripted(values, model, snapshots):
+    """A validation that reports the next scripted value and remembers the weights it saw."""
+    it = iter(values)
+
+    def validate():
+        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+        return {"score": next(it)}
+
+    return validate
+
+
+@pytest.mark.parametrize("lower_is_better, values, best_epoch, epochs_run", [
+    (True, [3.0, 2.0, 2.5, 2.1, 2.2, 1.0], 2, 5),  # stops after 3 epochs without improvement
+    (False, [0.1, 0.3, 0.2, 0.5, 0.4, 0.4], 4, 6),
+])
+def test_early_stopping_keeps_and_saves_the_best_epochs_weights(tmp_path, lower_is_better, values, best_epoch,
+                                                                 epochs_run):
+    model, batches, step = regression()
+    seen = []
+    history = train_epochs(model, 6, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                           validate=scripted(values, model, seen), monitor="valid_score",
+                           lower_is_better=lower_is_better, patience=3, checkpoint=tmp_path / "best.pt")
+    assert len(history) == epochs_run
+    assert [row["epoch"] for row in history if row["best"]][-1] == best_epoch
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, seen[best_epoch - 1][name], rtol=0, atol=0)
+    saved = torch.load(tmp_path / "best.pt", weights_only=True)
+    assert saved["epoch"] == best_epoch and saved["valid"] == {"score": values[best_epoch - 1]}
+    assert not model.training
+
+
+def test_without_a_monitor_every_epoch_runs_and_the_last_weights_stay():
+    model, batches, step = regression()
+    history = train_epochs(model, 4, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05))
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4] and "best" not in history[0]
+    assert history[-1]["train_loss"] < history[0]["train_loss"] and history[0]["targets"] == 64
+    final = ((model(batches(0)[0][0]).squeeze(1) - batches(0)[0][1]) ** 2).mean()
+    assert final.item() < history[0]["train_loss"]  # the last weights, not the first
+
+
+def test_the_train_loss_is_per_target_and_matches_a_hand_written_sgd_loop():
+    model, batches, step = regression()
+    reference = torch.nn.Linear(3, 1)
+    reference.load_state_dict(model.state_dict())
+    history = train_epochs(model, 2, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                           grad_clip=0.5)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    for _ in range(2):
+        total = 0.0
+        for xb, yb in batches(0):
+            loss = ((reference(xb).squeeze(1) - yb) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+            opt.step()
+            total += loss.item() * len(yb)
+    assert history[-1]["train_loss"] == total / 64
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_step_that_updates_itself_reports_sums_and_parts():
+    model = torch.nn.Linear(1, 1)
+    batches = lambda epoch: [3, 5]  # noqa: E731
+
+    def step(n):
+        with torch.no_grad():
+            model.bias.add_(1.0)  # the step's own update
+        return None, n, {"loss": 2.0 * n, "part": 1.0 * n}
+
+    before = model.bias.item()
+    history = train_epochs(model, 2, batches, step, before_epoch=lambda epoch: {"stage": epoch * 10})
+    assert history[0]["stage"] == 10 and history[1]["stage"] == 20
+    assert history[0]["train_loss"] == 2.0 and history[0]["train_part"] == 1.0 and history[0]["targets"] == 8
+    assert model.bias.item() == pytest.approx(before + 4) and "lr" not in history[0]  # 4 steps, weights kept
+
+
+def test_a_diverged_epoch_raises():
+    model = torch.nn.Linear(1, 1)
+    with pytest.raises(FloatingPointError, match="epoch 1"):
+        train_epochs(model, 3, lambda epoch: [1], lambda b: (None, 1, {"loss": float("nan")}))
+
+
+def test_the_time_budget_starts_no_epoch_that_would_overrun_it():
+    import time
+
+    model = torch.nn.Linear(1, 1)
+
+    def slow(batch):
+        time.sleep(0.05)
+        return None, 1, {"loss": 1.0}
+
+    history = train_epochs(model, 50, lambda epoch: [0], slow, max_seconds=0.18)
+    assert 2 <= len(history) <= 3
+
+
+def test_the_lr_schedule_sees_every_epochs_score():
+    model, batches, step = regression()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+    history = train_epochs(model, 4, batches, step, optimizer=opt, validate=scripted([1.0, 2.0, 3.0, 0.5], model, []),
+                           monitor="valid_score", lr_schedule=schedule)
+    assert [row["lr"] for row in history] == [0.1, 0.1, 0.05, 0.025]  # the lr each epoch trained with
+
+
+def test_progress_in_a_log_file_is_one_line_per_epoch(capsys):
+    model, batches, step = regression()
+    train_epochs(model, 3, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                 progress=True, report=print_row)  # pytest's stderr is not a terminal: no bar
+    out, err = capsys.readouterr()
+    assert err == "" and "\r" not in out
+    lines = out.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("epoch   1  train_loss ") and "targets/s" in lines[0]
+
+
+class LogProbsOnly(torch.nn.Module):
+    """A knowledge-tracing model shaped like DKT: an LSTM over (question, response), log_probs only."""
+
+    def __init__(self, n_questions: int, n_cats: int = 2):
+        super().__init__()
+        self.cfg = SimpleNamespace(n_cats=n_cats)
+        self.embed = torch.nn.Embedding(n_questions * n_cats, 8)
+        self.query = torch.nn.Embedding(n_questions, 8)
+        self.lstm = torch.nn.LSTM(8, 8, batch_first=True)
+        self.out = torch.nn.Linear(16, n_cats)
+        self.n_cats = n_cats
+
+    def forward(self, q, r):
+        past = torch.nn.functional.pad(self.embed(q * self.n_cats + r)[:, :-1], (0, 0, 1, 0))
+        h, _ = self.lstm(past)
+        return SimpleNamespace(log_probs=torch.log_softmax(self.out(torch.cat([h, self.query(q)], -1)), -1))
+
+
+def test_models_without_irt_outputs_train_and_evaluate():
+    rng = np.random.default_rng(0)
+    seqs = []
+    for _ in range(40):  # responses follow the question: learnable from the question alone
+        q = rng.integers(2, 8, size=rng.integers(5, 20))
+        seqs.append((q, (q % 2).astype(np.int64)))
+    torch.manual_seed(0)
+    model = LogProbsOnly(8)
+    history = fit(model, seqs[:30], seqs[30:], TrainConfig(epochs=15, lr=0.03, batch_size=8, monitor="auc"),
+                  progress=False, log=False)
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert max(row["valid_auc"] for row in history) > 0.9
+    pred = predict_sequences(model, seqs[30:])
+    assert set(pred) == {"probs", "targets", "questions"}
+    assert len(pred["probs"]) == sum(len(q) for q, _ in seqs[30:])
