@@ -222,8 +222,8 @@ ROW_BOOKKEEPING = ("epoch", "targets", "seconds", "targets_per_second", "best")
 
 def describe(row: dict) -> str:
     """One line for an epoch's row: its losses, validation metrics and other numbers, time and speed."""
-    numbers = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                        if k not in ROW_BOOKKEEPING and k != "valid_n")
+    numbers = "  ".join(f"{k} {v:.3g}" if k == "lr" else f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in row.items() if k not in ROW_BOOKKEEPING and k != "valid_n")
     return (f"epoch {row['epoch']:3d}  {numbers}  {row['seconds']:.0f}s  {row['targets_per_second']:.0f} targets/s"
             + ("  *" if row.get("best") else ""))
 
