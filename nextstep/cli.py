@@ -106,7 +106,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_banks_build(args) -> int:
-    from .training.banks import build_artifact_banks
+    from .training.simakt_run import build_artifact_banks
 
     print(json.dumps(build_artifact_banks(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
     return 0
