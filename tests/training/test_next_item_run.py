@@ -136,3 +136,18 @@ def test_parity_check_fails_on_an_engine_that_returns_the_wrong_top_k(tmp_path):
     assert check_parity(exporter, graphs, engines, (sessions,))["passed"]
     bad = check_parity(exporter, graphs, {**engines, "torchscript": {**scripted, "recommend": worst}}, (sessions,))
     assert not bad["passed"] and bad["eager_vs_torchscript"] > 1e-3
+
+
+def test_reexport_from_weights_writes_the_same_artifact(artifacts, tmp_path):
+    from nextstep.training.export import reexport
+    from nextstep.training.next_item_export import NextItemExporter, build
+
+    out, manifest = artifacts["gru4rec"]
+    manifest = json.loads(json.dumps(manifest))
+    reexport(out, tmp_path, NextItemExporter, build)
+    again = json.loads((tmp_path / "manifest.json").read_text())
+    assert again["parity"]["passed"] and again["parity"]["bad_rows"] == 0
+    for key in ("name", "version", "task", "family", "model_config", "top_k", "vocabularies", "metrics", "graphs",
+                "state"):
+        assert again[key] == manifest[key], key
+    assert (tmp_path / "vocab_items.json").read_text() == (out / "vocab_items.json").read_text()
