@@ -52,7 +52,7 @@ MODEL = "simakt"
 BUILD = """
 import sys
 from pathlib import Path
-from nextstep.training.banks import build_artifact_banks
+from nextstep.training.simakt_run import build_artifact_banks
 from nextstep.training.simakt_run import SimAKTTrainConfig, train_simakt
 from nextstep.training.synthetic import write_problem_dataset
 

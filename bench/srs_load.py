@@ -68,13 +68,10 @@ def window(b, h, valid_from):
                   torch.from_numpy(rng.uniform(1, 20, (b, h)).astype(np.float32)),
                   torch.from_numpy(rng.integers(-1, 4, (b, h))), torch.from_numpy(valid))
 
-w = window(4, 256, [0, 0, 100, 250])
-query = (torch.from_numpy(rng.integers(0, 100, 4)), torch.from_numpy(rng.integers(0, 4, 4)),
-         w.time[:, -1] + 86400.0)
 seq = window(2, 24, [0, 0])
 export_time_aware(model, Path(sys.argv[1]), manifest={"name": "time_aware", "version": "bench",
                   "created": "2026-01-01T00:00:00Z", "note": "random weights, for load tests"},
-                  examples=(*w, *query), sequence=seq)
+                  sequence=seq)
 """
 
 LUA = string.Template("""\

@@ -2,13 +2,14 @@
 
     train        train a registered family on a data set, evaluate it on held-out data, export it
     evaluate     re-measure an artifact on a data set's held-out data
+    export       export an artifact's weights again through its family's exporter
     banks build  rebuild a SimAKT artifact's memory banks from training students
     serve        serve the artifacts over HTTP
     score        score whole histories offline through the exported graphs
     import-anki  write an Anki collection's reviews as a review-log CSV
     demo         train small models on generated data and replay a learner through ONNX Runtime
 
-`train` and `evaluate` are built from the family registry (nextstep/training/families.py).
+`train`, `evaluate` and `export` are built from the family registry (nextstep/training/families.py).
 """
 
 import argparse
@@ -90,19 +91,42 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_evaluate(args) -> int:
+def _artifact_family(artifact: str, command: str):
     try:
-        manifest = json.loads((Path(args.artifact) / "manifest.json").read_text())
-        entry = family(str(manifest.get("family")))
+        manifest = json.loads((Path(artifact) / "manifest.json").read_text())
+        return family(str(manifest.get("family")))
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"evaluate: {args.artifact} is not a readable artifact: {exc}") from None
+        raise SystemExit(f"{command}: {artifact} is not a readable artifact: {exc}") from None
+
+
+def cmd_export(args) -> int:
+    """Export an artifact's weights again (to ONNX, TorchScript, manifest) through the family's exporter."""
+    from .training.export import ParityError, reexport
+    from .training.families import restore
+
+    entry = _artifact_family(args.artifact, "export")
+    if Path(args.out).resolve() == Path(args.artifact).resolve():
+        raise SystemExit("export: --out must be a new directory, not the artifact itself")
+    try:
+        manifest = reexport(Path(args.artifact), Path(args.out), entry.resolve("exporter"), restore)
+    except (OSError, KeyError) as exc:
+        raise SystemExit(f"export: {args.artifact} cannot be re-exported (made before parity.npz existed?): "
+                         f"{exc!r}") from None
+    except ParityError as exc:
+        raise SystemExit(f"export: {exc}") from None
+    print(json.dumps({"artifact": args.out, "parity": manifest["parity"]}, indent=2))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    entry = _artifact_family(args.artifact, "evaluate")
     kwargs = _options(args, entry, entry.evaluate_options, "evaluate")
     print(json.dumps(entry.resolve("evaluate")(args.artifact, args.data, **kwargs), indent=2))
     return 0
 
 
 def cmd_banks_build(args) -> int:
-    from .training.banks import build_artifact_banks
+    from .training.simakt_run import build_artifact_banks
 
     print(json.dumps(build_artifact_banks(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
     return 0
@@ -334,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help="time_aware: how a review-log CSV's day columns are read (see train)")
     evaluate.add_argument("--duration-cap-s", type=float, help="time_aware: the app's answer-time cap (see train)")
     evaluate.set_defaults(func=cmd_evaluate)
+
+    export = sub.add_parser("export", help="export an artifact's weights again through its family's exporter "
+                                           "(ONNX, TorchScript, manifest; parity checked on its held-out sequences)")
+    export.add_argument("artifact")
+    export.add_argument("--out", required=True, help="the new artifact directory")
+    export.set_defaults(func=cmd_export)
 
     serve = sub.add_parser("serve", help="serve the artifacts over HTTP (settings: NEXTSTEP_* variables)")
     serve.add_argument("--host", default="127.0.0.1")

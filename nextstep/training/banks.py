@@ -158,32 +158,3 @@ def provenance(model: SimAKT, data_file: str, students: list[str], seed: int) ->
     return {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "data_file": str(data_file),
             "n_trajectories": len(students), "n_students": len(set(students)), "seed": seed,
             "model_weights_sha256": weights_hash(model), "similarity": model.sim.to_dict()}
-
-
-def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, version: str | None = None,
-                         seed: int = 0) -> dict:
-    """`nextstep banks build`: encode the data set's training students with the artifact's weights and
-    write new banks to ARTIFACT/banks/<version>. The test file is not opened."""
-    from .data import find_split_files, read_dtransformer, read_pykt_csv, read_three_line
-    from .simakt_export import load_simakt
-    from .simakt_run import KTVocab, trajectories
-
-    artifact_dir = Path(artifact_dir)
-    model, manifest = load_simakt(artifact_dir)
-    if not model.sim.active:
-        raise ValueError(f"{artifact_dir}: the model has no active inter-student head, so it uses no bank")
-    train_path, _, fmt, kwargs = find_split_files(data_dir)
-    reader = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer}[fmt]
-    train = reader(train_path, **kwargs)
-    vocab_json = json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text())
-    vocab = KTVocab.from_json(vocab_json)
-    trajs, ids = trajectories(train, vocab, model.cfg.window)
-    banks = build_banks(model, trajs, ids, seed)
-    version = version or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = artifact_dir / manifest["banks"]["dir"] / version
-    if out.exists():
-        raise FileExistsError(f"{out} exists: bank versions are immutable, choose another --version")
-    save_banks(banks, out, provenance(model, str(train_path), ids, seed))
-    return {"artifact": str(artifact_dir), "version": version, "dir": str(out),
-            "banks": {b.head: {"type": b.type, "entries": len(b.lengths)} for b in banks},
-            "trajectories": len(trajs), "students": len(set(ids))}

@@ -1,23 +1,32 @@
-"""Export a trained streaming model to ONNX and TorchScript, prove parity, write the manifest.
+"""The one export and parity harness: a streaming model (models/streaming.py) -> graphs, state, manifest.
 
 The artifact directory is the contract between training and serving (docs/architecture.md):
 
     manifest.json                 what the service needs: state tensors, graphs and their I/O, vocabularies
-    step.onnx, predict.onnx       init_state is data (state_*.npy), step and predict are graphs
-    step_predict.onnx             step then predict fused: one call per serving event
-    step.pt, predict.pt           TorchScript of the same two functions
+    <graph>.onnx, <graph>.pt      ONNX (dynamo exporter, opset 18) and TorchScript of each graph
     state_<name>.npy              the initial value of each per-entity state tensor (one entity)
-    vocab_questions.json          external question id -> model index
-    weights.pt                    PyTorch state dict + config, to evaluate or fine-tune offline
+    parity.npz                    the held-out sequences parity was checked on (what `reexport` checks again)
+    weights.pt                    PyTorch state dict + config + family, to evaluate, fine-tune or re-export
 
-Parity is checked here, at export, on real sequences when given: eager full-sequence vs eager
-step-by-step vs TorchScript vs ONNX Runtime. An export that does not hold parity fails.
+A task describes its graphs with an `Exporter` (KT's is here; next_item_export.py, simakt_export.py and
+time_aware_export.py hold the others). Every graph wraps one function of the streaming contract:
+
+    step           (*state, *event) -> *state_next                     `Exporter.event` names the event inputs
+    readout        (*state, *query, *shared) -> outputs                `answer` names the outputs
+    step_readout   (*state, *event, *query, *shared) -> *state_next, outputs   one call per serving event
+    extra          a family's own function of its shared data (SimAKT's bank_project)
+
+Parity is checked here, once for every family, on real held-out sequences (B, T): walking t = 0 .. T-1, the
+eager readout before event t against the eager full pass (`forward`) at t (<= STEP_TOLERANCE), and every
+exported graph in TorchScript and ONNX Runtime against eager PyTorch along the stepped sequence, the state
+included (<= ENGINE_TOLERANCE). An export that misses fails with ParityError.
 """
 
 import json
 import logging
 import warnings
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,88 +34,359 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from ..models.deep_gpcm import DeepGPCM
+from ..models.streaming import State, StreamingModel, state_names
 
 OPSET = 18
 STEP_TOLERANCE = 1e-5  # full-sequence pass vs stepping through it, eager
 ENGINE_TOLERANCE = 1e-4  # eager vs TorchScript vs ONNX Runtime
-IRT_OUTPUTS = ("theta", "alpha", "beta")  # after the probabilities, for the families whose readout has them
-
-
-def readout_outputs(out) -> tuple:
-    """A knowledge-tracing readout as graph outputs: probabilities, then theta, alpha, beta where present."""
-    return (out.log_probs.exp(), *(getattr(out, f) for f in IRT_OUTPUTS if getattr(out, f, None) is not None))
-
-
-def readout_names(model) -> list[str]:
-    with torch.no_grad():
-        out = model.readout(model.init_state(1), torch.zeros(1, 1, dtype=torch.long))
-    return ["probs", *(f for f in IRT_OUTPUTS if getattr(out, f, None) is not None)]
+IRT_OUTPUTS = ("theta", "alpha", "beta")  # what a KT readout may add to probs
+PARITY_FILE = "parity.npz"
 
 
 class ParityError(RuntimeError):
     """The exported graphs do not compute what the PyTorch model computes."""
 
 
-class StepGraph(nn.Module):
-    """(*state, question (B,), response (B,)) -> next state tensors, for any knowledge-tracing streaming model
-    (DeepGPCM, SimAKT)."""
+@dataclass
+class Graph:
+    """One exported graph: the contract function it wraps, its I/O names, example inputs and dynamic axes."""
 
-    def __init__(self, model: nn.Module):
+    name: str  # file stem and manifest key
+    kind: str  # "step", "readout", "step_readout" or "extra"
+    inputs: list[str]
+    outputs: list[str]
+    example: tuple
+    dynamic: list[dict]  # per input: {axis: torch.export.Dim}
+    torchscript: bool = True  # also write <name>.pt
+    fn: Callable | None = None  # kind "extra": inputs -> tuple of outputs
+
+
+class Exporter:
+    """How one task's models become graphs and how parity walks them. Subclasses set the names and hooks;
+    `graphs` and the harness do the rest."""
+
+    event: tuple[str, ...]  # step inputs after the state
+    query: tuple[str, ...]  # readout inputs after the state
+    readout_name = "predict"  # the readout graph; the fused graph is step_<readout_name>
+    step_graph = True  # False: only readout graphs (the service keeps the state as raw rows)
+    state_files = True  # state_<name>.npy and the manifest's `state` section
+
+    def __init__(self, model: StreamingModel):
+        self.model = model.eval()
+
+    # -- hooks --------------------------------------------------------------------------------------------
+    def answer(self, state: State, *query_and_shared) -> dict[str, torch.Tensor]:
+        """The readout graph's outputs, by name."""
+        raise NotImplementedError
+
+    def walk(self, sequence: tuple) -> Iterator[tuple[tuple, tuple]]:
+        """(event, query) at each position of the held-out sequences: the query is answered before the event."""
+        raise NotImplementedError
+
+    def full(self, sequence: tuple) -> tuple[torch.Tensor, ...]:
+        """The teacher-forced full pass, (B, T, ...) tensors: at t what `stepped` gives before event t."""
+        raise NotImplementedError
+
+    def stepped(self, state: State, query: tuple) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def dims(self, dim: Callable) -> dict[str, dict]:
+        """Dynamic axes of the event, query and shared inputs (the state's batch axis is added)."""
+        raise NotImplementedError
+
+    def widen(self, query: tuple) -> tuple:
+        """An example query with every dynamic axis >= 2 (the exporter specialises axes of size 1)."""
+        return query
+
+    def shared(self) -> dict[str, torch.Tensor]:
+        """Inputs every readout graph takes after the query, without a batch axis (SimAKT's bank keys)."""
+        return {}
+
+    def extra_graphs(self) -> list[Graph]:
+        return []
+
+    def compare(self, state: State, query: tuple, eager: dict, engine: list[np.ndarray]) -> tuple[float, int]:
+        """(max abs difference of an engine's readout from eager, rows it got wrong)."""
+        return max((_diff(a, b) for a, b in zip(eager.values(), engine, strict=True)), default=0.0), 0
+
+    def config(self) -> dict:
+        return asdict(self.model.cfg)
+
+    def manifest(self) -> dict:
+        """Task-specific manifest fields (task, vocabularies, top_k, banks...)."""
+        return {}
+
+    def write(self, out_dir: Path) -> None:
+        """Task-specific files (vocabulary, banks)."""
+
+    @classmethod
+    def from_artifact(cls, model: StreamingModel, artifact_dir: Path, manifest: dict) -> "Exporter":
+        """The exporter of an artifact's model with the artifact's own files (vocabulary, banks, top_k)."""
+        return cls(model)
+
+    # -- the graphs ------------------------------------------------------------------------------------------
+    def graphs(self, sequence: tuple) -> list[Graph]:
+        """Every graph, with examples taken from the first two held-out sequences stepped half way."""
+        names = state_names(self.model)
+        rows = tuple(x[:2] for x in sequence)
+        walk = list(self.walk(rows))
+        half = len(walk) // 2
+        with torch.no_grad():
+            state = self.model.init_state(2)
+            for event, _ in walk[:half]:
+                state = self.model.step(state, *event)
+            state = tuple(state)
+            event, query = walk[half][0], self.widen(walk[half][1])
+            shared = self.shared()
+            outputs = list(self.answer(state, *query, *shared.values()))
+        batch = torch.export.Dim("batch")
+        dims = self.dims(torch.export.Dim)
+        state_dyn = [{0: batch} for _ in names]
+        ev = [{0: batch, **dims.get(n, {})} for n in self.event]
+        qu = [{0: batch, **dims.get(n, {})} for n in self.query]
+        sh = [dims.get(n, {}) for n in shared]
+        nxt = [f"{n}_next" for n in names]
+        graphs = [Graph(self.readout_name, "readout", [*names, *self.query, *shared], outputs,
+                        (*state, *query, *shared.values()), [*state_dyn, *qu, *sh])]
+        if self.step_graph:
+            graphs = [Graph("step", "step", [*names, *self.event], nxt, (*state, *event), [*state_dyn, *ev]),
+                      *graphs,
+                      Graph(f"step_{self.readout_name}", "step_readout", [*names, *self.event, *self.query, *shared],
+                            [*nxt, *outputs], (*state, *event, *query, *shared.values()),
+                            [*state_dyn, *ev, *qu, *sh], torchscript=False)]
+        return graphs + self.extra_graphs()
+
+
+class GraphModule(nn.Module):
+    """A graph as a module: the model is a submodule, so exporting and tracing see its weights."""
+
+    def __init__(self, exporter: Exporter, graph: Graph):
         super().__init__()
-        self.model = model
+        self.model, self.exporter, self.graph = exporter.model, exporter, graph
+        self.n_state = len(state_names(exporter.model))
 
     def forward(self, *inputs):
-        *state, question, response = inputs
-        return tuple(self.model.step(tuple(state), question, response))
+        kind = self.graph.kind
+        if kind == "extra":
+            return tuple(self.graph.fn(*inputs))
+        state, rest = tuple(inputs[:self.n_state]), inputs[self.n_state:]
+        if kind == "readout":
+            return tuple(self.exporter.answer(state, *rest).values())
+        n = len(self.exporter.event)
+        state = tuple(self.model.step(state, *rest[:n]))
+        if kind == "step":
+            return state
+        return (*state, *self.exporter.answer(state, *rest[n:]).values())
 
 
-class StepPredictGraph(nn.Module):
-    """(*state, question (B,), response (B,), questions (B, M)) -> (*next state, probs, theta, alpha, beta).
+# ----------------------------------------------------------------------------------------------- the harness
 
-    One serving event (fold in what the learner just did, then answer for the next questions) in one
-    ONNX Runtime call instead of two."""
+def export(exporter: Exporter, out_dir: Path, *, manifest: dict, sequence: tuple) -> dict:
+    """Write every graph, the initial state, weights.pt, the task's files and manifest.json into out_dir;
+    raise ParityError if any graph misses parity on `sequence` (held-out (B, T) tensors, B >= 2).
 
-    def __init__(self, model: DeepGPCM):
-        super().__init__()
-        self.model = model
+    `manifest` carries the caller's fields (name, version, metrics, data provenance...); the harness adds the
+    graph, state, weights and parity sections and the exporter its own."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = exporter.model
+    graphs = exporter.graphs(sequence)
+    engines = {"torchscript": {}, "onnxruntime": {}}
+    entries = {}
+    for g in graphs:
+        module = GraphModule(exporter, g)
+        _export_onnx(module, g, out_dir / f"{g.name}.onnx")
+        engines["onnxruntime"][g.name] = onnx_session(out_dir / f"{g.name}.onnx")
+        entries[g.name] = {"onnx": f"{g.name}.onnx"}
+        if g.torchscript:
+            engines["torchscript"][g.name] = _trace(module, g.example, out_dir / f"{g.name}.pt")
+            entries[g.name]["torchscript"] = f"{g.name}.pt"
+        entries[g.name].update(io(engines["onnxruntime"][g.name]))
 
-    def forward(self, *inputs):
-        *state, question, response, questions = inputs
-        state = self.model.step(tuple(state), question, response)
-        out = self.model.readout(state, questions)
-        return (*state, *readout_outputs(out))
+    parity = check_parity(exporter, graphs, engines, sequence)
+    if not parity["passed"]:
+        raise ParityError(f"exported {model.family} graphs disagree with the model: {parity}")
+
+    spec = model.state_spec()
+    if exporter.state_files:
+        save_initial_state(model, spec, out_dir)
+    exporter.write(out_dir)
+    np.savez(out_dir / PARITY_FILE, *(x.numpy() for x in sequence))
+    config = exporter.config()
+    torch.save({"state_dict": model.state_dict(), "config": config, "family": model.family}, out_dir / "weights.pt")
+    manifest = {
+        **manifest,
+        "task": model.task,
+        "family": model.family,
+        "model_config": config,
+        **({"state": spec} if exporter.state_files else {}),
+        "graphs": entries,
+        **exporter.manifest(),
+        "weights": "weights.pt",
+        "onnx_opset": OPSET,
+        "parity": {**parity, "inputs": PARITY_FILE},
+    }
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
+    return manifest
 
 
-class PredictGraph(nn.Module):
-    """(*state, questions (B, M)) -> probs (B, M, K), theta (B, M), alpha (B, M), beta (B, M, K-1)."""
+def check_parity(exporter: Exporter, graphs: list[Graph], engines: dict[str, dict], sequence: tuple) -> dict:
+    """Max abs differences: full pass vs stepping (eager), and eager vs each engine for every graph, along
+    the held-out sequences. `engines` maps an engine name to its graphs by name (TorchScript modules or ONNX
+    Runtime sessions; a graph an engine lacks is skipped)."""
+    model, names = exporter.model, state_names(exporter.model)
+    by_kind = {g.kind: g for g in graphs}
+    diffs = {"full_vs_step": 0.0, "eager_vs_torchscript": 0.0, "eager_vs_onnxruntime": 0.0, "bad_rows": 0}
 
-    def __init__(self, model: DeepGPCM):
-        super().__init__()
-        self.model = model
+    def run(engine: str, g: Graph | None, values: dict) -> list[np.ndarray] | None:
+        graph = engines[engine].get(g.name) if g else None
+        if graph is None:
+            return None
+        if isinstance(graph, ort.InferenceSession):  # only the inputs the graph kept (unused ones are pruned)
+            return graph.run(None, {i.name: _numpy(values[i.name]) for i in graph.get_inputs()})
+        return [_numpy(x) for x in graph(*(values[n] for n in g.inputs))]
 
-    def forward(self, *inputs):
-        *state, questions = inputs
-        out = self.model.readout(tuple(state), questions)
-        return readout_outputs(out)
+    def states(key: str, eager: State, engine: list | None) -> None:
+        for a, b in zip(eager, engine or (), strict=engine is not None):
+            diffs[key] = max(diffs[key], _diff(a, b))
+
+    def answers(key: str, state: State, query: tuple, eager: dict, engine: list | None) -> None:
+        if engine is not None:
+            diff, bad = exporter.compare(state, query, eager, engine)
+            diffs[key], diffs["bad_rows"] = max(diffs[key], diff), diffs["bad_rows"] + bad
+
+    with torch.no_grad():
+        for g in graphs:  # every graph on its own example inputs
+            if g.kind == "extra":
+                for engine in engines:
+                    states(f"eager_vs_{engine}", g.fn(*g.example), run(engine, g, dict(zip(g.inputs, g.example,
+                                                                                              strict=True))))
+        shared = exporter.shared()
+        full = exporter.full(sequence)
+        B = sequence[0].shape[0]
+        eager = tuple(model.init_state(B))
+        held = {engine: eager for engine in engines}  # each engine's own state, as it stepped it
+        steps = 0
+        for t, (event, query) in enumerate(exporter.walk(sequence)):
+            steps += 1
+            for a, f in zip(exporter.stepped(eager, query), full, strict=True):
+                diffs["full_vs_step"] = max(diffs["full_vs_step"], _diff(a, f[:, t]))
+            before = exporter.answer(eager, *query, *shared.values())
+            following = tuple(model.step(eager, *event))
+            after = exporter.answer(following, *query, *shared.values())
+            for engine, state in held.items():
+                key = f"eager_vs_{engine}"
+                values = {**dict(zip(names, state, strict=True)), **dict(zip(exporter.event, event, strict=True)),
+                          **dict(zip(exporter.query, query, strict=True)), **shared}
+                answers(key, eager, query, before, run(engine, by_kind["readout"], values))
+                fused = run(engine, by_kind.get("step_readout"), values)
+                if fused is not None:
+                    states(key, following, fused[:len(names)])
+                    answers(key, following, query, after, fused[len(names):])
+                stepped = run(engine, by_kind.get("step"), values)
+                states(key, following, stepped)
+                held[engine] = following if stepped is None else tuple(torch.from_numpy(x) for x in stepped)
+            eager = following
+    diffs["passed"] = (diffs["full_vs_step"] <= STEP_TOLERANCE and diffs["eager_vs_torchscript"] <= ENGINE_TOLERANCE
+                       and diffs["eager_vs_onnxruntime"] <= ENGINE_TOLERANCE and diffs["bad_rows"] == 0)
+    diffs.update(batch=int(B), steps=steps, step_tolerance=STEP_TOLERANCE, engine_tolerance=ENGINE_TOLERANCE)
+    return diffs
 
 
-def _export_onnx(graph: nn.Module, example: tuple, names: list[str], outputs: list[str], path: Path,
-                 dynamic: list[dict]) -> None:
+def reexport(artifact_dir: Path, out_dir: Path, exporter: type[Exporter], build: Callable[[str, dict, dict], nn.Module]
+             ) -> dict:
+    """A fresh artifact from an artifact's weights.pt, with its manifest's fields, parity checked again on the
+    held-out sequences the artifact was checked on. `exporter`: the task's Exporter class; `build(family,
+    config, state dict)` the model (families.restore builds any family)."""
+    artifact_dir = Path(artifact_dir)
+    model, manifest = load_weights(artifact_dir, build)
+    with np.load(artifact_dir / manifest["parity"]["inputs"]) as parity:
+        sequence = tuple(torch.from_numpy(parity[f"arr_{i}"]) for i in range(len(parity.files)))
+    return export(exporter.from_artifact(model, artifact_dir, manifest), out_dir, manifest=manifest,
+                  sequence=sequence)
+
+
+def load_weights(artifact_dir: Path, build: Callable[[str, dict, dict], nn.Module]) -> tuple[nn.Module, dict]:
+    """(the model of an artifact's weights.pt, in eval mode; its manifest). `build(family, config, state dict)`
+    makes the model with those weights."""
+    manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text())
+    saved = torch.load(Path(artifact_dir) / manifest["weights"], weights_only=True)
+    return build(saved["family"], saved["config"], saved["state_dict"]).eval(), manifest
+
+
+# ----------------------------------------------------------------------------------------------- knowledge tracing
+
+class KTExporter(Exporter):
+    """Knowledge tracing: event (question, response), query questions (B, M) -> probs (B, M, K) and whichever
+    of theta, alpha, beta the readout gives (the GPCM families do; DKT and SimAKT do not)."""
+
+    event = ("question", "response")
+    query = ("questions",)
+
+    def __init__(self, model: StreamingModel, vocab_json: dict):
+        super().__init__(model)
+        self.vocab_json = vocab_json
+
+    def answer(self, state, questions, *shared):
+        return _kt_fields(self.model.readout(state, questions))
+
+    def walk(self, sequence):
+        questions, responses = sequence
+        for t in range(questions.shape[1]):
+            yield (questions[:, t], responses[:, t]), (questions[:, t:t + 1],)
+
+    def full(self, sequence):
+        return tuple(_kt_fields(self.model(*sequence)).values())
+
+    def stepped(self, state, query):
+        return tuple(x[:, 0] for x in self.answer(state, *query).values())
+
+    def widen(self, query):
+        return (query[0].repeat(1, 2),)
+
+    def dims(self, dim):
+        return {"questions": {1: dim("n_questions")}}
+
+    def manifest(self):
+        return {"vocabularies": {"questions": "vocab_questions.json"}}
+
+    def write(self, out_dir):
+        (out_dir / "vocab_questions.json").write_text(json.dumps(self.vocab_json))
+
+    @classmethod
+    def from_artifact(cls, model, artifact_dir, manifest):
+        return cls(model, json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
+
+
+def _kt_fields(out) -> dict[str, torch.Tensor]:
+    return {"probs": out.log_probs.exp(), **{f: getattr(out, f) for f in IRT_OUTPUTS if getattr(out, f, None)
+                                            is not None}}
+
+
+def export_artifact(model: StreamingModel, out_dir: Path, *, manifest: dict, vocab_json: dict,
+                    parity_questions: torch.Tensor, parity_responses: torch.Tensor) -> dict:
+    """A knowledge-tracing model's artifact (graphs step, predict, step_predict); ParityError on a miss."""
+    return export(KTExporter(model, vocab_json), out_dir, manifest=manifest,
+                  sequence=(parity_questions, parity_responses))
+
+
+# ----------------------------------------------------------------------------------------------- engines and files
+
+def _export_onnx(module: nn.Module, g: Graph, path: Path) -> None:
     for noisy in ("onnxscript", "torch.onnx", "onnx_ir"):  # the exporter logs every folding decision
         logging.getLogger(noisy).setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(graph, example, input_names=names, output_names=outputs,
-                                    dynamic_shapes=(tuple(dynamic),), opset_version=OPSET, dynamo=True,
+        program = torch.onnx.export(module, g.example, input_names=g.inputs, output_names=g.outputs,
+                                    dynamic_shapes=(tuple(g.dynamic),), opset_version=OPSET, dynamo=True,
                                     verbose=False)
     program.save(str(path))
 
 
-def _trace(graph: nn.Module, example: tuple, path: Path) -> torch.jit.ScriptModule:
+def _trace(module: nn.Module, example: tuple, path: Path) -> torch.jit.ScriptModule:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(graph, example, check_trace=False)
+        traced = torch.jit.trace(module, example, check_trace=False)
     traced.save(str(path))
     return traced
 
@@ -119,125 +399,7 @@ def onnx_session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def check_parity(model: DeepGPCM, questions: torch.Tensor, responses: torch.Tensor, step_ts, predict_ts,
-                 step_onnx: ort.InferenceSession, predict_onnx: ort.InferenceSession,
-                 fused_onnx: ort.InferenceSession) -> dict:
-    """Run one batch of sequences (B, T) through every engine; return max abs differences of all outputs."""
-    names = [s["name"] for s in model.state_spec()]
-    step_inputs = [i.name for i in step_onnx.get_inputs()]
-    predict_inputs = [i.name for i in predict_onnx.get_inputs()]
-    fused_inputs = [i.name for i in fused_onnx.get_inputs()]
-    B, T = questions.shape
-    with torch.no_grad():
-        full = model(questions, responses)
-        full = readout_outputs(full)
-        eager, ts = model.init_state(B), model.init_state(B)
-        ort_state = {n: t.numpy() for n, t in zip(names, model.init_state(B), strict=True)}
-        diffs = {"full_vs_step": 0.0, "eager_vs_torchscript": 0.0, "eager_vs_onnxruntime": 0.0}
-        for t in range(T):
-            q, r = questions[:, t], responses[:, t]
-            qm = q.unsqueeze(1)
-            stepped = model.readout(eager, qm)
-            stepped = readout_outputs(stepped)
-            scripted = predict_ts(*ts, qm)
-            feeds = {**ort_state, "questions": qm.numpy()}
-            onnx_out = predict_onnx.run(None, {k: feeds[k] for k in predict_inputs})
-            for a, b, c, f in zip(stepped, scripted, onnx_out, full, strict=True):
-                diffs["full_vs_step"] = max(diffs["full_vs_step"], (a[:, 0] - f[:, t]).abs().max().item())
-                diffs["eager_vs_torchscript"] = max(diffs["eager_vs_torchscript"], (a - b).abs().max().item())
-                diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
-                                                    float(np.abs(a.numpy() - c).max()))
-            feeds = {**ort_state, "question": q.numpy(), "response": r.numpy(), "questions": qm.numpy()}
-            fused = fused_onnx.run(None, {k: feeds[k] for k in fused_inputs})
-            eager = model.step(eager, q, r)
-            after = model.readout(eager, qm)
-            for a, c in zip((*eager, *readout_outputs(after)), fused, strict=True):
-                diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
-                                                    float(np.abs(a.numpy().astype(np.float64) - c).max()))
-            ts = step_ts(*ts, q, r)
-            ort_state = dict(zip(names, step_onnx.run(None, {k: feeds[k] for k in step_inputs}), strict=True))
-        for a, c in zip(eager, ort_state.values(), strict=True):  # the final states must agree too
-            diffs["eager_vs_onnxruntime"] = max(diffs["eager_vs_onnxruntime"],
-                                                float(np.abs(a.numpy().astype(np.float64) - c).max()))
-    diffs["passed"] = (diffs["full_vs_step"] <= STEP_TOLERANCE
-                       and diffs["eager_vs_torchscript"] <= ENGINE_TOLERANCE
-                       and diffs["eager_vs_onnxruntime"] <= ENGINE_TOLERANCE)
-    diffs.update(batch=B, steps=T, step_tolerance=STEP_TOLERANCE, engine_tolerance=ENGINE_TOLERANCE)
-    return diffs
-
-
-def export_artifact(model: DeepGPCM, out_dir: Path, *, manifest: dict, vocab_json: dict,
-                    parity_questions: torch.Tensor, parity_responses: torch.Tensor) -> dict:
-    """Write graphs, state, vocabulary and manifest into out_dir; raise ParityError if parity fails.
-
-    `manifest` carries the caller's fields (name, version, metrics, data provenance...); the graph,
-    state and parity sections are added here."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model = model.eval()
-    spec = model.state_spec()
-    names = [s["name"] for s in spec]
-    example_state = model.init_state(2)
-    last = model.cfg.n_questions - 1  # example ids must exist even for a one-item vocabulary
-    q, r = torch.tensor([min(2, last), min(3, last)]), torch.tensor([0, 1])
-    batch = torch.export.Dim("batch")
-    n_query = torch.export.Dim("n_questions")
-    state_dyn = [{0: batch} for _ in spec]
-
-    step_names, step_outs = [*names, "question", "response"], [f"{n}_next" for n in names]
-    predict_names = [*names, "questions"]
-    _export_onnx(StepGraph(model), (*example_state, q, r), step_names, step_outs, out_dir / "step.onnx",
-                 [*state_dyn, {0: batch}, {0: batch}])
-    _export_onnx(PredictGraph(model), (*example_state, q.view(2, 1).repeat(1, 2)), predict_names,
-                 readout_names(model), out_dir / "predict.onnx", [*state_dyn, {0: batch, 1: n_query}])
-    _export_onnx(StepPredictGraph(model), (*example_state, q, r, q.view(2, 1).repeat(1, 2)),
-                 [*step_names, "questions"], [*step_outs, *readout_names(model)], out_dir / "step_predict.onnx",
-                 [*state_dyn, {0: batch}, {0: batch}, {0: batch, 1: n_query}])
-    step_ts = _trace(StepGraph(model), (*example_state, q, r), out_dir / "step.pt")
-    predict_ts = _trace(PredictGraph(model), (*example_state, q.view(2, 1)), out_dir / "predict.pt")
-    step_onnx, predict_onnx = onnx_session(out_dir / "step.onnx"), onnx_session(out_dir / "predict.onnx")
-    fused_onnx = onnx_session(out_dir / "step_predict.onnx")
-
-    parity = check_parity(model, parity_questions, parity_responses, step_ts, predict_ts, step_onnx, predict_onnx,
-                          fused_onnx)
-    if not parity["passed"]:
-        raise ParityError(f"exported graphs disagree with the model: {parity}")
-
-    save_initial_state(model, spec, out_dir)
-    (out_dir / "vocab_questions.json").write_text(json.dumps(vocab_json))
-    torch.save({"state_dict": model.state_dict(), "config": asdict(model.cfg), "family": model.family},
-               out_dir / "weights.pt")
-
-    manifest = {
-        **manifest,
-        "family": model.family,
-        "model_config": asdict(model.cfg),
-        "state": spec,
-        "graphs": {
-            "step": {"onnx": "step.onnx", "torchscript": "step.pt", **io(step_onnx)},
-            "predict": {"onnx": "predict.onnx", "torchscript": "predict.pt", **io(predict_onnx)},
-            "step_predict": {"onnx": "step_predict.onnx", **io(fused_onnx)},
-        },
-        "vocabularies": {"questions": "vocab_questions.json"},
-        "weights": "weights.pt",
-        "onnx_opset": OPSET,
-        "parity": parity,
-    }
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default))
-    return manifest
-
-
-def load_weights(artifact_dir: Path, build) -> tuple[nn.Module, dict]:
-    """(the model of an artifact's weights.pt, in eval mode; its manifest). `build(family, config dict)` makes
-    the empty model."""
-    manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text())
-    saved = torch.load(Path(artifact_dir) / manifest["weights"], weights_only=True)
-    model = build(saved["family"], saved["config"])
-    model.load_state_dict(saved["state_dict"])
-    return model.eval(), manifest
-
-
-def save_initial_state(model, spec: list[dict], out_dir: Path) -> None:
+def save_initial_state(model: StreamingModel, spec: list[dict], out_dir: Path) -> None:
     """One entity's initial value of each state tensor as state_<name>.npy; records the file in `spec`."""
     with torch.no_grad():
         for s, tensor in zip(spec, model.init_state(1), strict=True):
@@ -249,6 +411,20 @@ def io(session: ort.InferenceSession) -> dict:
     """A graph's real inputs and outputs, read back from ONNX Runtime (the exporter may prune inputs)."""
     return {"inputs": [{"name": i.name, "shape": i.shape, "dtype": i.type} for i in session.get_inputs()],
             "outputs": [{"name": o.name, "shape": o.shape, "dtype": o.type} for o in session.get_outputs()]}
+
+
+def _numpy(x) -> np.ndarray:
+    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _diff(a, b) -> float:
+    a, b = _numpy(a).astype(np.float64), _numpy(b).astype(np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    both = np.isfinite(a) & np.isfinite(b)
+    if not np.array_equal(a[~both], b[~both], equal_nan=True):  # inf, -inf and NaN must match exactly
+        return float("inf")
+    return float(np.abs(a[both] - b[both]).max(initial=0.0))
 
 
 def _json_default(x):

@@ -21,6 +21,8 @@ from ..models.gru4rec import GRU4Rec, GRU4RecConfig
 from ..models.mrn import MRN, MRNConfig
 from ..models.next_item import Markov, NextItemModel, Popularity
 from .data import Vocabulary, fingerprint
+from .export import load_weights
+from .families import restore
 from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
 from .mrn_loop import MRNTrainConfig, fit_mrn
 from .next_item_export import TASK, export_next_item
@@ -109,22 +111,9 @@ def load_next_item(artifact_dir: str | Path) -> tuple[NextItemModel, Vocabulary,
     manifest = json.loads((artifact_dir / "manifest.json").read_text())
     if manifest.get("task") != TASK:
         raise ValueError(f"{artifact_dir} holds a {manifest.get('task')!r} model, not a next-item one")
-    saved = torch.load(artifact_dir / manifest["weights"], weights_only=True)
-    family, state = saved["family"], saved["state_dict"]
-    if family == "gru4rec":
-        model = GRU4Rec(GRU4RecConfig(**saved["config"]))
-        model.load_state_dict(state)
-    elif family == "mrn":
-        model = MRN(MRNConfig(**saved["config"]))
-        model.load_state_dict(state)
-    elif family == "popularity":
-        model = Popularity(saved["config"]["n_items"], state["counts"])
-    elif family == "markov":
-        model = Markov(saved["config"]["n_items"], state["successors"], state["counts"], state["popularity"])
-    else:
-        raise ValueError(f"{artifact_dir}: unknown next-item family {family!r}")
+    model, manifest = load_weights(artifact_dir, restore)
     vocab = Vocabulary.from_json(json.loads((artifact_dir / manifest["vocabularies"]["items"]).read_text()))
-    return model.eval(), vocab, manifest
+    return model, vocab, manifest
 
 
 def evaluate_next_item(artifact_dir: str | Path, data_dir: str | Path, valid: bool = False,

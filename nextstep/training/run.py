@@ -14,7 +14,7 @@ import torch
 
 from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
 from .export import export_artifact, load_weights
-from .families import family
+from .families import family, restore
 from .loop import Encoded, TrainConfig, fit, predict_sequences
 from .metrics import ordinal_metrics
 from .report import write_report
@@ -116,7 +116,7 @@ def _parity_batch(seqs: list[Encoded], length: int, n: int = 8) -> tuple[torch.T
 def load_model(artifact_dir: str | Path) -> tuple[torch.nn.Module, Vocabulary, dict]:
     """The PyTorch model, vocabulary and manifest of an exported artifact."""
     artifact_dir = Path(artifact_dir)
-    model, manifest = load_weights(artifact_dir, lambda name, config: family(name).build(config))
+    model, manifest = load_weights(artifact_dir, restore)
     vocab = Vocabulary.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
     return model, vocab, manifest
 

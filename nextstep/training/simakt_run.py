@@ -19,10 +19,21 @@ import numpy as np
 import torch
 
 from ..models.simakt import SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
-from .banks import Bank, build_banks, encode_trajectories, provenance, select_banks
-from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
+from .banks import Bank, build_banks, encode_trajectories, load_banks, provenance, save_banks, select_banks
+from .data import (
+    KTDataset,
+    Vocabulary,
+    find_split_files,
+    fingerprint,
+    load_dataset,
+    read_dtransformer,
+    read_pykt_csv,
+    read_three_line,
+    split_students,
+)
 from .loop import batches, describe, train_epochs  # batches: padded, length-sorted, shuffled by rng
 from .metrics import ordinal_metrics
+from .simakt_export import export_simakt, load_simakt
 
 Trajectory = tuple[np.ndarray, np.ndarray]  # (question rows, responses)
 
@@ -275,8 +286,6 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     }
     if not export:
         return manifest
-    from .simakt_export import export_simakt
-
     bank_prov = provenance(model, train_ds.path, fit_ids + valid_ids, cfg.seed) if banks else None
     return export_simakt(model, Path(out_dir), manifest=manifest, vocab_json=vocab.to_json(), banks=banks,
                          bank_provenance=bank_prov, parity=test_trajs)
@@ -285,9 +294,6 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
 def evaluate_simakt(artifact_dir: str | Path, data_dir: str | Path, bank_version: str | None = None) -> dict:
     """`nextstep evaluate` for SimAKT: the artifact's model with one of its bank versions (default: the one
     exported with it) on the data set's test file."""
-    from .banks import load_banks
-    from .simakt_export import load_simakt
-
     artifact_dir = Path(artifact_dir)
     model, manifest = load_simakt(artifact_dir)
     version = bank_version or manifest["banks"]["default"]
@@ -297,3 +303,28 @@ def evaluate_simakt(artifact_dir: str | Path, data_dir: str | Path, bank_version
     trajs, _ = trajectories(test_ds, vocab, model.cfg.window)
     return {**binary_metrics(*predict(model, trajs, banks)), "bank_version": version if banks else None,
             "unknown_questions": int(sum((q == 1).sum() for q, _ in trajs))}
+
+
+def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, version: str | None = None,
+                         seed: int = 0) -> dict:
+    """`nextstep banks build`: encode the data set's training students with the artifact's weights and
+    write new banks to ARTIFACT/banks/<version>. The test file is not opened."""
+    artifact_dir = Path(artifact_dir)
+    model, manifest = load_simakt(artifact_dir)
+    if not model.sim.active:
+        raise ValueError(f"{artifact_dir}: the model has no active inter-student head, so it uses no bank")
+    train_path, _, fmt, kwargs = find_split_files(data_dir)
+    reader = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer}[fmt]
+    train = reader(train_path, **kwargs)
+    vocab_json = json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text())
+    vocab = KTVocab.from_json(vocab_json)
+    trajs, ids = trajectories(train, vocab, model.cfg.window)
+    banks = build_banks(model, trajs, ids, seed)
+    version = version or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = artifact_dir / manifest["banks"]["dir"] / version
+    if out.exists():
+        raise FileExistsError(f"{out} exists: bank versions are immutable, choose another --version")
+    save_banks(banks, out, provenance(model, str(train_path), ids, seed))
+    return {"artifact": str(artifact_dir), "version": version, "dir": str(out),
+            "banks": {b.head: {"type": b.type, "entries": len(b.lengths)} for b in banks},
+            "trajectories": len(trajs), "students": len(set(ids))}

@@ -22,6 +22,7 @@ import torch
 from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
 from .data import fingerprint
 from .export import load_weights
+from .families import restore
 from .reviews import ReviewLog, read_reviews
 from .srs_eval import evaluate_baselines, evaluate_predictions, protocol_folds
 from .time_aware_export import export_time_aware
@@ -55,16 +56,12 @@ def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainCon
     return metrics, model, rt, fold_info
 
 
-def parity_inputs(rt: ReviewTensors, n: int = 4, length: int = 24) -> tuple[tuple, Window]:
-    """Real windows for the export parity check: the last n reviews' windows, and n full sequences of
-    `length` reviews (from the start of the log) for the last-row vs full-sequence check."""
-    rows = torch.arange(max(len(rt.card) - n, 0), len(rt.card))
-    w, card, deck, t = rt.batch(rows)
+def parity_inputs(rt: ReviewTensors, n: int = 4, length: int = 24) -> Window:
+    """n real review sequences of `length` reviews (spread over the log) for the export parity walk."""
     starts = np.linspace(0, max(len(rt.card) - length, 0), n).astype(np.int64)
     idx = torch.from_numpy(np.minimum(starts[:, None] + np.arange(length), len(rt.card) - 1))
-    seq = Window(rt.card[idx], rt.deck[idx], rt.time[idx], rt.rating[idx], rt.duration[idx], rt.state[idx],
-                 torch.ones(idx.shape, dtype=torch.bool))
-    return (*w, card, deck, t), seq
+    return Window(rt.card[idx], rt.deck[idx], rt.time[idx], rt.rating[idx], rt.duration[idx], rt.state[idx],
+                  torch.ones(idx.shape, dtype=torch.bool))
 
 
 def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTrainConfig | None = None,
@@ -95,12 +92,11 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
         "training": {"folds": folds, "seconds": round(model_seconds, 1), "torch": torch.__version__,
                      "exported_model": "the last fold's (trained on every review before the last test block)"},
     }
-    examples, sequence = parity_inputs(rt)
-    return export_time_aware(model, out_dir, manifest=manifest, examples=examples, sequence=sequence)
+    return export_time_aware(model, out_dir, manifest=manifest, sequence=parity_inputs(rt))
 
 
 def load_time_aware(artifact_dir: str | Path) -> tuple[TimeAwareTransformer, dict]:
-    return load_weights(artifact_dir, lambda family, config: TimeAwareTransformer(TimeAwareConfig(**config)))
+    return load_weights(artifact_dir, restore)
 
 
 def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits: int = 5, day_columns: str = "check",

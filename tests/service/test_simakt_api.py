@@ -23,8 +23,7 @@ W = 64  # the test model's window
 def simakt(tmp_path_factory) -> dict:
     """A small SimAKT trained for real (two epochs, window 64, a cluster and a KNN head) with two bank versions:
     the one exported with it (the manifest's default) and "v2" (other k-means / farthest-first seeds)."""
-    from nextstep.training.banks import build_artifact_banks
-    from nextstep.training.simakt_run import SimAKTTrainConfig, train_simakt
+    from nextstep.training.simakt_run import SimAKTTrainConfig, build_artifact_banks, train_simakt
     from nextstep.training.synthetic import write_problem_dataset
 
     root = tmp_path_factory.mktemp("simakt")

@@ -91,12 +91,11 @@ def srs_model(tmp_path_factory):
                        TimeAwareTrainConfig(max_epochs=5, batch_size=64, lr=3e-3, seed=0, threads=1))
     finally:
         torch.set_num_threads(threads)
-    examples = rt.batch(torch.tensor([150, 199, 350, 599]))
     seq = Window(*(torch.stack([x[:12], x[200:212]]) for x in (rt.card, rt.deck, rt.time, rt.rating, rt.duration,
                                                                 rt.state)), torch.ones(2, 12, dtype=torch.bool))
     export_time_aware(model, root / "artifacts" / "time_aware" / "1",
                       manifest={"name": "time_aware", "version": "1", "created": "2026-01-01T00:00:00Z"},
-                      examples=(*examples[0], *examples[1:]), sequence=seq)
+                      sequence=seq)
     return root / "artifacts", model
 
 

@@ -198,3 +198,41 @@ def test_export_refuses_a_model_whose_forward_disagrees_with_step(tmp_path):
     assert diffs["eager_vs_torchscript"] <= ENGINE_TOLERANCE
     assert diffs["eager_vs_onnxruntime"] <= ENGINE_TOLERANCE
     assert not (tmp_path / "bad" / "manifest.json").exists()  # no artifact that claims to be servable
+
+
+def test_reexport_from_weights_writes_the_same_artifact(exported, tmp_path):
+    from nextstep.training.export import KTExporter, reexport
+    from nextstep.training.families import restore
+
+    name, model, out, manifest = exported
+    again = reexport(out, tmp_path, KTExporter, restore)
+    assert again["parity"]["passed"] and again["parity"]["steps"] == manifest["parity"]["steps"]
+    for key in ("name", "version", "task", "family", "model_config", "vocabularies", "weights"):
+        assert again.get(key) == manifest.get(key), key
+    assert again["graphs"] == manifest["graphs"] and again["state"] == manifest["state"]
+    assert json.loads((tmp_path / "vocab_questions.json").read_text()) == VOCAB
+    for s in again["state"]:
+        np.testing.assert_array_equal(np.load(tmp_path / s["file"]), np.load(out / s["file"]))
+
+
+def test_kt_graphs_output_only_what_the_readout_gives(tmp_path):
+    """A KT model without IRT outputs (like DKT) exports probs alone, through the same harness."""
+
+    class ProbsOnly(DeepGPCM):
+        family = "deep_gpcm"
+
+        def readout(self, state, questions):
+            return GPCMOutput(super().readout(state, questions).log_probs, None, None, None)
+
+        def forward(self, questions, responses):
+            return GPCMOutput(super().forward(questions, responses).log_probs, None, None, None)
+
+    torch.manual_seed(0)
+    q, r = random_batch(3, 6, seed=1)
+    manifest = export_artifact(ProbsOnly(TINY).eval(), tmp_path, manifest={"name": "p", "version": "1"},
+                               vocab_json=VOCAB, parity_questions=q, parity_responses=r)
+    for graph in ("predict", "step_predict"):
+        names = [o["name"] for o in manifest["graphs"][graph]["outputs"]]
+        assert names[-1] == "probs" and not set(names) & {"theta", "alpha", "beta"}, names
+    assert manifest["parity"]["passed"]
+

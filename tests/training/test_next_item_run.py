@@ -113,15 +113,18 @@ def test_every_gru4rec_input_mode_exports_with_parity(config, tmp_path):
 
 def test_parity_check_fails_on_an_engine_that_returns_the_wrong_top_k(tmp_path):
     from nextstep.models.gru4rec import GRU4Rec, GRU4RecConfig
-    from nextstep.training.export import onnx_session
-    from nextstep.training.next_item_export import check_parity, export_next_item
+    from nextstep.training.export import check_parity, onnx_session
+    from nextstep.training.next_item_export import NextItemExporter, export_next_item
 
     torch.manual_seed(0)
     model = GRU4Rec(GRU4RecConfig(n_items=30, layers=(8,))).eval()
     sessions = torch.randint(2, 30, (4, 6))
     export_next_item(model, tmp_path, manifest={"name": "x", "version": "1", "created": "now"},
                      vocab_json={"ids": list(range(28))}, parity_sessions=sessions, top_k=5)
-    step_ts, good_ts = torch.jit.load(str(tmp_path / "step.pt")), torch.jit.load(str(tmp_path / "recommend.pt"))
+    exporter = NextItemExporter(model, {}, top_k=5)
+    graphs = exporter.graphs((sessions,))
+    scripted = {n: torch.jit.load(str(tmp_path / f"{n}.pt")) for n in ("step", "recommend")}
+    onnx = {n: onnx_session(tmp_path / f"{n}.onnx") for n in ("step", "recommend", "step_recommend")}
 
     def worst(*inputs):  # the k lowest rows, each with its true score: consistent, but not the top k
         *state, exclude = inputs
@@ -129,7 +132,23 @@ def test_parity_check_fails_on_an_engine_that_returns_the_wrong_top_k(tmp_path):
         values, rows = torch.topk(scores[:, 2:], 5, largest=False)
         return rows + 2, values
 
-    graphs = [onnx_session(tmp_path / f"{n}.onnx") for n in ("step", "recommend", "step_recommend")]
-    assert check_parity(model, sessions, 5, step_ts, good_ts, *graphs)["passed"]
-    bad = check_parity(model, sessions, 5, step_ts, worst, *graphs)
+    engines = {"torchscript": scripted, "onnxruntime": onnx}
+    assert check_parity(exporter, graphs, engines, (sessions,))["passed"]
+    bad = check_parity(exporter, graphs, {**engines, "torchscript": {**scripted, "recommend": worst}}, (sessions,))
     assert not bad["passed"] and bad["eager_vs_torchscript"] > 1e-3
+
+
+def test_reexport_from_weights_writes_the_same_artifact(artifacts, tmp_path):
+    from nextstep.training.export import reexport
+    from nextstep.training.families import restore
+    from nextstep.training.next_item_export import NextItemExporter
+
+    out, manifest = artifacts["gru4rec"]
+    manifest = json.loads(json.dumps(manifest))
+    reexport(out, tmp_path, NextItemExporter, restore)
+    again = json.loads((tmp_path / "manifest.json").read_text())
+    assert again["parity"]["passed"] and again["parity"]["bad_rows"] == 0
+    for key in ("name", "version", "task", "family", "model_config", "top_k", "vocabularies", "metrics", "graphs",
+                "state"):
+        assert again[key] == manifest[key], key
+    assert (tmp_path / "vocab_items.json").read_text() == (out / "vocab_items.json").read_text()

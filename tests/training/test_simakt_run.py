@@ -5,11 +5,18 @@ import numpy as np
 import pytest
 
 from nextstep.cli import main
-from nextstep.training.banks import build_artifact_banks, build_banks, load_banks
+from nextstep.training.banks import build_banks, load_banks
 from nextstep.training.data import load_dataset
 from nextstep.training.simakt_ablation import table
 from nextstep.training.simakt_export import load_simakt
-from nextstep.training.simakt_run import KTVocab, SimAKTTrainConfig, split_halves, train_simakt, trajectories
+from nextstep.training.simakt_run import (
+    KTVocab,
+    SimAKTTrainConfig,
+    build_artifact_banks,
+    split_halves,
+    train_simakt,
+    trajectories,
+)
 from nextstep.training.synthetic import write_problem_dataset
 
 SIM = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},

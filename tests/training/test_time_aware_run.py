@@ -8,9 +8,9 @@ import torch
 
 from nextstep.cli import main
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer
-from nextstep.training.export import onnx_session
+from nextstep.training.export import GraphModule, check_parity, onnx_session
 from nextstep.training.reviews import simulate_reviews, write_review_csv
-from nextstep.training.time_aware_export import INPUTS, PredictGraph, check_parity
+from nextstep.training.time_aware_export import INPUTS, TimeAwareExporter
 from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict, split_validation
 from nextstep.training.time_aware_run import load_time_aware, parity_inputs
 
@@ -84,7 +84,7 @@ def test_exported_graph_answers_like_the_model_for_any_batch_and_window(artifact
         rows = torch.arange(len(log) - 7, len(log))
         w, card, deck, t = rt.batch(rows)
         inputs = (*w, card, deck, t)
-        eager = PredictGraph(model)(*inputs)
+        eager = TimeAwareExporter(model).answer(w, card, deck, t).values()
         onnx = session.run(None, {n: x.numpy() for n, x in zip(INPUTS, inputs, strict=True)})
         script = ts(*inputs)
         for a, b, c in zip(eager, onnx, script, strict=True):
@@ -94,13 +94,18 @@ def test_exported_graph_answers_like_the_model_for_any_batch_and_window(artifact
 
 def test_parity_check_catches_a_wrong_graph(artifact, log):
     model, _ = load_time_aware(artifact)
-    other = TimeAwareTransformer(TimeAwareConfig(**SMALL)).eval()  # different weights
+    other = TimeAwareExporter(TimeAwareTransformer(TimeAwareConfig(**SMALL)))  # different weights
     rt = ReviewTensors(log, SMALL["window"], SMALL["card_window"])
-    examples, sequence = parity_inputs(rt)
+    sequence = tuple(parity_inputs(rt))
+    exporter = TimeAwareExporter(model)
+    graphs = exporter.graphs(sequence)
     with torch.no_grad():
-        wrong_ts = torch.jit.trace(PredictGraph(other), examples, check_trace=False)
-    result = check_parity(model, examples, sequence, wrong_ts, onnx_session(artifact / "predict.onnx"))
+        wrong_ts = torch.jit.trace(GraphModule(other, graphs[0]), graphs[0].example, check_trace=False)
+    engines = {"torchscript": {"predict": wrong_ts},
+               "onnxruntime": {"predict": onnx_session(artifact / "predict.onnx")}}
+    result = check_parity(exporter, graphs, engines, sequence)
     assert not result["passed"] and result["eager_vs_torchscript"] > 1e-3
+    assert result["eager_vs_onnxruntime"] <= 1e-4 and result["full_vs_step"] <= 1e-5
 
 
 def test_evaluate_scores_an_artifact_as_is_on_a_review_log(artifact, capsys):
