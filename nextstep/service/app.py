@@ -196,7 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads)
         for path, error in registry.load().items():
             log.error("artifact %s not served: %s", path, error)
-        metrics.models_loaded.set(len(registry.models()))
+        metrics.set_models(registry.models())
         store = make_store(settings.redis_url, ttl_seconds=settings.state_ttl_seconds,
                            max_event_ids=settings.max_event_ids)
         engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
@@ -293,7 +293,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def reload(request: Request) -> dict:
         registry = request.app.state.registry
         errors = await asyncio.to_thread(registry.load)
-        metrics.models_loaded.set(len(registry.models()))
+        metrics.set_models(registry.models())
         await request.app.state.tracer.banks.prepare(registry.models())
         return {"models": [f"{m.name}/{m.version}" for m in registry.models()], "errors": errors}
 
