@@ -20,17 +20,18 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from .banks import Banks, make_bank_store
-from .kt import Engines, InvalidInput, KnowledgeTracer, TooLarge
+from .errors import STATUS, StoreUnavailable
+from .kt import KnowledgeTracer
 from .metrics import Metrics
-from .registry import ModelRegistry, UnknownId, UnknownModel
+from .registry import ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
 from .routes import srs as srs_routes
+from .runtime import Engines
 from .sessions import SessionRecommender
 from .settings import Settings
 from .srs import SpacedRepetition
-from .state import StoreUnavailable, make_store
-from .writes import ConcurrencyConflict
+from .state import make_store
 
 log = logging.getLogger("nextstep.service")
 EVENTS_ROUTE = next(r for r in kt_routes.router.routes if r.path == "/v1/kt/{model}/events")  # what the router sets
@@ -239,25 +240,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # those literals), which JSON cannot encode: they are echoed as text instead of failing with a 500
         return JSONResponse(status_code=422, content={"detail": _finite(jsonable_encoder(exc.errors()))})
 
-    @app.exception_handler(UnknownModel)
-    async def unknown_model(request: Request, exc: UnknownModel):
-        return _error(404, str(exc), "model")
+    async def failed(request: Request, exc: Exception):  # errors.py: each error's status and field
+        status = next(STATUS[c] for c in type(exc).__mro__ if c in STATUS)
+        return _error(status, f"state store unavailable: {exc}" if status == 503 else str(exc), exc.field)
 
-    @app.exception_handler(UnknownId)
-    async def unknown_id(request: Request, exc: UnknownId):
-        return _error(422, str(exc), exc.field)
-
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(request: Request, exc: InvalidInput):
-        return _error(413 if isinstance(exc, TooLarge) else 422, str(exc), exc.field)
-
-    @app.exception_handler(StoreUnavailable)
-    async def store_down(request: Request, exc: StoreUnavailable):
-        return _error(503, f"state store unavailable: {exc}")
-
-    @app.exception_handler(ConcurrencyConflict)
-    async def conflict(request: Request, exc: ConcurrencyConflict):
-        return _error(409, str(exc))
+    for error in STATUS:
+        app.add_exception_handler(error, failed)
 
     app.add_middleware(ServiceMiddleware, settings=settings, metrics=metrics)
 

@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import StoreUnavailable
 from .registry import LoadedModel
 from .resp import pack
-from .state import RedisStore, StoreUnavailable
+from .state import Redis
 
 log = logging.getLogger(__name__)
 PARTS = ("states", "lengths", "summaries", "sizes")  # the files of one head's bank (nextstep/training/banks.py)
@@ -92,15 +93,19 @@ class InProcessBankStore:
         return None
 
 
-class RedisBankStore(RedisStore):
+class RedisBankStore:
     """Banks in Redis (module docstring), on a connection of their own: a bank is megabytes, and must not
     hold up the state reads pipelined on the state store's connection; hence also the longer timeout."""
 
-    def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
-        super().__init__(url, ttl_seconds=None, socket_timeout=socket_timeout)
+    def __init__(self, url: str, *, socket_timeout: float = 5.0, key_prefix: str = "nextstep") -> None:
+        self._redis, self._prefix = Redis(url, timeout=socket_timeout), key_prefix
+        self._call = self._redis.call
 
     def _key(self, space: str, what: str) -> str:
         return f"{self._prefix}:{{{space}}}:{what}"
+
+    async def close(self) -> None:
+        await self._redis.close()
 
     async def versions(self, space: str) -> tuple[str | None, dict[str, bytes]]:
         active, listing = await self._call("bank versions", pack(b"GET", self._key(space, "active")),

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from .errors import UnknownId, UnknownModel
+
 log = logging.getLogger(__name__)
 
 # per task: the graphs the service runs, the vocabulary that maps external ids to model rows, and whether the
@@ -49,22 +51,6 @@ ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(
 
 class ArtifactError(Exception):
     """An artifact directory that cannot be served; the message names the directory and the fault."""
-
-
-class UnknownModel(KeyError):
-    """No loaded model has this name or version; the message lists what is available."""
-
-    def __str__(self) -> str:  # KeyError would print the message in quotes
-        return str(self.args[0])
-
-
-class UnknownId(ValueError):
-    """An external id the model's vocabulary does not hold."""
-
-    def __init__(self, field: str, value):
-        super().__init__(f"unknown {field} id {value!r}: not in the model's vocabulary")
-        self.field = field
-        self.value = value
 
 
 @dataclass(eq=False)

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kt import Engines, InvalidInput
-from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
+from .errors import InvalidInput, UnknownId, UnknownModel
+from .registry import LoadedModel, ModelRegistry
+from .runtime import Engines
 from .state import StateStore, StoredState
 from .writes import Writers, batched, unapplied
 

@@ -49,8 +49,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..review_window import select
-from .kt import Engines, InvalidInput
+from .errors import InvalidInput
 from .registry import LoadedModel, ModelRegistry
+from .runtime import Engines
 from .state import StateStore, StoredState
 from .writes import Writers, unapplied
 

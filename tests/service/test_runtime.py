@@ -231,7 +231,7 @@ def test_single_request_overhead_is_small(model):
 def test_engines_release_the_batchers_of_models_replaced_by_a_reload(artifact_tree):
     import gc
 
-    from nextstep.service.kt import Engines
+    from nextstep.service.runtime import Engines
 
     registry = ModelRegistry(artifact_tree)
     registry.load()

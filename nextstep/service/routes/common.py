@@ -2,7 +2,7 @@
 
 from pydantic import BaseModel, ConfigDict
 
-from ..kt import TooLarge
+from ..errors import TooLarge
 
 
 class Strict(BaseModel):
