@@ -4,7 +4,6 @@
 """
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import math
@@ -16,8 +15,6 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
-from pydantic_core import to_json
 
 from .banks import Banks, make_bank_store
 from .errors import STATUS, StoreUnavailable
@@ -34,7 +31,6 @@ from .srs import SpacedRepetition
 from .state import make_store
 
 log = logging.getLogger("nextstep.service")
-EVENTS_ROUTE = next(r for r in kt_routes.router.routes if r.path == "/v1/kt/{model}/events")  # what the router sets
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
 
 
@@ -58,7 +54,8 @@ def _finite(value):
 
 class ServiceMiddleware:
     """API keys (constant-time compare), body size limit, and request metrics, as plain ASGI: no extra
-    task per request (Starlette's BaseHTTPMiddleware costs about 0.4 ms a request here)."""
+    task per request (Starlette's BaseHTTPMiddleware costs about 0.4 ms a request here). The metrics' route
+    and model come from what the router set on this same scope (the route's template, its path parameter)."""
 
     def __init__(self, app, *, settings: Settings, metrics: Metrics):
         self.app, self.settings, self.metrics = app, settings, metrics
@@ -104,12 +101,6 @@ class ServiceMiddleware:
         metrics.serving += 1
         start = time.perf_counter()
         try:
-            path = scope["path"]
-            if scope["method"] == "POST" and path.startswith("/v1/kt/") and path.endswith("/events") \
-                    and not scope.get("root_path"):
-                model = path[7:-7]
-                if model and "/" not in model:
-                    return await self._events(scope, receive, send_and_record, model, headers)
             await self.app(scope, receive, send_and_record)
         finally:
             metrics.serving -= 1
@@ -117,54 +108,6 @@ class ServiceMiddleware:
             template = getattr(route, "path", "unmatched")
             model = scope.get("path_params", {}).get("model", "") if route is not None else ""
             metrics.request_done(template, model, status, time.perf_counter() - start)
-
-    async def _events(self, scope, receive, send, model: str, headers: dict) -> None:
-        """POST /v1/kt/{model}/events without FastAPI's request machinery (routing, dependency solving,
-        validation of a parsed dict, jsonable_encoder), which cost about 0.2 ms a request: the raw body is
-        validated by pydantic-core in one call against the route's own model (`EventsIn`), the route's own
-        code runs (`absorb_events`), errors go to the app's own exception handlers and the answer is encoded
-        by pydantic-core. Anything unusual (not JSON, a body that does not validate) takes the regular route,
-        so every 4xx is the one FastAPI would give."""
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        content_type = headers.get(b"content-type")
-        body_model = None
-        if content_type is None or content_type.split(b";", 1)[0].strip().lower() == b"application/json":
-            with contextlib.suppress(ValidationError):
-                body_model = kt_routes.EventsIn.model_validate_json(body)
-        if body_model is None:  # FastAPI answers it, from the same bytes
-            replayed = False
-
-            async def replay():
-                nonlocal replayed
-                if replayed:  # then what the server says next (a disconnect)
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            return await self.app(scope, replay, send)
-        app = scope["app"]
-        scope["route"], scope["path_params"] = EVENTS_ROUTE, {"model": model}
-        try:
-            result = await kt_routes.absorb_events(app.state.tracer, self.settings, model, body_model)
-        except Exception as exc:
-            handler = next((app.exception_handlers[c] for c in type(exc).__mro__ if c in app.exception_handlers),
-                           None)
-            if handler is None:  # a bug: ServerErrorMiddleware answers 500, as on the regular route
-                raise
-            response = await handler(Request(scope), exc)
-            return await response(scope, receive, send)
-        payload = to_json(result)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
 
 
 class TimedStore:

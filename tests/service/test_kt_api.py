@@ -234,7 +234,7 @@ def test_reload_under_load_drops_nothing_and_refuses_a_broken_artifact(artifacts
 
 
 def test_events_fast_path_answers_like_the_route(artifacts, serve):
-    """POST /events is served by the app's fast path (app.py); what it cannot take goes to the FastAPI route:
+    """POST /events takes the route's fast path (routes/common.py, JsonRoute); what it cannot take goes to FastAPI:
     both must give the same answers, errors and metrics."""
     art, _ = artifacts
     body = {"student_id": "fast", "events": [{"question_id": 3, "response": 2, "event_id": "f-1"}],
