@@ -216,7 +216,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = request.app.state.registry
         return {"models": [{"name": m.name, "version": m.version, "family": m.family, "task": m.task,
                             "n_cats": m.n_cats, "vocabulary": len(m.ids),
-                            **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.task == "srs" else {}),
+                            **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.window[0] else {}),
                             "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
                 "errors": registry.errors}
 

@@ -187,6 +187,30 @@ def project(model: LoadedModel, version: str, values: list[bytes], provenance: b
     return Bank(version, kv, entries)
 
 
+def check_banks(banks, graphs: dict, fail) -> dict | None:
+    """The manifest's `banks` section, checked against the graphs (registry.TaskSpec.check's `graphs`); None
+    when there is none."""
+    input_names = {g: [n for n, _ in inputs] for g, (inputs, _) in graphs.items()}
+    output_names = {g: outputs for g, (_, outputs) in graphs.items()}
+    if banks is None:
+        return None
+    try:
+        heads, inputs, keys, explain = (list(banks[k]) for k in ("heads", "inputs", "keys", "explain"))
+        default, folder = banks.get("default"), str(banks["dir"])
+    except (KeyError, TypeError) as e:
+        raise fail(f"manifest banks {banks!r} lacks or mangles {e}") from None
+    if heads:
+        if input_names.get("bank_project") != inputs or output_names.get("bank_project") != keys:
+            raise fail(f"bank_project graph takes {input_names.get('bank_project')} and outputs "
+                       f"{output_names.get('bank_project')}; manifest banks say {inputs} -> {keys}")
+        if default is not None and not isinstance(default, str):
+            raise fail(f"manifest banks.default {default!r} is not a version name")
+    for g in ("predict", "step_predict"):
+        if not set(keys) <= set(input_names[g]) or not set(explain) <= set(output_names[g]):
+            raise fail(f"{g} graph does not take the bank tensors {keys} or output {explain}")
+    return {"heads": heads, "inputs": inputs, "keys": keys, "explain": explain, "default": default, "dir": folder}
+
+
 @dataclass(eq=False)
 class _Served:
     """One model's banks in this process."""
