@@ -256,8 +256,10 @@ def cmd_score(args) -> int:
 
     from tqdm import tqdm
 
-    from .service.kt import Engines, InvalidInput, KnowledgeTracer
+    from .service.errors import InvalidInput
+    from .service.kt import KnowledgeTracer
     from .service.registry import ModelRegistry
+    from .service.runtime import Engines
     from .service.state import InProcessStore
 
     registry = ModelRegistry(Path(args.artifacts))

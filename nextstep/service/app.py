@@ -4,7 +4,6 @@
 """
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import math
@@ -16,24 +15,22 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
-from pydantic_core import to_json
 
 from .banks import Banks, make_bank_store
-from .kt import Engines, InvalidInput, KnowledgeTracer, TooLarge
+from .errors import STATUS, StoreUnavailable
+from .kt import KnowledgeTracer
 from .metrics import Metrics
-from .registry import ModelRegistry, UnknownId, UnknownModel
+from .registry import ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
 from .routes import srs as srs_routes
+from .runtime import Engines
 from .sessions import SessionRecommender
 from .settings import Settings
 from .srs import SpacedRepetition
-from .state import StoreUnavailable, make_store
-from .writes import ConcurrencyConflict
+from .state import make_store
 
 log = logging.getLogger("nextstep.service")
-EVENTS_ROUTE = next(r for r in kt_routes.router.routes if r.path == "/v1/kt/{model}/events")  # what the router sets
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
 
 
@@ -57,7 +54,8 @@ def _finite(value):
 
 class ServiceMiddleware:
     """API keys (constant-time compare), body size limit, and request metrics, as plain ASGI: no extra
-    task per request (Starlette's BaseHTTPMiddleware costs about 0.4 ms a request here)."""
+    task per request (Starlette's BaseHTTPMiddleware costs about 0.4 ms a request here). The metrics' route
+    and model come from what the router set on this same scope (the route's template, its path parameter)."""
 
     def __init__(self, app, *, settings: Settings, metrics: Metrics):
         self.app, self.settings, self.metrics = app, settings, metrics
@@ -103,12 +101,6 @@ class ServiceMiddleware:
         metrics.serving += 1
         start = time.perf_counter()
         try:
-            path = scope["path"]
-            if scope["method"] == "POST" and path.startswith("/v1/kt/") and path.endswith("/events") \
-                    and not scope.get("root_path"):
-                model = path[7:-7]
-                if model and "/" not in model:
-                    return await self._events(scope, receive, send_and_record, model, headers)
             await self.app(scope, receive, send_and_record)
         finally:
             metrics.serving -= 1
@@ -116,54 +108,6 @@ class ServiceMiddleware:
             template = getattr(route, "path", "unmatched")
             model = scope.get("path_params", {}).get("model", "") if route is not None else ""
             metrics.request_done(template, model, status, time.perf_counter() - start)
-
-    async def _events(self, scope, receive, send, model: str, headers: dict) -> None:
-        """POST /v1/kt/{model}/events without FastAPI's request machinery (routing, dependency solving,
-        validation of a parsed dict, jsonable_encoder), which cost about 0.2 ms a request: the raw body is
-        validated by pydantic-core in one call against the route's own model (`EventsIn`), the route's own
-        code runs (`absorb_events`), errors go to the app's own exception handlers and the answer is encoded
-        by pydantic-core. Anything unusual (not JSON, a body that does not validate) takes the regular route,
-        so every 4xx is the one FastAPI would give."""
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        content_type = headers.get(b"content-type")
-        body_model = None
-        if content_type is None or content_type.split(b";", 1)[0].strip().lower() == b"application/json":
-            with contextlib.suppress(ValidationError):
-                body_model = kt_routes.EventsIn.model_validate_json(body)
-        if body_model is None:  # FastAPI answers it, from the same bytes
-            replayed = False
-
-            async def replay():
-                nonlocal replayed
-                if replayed:  # then what the server says next (a disconnect)
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            return await self.app(scope, replay, send)
-        app = scope["app"]
-        scope["route"], scope["path_params"] = EVENTS_ROUTE, {"model": model}
-        try:
-            result = await kt_routes.absorb_events(app.state.tracer, self.settings, model, body_model)
-        except Exception as exc:
-            handler = next((app.exception_handlers[c] for c in type(exc).__mro__ if c in app.exception_handlers),
-                           None)
-            if handler is None:  # a bug: ServerErrorMiddleware answers 500, as on the regular route
-                raise
-            response = await handler(Request(scope), exc)
-            return await response(scope, receive, send)
-        payload = to_json(result)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
 
 
 class TimedStore:
@@ -196,7 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads)
         for path, error in registry.load().items():
             log.error("artifact %s not served: %s", path, error)
-        metrics.models_loaded.set(len(registry.models()))
+        metrics.set_models(registry.models())
         store = make_store(settings.redis_url, ttl_seconds=settings.state_ttl_seconds,
                            max_event_ids=settings.max_event_ids)
         engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
@@ -239,25 +183,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # those literals), which JSON cannot encode: they are echoed as text instead of failing with a 500
         return JSONResponse(status_code=422, content={"detail": _finite(jsonable_encoder(exc.errors()))})
 
-    @app.exception_handler(UnknownModel)
-    async def unknown_model(request: Request, exc: UnknownModel):
-        return _error(404, str(exc), "model")
+    async def failed(request: Request, exc: Exception):  # errors.py: each error's status and field
+        status = next(STATUS[c] for c in type(exc).__mro__ if c in STATUS)
+        return _error(status, f"state store unavailable: {exc}" if status == 503 else str(exc), exc.field)
 
-    @app.exception_handler(UnknownId)
-    async def unknown_id(request: Request, exc: UnknownId):
-        return _error(422, str(exc), exc.field)
-
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(request: Request, exc: InvalidInput):
-        return _error(413 if isinstance(exc, TooLarge) else 422, str(exc), exc.field)
-
-    @app.exception_handler(StoreUnavailable)
-    async def store_down(request: Request, exc: StoreUnavailable):
-        return _error(503, f"state store unavailable: {exc}")
-
-    @app.exception_handler(ConcurrencyConflict)
-    async def conflict(request: Request, exc: ConcurrencyConflict):
-        return _error(409, str(exc))
+    for error in STATUS:
+        app.add_exception_handler(error, failed)
 
     app.add_middleware(ServiceMiddleware, settings=settings, metrics=metrics)
 
@@ -285,7 +216,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = request.app.state.registry
         return {"models": [{"name": m.name, "version": m.version, "family": m.family, "task": m.task,
                             "n_cats": m.n_cats, "vocabulary": len(m.ids),
-                            **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.task == "srs" else {}),
+                            **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.window[0] else {}),
                             "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
                 "errors": registry.errors}
 
@@ -293,7 +224,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def reload(request: Request) -> dict:
         registry = request.app.state.registry
         errors = await asyncio.to_thread(registry.load)
-        metrics.models_loaded.set(len(registry.models()))
+        metrics.set_models(registry.models())
         await request.app.state.tracer.banks.prepare(registry.models())
         return {"models": [f"{m.name}/{m.version}" for m in registry.models()], "errors": errors}
 

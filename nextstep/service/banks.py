@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import StoreUnavailable
 from .registry import LoadedModel
 from .resp import pack
-from .state import RedisStore, StoreUnavailable
+from .state import Redis
 
 log = logging.getLogger(__name__)
 PARTS = ("states", "lengths", "summaries", "sizes")  # the files of one head's bank (nextstep/training/banks.py)
@@ -92,15 +93,19 @@ class InProcessBankStore:
         return None
 
 
-class RedisBankStore(RedisStore):
+class RedisBankStore:
     """Banks in Redis (module docstring), on a connection of their own: a bank is megabytes, and must not
     hold up the state reads pipelined on the state store's connection; hence also the longer timeout."""
 
-    def __init__(self, url: str, *, socket_timeout: float = 5.0) -> None:
-        super().__init__(url, ttl_seconds=None, socket_timeout=socket_timeout)
+    def __init__(self, url: str, *, socket_timeout: float = 5.0, key_prefix: str = "nextstep") -> None:
+        self._redis, self._prefix = Redis(url, timeout=socket_timeout), key_prefix
+        self._call = self._redis.call
 
     def _key(self, space: str, what: str) -> str:
         return f"{self._prefix}:{{{space}}}:{what}"
+
+    async def close(self) -> None:
+        await self._redis.close()
 
     async def versions(self, space: str) -> tuple[str | None, dict[str, bytes]]:
         active, listing = await self._call("bank versions", pack(b"GET", self._key(space, "active")),
@@ -180,6 +185,30 @@ def project(model: LoadedModel, version: str, values: list[bytes], provenance: b
                       if kind == "knn" else {"type": kind, "members": int(n)}
                       for i, n in enumerate(arrays[f"{h}_sizes"])]
     return Bank(version, kv, entries)
+
+
+def check_banks(banks, graphs: dict, fail) -> dict | None:
+    """The manifest's `banks` section, checked against the graphs (registry.TaskSpec.check's `graphs`); None
+    when there is none."""
+    input_names = {g: [n for n, _ in inputs] for g, (inputs, _) in graphs.items()}
+    output_names = {g: outputs for g, (_, outputs) in graphs.items()}
+    if banks is None:
+        return None
+    try:
+        heads, inputs, keys, explain = (list(banks[k]) for k in ("heads", "inputs", "keys", "explain"))
+        default, folder = banks.get("default"), str(banks["dir"])
+    except (KeyError, TypeError) as e:
+        raise fail(f"manifest banks {banks!r} lacks or mangles {e}") from None
+    if heads:
+        if input_names.get("bank_project") != inputs or output_names.get("bank_project") != keys:
+            raise fail(f"bank_project graph takes {input_names.get('bank_project')} and outputs "
+                       f"{output_names.get('bank_project')}; manifest banks say {inputs} -> {keys}")
+        if default is not None and not isinstance(default, str):
+            raise fail(f"manifest banks.default {default!r} is not a version name")
+    for g in ("predict", "step_predict"):
+        if not set(keys) <= set(input_names[g]) or not set(explain) <= set(output_names[g]):
+            raise fail(f"{g} graph does not take the bank tensors {keys} or output {explain}")
+    return {"heads": heads, "inputs": inputs, "keys": keys, "explain": explain, "default": default, "dir": folder}
 
 
 @dataclass(eq=False)

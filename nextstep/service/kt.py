@@ -11,28 +11,29 @@ projected keys and values to every predict call as shared inputs, and names its 
 Their predictions are [P(wrong), P(right)] without theta, alpha and beta (the graphs output none).
 """
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
-from .banks import Bank, Banks, InProcessBankStore
-from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
-from .runtime import MicroBatcher
+from .banks import Bank, Banks, InProcessBankStore, check_banks
+from .core import Change, StatefulTask, operation
+from .errors import InvalidInput, UnknownId, UnknownModel
+from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
+from .runtime import Engines
 from .state import StateStore, StoredState
-from .writes import Writers, batched, unapplied
+from .writes import batched
 
 
-class InvalidInput(ValueError):
-    """A request the model cannot answer; `field` names the offending field."""
+def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
+    try:
+        n_cats = int(manifest["responses"]["n_cats"])
+    except (KeyError, TypeError, ValueError):
+        raise fail("manifest responses.n_cats missing or not an integer") from None
+    return {"n_cats": n_cats, "banks": check_banks(manifest.get("banks"), graphs, fail)}
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
-
-class TooLarge(InvalidInput):
-    """More items in a request than the settings allow (HTTP 413)."""
+SPEC = register_task(TaskSpec("knowledge_tracing", ("step", "predict", "step_predict"), "questions", True, _check,
+                              optional=("bank_project",)))  # SimAKT: memory banks -> their keys and values
 
 
 @dataclass(frozen=True)
@@ -40,47 +41,6 @@ class Event:
     question_id: str
     response: int
     event_id: str | None = None
-
-
-class Engines:
-    """One micro-batcher per (loaded model, graph), created on first use. Keyed weakly by the model
-    object, so a reload's replaced models (and their sessions) are released, and a new model can never
-    inherit an old model's batcher."""
-
-    def __init__(self, max_batch: int, max_wait_ms: float, on_batch=None):
-        self.max_batch, self.max_wait_ms, self.on_batch = max_batch, max_wait_ms, on_batch
-        self._batchers: weakref.WeakKeyDictionary[LoadedModel, dict[str, MicroBatcher]] = \
-            weakref.WeakKeyDictionary()
-
-    async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray], *,
-                  shared: dict[str, np.ndarray] | None = None, alone: bool = False) -> list[np.ndarray]:
-        """The graph's outputs for these feeds (batch axis first). `shared`: inputs without a batch axis (a
-        bank's keys and values), those the graph takes are given as they are. `alone`: the caller is the only
-        request in flight, so nobody could share the run: run it inline when the batcher is idle (no executor
-        hop)."""
-        graphs = self._batchers.get(model)
-        if graphs is None:
-            graphs = self._batchers[model] = {}
-        batcher = graphs.get(graph)
-        if batcher is None:
-            name, on_batch = model.name, None  # capture the name only: the batcher must not keep the model alive
-            if self.on_batch:
-                def on_batch(rows, secs):
-                    self.on_batch(name, graph, rows, secs)
-            batcher = graphs[graph] = MicroBatcher(model.sessions[graph], max_batch=self.max_batch,
-                                                   max_wait_ms=self.max_wait_ms, on_batch=on_batch)
-        shared = {n: shared[n] for n in model.input_names[graph] if n in shared} if shared else None
-        feeds = {n: feeds[n] for n in model.input_names[graph] if not shared or n not in shared}
-        if alone:
-            outputs = batcher.run_now(feeds, shared)
-            if outputs is not None:
-                return outputs
-        return await batcher.run(feeds, shared)
-
-    async def close(self) -> None:
-        for graphs in list(self._batchers.values()):
-            for batcher in graphs.values():
-                await batcher.close()
 
 
 def question_index(model: LoadedModel, ids: list[str], field: str) -> np.ndarray:
@@ -126,16 +86,13 @@ def explanation(model: LoadedModel, bank: Bank, outputs: list[np.ndarray], top: 
     return {"bank_version": bank.version, "heads": heads}
 
 
-class KnowledgeTracer:
+class KnowledgeTracer(StatefulTask):
+    TASK, PREFIX = SPEC.name, "kt"
+
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None, banks: Banks | None = None):
-        self.registry, self.store, self.engines = registry, store, engines
+        super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
         self.banks = banks or Banks(InProcessBankStore())
-        self.writers = Writers(cas_retries, on_retry)
-        self._absorbing = 0  # absorb calls in progress: at 1, inference runs inline (Engines.run(alone=True))
-
-    def model(self, name: str) -> LoadedModel:
-        return self.registry.get(name, task="knowledge_tracing")
 
     @staticmethod
     def _bank_version(model: LoadedModel, bank: Bank | None) -> dict:
@@ -166,10 +123,6 @@ class KnowledgeTracer:
         previous = await self.banks.activate(model, version)
         return {"model": model.name, "version": model.version, "bank_version": version, "previous": previous}
 
-    @staticmethod
-    def key(model: LoadedModel, student_id: str) -> str:
-        return f"kt:{model.name}:{model.schema}:{student_id}"
-
     def _responses(self, model: LoadedModel, events: list[Event]) -> np.ndarray:
         for i, e in enumerate(events):
             if not 0 <= e.response < model.n_cats:
@@ -190,6 +143,7 @@ class KnowledgeTracer:
         return await self.engines.run(model, "predict", {**batched(state), "questions": indices[None]},
                                       shared=bank.kv if bank else None)
 
+    @operation
     async def absorb(self, model_name: str, student_id: str, events: list[Event],
                      predict_ids: list[str] | None = None, explain: bool = False) -> dict:
         """Apply events in order (skipping replayed ids) and optionally predict afterwards, in one round trip."""
@@ -200,49 +154,30 @@ class KnowledgeTracer:
         if self._explaining(model, explain) and predict_index is None:  # the weights do not depend on the question
             predict_index = np.array([2], dtype=np.int64)
         bank = await self.banks.current(model)  # this request's bank, to its end
-        key = self.key(model, student_id)
-        self._absorbing += 1
-        try:
-            async with self.writers.lock(key):
-                return await self._absorb(model, bank, student_id, key, events, questions, responses, predict_ids,
-                                          predict_index, explain)
-        finally:
-            self._absorbing -= 1
+        query = {"questions": predict_index[None]} if predict_index is not None else None
 
-    async def _absorb(self, model, bank, student_id, key, events, questions, responses, predict_ids, predict_index,
-                      explain):
-        event_ids = [e.event_id for e in events]
-        shared = bank.kv if bank else None
-        async for _ in self.writers.attempts(f"student {student_id!r}"):
-            stored, already = await self.store.read(key, [i for i in event_ids if i is not None])
-            state = self._decode(model, stored)
-            fresh, fresh_ids = unapplied(event_ids, already)
-            outputs = None
-            for n, i in enumerate(fresh):
-                feeds = {**batched(state), "question": questions[i:i + 1], "response": responses[i:i + 1]}
-                if n == len(fresh) - 1 and predict_index is not None:  # last event: step and predict in one call
-                    outs = await self.engines.run(model, "step_predict", {**feeds, "questions": predict_index[None]},
-                                                  shared=shared, alone=self._absorbing == 1)
-                    outputs = outs[len(model.state_spec):]
-                else:
-                    outs = await self.engines.run(model, "step", feeds, alone=self._absorbing == 1)
-                state = {s["name"]: o[0] for s, o in zip(model.state_spec, outs, strict=False)}
-            if not fresh:  # nothing new: leave the store alone
-                written = stored
-            else:
-                written = await self.store.compare_and_set(key, stored.version, model.serialize(state), len(fresh),
-                                                           fresh_ids)
-                if written is None:
-                    self.writers.lost(model)
-                    continue
-            if predict_index is not None and outputs is None:
-                outputs = await self._predict(model, state, predict_index, bank)
-            return {"student_id": student_id, "model": model.name, "version": model.version,
-                    **self._bank_version(model, bank), "state_version": written.version, "events_absorbed": len(fresh),
-                    "events_skipped": len(events) - len(fresh), "events_total": written.events,
-                    "predictions": predictions(model, predict_ids, outputs) if predict_ids else None,
-                    **({"explanation": explanation(model, bank, outputs)} if explain else {})}
+        async def attempt(stored: StoredState, fresh: list[int], _) -> Change:
+            steps = [{"question": questions[i:i + 1], "response": responses[i:i + 1]} for i in fresh]
+            state, outputs = await self.fold(model, self._decode(model, stored), steps,
+                                             "step_predict" if query else None, query, bank.kv if bank else None)
 
+            async def answer(written: StoredState) -> dict:
+                nonlocal outputs
+                if predict_index is not None and outputs is None:  # no new event: predict from the stored state
+                    outputs = await self._predict(model, state, predict_index, bank)
+                return {"student_id": student_id, "model": model.name, "version": model.version,
+                        **self._bank_version(model, bank), "state_version": written.version,
+                        "events_absorbed": len(fresh), "events_skipped": len(events) - len(fresh),
+                        "events_total": written.events,
+                        "predictions": predictions(model, predict_ids, outputs) if predict_ids else None,
+                        **({"explanation": explanation(model, bank, outputs)} if explain else {})}
+
+            return Change(model.serialize(state) if fresh else None, answer, len(fresh))  # nothing new: no write
+
+        return await self.write(model, self.key(model, student_id), f"student {student_id!r}",
+                                [e.event_id for e in events], attempt)
+
+    @operation
     async def predict(self, model_name: str, student_id: str, question_ids: list[str], explain: bool = False) -> dict:
         model = self.model(model_name)
         index = question_index(model, question_ids, "question_ids[]")
@@ -255,6 +190,7 @@ class KnowledgeTracer:
                 "predictions": predictions(model, question_ids, outputs),
                 **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
+    @operation
     async def next_item(self, model_name: str, student_id: str, candidates: list[str] | None, strategy: str,
                         target: float, k: int) -> dict:
         """Rank candidate questions: maximum Fisher information at the learner's current state (GPCM: alpha^2
@@ -302,10 +238,6 @@ class KnowledgeTracer:
                 **self._bank_version(model, bank), "exists": stored.blob is not None,
                 "state_version": stored.version, "events_total": stored.events, "last_update": stored.updated,
                 **ability}
-
-    async def delete(self, model_name: str, student_id: str) -> bool:
-        model = self.model(model_name)
-        return await self.store.delete(self.key(model, student_id))
 
     async def score_sequences(self, model_name: str, students: list[tuple[str, list[Event], list[str] | None]]):
         """Stateless: replay each student's whole history from the initial state; nothing is stored."""

@@ -1,4 +1,8 @@
-"""Prometheus metrics of the service (one registry per app, so tests and reloads do not collide)."""
+"""Prometheus metrics of the service (one registry per app, so tests and reloads do not collide).
+
+Every label value comes from a bounded set, so no client can grow the scrape: `route` is a route template
+(or "unmatched"), `model` the name of a model this process has loaded (any other name, e.g. the one in a
+404's path, is ""), `status` an HTTP status, `graph` and `operation` names from the code."""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -28,8 +32,17 @@ class Metrics:
         # labelled children, looked up once per label set (labels() costs a lock and a dict lookup per call)
         self._request_children: dict[tuple, tuple] = {}
         self._batch_children: dict[tuple, tuple] = {}
+        self._models: frozenset[str] = frozenset()  # names a `model` label may take
+
+    def set_models(self, models) -> None:
+        """The loaded models (at startup and each reload): their names are the only values `model` takes."""
+        self._models = frozenset(m.name for m in models)
+        self.models_loaded.set(len(models))
 
     def request_done(self, route: str, model: str, status: int, seconds: float) -> None:
+        """One request answered: `route` a template, `model` the path's model name ("" unless loaded)."""
+        if model not in self._models:
+            model = ""
         children = self._request_children.get((route, model, status))
         if children is None:
             children = self._request_children[(route, model, status)] = (

@@ -15,56 +15,47 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from .errors import UnknownId, UnknownModel
+
 log = logging.getLogger(__name__)
 
-# per task: the graphs the service runs, the vocabulary that maps external ids to model rows, and whether the
-# model has state tensors. A task without state or vocabulary (srs: the service keeps raw reviews and feeds
-# them as a window; ids are hashed, not looked up) needs neither manifest key.
-TASKS = {
-    "knowledge_tracing": {"graphs": ("step", "predict", "step_predict"), "vocabulary": "questions", "state": True,
-                          "optional": ("bank_project",)},  # SimAKT: memory banks -> their keys and values
-    "next_item": {"graphs": ("step", "recommend", "step_recommend"), "vocabulary": "items", "state": True},
-    "srs": {"graphs": ("predict",), "vocabulary": None, "state": False},
-}
 MANIFEST_KEYS = ("name", "version", "family", "task", "created", "graphs")  # every task
-# srs: what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
-SRS_INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
-              "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "card": "int64",
-              "deck": "int64", "time": "float64"}
-SRS_OUTPUTS = ("rating_probs", "recall", "duration_s")
-# The layout of the reviews the service stores per srs user (nextstep/service/srs.py): part of the state key's
-# schema hash together with the window sizes. Change it whenever srs.py changes how it stores reviews.
-SRS_STATE_LAYOUT = "srs-reviews-v1: card count, recent block and per-card fields of rows (seq i8, card i8, " \
-    "deck i8, time f8, duration f4, rating i1, state i1); ids as signed BLAKE2b-64"
 ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int64)": "int64",
                "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(float16)": "float16"}
 
 
+@dataclass(frozen=True)
+class TaskSpec:
+    """What one task (kt.py, sessions.py, srs.py) needs of an artifact; each task module registers its own
+    (`register_task`). `check(name, manifest, graphs, fail)` runs once the graphs are open (`name`: the model's
+    directory name; `graphs`: per graph, its inputs as [(name, ONNX type)] and its output names) and returns the
+    task's own LoadedModel fields (n_cats, window, banks, schema), or raises `fail(message)`."""
+
+    name: str
+    graphs: tuple[str, ...]  # the graphs the service runs
+    vocabulary: str | None  # the manifest's `vocabularies` key mapping external ids to rows; None: no vocabulary
+    state: bool  # whether the model has state tensors (without: the manifest need not list any)
+    check: Callable[[str, dict, dict, Callable[[str], Exception]], dict]
+    optional: tuple[str, ...] = ()  # graphs opened (and checked) when the manifest has them
+
+
+TASKS: dict[str, TaskSpec] = {}
+
+
+def register_task(spec: TaskSpec) -> TaskSpec:
+    TASKS[spec.name] = spec
+    return spec
+
+
 class ArtifactError(Exception):
     """An artifact directory that cannot be served; the message names the directory and the fault."""
-
-
-class UnknownModel(KeyError):
-    """No loaded model has this name or version; the message lists what is available."""
-
-    def __str__(self) -> str:  # KeyError would print the message in quotes
-        return str(self.args[0])
-
-
-class UnknownId(ValueError):
-    """An external id the model's vocabulary does not hold."""
-
-    def __init__(self, field: str, value):
-        super().__init__(f"unknown {field} id {value!r}: not in the model's vocabulary")
-        self.field = field
-        self.value = value
 
 
 @dataclass(eq=False)
@@ -75,16 +66,16 @@ class LoadedModel:
     task: str
     path: Path
     manifest: dict
-    n_cats: int  # response categories (knowledge tracing); 0 for next-item models
     state_spec: list[dict]  # [{name, shape (per entity), dtype, file, ...}] in the order the graphs take them
     initial_state: dict[str, np.ndarray]  # per entity (no batch axis), read-only
     ids: list[str]  # external question / item ids in index order: model index = position + 2 (0 padding, 1 unknown)
-    schema: str  # hash of (name, version, state layout): part of every state key (srs: of the stored layout, not
-    # the version; srs_schema_hash)
+    schema: str  # hash of (name, version, state layout): part of every state key (a task may hash otherwise:
+    # srs hashes its stored layout and window sizes, not the version)
     sessions: dict[str, ort.InferenceSession]  # the task's graphs, by name
     input_names: dict[str, list[str]]  # per graph, in the session's order
     output_names: dict[str, list[str]]  # per graph, in the session's order
     state_nbytes: int  # size of one serialised state
+    n_cats: int = 0  # response categories (knowledge tracing); 0 for the other tasks
     window: tuple[int, int] = (0, 0)  # srs: (size, card_size) of the review window the model reads; else (0, 0)
     banks: dict | None = None  # SimAKT: the manifest's `banks` (heads, inputs, keys, explain, default, dir); with
     # heads, predict and step_predict take the projected banks (`keys`) and bank_project makes them from `inputs`
@@ -143,13 +134,6 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:12]
 
 
-def srs_schema_hash(name: str, size: int, card_size: int) -> str:
-    """An srs user's stored state is their raw reviews, not model tensors: any version of a model that reads
-    windows of the same sizes can use it, so the hash covers the storage layout and the window sizes but not
-    the version (a new version keeps its users' histories; one with other window sizes starts afresh)."""
-    return hashlib.sha256(json.dumps([name, SRS_STATE_LAYOUT, size, card_size]).encode()).hexdigest()[:12]
-
-
 def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
     """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault."""
 
@@ -164,9 +148,9 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         raise fail(f"manifest.json is not valid JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise fail("manifest.json is not a JSON object")
-    task = TASKS.get(str(manifest.get("task")))
-    required = MANIFEST_KEYS + (("state",) if task is None or task["state"] else ()) \
-        + (("vocabularies",) if task is None or task["vocabulary"] else ())
+    task = TASKS.get(str(manifest.get("task")))  # (the task modules register theirs: service/__init__.py)
+    required = MANIFEST_KEYS + (("state",) if task is None or task.state else ()) \
+        + (("vocabularies",) if task is None or task.vocabulary else ())
     missing = [k for k in required if k not in manifest]
     if missing:
         raise fail(f"manifest.json lacks {missing}")
@@ -181,7 +165,7 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
 
     # state: spec, initial values, serialised size
     spec = manifest.get("state", [])
-    if not task["state"] and spec:
+    if not task.state and spec:
         raise fail(f"an {manifest['task']} model has no state tensors, the manifest lists {len(spec)}")
     initial, nbytes = {}, 0
     for s in spec:
@@ -198,9 +182,9 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         nbytes += value.nbytes
 
     # graphs: open each, check it takes what the manifest declares (and the state tensors)
-    graphs, sessions, input_names, output_names = manifest["graphs"], {}, {}, {}
-    optional = [g for g in task.get("optional", ()) if g in graphs]
-    for g in (*task["graphs"], *optional):
+    graphs, sessions, input_names, output_names, opened = manifest["graphs"], {}, {}, {}, {}
+    optional = [g for g in task.optional if g in graphs]
+    for g in (*task.graphs, *optional):
         if g not in graphs or "onnx" not in graphs[g]:
             raise fail(f"manifest declares no {g!r} ONNX graph")
         onnx_path = file(graphs[g]["onnx"], f"{g} graph")
@@ -214,24 +198,19 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         if actual != declared:
             raise fail(f"{g} graph takes {actual}, manifest declares {declared}")
         types = dict(actual)
-        for s in spec if g in task["graphs"] else ():  # (an optional graph, e.g. bank_project, takes no state)
+        for s in spec if g in task.graphs else ():  # (an optional graph, e.g. bank_project, takes no state)
             if ONNX_DTYPES.get(types.get(s["name"], "")) != s["dtype"]:
                 raise fail(f"{g} graph has no {s['dtype']} input for state {s['name']!r}")
         declared_out = [o["name"] for o in graphs[g].get("outputs", [])]
         if [o.name for o in session.get_outputs()] != declared_out:
             raise fail(f"{g} graph outputs {[o.name for o in session.get_outputs()]}, manifest declares "
                        f"{declared_out}")
-        if manifest["task"] == "srs":
-            wrong = [(n, t) for n, t in actual if n not in SRS_INPUTS or ONNX_DTYPES.get(t) != SRS_INPUTS[n]]
-            if wrong:
-                raise fail(f"{g} graph takes {wrong}, which the service does not feed (it feeds {SRS_INPUTS})")
-            if not set(SRS_OUTPUTS) <= set(declared_out):
-                raise fail(f"{g} graph outputs {declared_out}, the service needs {list(SRS_OUTPUTS)}")
         sessions[g], input_names[g], output_names[g] = session, [name for name, _ in actual], declared_out
+        opened[g] = (actual, declared_out)
 
     # vocabulary and responses
     ids: list[str] = []
-    kind = task["vocabulary"]
+    kind = task.vocabulary
     if kind:
         vocab_file = file(manifest["vocabularies"].get(kind, ""), f"{kind} vocabulary")
         try:
@@ -240,53 +219,12 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
             raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})") from None
         if len(set(ids)) != len(ids):
             raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids")
-    n_cats, window, banks = 0, (0, 0), None
     name, version = path.parent.name, path.name
-    schema = schema_hash(name, version, spec)
-    if manifest["task"] == "srs":
-        w = manifest.get("window")
-        try:
-            window = (int(w["size"]), int(w["card_size"]))
-        except (KeyError, TypeError, ValueError):
-            raise fail(f"manifest window {w!r} is not {{size, card_size}} as integers") from None
-        if window[0] < 1 or window[1] < 0:
-            raise fail(f"manifest window {w!r}: size must be >= 1 and card_size >= 0")
-        schema = srs_schema_hash(name, *window)
-    elif manifest["task"] == "knowledge_tracing":
-        try:
-            n_cats = int(manifest["responses"]["n_cats"])
-        except (KeyError, TypeError, ValueError):
-            raise fail("manifest responses.n_cats missing or not an integer") from None
-        banks = _check_banks(manifest.get("banks"), input_names, output_names, fail)
-    elif not isinstance(manifest.get("top_k"), int) or manifest["top_k"] < 1:
-        raise fail("manifest top_k missing or not a positive integer")
-
+    fields = {"schema": schema_hash(name, version, spec), **task.check(name, manifest, opened, fail)}
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
-        manifest=manifest, n_cats=n_cats, state_spec=spec, initial_state=initial, ids=ids, schema=schema,
-        sessions=sessions, input_names=input_names, output_names=output_names, state_nbytes=nbytes, window=window,
-        banks=banks)
-
-
-def _check_banks(banks, input_names: dict, output_names: dict, fail) -> dict | None:
-    """The manifest's `banks` section (SimAKT), checked against the graphs; None when there is none."""
-    if banks is None:
-        return None
-    try:
-        heads, inputs, keys, explain = (list(banks[k]) for k in ("heads", "inputs", "keys", "explain"))
-        default, folder = banks.get("default"), str(banks["dir"])
-    except (KeyError, TypeError) as e:
-        raise fail(f"manifest banks {banks!r} lacks or mangles {e}") from None
-    if heads:
-        if input_names.get("bank_project") != inputs or output_names.get("bank_project") != keys:
-            raise fail(f"bank_project graph takes {input_names.get('bank_project')} and outputs "
-                       f"{output_names.get('bank_project')}; manifest banks say {inputs} -> {keys}")
-        if default is not None and not isinstance(default, str):
-            raise fail(f"manifest banks.default {default!r} is not a version name")
-    for g in ("predict", "step_predict"):
-        if not set(keys) <= set(input_names[g]) or not set(explain) <= set(output_names[g]):
-            raise fail(f"{g} graph does not take the bank tensors {keys} or output {explain}")
-    return {"heads": heads, "inputs": inputs, "keys": keys, "explain": explain, "default": default, "dir": folder}
+        manifest=manifest, state_spec=spec, initial_state=initial, ids=ids, sessions=sessions,
+        input_names=input_names, output_names=output_names, state_nbytes=nbytes, **fields)
 
 
 @dataclass(frozen=True)

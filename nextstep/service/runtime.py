@@ -1,4 +1,4 @@
-"""ONNX Runtime off the event loop, with micro-batching.
+"""ONNX Runtime off the event loop, with micro-batching; `Engines`: one batcher per (model, graph).
 
 Each request brings feeds with a leading batch axis (usually 1 row). A `MicroBatcher` keeps one
 `session.run` in flight per session, in an executor thread; requests that arrive meanwhile queue up, and
@@ -25,13 +25,17 @@ only its own caller.
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
+
+from .registry import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -188,3 +192,56 @@ class MicroBatcher:
         if bad:
             return RuntimeError(f"outputs without a leading batch axis of {rows} rows: {bad}")
         return outputs
+
+
+class Engines:
+    """One micro-batcher per (loaded model, graph), created on first use. Keyed weakly by the model
+    object, so a reload's replaced models (and their sessions) are released, and a new model can never
+    inherit an old model's batcher.
+
+    Also the count of operations in progress (`operation()`, entered by the stateful core for each request):
+    while only one is, nobody could share its runs, so they run inline when the batcher is idle
+    (`MicroBatcher.run_now`: no executor hop)."""
+
+    def __init__(self, max_batch: int, max_wait_ms: float, on_batch=None):
+        self.max_batch, self.max_wait_ms, self.on_batch = max_batch, max_wait_ms, on_batch
+        self._batchers: weakref.WeakKeyDictionary[LoadedModel, dict[str, MicroBatcher]] = \
+            weakref.WeakKeyDictionary()
+        self._operations = 0
+
+    @contextlib.contextmanager
+    def operation(self):
+        """Count one request's work in progress while inside."""
+        self._operations += 1
+        try:
+            yield
+        finally:
+            self._operations -= 1
+
+    async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray], *,
+                  shared: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        """The graph's outputs for these feeds (batch axis first). `shared`: inputs without a batch axis (a
+        bank's keys and values), those the graph takes are given as they are."""
+        graphs = self._batchers.get(model)
+        if graphs is None:
+            graphs = self._batchers[model] = {}
+        batcher = graphs.get(graph)
+        if batcher is None:
+            name, on_batch = model.name, None  # capture the name only: the batcher must not keep the model alive
+            if self.on_batch:
+                def on_batch(rows, secs):
+                    self.on_batch(name, graph, rows, secs)
+            batcher = graphs[graph] = MicroBatcher(model.sessions[graph], max_batch=self.max_batch,
+                                                   max_wait_ms=self.max_wait_ms, on_batch=on_batch)
+        shared = {n: shared[n] for n in model.input_names[graph] if n in shared} if shared else None
+        feeds = {n: feeds[n] for n in model.input_names[graph] if not shared or n not in shared}
+        if self._operations == 1:  # alone: nobody could share the run
+            outputs = batcher.run_now(feeds, shared)
+            if outputs is not None:
+                return outputs
+        return await batcher.run(feeds, shared)
+
+    async def close(self) -> None:
+        for graphs in list(self._batchers.values()):
+            for batcher in graphs.values():
+                await batcher.close()

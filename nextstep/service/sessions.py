@@ -15,14 +15,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kt import Engines, InvalidInput
-from .registry import LoadedModel, ModelRegistry, UnknownId, UnknownModel
+from .core import Change, StatefulTask, operation
+from .errors import InvalidInput, UnknownId, UnknownModel
+from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
+from .runtime import Engines
 from .state import StateStore, StoredState
-from .writes import Writers, batched, unapplied
+from .writes import batched
 
-TASK = "next_item"
 SEEN = 64  # items remembered per session for exclude_seen
 _SEEN_BYTES = SEEN * 8
+
+
+def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
+    if not isinstance(manifest.get("top_k"), int) or manifest["top_k"] < 1:
+        raise fail("manifest top_k missing or not a positive integer")
+    return {}
+
+
+SPEC = register_task(TaskSpec("next_item", ("step", "recommend", "step_recommend"), "items", True, _check))
 
 
 @dataclass(frozen=True)
@@ -31,18 +41,13 @@ class Click:
     event_id: str | None = None
 
 
-class SessionRecommender:
+class SessionRecommender(StatefulTask):
+    TASK, PREFIX = SPEC.name, "sess"
+
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  cold_start_model: str | None = None, on_retry=None):
-        self.registry, self.store, self.engines = registry, store, engines
-        self.writers, self.cold_start_model = Writers(cas_retries, on_retry), cold_start_model
-
-    def model(self, name: str) -> LoadedModel:
-        return self.registry.get(name, task=TASK)
-
-    @staticmethod
-    def key(model: LoadedModel, session_id: str) -> str:
-        return f"sess:{model.name}:{model.schema}:{session_id}"
+        super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
+        self.cold_start_model = cold_start_model
 
     # ------------------------------------------------------------------ state blob: model state + seen rows
 
@@ -73,12 +78,15 @@ class SessionRecommender:
                 rows.append(None)
         return rows
 
-    async def _top(self, model: LoadedModel, graph: str, feeds: dict, k: int) -> tuple[list[dict], list]:
-        outs = await self.engines.run(model, graph, feeds)
+    @staticmethod
+    def _items(model: LoadedModel, outs: list, k: int) -> list[dict]:
+        """The top k of a recommend graph's outputs (rows and scores last), without padding or excluded rows."""
         rows, scores = outs[-2][0], outs[-1][0]
-        items = [{"item_id": model.ids[r - 2], "score": float(s)}
-                 for r, s in zip(rows[:k].tolist(), scores[:k].tolist(), strict=True) if s != float("-inf")]
-        return items, outs
+        return [{"item_id": model.ids[r - 2], "score": float(s)}
+                for r, s in zip(rows[:k].tolist(), scores[:k].tolist(), strict=True) if s != float("-inf")]
+
+    async def _top(self, model: LoadedModel, feeds: dict, k: int) -> list[dict]:
+        return self._items(model, await self.engines.run(model, "recommend", feeds), k)
 
     def _check_k(self, model: LoadedModel, k: int) -> None:
         if not 1 <= k <= model.manifest["top_k"]:
@@ -90,6 +98,7 @@ class SessionRecommender:
 
     # ------------------------------------------------------------------ operations
 
+    @operation
     async def absorb(self, model_name: str, session_id: str, clicks: list[Click], *, recommend_k: int | None = None,
                      exclude_seen: bool = True, unknown_items: str = "error") -> dict:
         """Apply clicks in order (skipping replayed event ids); optionally recommend afterwards, one round trip."""
@@ -97,46 +106,36 @@ class SessionRecommender:
         if recommend_k is not None:
             self._check_k(model, recommend_k)
         rows = self._rows(model, clicks, unknown_items, "events[{i}].item_id")
-        key = self.key(model, session_id)
-        event_ids = [c.event_id for c in clicks]
-        async with self.writers.lock(key):
-            async for _ in self.writers.attempts(f"session {session_id!r}"):
-                stored, already = await self.store.read(key, [i for i in event_ids if i is not None])
-                state, seen = self._decode(model, stored)
-                to_apply, fresh_ids = unapplied(event_ids, already)
-                fresh = [rows[i] for i in to_apply if rows[i] is not None]
-                unknown = len(to_apply) - len(fresh)
-                recommended = None
-                for n, row in enumerate(fresh):
-                    seen = _remember(seen, row)
-                    feeds = {**batched(state), "item": np.array([row], dtype=np.int64)}
-                    if n == len(fresh) - 1 and recommend_k is not None:
-                        recommended, outs = await self._top(model, "step_recommend",
-                                                            {**feeds, "exclude": self._exclude(seen, exclude_seen)},
-                                                            recommend_k)
-                    else:
-                        outs = await self.engines.run(model, "step", feeds)
-                    state = {s["name"]: o[0] for s, o in zip(model.state_spec, outs, strict=False)}
-                if not fresh_ids and not fresh:
-                    written = stored
-                else:
-                    written = await self.store.compare_and_set(key, stored.version, self._encode(model, state, seen),
-                                                               len(fresh), fresh_ids)
-                    if written is None:
-                        self.writers.lost(model)
-                        continue
+
+        async def attempt(stored: StoredState, to_apply: list[int], fresh_ids: list[str]) -> Change:
+            state, seen = self._decode(model, stored)
+            fresh = [rows[i] for i in to_apply if rows[i] is not None]
+            for row in fresh:
+                seen = _remember(seen, row)
+            query = {"exclude": self._exclude(seen, exclude_seen)} if recommend_k is not None else None
+            state, outs = await self.fold(model, state, [{"item": np.array([row], dtype=np.int64)} for row in fresh],
+                                          "step_recommend" if query else None, query)
+            unknown = len(to_apply) - len(fresh)
+
+            async def answer(written: StoredState) -> dict:
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
                           "events_skipped": len(clicks) - len(fresh) - unknown, "unknown_items_skipped": unknown,
                           "events_total": written.events, "recommendations": None}
                 if recommend_k is not None:
-                    if recommended is None:  # no new click: answer from the stored state
-                        recommended, source = await self._recommend(model, state, seen, written.events,
-                                                                    recommend_k, exclude_seen)
+                    if outs is None:  # no new click: answer from the stored state
+                        items, source = await self._recommend(model, state, seen, written.events, recommend_k,
+                                                              exclude_seen)
                     else:
-                        source = "model"
-                    result.update(recommendations=recommended, source=source)
+                        items, source = self._items(model, outs, recommend_k), "model"
+                    result.update(recommendations=items, source=source)
                 return result
+
+            # unknown clicks with ids still record their ids
+            return Change(self._encode(model, state, seen) if fresh_ids or fresh else None, answer, len(fresh))
+
+        return await self.write(model, self.key(model, session_id), f"session {session_id!r}",
+                                [c.event_id for c in clicks], attempt)
 
     async def _recommend(self, model, state, seen, events, k, exclude_seen) -> tuple[list[dict], str]:
         if events == 0 and self.cold_start_model and self.cold_start_model != model.name:
@@ -145,14 +144,14 @@ class SessionRecommender:
             except UnknownModel:
                 cold = None
             if cold is not None:
-                items, _ = await self._top(cold, "recommend", {**batched(cold.initial_state),
-                                                               "exclude": np.zeros((1, 1), dtype=np.int64)},
-                                           min(k, cold.manifest["top_k"]))
+                items = await self._top(cold, {**batched(cold.initial_state),
+                                               "exclude": np.zeros((1, 1), dtype=np.int64)},
+                                        min(k, cold.manifest["top_k"]))
                 return items, f"cold_start:{cold.name}"
         feeds = {**batched(state), "exclude": self._exclude(seen, exclude_seen)}
-        items, _ = await self._top(model, "recommend", feeds, k)
-        return items, "model"
+        return await self._top(model, feeds, k), "model"
 
+    @operation
     async def recommend(self, model_name: str, session_id: str, k: int, exclude_seen: bool = True) -> dict:
         model = self.model(model_name)
         self._check_k(model, k)
@@ -170,10 +169,6 @@ class SessionRecommender:
                 "exists": stored.blob is not None, "state_version": stored.version, "events_total": stored.events,
                 "last_update": stored.updated, "recent_items": [model.ids[r - 2] for r in seen.tolist() if r >= 2]}
 
-    async def delete(self, model_name: str, session_id: str) -> bool:
-        model = self.model(model_name)
-        return await self.store.delete(self.key(model, session_id))
-
     async def score_sessions(self, model_name: str, sessions: list[tuple[str | None, list[str]]], k: int,
                              exclude_seen: bool = True, unknown_items: str = "error") -> dict:
         """Stateless: replay each session from the initial state and recommend after its last click."""
@@ -183,11 +178,10 @@ class SessionRecommender:
         for s, (session_id, item_ids) in enumerate(sessions):
             rows = self._rows(model, [Click(i) for i in item_ids], unknown_items, f"sessions[{s}].item_ids[{{i}}]")
             rows = [r for r in rows if r is not None]
-            state, seen = model.initial_state, np.zeros(SEEN, dtype=np.int64)
+            seen = np.zeros(SEEN, dtype=np.int64)
             for row in rows:
                 seen = _remember(seen, row)
-                outs = await self.engines.run(model, "step", {**batched(state), "item": np.array([row])})
-                state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=True)}
+            state, _ = await self.fold(model, model.initial_state, [{"item": np.array([row])} for row in rows])
             items, source = await self._recommend(model, state, seen, len(rows), k, exclude_seen)
             results.append({"session_id": session_id, "events": len(rows), "source": source, "items": items})
         return {"model": model.name, "version": model.version, "sessions": results}

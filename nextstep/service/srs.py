@@ -8,7 +8,7 @@ only keeps enough of each user's log to apply it, and calls it.
 
 State per user, under `srs:<model>:<schema>:<user>` (the schema hash covers the storage layout and the
 window sizes, not the model version: the reviews are data, and a new version reading windows of the same
-sizes goes on from them; see registry.srs_schema_hash):
+sizes goes on from them; see schema_hash):
 
 * the blob: the number of distinct cards reviewed (int64) followed by the user's last `size` reviews (the
   recent block), oldest first;
@@ -39,8 +39,8 @@ log time) of the first grid interval where the predicted recall crosses the desi
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import json
 import math
 import time as _time
 from collections.abc import Sequence
@@ -49,12 +49,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..review_window import select
-from .kt import Engines, InvalidInput
-from .registry import LoadedModel, ModelRegistry
-from .state import StateStore, StoredState
-from .writes import Writers, unapplied
+from .core import Change, StatefulTask, operation
+from .errors import InvalidInput
+from .registry import ONNX_DTYPES, LoadedModel, TaskSpec, register_task
+from .state import StoredState
 
-TASK = "srs"
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1")])  # packed: 38 bytes
 _HEADER = np.dtype("<i8")  # distinct cards reviewed
@@ -66,7 +65,44 @@ MIN_INTERVAL = 1.0  # ... or once the bracketing interval is shorter than this m
 MAX_STEPS = 64
 MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a schedule's grid goes in several calls,
 # so that requests queued meanwhile (the calls share one ONNX Runtime thread) wait for one call, not the grid
+# what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
+INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
+          "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "card": "int64",
+          "deck": "int64", "time": "float64"}
+OUTPUTS = ("rating_probs", "recall", "duration_s")
+# The layout of the reviews stored per user (below): part of the state key's schema hash together with the
+# window sizes. Change it whenever this module changes how it stores reviews.
+STATE_LAYOUT = "srs-reviews-v1: card count, recent block and per-card fields of rows (seq i8, card i8, " \
+    "deck i8, time f8, duration f4, rating i1, state i1); ids as signed BLAKE2b-64"
 _PAD = {"card": 0, "deck": 0, "time": 0.0, "rating": 1, "duration": 0.0, "state": -1}  # as the export's parity check
+
+
+def schema_hash(name: str, size: int, card_size: int) -> str:
+    """A user's stored state is their raw reviews, not model tensors: any version of a model that reads windows
+    of the same sizes can use it, so the hash covers the storage layout and the window sizes but not the
+    version (a new version keeps its users' histories; one with other window sizes starts afresh)."""
+    return hashlib.sha256(json.dumps([name, STATE_LAYOUT, size, card_size]).encode()).hexdigest()[:12]
+
+
+def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
+    inputs, outputs = graphs["predict"]
+    wrong = [(n, t) for n, t in inputs if n not in INPUTS or ONNX_DTYPES.get(t) != INPUTS[n]]
+    if wrong:
+        raise fail(f"predict graph takes {wrong}, which the service does not feed (it feeds {INPUTS})")
+    if not set(OUTPUTS) <= set(outputs):
+        raise fail(f"predict graph outputs {outputs}, the service needs {list(OUTPUTS)}")
+    w = manifest.get("window")
+    try:
+        window = (int(w["size"]), int(w["card_size"]))
+    except (KeyError, TypeError, ValueError):
+        raise fail(f"manifest window {w!r} is not {{size, card_size}} as integers") from None
+    if window[0] < 1 or window[1] < 0:
+        raise fail(f"manifest window {w!r}: size must be >= 1 and card_size >= 0")
+    return {"window": window, "schema": schema_hash(name, *window)}
+
+
+# no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
+SPEC = register_task(TaskSpec("srs", ("predict",), None, False, _check))
 
 
 def id_hash(value: str) -> int:
@@ -200,35 +236,12 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
             raise InvalidInput(f"{at}.state", f"{r.state!r} is not a card state 0..3")
 
 
-def _counted(method):
-    """Count the requests in progress (SpacedRepetition._active), so that a lone one runs the model inline."""
-    @functools.wraps(method)
-    async def counted(self, *args, **kwargs):
-        self._active += 1
-        try:
-            return await method(self, *args, **kwargs)
-        finally:
-            self._active -= 1
-    return counted
+class SpacedRepetition(StatefulTask):
+    TASK, PREFIX = SPEC.name, "srs"
 
-
-class SpacedRepetition:
-    def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
-                 on_retry=None):
-        self.registry, self.store, self.engines = registry, store, engines
-        self.writers = Writers(cas_retries, on_retry)
-        self._active = 0  # requests in progress: at 1, inference runs inline (Engines.run(alone=True))
-
-    def model(self, name: str) -> LoadedModel:
-        return self.registry.get(name, task=TASK)
-
-    @staticmethod
-    def key(model: LoadedModel, user_id: str) -> str:
-        return f"srs:{model.name}:{model.schema}:{user_id}"
-
-    async def _read(self, key: str, cards: Sequence[str], event_ids: Sequence[str] = ()) -> tuple[History, set]:
-        stored, seen = await self.store.read(key, event_ids, fields=list(dict.fromkeys(cards)))
-        return _decode(stored), seen
+    async def _read(self, key: str, cards: Sequence[str]) -> History:
+        stored, _ = await self.store.read(key, fields=list(dict.fromkeys(cards)))
+        return _decode(stored)
 
     async def _run(self, model: LoadedModel, hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray,
                    decks: np.ndarray, times: np.ndarray) -> dict[str, np.ndarray]:
@@ -241,7 +254,7 @@ class SpacedRepetition:
             rows = which[lo:lo + step]
             feed = {name: value[rows] for name, value in hist.items()}
             feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step])
-            outs = await self.engines.run(model, "predict", feed, alone=self._active == 1)
+            outs = await self.engines.run(model, "predict", feed)
             parts.append(dict(zip(names, outs, strict=True)))
         return {name: np.concatenate([p[name] for p in parts]) for name in ("rating_probs", "recall", "duration_s")}
 
@@ -270,7 +283,7 @@ class SpacedRepetition:
 
     # ------------------------------------------------------------------ operations
 
-    @_counted
+    @operation
     async def add_reviews(self, model_name: str, user_id: str, reviews: list[Review],
                           predict: tuple[str, str, float | None] | None = None) -> dict:
         """Append reviews (in time order, after the stored ones; replayed event ids are applied once) and
@@ -280,54 +293,47 @@ class SpacedRepetition:
         if predict is not None and not predict[0]:
             raise InvalidInput("predict.card_id", "must not be empty")
         size, card_size = model.window
-        key = self.key(model, user_id)
-        event_ids = [r.event_id for r in reviews]
         asked = [r.card_id for r in reviews] + ([predict[0]] if predict is not None else [])
-        async with self.writers.lock(key):
-            async for _ in self.writers.attempts(f"user {user_id!r}"):
-                history, already = await self._read(key, asked, [i for i in event_ids if i is not None])
-                fresh, fresh_ids = unapplied(event_ids, already)
-                last = history.last_time
-                if fresh and last is not None and reviews[fresh[0]].time < last:
-                    i = fresh[0]
-                    raise InvalidInput(f"reviews[{i}].time", f"{reviews[i].time!r} is before the user's last stored "
-                                                             f"review at {last!r}: reviews must be in time order")
-                new = _new_rows([reviews[i] for i in fresh], history.count)
-                recent = np.concatenate([history.recent, new])[-size:]
-                touched: dict[str, np.ndarray] = {}
-                n_cards = history.n_cards
-                for j, i in enumerate(fresh):
-                    card = reviews[i].card_id
-                    if card not in touched:
-                        old = history.cards.get(card)
-                        if old is None:
-                            n_cards += 1
-                            old = np.zeros(0, dtype=ROW)
-                        touched[card] = old
-                    touched[card] = np.concatenate([touched[card], new[j:j + 1]])[-card_size:] if card_size \
-                        else touched[card][:0]
-                after = History(history.stored, recent, {**history.cards, **touched}, n_cards)
-                at = None
-                if predict is not None:  # checked before anything is written
-                    at = self._query_time(after, predict[2], "predict.time")
-                if fresh:
-                    written = await self.store.compare_and_set(
-                        key, history.stored.version, _encode(recent, n_cards), len(fresh), fresh_ids,
-                        fields={card: rows.tobytes() for card, rows in touched.items()})
-                    if written is None:
-                        self.writers.lost(model)
-                        continue
-                else:
-                    written = history.stored
-                result = {"user_id": user_id, "model": model.name, "version": model.version,
-                          "applied": len(fresh), "replayed": len(reviews) - len(fresh),
-                          "reviews_total": written.events, "last_review_time": after.last_time,
-                          "state_version": written.version, "prediction": None}
-                if predict is not None:
-                    result["prediction"] = await self._answer(model, after, predict[0], predict[1], at)
-                return result
 
-    @_counted
+        async def attempt(stored: StoredState, fresh: list[int], _) -> Change:
+            history = _decode(stored)
+            last = history.last_time
+            if fresh and last is not None and reviews[fresh[0]].time < last:
+                i = fresh[0]
+                raise InvalidInput(f"reviews[{i}].time", f"{reviews[i].time!r} is before the user's last stored "
+                                                         f"review at {last!r}: reviews must be in time order")
+            new = _new_rows([reviews[i] for i in fresh], history.count)
+            recent = np.concatenate([history.recent, new])[-size:]
+            touched: dict[str, np.ndarray] = {}
+            n_cards = history.n_cards
+            for j, i in enumerate(fresh):
+                card = reviews[i].card_id
+                if card not in touched:
+                    old = history.cards.get(card)
+                    if old is None:
+                        n_cards += 1
+                        old = np.zeros(0, dtype=ROW)
+                    touched[card] = old
+                touched[card] = np.concatenate([touched[card], new[j:j + 1]])[-card_size:] if card_size \
+                    else touched[card][:0]
+            after = History(history.stored, recent, {**history.cards, **touched}, n_cards)
+            at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
+
+            async def answer(written: StoredState) -> dict:
+                return {"user_id": user_id, "model": model.name, "version": model.version,
+                        "applied": len(fresh), "replayed": len(reviews) - len(fresh),
+                        "reviews_total": written.events, "last_review_time": after.last_time,
+                        "state_version": written.version,
+                        "prediction": await self._answer(model, after, predict[0], predict[1], at)
+                        if predict is not None else None}
+
+            return Change(_encode(recent, n_cards) if fresh else None, answer, len(fresh),
+                          {card: rows.tobytes() for card, rows in touched.items()})
+
+        return await self.write(model, self.key(model, user_id), f"user {user_id!r}", [r.event_id for r in reviews],
+                                attempt, fields=list(dict.fromkeys(asked)))
+
+    @operation
     async def predict(self, model_name: str, user_id: str, card_id: str, deck_id: str = "",
                       at: float | None = None) -> dict:
         """P(rating), P(recall) and the expected answer time of a review of `card_id` at `at` (default now)."""
@@ -336,13 +342,13 @@ class SpacedRepetition:
             raise InvalidInput("card_id", "must not be empty")
         if at is not None:
             check_time(at, "time")
-        history, _ = await self._read(self.key(model, user_id), [card_id])
+        history = await self._read(self.key(model, user_id), [card_id])
         at = self._query_time(history, at, "time")
         answer = await self._answer(model, history, card_id, deck_id, at)
         return {"user_id": user_id, "model": model.name, "version": model.version,
                 "reviews_total": history.stored.events, **answer}
 
-    @_counted
+    @operation
     async def schedule(self, model_name: str, user_id: str, cards: list[tuple[str, str]], retention: float,
                        now: float | None = None, horizon_days: float = 36500.0) -> dict:
         """Per card, the time at which the predicted recall falls to `retention`.
@@ -368,7 +374,7 @@ class SpacedRepetition:
                 raise InvalidInput(f"cards[{i}].card_id", "must not be empty")
         if now is not None:
             check_time(now, "now")
-        history, _ = await self._read(self.key(model, user_id), [c for c, _ in cards])
+        history = await self._read(self.key(model, user_id), [c for c, _ in cards])
         now = self._query_time(history, now, "now")
         horizon = horizon_days * 86400.0
         offsets = np.concatenate([[0.0], np.geomspace(min(GRID_START, horizon), horizon, GRID_POINTS)])
@@ -446,7 +452,3 @@ class SpacedRepetition:
         return {"user_id": user_id, "model": model.name, "version": model.version, "exists": stored.exists,
                 "reviews_total": stored.events, "last_review_time": history.last_time, "cards": history.n_cards,
                 "state_version": stored.version, "last_update": stored.updated}
-
-    async def delete(self, model_name: str, user_id: str) -> bool:
-        model = self.model(model_name)
-        return await self.store.delete(self.key(model, user_id))

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import redis.exceptions as rexc
 
+from .errors import StoreUnavailable
 from .resp import ReplyError, RespClient, pack
 
 DEFAULT_MAX_EVENT_IDS = 10_000
@@ -56,10 +57,6 @@ class StoredState:
 
 
 ABSENT = StoredState(version=0, events=0, updated=None, blob=None)
-
-
-class StoreUnavailable(RuntimeError):
-    """The backing store cannot be reached; the message says why. Raised in bounded time."""
 
 
 @runtime_checkable
@@ -330,6 +327,35 @@ def _state(reply: list) -> StoredState:
     return StoredState(int(version), int(events), float(updated), blob)
 
 
+class Redis:
+    """One Redis connection (`resp.RespClient`: the commands of concurrent callers are pipelined) with the
+    store's error mapping: connectivity failures and "cannot serve" replies -> StoreUnavailable naming the
+    server and the operation; any other error reply -> redis.exceptions.ResponseError (NOSCRIPT is returned,
+    for `RedisStore._eval`). Every call completes or raises within about `2 * timeout` seconds; nothing is
+    retried. The connection is re-opened on the next call after a failure."""
+
+    def __init__(self, url: str, *, timeout: float) -> None:
+        self.where = _redact(url)
+        self._client = RespClient(url, timeout=timeout, connect_timeout=timeout)
+
+    async def call(self, what: str, *commands: bytes) -> list:
+        """Send commands in one write; the replies, in order."""
+        try:
+            replies = await self._client.call(*commands)
+        except _UNAVAILABLE as exc:
+            reason = str(exc) or type(exc).__name__
+            raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {reason}") from exc
+        for reply in replies:
+            if isinstance(reply, ReplyError) and not str(reply).startswith("NOSCRIPT"):
+                if str(reply).startswith(_UNAVAILABLE_REPLIES):
+                    raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {reply}")
+                raise rexc.ResponseError(str(reply))
+        return replies
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
 class RedisStore:
     """State in Redis: a HASH per key (version/events/updated/blob, and `ids`: how many event ids were
     ever recorded), a HASH `<key>:fields` of its companion fields (only where some were written), and the
@@ -366,8 +392,8 @@ class RedisStore:
         self._max_ids = max_event_ids
         self._prefix = key_prefix
         self._clock = clock
-        self._where = _redact(url)
-        self._client = RespClient(url, timeout=socket_timeout, connect_timeout=socket_timeout)
+        self._redis = Redis(url, timeout=socket_timeout)
+        self._call = self._redis.call
         self._scripts = {name: (hashlib.sha1(lua.encode()).hexdigest(), lua)
                          for name, lua in (("cas", _CAS_LUA),)}
 
@@ -375,20 +401,6 @@ class RedisStore:
         """The state hash, the replay window's buckets and its ring, the companion fields."""
         state = f"{self._prefix}:{{{key}}}"
         return state, f"{state}:ids", f"{state}:ring", f"{state}:fields"
-
-    async def _call(self, what: str, *commands: bytes) -> list:
-        """Send commands in one write; connectivity failures and "cannot serve" replies -> StoreUnavailable."""
-        try:
-            replies = await self._client.call(*commands)
-        except _UNAVAILABLE as exc:
-            reason = str(exc) or type(exc).__name__
-            raise StoreUnavailable(f"Redis at {self._where} unavailable during {what}: {reason}") from exc
-        for reply in replies:
-            if isinstance(reply, ReplyError) and not str(reply).startswith("NOSCRIPT"):
-                if str(reply).startswith(_UNAVAILABLE_REPLIES):
-                    raise StoreUnavailable(f"Redis at {self._where} unavailable during {what}: {reply}")
-                raise rexc.ResponseError(str(reply))
-        return replies
 
     async def get(self, key: str) -> StoredState:
         state_key = self._keys(key)[0]
@@ -469,7 +481,7 @@ class RedisStore:
         await self._call("ping", pack(b"PING"))
 
     async def close(self) -> None:
-        await self._client.close()
+        await self._redis.close()
 
 
 def make_store(

@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 
-
-class ConcurrencyConflict(RuntimeError):
-    """Compare-and-set kept failing: too many writers for one entity."""
+from .errors import ConcurrencyConflict
 
 
 class Writers:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nextstep.service.registry import ArtifactError, LoadedModel, ModelRegistry, UnknownId, UnknownModel
+from nextstep.service.errors import UnknownId, UnknownModel
+from nextstep.service.registry import ArtifactError, LoadedModel, ModelRegistry
 
 
 def edit_manifest(artifact: Path, **changes) -> dict:

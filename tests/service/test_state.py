@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from nextstep.service.errors import StoreUnavailable
 from nextstep.service.state import (
     ABSENT,
     InProcessStore,
     RedisStore,
     StateStore,
     StoredState,
-    StoreUnavailable,
     make_store,
 )
 

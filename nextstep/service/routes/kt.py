@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ..kt import Event, KnowledgeTracer
-from .common import Strict, too_many
+from .common import JsonRoute, Strict, too_many
 
-router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"])
+router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
 
 Id = Annotated[StrictStr | StrictInt,
                Field(description="an external id as the app knows it (string or integer; not true, not 1.0)")]
@@ -88,18 +88,14 @@ def _events(items: list[EventIn]) -> list[Event]:
     return [Event(str(e.question_id), e.response, e.event_id) for e in items]
 
 
-async def absorb_events(kt: KnowledgeTracer, settings, model: str, body: EventsIn) -> dict:
-    """The events route's work; also called by the app's fast path for this route (app.py)."""
+@router.post("/events", summary="Fold a learner's new responses into their state (and predict)")
+async def post_events(model: ModelName, body: EventsIn, kt: Tracer, request: Request) -> dict:
+    settings = request.app.state.settings
     too_many("events", len(body.events), settings.max_events)
     if body.predict_question_ids:
         too_many("predict_question_ids", len(body.predict_question_ids), settings.max_questions)
     ids = [str(q) for q in body.predict_question_ids] if body.predict_question_ids else None
     return await kt.absorb(model, body.student_id, _events(body.events), ids, body.explain)
-
-
-@router.post("/events", summary="Fold a learner's new responses into their state (and predict)")
-async def post_events(model: ModelName, body: EventsIn, kt: Tracer, request: Request) -> dict:
-    return await absorb_events(kt, request.app.state.settings, model, body)
 
 
 @router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question")

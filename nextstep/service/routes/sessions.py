@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from ..sessions import Click, SessionRecommender
-from .common import Strict, too_many
+from .common import JsonRoute, Strict, too_many
 
-router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"])
+router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"], route_class=JsonRoute)
 
 Id = Annotated[StrictStr | StrictInt,
                Field(description="an external item id as the app knows it (string or integer; not true, not 1.0)")]

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
 from ..srs import MS_LOOKING, Review, SpacedRepetition
-from .common import Strict, too_many
+from .common import JsonRoute, Strict, too_many
 
-router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"])
+router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
 
 
 def _seconds(value: float) -> float:

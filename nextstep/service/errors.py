@@ -1,0 +1,58 @@
+"""What a request can fail with, each error in one place with the HTTP answer the app gives it.
+
+    UnknownModel        404  no loaded model of that name (or task)           field "model"
+    UnknownId           422  an external id the model's vocabulary lacks      field: what the id is
+    InvalidInput        422  a request the model cannot answer                field: the offending one
+    TooLarge            413  more items than the settings allow               field: the list
+    ConcurrencyConflict 409  compare-and-set kept losing to other writers
+    StoreUnavailable    503  the state store cannot be reached
+
+The task modules raise them without knowing HTTP; `app.py` answers each with `STATUS` and `field`.
+"""
+
+
+class UnknownModel(KeyError):
+    """No loaded model has this name or version; the message lists what is available."""
+
+    field = "model"
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
+class UnknownId(ValueError):
+    """An external id the model's vocabulary does not hold."""
+
+    def __init__(self, field: str, value):
+        super().__init__(f"unknown {field} id {value!r}: not in the model's vocabulary")
+        self.field = field
+        self.value = value
+
+
+class InvalidInput(ValueError):
+    """A request the model cannot answer; `field` names the offending field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class TooLarge(InvalidInput):
+    """More items in a request than the settings allow (HTTP 413)."""
+
+
+class ConcurrencyConflict(RuntimeError):
+    """Compare-and-set kept failing: too many writers for one entity."""
+
+    field = None
+
+
+class StoreUnavailable(RuntimeError):
+    """The backing store cannot be reached; the message says why. Raised in bounded time."""
+
+    field = None
+
+
+# the HTTP status of each error; a subclass comes before its base (the first match in the MRO wins)
+STATUS = {UnknownModel: 404, UnknownId: 422, TooLarge: 413, InvalidInput: 422, ConcurrencyConflict: 409,
+          StoreUnavailable: 503}
