@@ -36,10 +36,9 @@ def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
         if unknown:
             raise SystemExit(f"--config {args.config}: unknown keys {[where + k for k in unknown]}; "
                              f"expected some of {sorted(known)}")
-    top = {f.name for f in fields(cls)}
-    for flag in flags:
+    for flag in ("epochs", "seed", "loss", "device"):
         if getattr(args, flag, None) is not None:
-            if flag not in top:
+            if flag not in flags:
                 raise SystemExit(f"--{flag} does not apply to {args.model}")
             values[flag] = getattr(args, flag)
     try:

@@ -20,7 +20,7 @@ Two stores share this contract:
 * `RedisStore`     -- the deployment store; any replica serves any learner, restarts lose nothing.
 * `InProcessStore` -- the embedded default when no Redis URL is configured (tests, one process).
 
-See /work/shared/ARCHITECTURE.md, "State in Redis".
+docs/architecture.md describes the keys and what each request costs in Redis round trips.
 """
 
 from __future__ import annotations

@@ -67,13 +67,13 @@ def _kt(name: str, model: str, config: str, help: str) -> Family:
                   train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"})
 
 
-def _next_item(name: str, model: str, config: str, train_config: str, help: str, restorer: str | None = None
-               ) -> Family:
+def _next_item(name: str, model: str, config: str, train_config: str, help: str, restorer: str | None = None,
+               flags: tuple[str, ...] = ("epochs", "seed")) -> Family:
     return Family(name, "next_item", model, config, train_config, "nextstep.training.next_item_run:train_next_item",
                   "nextstep.training.next_item_export:NextItemExporter",
                   "nextstep.training.next_item_run:evaluate_next_item", help, restorer=restorer,
                   train_options={"format": "fmt", "valid": "valid"},
-                  evaluate_options={"format": "fmt", "valid": "valid"}, flags=("epochs", "seed", "loss"))
+                  evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags)
 
 
 GPCM = "nextstep.models.deep_gpcm"
@@ -91,18 +91,19 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            train_options={"similarity_config": ("similarity", "nextstep.training.simakt_run:load_similarity")},
            user_error="nextstep.models.simakt:ConfigError"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
-               "nextstep.training.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)"),
+               "nextstep.training.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
+               flags=("epochs", "seed", "loss")),
     _next_item("mrn", "nextstep.models.mrn:MRN", "nextstep.models.mrn:MRNConfig",
                "nextstep.training.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)"),
     _next_item("popularity", "nextstep.models.next_item:Popularity", COUNTS, COUNTS, "training click counts",
-               restorer="nextstep.training.next_item_export:restore_counts"),
+               restorer="nextstep.training.next_item_export:restore_counts", flags=("seed",)),
     _next_item("markov", "nextstep.models.next_item:Markov", COUNTS, COUNTS, "first-order Markov chain",
-               restorer="nextstep.training.next_item_export:restore_counts"),
+               restorer="nextstep.training.next_item_export:restore_counts", flags=("seed",)),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",
            "nextstep.models.time_aware:TimeAwareConfig", "nextstep.training.time_aware_loop:TimeAwareTrainConfig",
            "nextstep.training.time_aware_run:train_time_aware", "nextstep.training.time_aware_export:TimeAwareExporter",
            "nextstep.training.time_aware_run:evaluate_time_aware",
-           "flashcards: rating and answer time (time-aware transformer)", named=False,
+           "flashcards: rating and answer time (time-aware transformer)", named=False, flags=("seed",),
            train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
            evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"}),
 )}

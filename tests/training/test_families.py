@@ -1,0 +1,55 @@
+"""The family registry: every entry resolves, names a class that implements the streaming contract for its
+task, and offers only options the command line has."""
+
+import dataclasses
+
+import pytest
+
+from nextstep.cli import ALL_OPTIONS, build_parser, main
+from nextstep.models.streaming import TASKS
+from nextstep.training.families import FAMILIES, by_task, family
+
+
+@pytest.mark.parametrize("entry", FAMILIES.values(), ids=lambda f: f.name)
+def test_every_entry_resolves_to_what_it_says(entry):
+    model = entry.resolve("model")
+    assert model.family == entry.name and model.task == entry.task in TASKS
+    for member in ("state_spec", "init_state", "step", "readout", "forward"):
+        assert callable(getattr(model, member)), member
+    for what in ("config", "train_config"):
+        assert dataclasses.is_dataclass(entry.resolve(what)), what
+    for what in ("train", "evaluate", "exporter") + (("restorer",) if entry.restorer else ()):
+        assert callable(entry.resolve(what)), what
+    assert set(entry.train_options) <= set(ALL_OPTIONS["train"])
+    assert set(entry.evaluate_options) <= set(ALL_OPTIONS["evaluate"])
+    train_fields = entry.config_fields("train_config")
+    assert set(entry.flags) <= train_fields, set(entry.flags) - train_fields
+
+
+def test_the_cli_offers_every_family_and_only_them(capsys):
+    parser = build_parser()
+    for name in FAMILIES:
+        args = parser.parse_args(["train", name, "--data", "d"])
+        assert args.model == name and all(hasattr(args, option) for option in ALL_OPTIONS["train"])
+    assert all(hasattr(parser.parse_args(["evaluate", "a", "--data", "d"]), o) for o in ALL_OPTIONS["evaluate"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "nope", "--data", "d"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_unknown_family_and_tasks():
+    with pytest.raises(ValueError, match="unknown model family 'nope'"):
+        family("nope")
+    assert {f.name for f in by_task("knowledge_tracing")} >= {"deep_gpcm", "dkt", "simakt"}
+    assert {f.task for f in FAMILIES.values()} == set(TASKS)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "mrn", "--loss", "bpr"], "--loss does not apply to mrn"),
+    (["train", "time_aware", "--epochs", "3"], "--epochs does not apply to time_aware"),
+    (["train", "dkt", "--valid"], "--valid: not an option of train dkt"),
+    (["train", "gru4rec", "--similarity-config", "x.json"], "--similarity-config: not an option of train gru4rec"),
+])
+def test_an_option_the_family_does_not_take_is_refused_before_any_data_is_read(argv, message, tmp_path):
+    with pytest.raises(SystemExit, match=message):
+        main([*argv, "--data", str(tmp_path / "nowhere")])
