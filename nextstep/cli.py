@@ -24,7 +24,7 @@ from pathlib import Path
 from .training.families import FAMILIES, family
 
 
-def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
+def _config(args, cls, model_cls, flags: tuple[str, ...]):
     """A training config from --config (JSON; model settings under "model") and the flags; unknown keys and
     bad values are refused before any data is read."""
     values = json.loads(Path(args.config).read_text()) if args.config else {}
@@ -36,7 +36,7 @@ def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
         if unknown:
             raise SystemExit(f"--config {args.config}: unknown keys {[where + k for k in unknown]}; "
                              f"expected some of {sorted(known)}")
-    for flag in ("epochs", "seed", "loss", "device"):
+    for flag in ALL_FLAGS:
         if getattr(args, flag, None) is not None:
             if flag not in flags:
                 raise SystemExit(f"--{flag} does not apply to {args.model}")
@@ -48,17 +48,18 @@ def _config(args, cls, model_cls=None, flags=("epochs", "seed")):
 
 
 def _options(args, entry, mapping: dict, command: str) -> dict:
-    """The keywords of the family's train or evaluate function from the command-line options it takes; an option
-    given that the family does not take is an error naming it."""
-    parser_defaults = {"day_columns": "check", "valid": False}
-    wrong = [o for o in ALL_OPTIONS[command] if o not in mapping
-             and getattr(args, o, None) not in (None, parser_defaults.get(o))]
+    """The keywords of the family's train or evaluate function from the options given (an option left out keeps
+    the function's default); an option given that the family does not take is an error naming it."""
+    given = {o for o in ALL_OPTIONS[command] if getattr(args, o, None) not in (None, False)}
+    wrong = sorted(given - set(mapping))
     if wrong:
         flags = ", ".join("--" + o.replace("_", "-") for o in wrong)
         takes = ", ".join("--" + o.replace("_", "-") for o in mapping) or "none of them"
         raise SystemExit(f"{flags}: not an option of {command} {entry.name} (it takes {takes})")
     kwargs = {}
     for option, keyword in mapping.items():
+        if option not in given:
+            continue
         value = getattr(args, option)
         if isinstance(keyword, tuple):  # (keyword, "module:function" that turns the option into the value)
             keyword, convert = keyword
@@ -106,11 +107,12 @@ def cmd_export(args) -> int:
     entry = _artifact_family(args.artifact, "export")
     if Path(args.out).resolve() == Path(args.artifact).resolve():
         raise SystemExit("export: --out must be a new directory, not the artifact itself")
+    manifest = json.loads((Path(args.artifact) / "manifest.json").read_text())
+    if not (Path(args.artifact) / str(manifest.get("parity", {}).get("inputs"))).is_file():
+        raise SystemExit(f"export: {args.artifact} has no parity sequences to check a re-export on (exported "
+                         "before parity.npz existed): train it again")
     try:
         manifest = reexport(Path(args.artifact), Path(args.out), entry.resolve("exporter"), restore)
-    except (OSError, KeyError) as exc:
-        raise SystemExit(f"export: {args.artifact} cannot be re-exported (made before parity.npz existed?): "
-                         f"{exc!r}") from None
     except ParityError as exc:
         raise SystemExit(f"export: {exc}") from None
     print(json.dumps({"artifact": args.out, "parity": manifest["parity"]}, indent=2))
@@ -311,6 +313,7 @@ def cmd_import_anki(args) -> int:
     return 0
 
 
+ALL_FLAGS = ("epochs", "seed", "loss", "device")  # set training config fields (a family's entry says which)
 ALL_OPTIONS = {  # the family-specific options of each command (a family's entry says which it takes)
     "train": ("format", "valid", "day_columns", "duration_cap_s", "similarity_config"),
     "evaluate": ("format", "valid", "max_len", "banks", "day_columns", "duration_cap_s"),
@@ -334,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--loss", help="next-item training loss (gru4rec: cross-entropy, bpr, bpr-max)")
     train.add_argument("--valid", action="store_true",
                        help="next-item: train on *_train_tr and evaluate on *_train_valid (tuning; test unread)")
-    train.add_argument("--day-columns", choices=["check", "ignore", "trust"], default="check",
+    train.add_argument("--day-columns", choices=["check", "ignore", "trust"],
                        help="time_aware: a review-log CSV's day_offset/elapsed_days columns are checked against the "
                             "times (default), recomputed from the times (ignore), or taken as they are (trust)")
     train.add_argument("--duration-cap-s", type=float,
@@ -355,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
     evaluate.add_argument("--max-len", type=int, help="score chunks of this length, each from a fresh state")
     evaluate.add_argument("--banks", help="simakt: the bank version to use (default: the one exported with it)")
-    evaluate.add_argument("--day-columns", choices=["check", "ignore", "trust"], default="check",
+    evaluate.add_argument("--day-columns", choices=["check", "ignore", "trust"],
                           help="time_aware: how a review-log CSV's day columns are read (see train)")
     evaluate.add_argument("--duration-cap-s", type=float, help="time_aware: the app's answer-time cap (see train)")
     evaluate.set_defaults(func=cmd_evaluate)

@@ -255,9 +255,7 @@ class KnowledgeTracer(StatefulTask):
                 q = questions[i:i + 1]
                 per_event.append(predictions(model, [events[i].question_id],
                                              await self._predict(model, state, q, bank)))
-                outs = await self.engines.run(model, "step", {**batched(state), "question": q,
-                                                              "response": responses[i:i + 1]})
-                state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=True)}
+                state, _ = await self.fold(model, state, [{"question": q, "response": responses[i:i + 1]}])
             final = None
             if predict_ids:
                 index = question_index(model, predict_ids, f"students[{s}].predict_question_ids[]")

@@ -91,7 +91,7 @@ class Exporter:
         raise NotImplementedError
 
     def dims(self, dim: Callable) -> dict[str, dict]:
-        """Dynamic axes of the event, query and shared inputs (the state's batch axis is added)."""
+        """Dynamic axes of inputs beyond the batch axis, by input name (state, event, query or shared)."""
         raise NotImplementedError
 
     def widen(self, query: tuple) -> tuple:
@@ -141,7 +141,7 @@ class Exporter:
             outputs = list(self.answer(state, *query, *shared.values()))
         batch = torch.export.Dim("batch")
         dims = self.dims(torch.export.Dim)
-        state_dyn = [{0: batch} for _ in names]
+        state_dyn = [{0: batch, **dims.get(n, {})} for n in names]
         ev = [{0: batch, **dims.get(n, {})} for n in self.event]
         qu = [{0: batch, **dims.get(n, {})} for n in self.query]
         sh = [dims.get(n, {}) for n in shared]

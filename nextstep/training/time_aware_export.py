@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from ..models.time_aware import TimeAwareTransformer, Window, expected_duration
 from .export import Exporter, export
 
@@ -49,13 +47,8 @@ class TimeAwareExporter(Exporter):
         return p.rating_probs, p.log_duration
 
     def dims(self, dim):
-        return {}
-
-    def graphs(self, sequence):
-        (g,) = super().graphs(sequence)
-        history = torch.export.Dim("history")
-        g.dynamic = [{**d, 1: history} for d in g.dynamic[:7]] + g.dynamic[7:]
-        return [g]
+        history = dim("history")  # the window's rows: one axis shared by every hist_* input
+        return {name: {1: history} for name in INPUTS[:7]}
 
     def manifest(self):
         return {"window": {"size": self.model.cfg.window, "card_size": self.model.cfg.card_window}}
@@ -66,12 +59,5 @@ def export_time_aware(model: TimeAwareTransformer, out_dir: Path, *, manifest: d
     T = min(sequence.card.shape[1], model.cfg.window)
     return export(TimeAwareExporter(model), out_dir, manifest=manifest, sequence=tuple(x[:, :T] for x in sequence))
 
-
-def prefix_window(sequence: Window, i: int) -> Window:
-    """Rows 0..i-1 of (B, T) sequences as windows left-padded to T (what a query at row i sees)."""
-    B, T = sequence.card.shape
-    fills = (0, 0, 0.0, 1, 0.0, -1, False)
-    return Window(*(torch.cat([torch.full((B, T - i), f, dtype=x.dtype), x[:, :i]], dim=1)
-                    for x, f in zip(sequence, fills, strict=True)))
 
 

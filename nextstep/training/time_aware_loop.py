@@ -127,21 +127,16 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
         order = rng.permutation(train_rows)
         return (torch.from_numpy(order[lo:lo + tcfg.batch_size]) for lo in range(0, len(order), tcfg.batch_size))
 
-    def report(row):
-        row.setdefault("valid_loss", row["train_loss"])  # what early stopping watched
-        if log_progress:
-            log_progress(row)
-
+    monitor = "valid_loss" if len(valid_rows) else "train_loss"  # what early stopping watches
     history = train_epochs(model, tcfg.max_epochs, batches,
                            lambda batch: _loss(model, rt, batch, tcfg.duration_weight, tcfg.device),
                            optimizer=opt, grad_clip=1.0,
                            validate=(lambda: {"loss": validation_loss(model, rt, valid_rows, tcfg)})
                            if len(valid_rows) else None,
-                           monitor="valid_loss" if len(valid_rows) else "train_loss", patience=tcfg.patience,
-                           progress=False, report=report)
+                           monitor=monitor, patience=tcfg.patience, progress=False, report=log_progress)
     model.cpu().eval()
     calibration = calibrate(model, rt, valid_rows) if tcfg.calibrate else None
-    best = [row for row in history if row["best"]][-1]["valid_loss"]
+    best = [row for row in history if row["best"]][-1][monitor]
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
                    "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
 

@@ -43,8 +43,9 @@ def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainCon
     for k, (train, test) in enumerate(folds):
         def report(h, k=k):
             if progress:
-                print(f"fold {k + 1}/{len(folds)} epoch {h['epoch']}: train {h['train_loss']:.4f} "
-                      f"valid {h['valid_loss']:.4f} ({h['seconds']:.0f} s)", flush=True)
+                valid = f"valid {h['valid_loss']:.4f}" if "valid_loss" in h else "no validation rows"
+                print(f"fold {k + 1}/{len(folds)} epoch {h['epoch']}: train {h['train_loss']:.4f} {valid} "
+                      f"({h['seconds']:.0f} s)", flush=True)
 
         model, info = fit(rt, train, cfg, tcfg, log_progress=report)
         out = predict(model, rt, test)

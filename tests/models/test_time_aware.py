@@ -6,7 +6,6 @@ import torch
 
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss
 from nextstep.review_window import select, user_windows
-from nextstep.training.time_aware_export import prefix_window
 
 B, T = 3, 14
 
@@ -19,6 +18,14 @@ def _sequences(seed=0, b=B, t=T, n_cards=4) -> Window:
     duration[0, 2] = float("nan")  # unknown durations are an input, not an error
     return Window(card, card % 2, time, torch.randint(1, 5, (b, t), generator=g), duration,
                   torch.randint(-1, 4, (b, t), generator=g), torch.ones(b, t, dtype=torch.bool))
+
+
+def prefix_window(sequence: Window, i: int) -> Window:
+    """Rows 0..i-1 of (B, T) sequences as windows left-padded to T (what a query at row i sees)."""
+    B, T = sequence.card.shape
+    fills = (0, 0, 0.0, 1, 0.0, -1, False)
+    return Window(*(torch.cat([torch.full((B, T - i), f, dtype=x.dtype), x[:, :i]], dim=1)
+                    for x, f in zip(sequence, fills, strict=True)))
 
 
 @pytest.fixture(scope="module")
