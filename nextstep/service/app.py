@@ -5,6 +5,7 @@
 
 import asyncio
 import hmac
+import inspect
 import logging
 import math
 import time
@@ -15,6 +16,8 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
 
 from .banks import Banks, make_bank_store
 from .errors import STATUS, StoreUnavailable
@@ -24,6 +27,7 @@ from .registry import ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
 from .routes import srs as srs_routes
+from .routes.common import JsonRoute
 from .runtime import Engines
 from .sessions import SessionRecommender
 from .settings import Settings
@@ -53,13 +57,17 @@ def _finite(value):
 
 
 class ServiceMiddleware:
-    """API keys (constant-time compare), body size limit, and request metrics, as plain ASGI: no extra
-    task per request (Starlette's BaseHTTPMiddleware costs about 0.4 ms a request here). The metrics' route
-    and model come from what the router set on this same scope (the route's template, its path parameter)."""
+    """The service's one middleware, as plain ASGI: API keys (constant-time compare), the body size limit, request
+    metrics, and the app's exception handlers (errors.py's table, FastAPI's for HTTPException and validation).
+    The metrics' route and model come from what the router set on this same scope (the route's template, its
+    path parameter). Exceptions are mapped here, in place of Starlette's ExceptionMiddleware (`Service`): the
+    routes' own handling reads the same tables from the scope, as Starlette's routes do."""
 
-    def __init__(self, app, *, settings: Settings, metrics: Metrics):
+    def __init__(self, app, *, settings: Settings, metrics: Metrics, handlers: dict):
         self.app, self.settings, self.metrics = app, settings, metrics
         self.keys = [k.encode() for k in settings.api_keys]
+        self.classes = {k: v for k, v in handlers.items() if isinstance(k, type)}
+        self.statuses = {k: v for k, v in handlers.items() if isinstance(k, int)}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -89,7 +97,7 @@ class ServiceMiddleware:
             async def receive():  # noqa: F811 - replay the buffered body
                 return {"type": "http.request", "body": body, "more_body": False}
 
-        status = 500
+        status = None
 
         async def send_and_record(message):
             nonlocal status
@@ -100,14 +108,44 @@ class ServiceMiddleware:
         metrics = self.metrics
         metrics.serving += 1
         start = time.perf_counter()
+        scope["starlette.exception_handlers"] = (self.classes, self.statuses)  # read by the routes' own handling
         try:
             await self.app(scope, receive, send_and_record)
+        except Exception as exc:
+            handler = self.statuses.get(exc.status_code) if isinstance(exc, HTTPException) else None
+            handler = handler or next((self.classes[c] for c in type(exc).__mro__ if c in self.classes), None)
+            if handler is None or status is not None:  # a bug, or too late to answer: ServerErrorMiddleware's 500
+                raise
+            response = handler(Request(scope, receive), exc)
+            response = await response if inspect.isawaitable(response) else response
+            await response(scope, receive, send_and_record)
+            exc.__traceback__ = None  # (an exception instance raised again must not grow its traceback)
         finally:
             metrics.serving -= 1
             route = scope.get("route")  # set by the router on this same scope
             template = getattr(route, "path", "unmatched")
             model = scope.get("path_params", {}).get("model", "") if route is not None else ""
-            metrics.request_done(template, model, status, time.perf_counter() - start)
+            metrics.request_done(template, model, status or 500, time.perf_counter() - start)
+
+
+class Service(FastAPI):
+    """FastAPI with a shorter middleware stack: Starlette's ServerErrorMiddleware (the last-resort 500), then
+    `ServiceMiddleware`, then any middleware added with `add_middleware`, then the router. FastAPI's own stack
+    also has Starlette's ExceptionMiddleware (ServiceMiddleware maps exceptions instead), an exit stack for
+    closing uploaded files (every API route is a `JsonRoute`, which opens one where FastAPI's handling needs
+    it, off the fast path: tests/service/test_app.py), and two layers
+    that do nothing in this configuration (native OpenTelemetry when off, FastAPI's body limit when unset, which
+    ServiceMiddleware enforces). Together those layers cost 10-15% of KT events throughput at 32 connections
+    (docs/decisions.md)."""
+
+    def build_middleware_stack(self):
+        handlers = {k: v for k, v in self.exception_handlers.items() if k not in (500, Exception)}
+        app = self.router
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        app = ServiceMiddleware(app, settings=self.state.settings, metrics=self.state.metrics, handlers=handlers)
+        last_resort = self.exception_handlers.get(500) or self.exception_handlers.get(Exception)
+        return ServerErrorMiddleware(app, handler=last_resort, debug=self.debug)
 
 
 class TimedStore:
@@ -170,9 +208,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await session_store.close()
         await srs_store.close()
 
-    app = FastAPI(title="NextStep", version="0.1.0", lifespan=lifespan,
+    # FastAPI's native OpenTelemetry looks for a configured provider on every request (about 5 us) even when
+    # there is none; the service's own metrics are Prometheus (/metrics), so it is on only when asked for
+    otel = settings.opentelemetry
+    app = Service(title="NextStep", version="0.1.0", lifespan=lifespan,
+                  telemetry={"tracing": otel, "metrics": otel, "logs": otel},
                   description="Predicts a learner's next response from state kept per learner.")
     app.state.settings, app.state.metrics = settings, metrics
+    app.router.route_class = JsonRoute  # the system routes below too (Service's stack relies on it)
     # the task routes go first in the app's own route list: FastAPI's include_router would nest a router that
     # matches every request a second time, and the docs routes ahead of them would be tried on every request
     # (together about 20 us a request); these routers carry no settings of their own
@@ -190,8 +233,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for error in STATUS:
         app.add_exception_handler(error, failed)
-
-    app.add_middleware(ServiceMiddleware, settings=settings, metrics=metrics)
 
     @app.get("/healthz", tags=["system"], summary="The process is alive")
     async def healthz() -> dict:

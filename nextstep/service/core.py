@@ -26,11 +26,16 @@ from .writes import Writers, batched, unapplied
 
 
 def operation(method):
-    """A task's public operation: counted in the engines while it runs (Engines.operation)."""
+    """A task's public operation: counted in the engines while it runs (Engines.operations; a plain counter,
+    not a context manager: this runs on every request)."""
     @functools.wraps(method)
     async def counted(self, *args, **kwargs):
-        with self.engines.operation():
+        engines = self.engines
+        engines.operations += 1
+        try:
             return await method(self, *args, **kwargs)
+        finally:
+            engines.operations -= 1
     return counted
 
 
@@ -72,7 +77,10 @@ class StatefulTask:
         the events to apply, their ids)` -> a Change; compare-and-set; on a lost race, again. The answer of
         the attempt that was written."""
         async with self.writers.lock(key):
-            async for _ in self.writers.attempts(what):
+            tries = 0
+            while True:  # (not `async for` over a generator: see Writers.backoff)
+                await self.writers.backoff(tries, what)
+                tries += 1
                 stored, already = await self.store.read(key, [i for i in event_ids if i is not None], fields=fields)
                 fresh, fresh_ids = unapplied(event_ids, already)
                 change = await attempt(stored, fresh, fresh_ids)

@@ -25,7 +25,6 @@ only its own caller.
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import time
 import weakref
@@ -199,7 +198,7 @@ class Engines:
     object, so a reload's replaced models (and their sessions) are released, and a new model can never
     inherit an old model's batcher.
 
-    Also the count of operations in progress (`operation()`, entered by the stateful core for each request):
+    Also the count of operations in progress (`operations`, kept by the stateful core for each request):
     while only one is, nobody could share its runs, so they run inline when the batcher is idle
     (`MicroBatcher.run_now`: no executor hop)."""
 
@@ -207,16 +206,7 @@ class Engines:
         self.max_batch, self.max_wait_ms, self.on_batch = max_batch, max_wait_ms, on_batch
         self._batchers: weakref.WeakKeyDictionary[LoadedModel, dict[str, MicroBatcher]] = \
             weakref.WeakKeyDictionary()
-        self._operations = 0
-
-    @contextlib.contextmanager
-    def operation(self):
-        """Count one request's work in progress while inside."""
-        self._operations += 1
-        try:
-            yield
-        finally:
-            self._operations -= 1
+        self.operations = 0  # requests in progress: the stateful core counts each of its operations here
 
     async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray], *,
                   shared: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
@@ -235,7 +225,7 @@ class Engines:
                                                    max_wait_ms=self.max_wait_ms, on_batch=on_batch)
         shared = {n: shared[n] for n in model.input_names[graph] if n in shared} if shared else None
         feeds = {n: feeds[n] for n in model.input_names[graph] if not shared or n not in shared}
-        if self._operations == 1:  # alone: nobody could share the run
+        if self.operations == 1:  # alone: nobody could share the run
             outputs = batcher.run_now(feeds, shared)
             if outputs is not None:
                 return outputs

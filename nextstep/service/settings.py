@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=2_000_000, ge=1_024)
     cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
     bank_refresh_seconds: float = Field(default=1.0, ge=0)  # SimAKT: how stale a replica's active bank version may be
+    opentelemetry: bool = False  # FastAPI's native OpenTelemetry (needs a provider); /metrics is ours
 
     @field_validator("api_keys", mode="before")
     @classmethod

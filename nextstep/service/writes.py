@@ -10,7 +10,7 @@ replays idempotent: ids the store already holds, and ids repeated within a reque
 import asyncio
 import random
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,14 +29,15 @@ class Writers:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    async def attempts(self, what: str) -> AsyncIterator[int]:
-        """Yield attempt numbers, backing off before each retry; ConcurrencyConflict once they run out. The
-        caller returns from inside the loop when its compare-and-set wins, and calls `lost` when it does not."""
-        for attempt in range(self.retries):
-            if attempt:
-                await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
-            yield attempt
-        raise ConcurrencyConflict(f"{what}: state changed under {self.retries} attempts")
+    async def backoff(self, attempt: int, what: str) -> None:
+        """Before attempt number `attempt` (0 first): nothing; before a retry, a short random sleep; once the
+        retries run out, ConcurrencyConflict. A plain coroutine per attempt, not an async generator: a caller
+        that returns from inside `async for` leaves the generator for asyncio to close in a task of its own,
+        one per request (about 10 us under load)."""
+        if attempt >= self.retries:
+            raise ConcurrencyConflict(f"{what}: state changed under {self.retries} attempts")
+        if attempt:
+            await asyncio.sleep(random.uniform(0, min(0.001 * 2**attempt, 0.05)))
 
     def lost(self, model) -> None:
         if self.on_retry:

@@ -149,9 +149,10 @@ def artifacts(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @contextmanager
-def serving(settings: Settings):
-    """The app under uvicorn in a thread on a free loopback port; yields its base URL."""
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+def serving(settings: Settings, app=None):
+    """The app (`create_app(settings)` unless given) under uvicorn in a thread on a free loopback port; yields its
+    base URL."""
+    config = uvicorn.Config(app or create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

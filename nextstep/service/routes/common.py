@@ -1,5 +1,5 @@
 """What every route module shares: strict request bodies, the per-request size limits, and `JsonRoute`, the
-route class of every router (the fast path of routes that take a JSON body)."""
+route class of every route (the fast path of routes that take a JSON body)."""
 
 import asyncio
 import contextlib
@@ -45,12 +45,13 @@ class JsonRoute(APIRoute):
     `async def` of the request alone), and its answer is encoded by pydantic-core. Errors the endpoint raises
     go to the app's exception handlers, as on the regular path. Anything unusual (not JSON, a body that does
     not validate) takes FastAPI's regular handling, from the same bytes, so every 4xx is the one FastAPI
-    gives. A route outside this pattern (no body, other parameters) is handled by FastAPI alone."""
+    gives. A route outside this pattern (no body, other parameters) is handled by FastAPI alone. Every API route
+    of the app is a JsonRoute (app.Service relies on it)."""
 
     async def handle(self, scope, receive, send) -> None:
         plan = self._fast
         if plan is None or scope["method"] not in self.methods:
-            return await super().handle(scope, receive, send)
+            return await self._regular(scope, receive, send)
         chunks, more = [], True
         while more:
             message = await receive()
@@ -74,7 +75,7 @@ class JsonRoute(APIRoute):
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
 
-            return await super().handle(scope, replay, send)
+            return await self._regular(scope, replay, send)
         request = Request(scope, receive)
         kwargs = {name: scope["path_params"][name] for name in path_names}
         kwargs[body_name] = parsed
@@ -87,6 +88,13 @@ class JsonRoute(APIRoute):
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _regular(self, scope, receive, send) -> None:
+        """FastAPI's own handling, with the exit stack its middleware stack would have put in the scope (it closes
+        uploaded files; app.Service's stack has none)."""
+        async with contextlib.AsyncExitStack() as files:
+            scope["fastapi_middleware_astack"] = files
+            await super().handle(scope, receive, send)
 
     @functools.cached_property
     def _fast(self):

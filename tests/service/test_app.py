@@ -1,0 +1,56 @@
+"""app.py: the service's middleware stack (Service, ServiceMiddleware), and what every error becomes through it."""
+
+import httpx
+from fastapi import HTTPException
+from fastapi.routing import APIRoute
+from starlette.middleware.errors import ServerErrorMiddleware
+
+from nextstep.service.app import ServiceMiddleware, create_app
+from nextstep.service.routes.common import JsonRoute, Strict
+from nextstep.service.settings import Settings
+
+
+def test_the_stack_is_the_last_resort_then_the_service_middleware_then_the_router(tmp_path):
+    app = create_app(Settings(artifacts_dir=tmp_path))
+    stack = app.build_middleware_stack()
+    assert isinstance(stack, ServerErrorMiddleware) and isinstance(stack.app, ServiceMiddleware)
+    assert stack.app.app is app.router
+    # FastAPI's own handling needs an exit stack in the scope; JsonRoute opens one off the fast path
+    api = [r for r in app.routes if isinstance(r, APIRoute)]
+    assert len(api) > 20 and all(isinstance(r, JsonRoute) for r in api), [r.path for r in api]
+
+
+def test_every_error_gets_its_handlers_answer_and_is_counted(artifacts, serve):
+    art, _ = artifacts
+    settings = Settings(artifacts_dir=art)
+    app = create_app(settings)
+
+    @app.post("/teapot")
+    async def teapot(body: dict) -> dict:
+        raise HTTPException(418, "short and stout")
+
+    @app.post("/bug")
+    async def bug(body: Strict) -> dict:  # (a body model: the fast path)
+        raise RuntimeError("a bug")
+
+    assert app.router.routes[-1]._plan() is not None and app.router.routes[-2]._plan() is None
+    with serve(settings, app) as url:
+        with httpx.Client(base_url=url) as http:
+            assert http.get("/nowhere").json() == {"detail": "Not Found"}
+            assert http.get("/nowhere").status_code == 404
+            assert http.put("/healthz").status_code == 405
+            unknown = http.post("/v1/kt/nobody/events", json={"student_id": "s", "events": [
+                {"question_id": 1, "response": 1}]})  # the fast path: the error comes out of the route
+            assert unknown.status_code == 404 and unknown.json()["field"] == "model", unknown.text
+            slow = http.get("/v1/kt/nobody/students/s")  # FastAPI's handling: the route's own error handling
+            assert slow.status_code == 404 and slow.json()["field"] == "model", slow.text
+            tea = http.post("/teapot", json={})
+            assert tea.status_code == 418 and tea.json() == {"detail": "short and stout"}
+            broken = http.post("/bug", json={})
+            assert broken.status_code == 500 and broken.text == "Internal Server Error"
+        with httpx.Client(base_url=url) as http:  # (uvicorn closes the connection of a 500 that was raised)
+            assert http.get("/healthz").json() == {"status": "ok"}  # and the service goes on
+            scrape = http.get("/metrics").text
+    for route, status, n in (("unmatched", 404, 2), ("/healthz", 405, 1), ("/v1/kt/{model}/events", 404, 1),
+                             ("/teapot", 418, 1), ("/bug", 500, 1)):
+        assert f'nextstep_requests_total{{model="",route="{route}",status="{status}"}} {n}.0' in scrape, (route, status)
