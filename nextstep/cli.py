@@ -80,7 +80,7 @@ def cmd_train(args) -> int:
     if entry.progress:
         kwargs[entry.progress] = not args.quiet
     train = entry.resolve("train")
-    user_error = entry.resolve("user_error") if entry.user_error else ()
+    user_error = entry.resolve("user_error") or ()
     try:
         manifest = train(args.model, args.data, out, cfg=cfg, **kwargs) if entry.named else \
             train(args.data, out, cfg=cfg, **kwargs)

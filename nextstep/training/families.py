@@ -5,18 +5,24 @@ and no entry imports another family's code):
 
 - the model class, implementing the streaming contract (nextstep/models/streaming.py), and its config dataclass;
 - the training config dataclass (`--config FILE` is checked against it, model settings under "model");
-- the run that reads the data, trains, evaluates on held-out data and exports (the family's data reader, batcher,
-  loss and metrics live behind it), and the evaluation that re-scores an exported artifact;
+- the run that reads the data, trains, evaluates on held-out data and exports, and the evaluation that re-scores
+  an exported artifact;
+- the parts those use: the data reader, the batcher, the loss and the metrics (None where a family has none;
+  signatures are the task's own). A run shared by several families takes them from the entry of the family it
+  runs: the knowledge-tracing run all four, the next-item run its reader and metrics (GRU4Rec's and MRN's batcher
+  and loss sit inside their own fit). A family's own run (SimAKT, time-aware) uses its parts directly;
 - which command-line options apply, and the keyword each becomes.
 
 The CLI's `train`, `evaluate` and `export` are built from this table. A new family is a model file, an entry
 here, a config and its tests.
 """
 
-from dataclasses import dataclass, field, fields
+from dataclasses import KW_ONLY, dataclass, field, fields
+from functools import reduce
 from importlib import import_module
 
 KT_RUN = "nextstep.training.run"
+PARTS = ("reader", "batcher", "loss", "metrics")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,11 @@ class Family:
     exporter: str  # "module:Class" of its Exporter (training/export.py): the graphs, parity and files of an artifact
     evaluate: str  # "module:function": (artifact, data, **options) -> metrics
     help: str
+    _: KW_ONLY
+    reader: str | None  # "module:function" reading a data set: the run's (train, test) or review log
+    batcher: str | None  # "module:function" cutting training data into the batches of train_epochs
+    loss: str | None  # "module:function" (or "module:Class.method") of the loss minimised
+    metrics: str | None  # "module:function" scoring predictions on held-out data
     named: bool = True  # train takes the family name as its first argument
     train_options: dict = field(default_factory=dict)  # CLI option -> keyword of train, or (keyword, "module:
     # function" turning the option's value into the keyword's)
@@ -40,9 +51,16 @@ class Family:
     user_error: str | None = None  # "module:Class" of the errors in what a user gave (a message, not a traceback)
 
     def resolve(self, what: str):
-        """The object an entry's path names: `resolve("model")` is the class."""
-        module, _, attribute = getattr(self, what).partition(":")
-        return getattr(import_module(module), attribute)
+        """The object an entry's path names: `resolve("model")` is the class; None for a part it has not."""
+        path = getattr(self, what)
+        if path is None:
+            return None
+        module, _, attribute = path.partition(":")
+        return reduce(getattr, attribute.split("."), import_module(module))
+
+    def parts(self) -> tuple:
+        """(reader, batcher, loss, metrics), resolved."""
+        return tuple(self.resolve(what) for what in PARTS)
 
     def build(self, config: dict):
         """An untrained model from a config dict (a manifest's or weights.pt's `config`)."""
@@ -64,16 +82,28 @@ class Family:
 def _kt(name: str, model: str, config: str, help: str) -> Family:
     return Family(name, "knowledge_tracing", model, config, "nextstep.training.loop:TrainConfig",
                   f"{KT_RUN}:train_model", "nextstep.training.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
+                  reader="nextstep.training.data:load_dataset", batcher="nextstep.training.loop:batches",
+                  # (TrainConfig.loss, n_cats) -> the loss; its CORAL term takes a model's cumulative logits if any
+                  loss="nextstep.training.losses:CombinedLoss.from_spec",
+                  metrics="nextstep.training.metrics:ordinal_metrics",
                   train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"})
 
 
-def _next_item(name: str, model: str, config: str, train_config: str, help: str, restorer: str | None = None,
-               flags: tuple[str, ...] = ("epochs", "seed")) -> Family:
+def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, batcher: str | None,
+               loss: str | None, restorer: str | None = None, flags: tuple[str, ...] = ("epochs", "seed")) -> Family:
     return Family(name, "next_item", model, config, train_config, "nextstep.training.next_item_run:train_next_item",
                   "nextstep.training.next_item_export:NextItemExporter",
-                  "nextstep.training.next_item_run:evaluate_next_item", help, restorer=restorer,
+                  "nextstep.training.next_item_run:evaluate_next_item", help,
+                  reader="nextstep.training.sessions:load_session_split", batcher=batcher, loss=loss,
+                  metrics="nextstep.training.ranking:evaluate_sessions", restorer=restorer,
                   train_options={"format": "fmt", "valid": "valid"},
                   evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags)
+
+
+def _counts(name: str, model: str, help: str) -> Family:
+    # counted from the whole training split in one pass: no batches, nothing minimised
+    return _next_item(name, f"nextstep.models.next_item:{model}", COUNTS, COUNTS, help, batcher=None, loss=None,
+                      restorer="nextstep.training.next_item_export:restore_counts", flags=("seed",))
 
 
 GPCM = "nextstep.models.deep_gpcm"
@@ -87,23 +117,34 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "nextstep.training.simakt_run:SimAKTTrainConfig", "nextstep.training.simakt_run:train_simakt",
            "nextstep.training.simakt_export:SimAKTExporter",
            "nextstep.training.simakt_run:evaluate_simakt", "DTransformer + heads over similar students' memory banks",
+           reader="nextstep.training.data:load_dataset", batcher="nextstep.training.loop:batches",
+           # the prediction loss; training adds the problem L2 and, with lambda_cl, the contrastive loss
+           loss="torch.nn.functional:binary_cross_entropy_with_logits",
+           metrics="nextstep.training.simakt_run:binary_metrics",
            named=False, evaluate_options={"banks": "bank_version"}, flags=("epochs", "seed", "device"), progress=None,
            train_options={"similarity_config": ("similarity", "nextstep.training.simakt_run:load_similarity")},
            user_error="nextstep.models.simakt:ConfigError"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
                "nextstep.training.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
+               batcher="nextstep.training.gru4rec_loop:session_parallel",
+               loss="nextstep.training.gru4rec_step:TrainStep",  # cross-entropy, bpr or bpr-max, hand-written gradients
                flags=("epochs", "seed", "loss")),
     _next_item("mrn", "nextstep.models.mrn:MRN", "nextstep.models.mrn:MRNConfig",
-               "nextstep.training.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)"),
-    _next_item("popularity", "nextstep.models.next_item:Popularity", COUNTS, COUNTS, "training click counts",
-               restorer="nextstep.training.next_item_export:restore_counts", flags=("seed",)),
-    _next_item("markov", "nextstep.models.next_item:Markov", COUNTS, COUNTS, "first-order Markov chain",
-               restorer="nextstep.training.next_item_export:restore_counts", flags=("seed",)),
+               "nextstep.training.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)",
+               batcher="nextstep.training.mrn_loop:length_batches", loss="nextstep.training.mrn_loop:mrn_loss"),
+    _counts("popularity", "Popularity", "training click counts"),
+    _counts("markov", "Markov", "first-order Markov chain"),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",
            "nextstep.models.time_aware:TimeAwareConfig", "nextstep.training.time_aware_loop:TimeAwareTrainConfig",
            "nextstep.training.time_aware_run:train_time_aware", "nextstep.training.time_aware_export:TimeAwareExporter",
            "nextstep.training.time_aware_run:evaluate_time_aware",
-           "flashcards: rating and answer time (time-aware transformer)", named=False, flags=("seed",),
+           "flashcards: rating and answer time (time-aware transformer)",
+           # named here, not yet taken from here (time_aware_run.py imports its own); training adds to the CORAL
+           # loss the squared error of log(1 + seconds)
+           reader="nextstep.training.reviews:read_reviews",
+           batcher="nextstep.training.time_aware_loop:ReviewTensors.batch",
+           loss="nextstep.models.time_aware:coral_loss", metrics="nextstep.training.srs_eval:evaluate_predictions",
+           named=False, flags=("seed",),
            train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
            evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"}),
 )}

@@ -19,9 +19,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .losses import CombinedLoss
-from .metrics import ordinal_metrics
-
 Encoded = tuple[np.ndarray, np.ndarray]  # (question indices, responses), int64, same length
 
 
@@ -81,12 +78,13 @@ def batches(seqs: list[Encoded], batch_size: int, rng: np.random.Generator | Non
 
 
 @torch.no_grad()
-def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len: int | None = None) -> dict:
+def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len: int | None = None,
+                      batcher: Callable = batches) -> dict:
     """Teacher-forced predictions at every real position: probs (N, K), targets, questions, and theta and
     alpha where the model has them (the IRT families; DKT-style models output log_probs alone)."""
     model.eval()
     out = {"probs": [], "targets": [], "questions": []}
-    for q, r, mask in batches(chunk(seqs, max_len), batch_size):
+    for q, r, mask in batcher(chunk(seqs, max_len), batch_size):
         pred = model(q, r)
         out["probs"].append(pred.log_probs.exp()[mask].numpy())
         out["targets"].append(r[mask].numpy())
@@ -98,18 +96,16 @@ def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
-def evaluate(model, seqs: list[Encoded], max_len: int | None = None) -> dict[str, float]:
-    pred = predict_sequences(model, seqs, max_len=max_len)
-    return ordinal_metrics(pred["probs"], pred["targets"])
-
-
-def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, checkpoint: Path | None = None,
-        progress: bool = True, log: bool = True) -> list[dict]:
+def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, batcher: Callable, loss: Callable,
+        metrics: Callable, checkpoint: Path | None = None, progress: bool = True, log: bool = True) -> list[dict]:
     """Train with Adam, halving the learning rate and stopping early on validation `cfg.monitor`; leaves the
-    best weights loaded (and saved to `checkpoint`). Returns the per-epoch history (see `train_epochs`)."""
+    best weights loaded (and saved to `checkpoint`). Returns the per-epoch history (see `train_epochs`).
+
+    The family's parts (families.py): `batcher(seqs, batch_size, rng)` as `batches`, `loss(cfg.loss, n_cats)`
+    the loss module, `metrics(probs, targets)` the validation metrics."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    loss_fn = CombinedLoss.from_spec(cfg.loss, model.cfg.n_cats)
+    loss_fn = loss(cfg.loss, model.cfg.n_cats)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     chunks = chunk(train, cfg.max_len)
 
@@ -119,9 +115,12 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, che
         cum = getattr(out, "cum_logits", None)  # CORAL's cumulative logits; absent or None elsewhere
         return loss_fn(out.log_probs[mask], r[mask], None if cum is None else cum[mask]), int(mask.sum())
 
-    return train_epochs(model, cfg.epochs, lambda epoch: batches(chunks, cfg.batch_size, rng), step,
-                        optimizer=opt, grad_clip=cfg.grad_clip,
-                        validate=lambda: evaluate(model, valid, cfg.eval_max_len),
+    def validate():
+        pred = predict_sequences(model, valid, max_len=cfg.eval_max_len, batcher=batcher)
+        return metrics(pred["probs"], pred["targets"])
+
+    return train_epochs(model, cfg.epochs, lambda epoch: batcher(chunks, cfg.batch_size, rng), step,
+                        optimizer=opt, grad_clip=cfg.grad_clip, validate=validate,
                         monitor=f"valid_{cfg.monitor}", lower_is_better=MONITORS[cfg.monitor], patience=cfg.patience,
                         lr_schedule=torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5,
                                                                                patience=cfg.lr_patience),

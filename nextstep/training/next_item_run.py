@@ -3,8 +3,8 @@
     *_train_full --> training (or *_train_tr with valid=True, for tuning)
     *_test       --> metrics.test (or *_train_valid with valid=True; the test file is then never read)
 
-Each model family registers a trainer: (config dataclass, model config dataclass or None,
-function(cfg, train, n_items, progress, log) -> (model, history)). The item vocabulary is built from
+Each model family has a trainer here, function(cfg, train, n_items, progress, log) -> (model, history); its
+training config, reader and metrics come from its entry in families.py. The item vocabulary is built from
 the training sessions; test events whose item is unknown to it are dropped before evaluation, as the
 official protocol does.
 """
@@ -22,12 +22,11 @@ from ..models.mrn import MRN, MRNConfig
 from ..models.next_item import Markov, NextItemModel, Popularity
 from .data import Vocabulary, fingerprint
 from .export import load_weights
-from .families import restore
+from .families import family, restore
 from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
 from .mrn_loop import MRNTrainConfig, fit_mrn
 from .next_item_export import TASK, export_next_item
-from .ranking import evaluate_sessions
-from .sessions import SessionData, load_session_split
+from .sessions import SessionData
 
 
 @dataclass
@@ -58,30 +57,26 @@ def _train_markov(cfg: CountConfig, train: SessionData, n_items: int, progress: 
     return Markov.fit(train.items, train.offsets, n_items, cfg.width), []
 
 
-TRAINERS = {  # name -> (training config, model config for its "model" overrides or None, trainer)
-    "gru4rec": (GRU4RecTrainConfig, GRU4RecConfig, _train_gru4rec),
-    "popularity": (CountConfig, None, _train_popularity),
-    "markov": (CountConfig, None, _train_markov),
-    "mrn": (MRNTrainConfig, MRNConfig, _train_mrn),
-}
+TRAINERS = {"gru4rec": _train_gru4rec, "popularity": _train_popularity, "markov": _train_markov, "mrn": _train_mrn}
 
 
 def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, *, cfg=None, valid: bool = False,
                     fmt: str | None = None, progress: bool = True, log: bool = True, top_k: int = 100) -> dict:
     if model_name not in TRAINERS:
         raise ValueError(f"unknown next-item model {model_name!r}; expected one of {sorted(TRAINERS)}")
-    config_cls, _, trainer = TRAINERS[model_name]
-    cfg = cfg if cfg is not None else config_cls()
+    entry = family(model_name)
+    read, _, _, score = entry.parts()
+    cfg = cfg if cfg is not None else entry.resolve("train_config")()
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
-    train, test = load_session_split(data_dir, valid=valid, fmt=fmt)
+    train, test = read(data_dir, valid=valid, fmt=fmt)
     vocab = Vocabulary.build(train.items)
     train_enc, test_enc = train.encode(vocab, drop_unknown=False), test.encode(vocab)
-    model, history = trainer(cfg, train_enc, len(vocab), progress, log)
+    model, history = TRAINERS[model_name](cfg, train_enc, len(vocab), progress, log)
     train_seconds = time.perf_counter() - started
     split = "valid" if valid else "test"
     dropped = test.n_events - test_enc.n_events
-    metrics = {split: {**evaluate_sessions(model, test_enc), "dropped_unknown_events": dropped}}
+    metrics = {split: {**score(model, test_enc), "dropped_unknown_events": dropped}}
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
         "name": model_name,
@@ -119,7 +114,8 @@ def load_next_item(artifact_dir: str | Path) -> tuple[NextItemModel, Vocabulary,
 def evaluate_next_item(artifact_dir: str | Path, data_dir: str | Path, valid: bool = False,
                        fmt: str | None = None) -> dict:
     """Re-measure an artifact on a data set's test file (or validation file) with the official protocol."""
-    model, vocab, _ = load_next_item(artifact_dir)
-    train, test = load_session_split(data_dir, valid=valid, fmt=fmt)
+    model, vocab, manifest = load_next_item(artifact_dir)
+    read, _, _, score = family(manifest["name"]).parts()
+    _, test = read(data_dir, valid=valid, fmt=fmt)
     encoded = test.encode(vocab)
-    return {**evaluate_sessions(model, encoded), "dropped_unknown_events": test.n_events - encoded.n_events}
+    return {**score(model, encoded), "dropped_unknown_events": test.n_events - encoded.n_events}

@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import KTDataset, Vocabulary, fingerprint, load_dataset, split_students
+from .data import KTDataset, Vocabulary, fingerprint, split_students
 from .export import export_artifact, load_weights
 from .families import family, restore
 from .loop import Encoded, TrainConfig, fit, predict_sequences
-from .metrics import ordinal_metrics
 from .report import write_report
 
 TASK = "knowledge_tracing"
@@ -55,9 +54,10 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     entry = family(model_name)
     if entry.task != TASK:
         raise ValueError(f"{model_name} is a {entry.task} model, not a {TASK} one")
+    read, batcher, loss, score = entry.parts()
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
-    train_ds, test_ds = load_dataset(data_dir, fmt)
+    train_ds, test_ds = read(data_dir, fmt)
     fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
     if not len(fit_ds) or not len(valid_ds):
         raise ValueError(f"{train_ds.path}: {len(train_ds)} training sequences leave {len(fit_ds)} to fit and "
@@ -67,14 +67,14 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     torch.manual_seed(cfg.seed)
     model = entry.build({"n_questions": len(vocab), "n_cats": train_ds.n_cats, **cfg.model})
     out_dir.mkdir(parents=True, exist_ok=True)
-    history = fit(model, encode(fit_ds, vocab), encode(valid_ds, vocab), cfg,
-                  checkpoint=out_dir / "checkpoint.pt", progress=progress, log=log)
+    history = fit(model, encode(fit_ds, vocab), encode(valid_ds, vocab), cfg, batcher=batcher, loss=loss,
+                  metrics=score, checkpoint=out_dir / "checkpoint.pt", progress=progress, log=log)
     train_seconds = time.perf_counter() - started
 
     test_enc = encode(test_ds, vocab)
-    test_pred = predict_sequences(model, test_enc, max_len=cfg.eval_max_len)
+    test_pred = predict_sequences(model, test_enc, max_len=cfg.eval_max_len, batcher=batcher)
     best_epoch = [h for h in history if h["best"]][-1]  # the epoch whose weights fit() kept
-    metrics = {"test": {**ordinal_metrics(test_pred["probs"], test_pred["targets"]), **unknown_share(test_enc)},
+    metrics = {"test": {**score(test_pred["probs"], test_pred["targets"]), **unknown_share(test_enc)},
                "valid": {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}}
     truth = data_dir / "true_irt_parameters.json"
     if truth.exists() and "theta" in test_pred:  # a model with IRT outputs
@@ -128,15 +128,16 @@ def evaluate_artifact(artifact_dir: str | Path, data_dir: str | Path, fmt: str |
     max_len: cut test sequences into chunks that each start from a fresh state (the protocol of the
     DKVMN paper); by default the run's own `eval_max_len` (whole sequences unless set)."""
     model, vocab, manifest = load_model(artifact_dir)
-    _, test_ds = load_dataset(data_dir, fmt)
+    read, batcher, _, score = family(manifest["name"]).parts()
+    _, test_ds = read(data_dir, fmt)
     if test_ds.n_cats != model.cfg.n_cats:
         raise ValueError(f"{test_ds.path} has K = {test_ds.n_cats} response categories but the model in "
                          f"{artifact_dir} predicts K = {model.cfg.n_cats}")
     if max_len is None:
         max_len = manifest.get("train_config", {}).get("eval_max_len")
     encoded = encode(test_ds, vocab)
-    pred = predict_sequences(model, encoded, max_len=max_len)
-    return {**ordinal_metrics(pred["probs"], pred["targets"]), **unknown_share(encoded)}
+    pred = predict_sequences(model, encoded, max_len=max_len, batcher=batcher)
+    return {**score(pred["probs"], pred["targets"]), **unknown_share(encoded)}
 
 
 def unknown_share(encoded: list[Encoded]) -> dict:

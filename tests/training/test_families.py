@@ -1,13 +1,19 @@
 """The family registry: every entry resolves, names a class that implements the streaming contract for its
-task, and offers only options the command line has."""
+task and the parts its runs use, and offers only options the command line has."""
 
 import dataclasses
+import json
 
 import pytest
 
 from nextstep.cli import ALL_OPTIONS, build_parser, main
 from nextstep.models.streaming import TASKS
 from nextstep.training.families import FAMILIES, by_task, family
+from nextstep.training.loop import TrainConfig
+from nextstep.training.run import train_model
+from nextstep.training.synthetic import write_gpcm_dataset
+
+COUNTED = {"popularity", "markov"}  # counted in one pass over the training split: no batches, nothing minimised
 
 
 @pytest.mark.parametrize("entry", FAMILIES.values(), ids=lambda f: f.name)
@@ -20,6 +26,12 @@ def test_every_entry_resolves_to_what_it_says(entry):
         assert dataclasses.is_dataclass(entry.resolve(what)), what
     for what in ("train", "evaluate", "exporter") + (("restorer",) if entry.restorer else ()):
         assert callable(entry.resolve(what)), what
+    reader, batcher, loss, metrics = entry.parts()
+    assert callable(reader) and callable(metrics)
+    if entry.name in COUNTED:
+        assert batcher is None and loss is None
+    else:
+        assert callable(batcher) and callable(loss)
     assert set(entry.train_options) <= set(ALL_OPTIONS["train"])
     assert set(entry.evaluate_options) <= set(ALL_OPTIONS["evaluate"])
     train_fields = entry.config_fields("train_config")
@@ -53,3 +65,19 @@ def test_unknown_family_and_tasks():
 def test_an_option_the_family_does_not_take_is_refused_before_any_data_is_read(argv, message, tmp_path):
     with pytest.raises(SystemExit, match=message):
         main([*argv, "--data", str(tmp_path / "nowhere")])
+
+
+def no_loss(spec: str, n_cats: int):
+    """A loss part other than the knowledge-tracing one: zero whatever TrainConfig.loss says (nothing to learn)."""
+    return lambda log_probs, targets, cum_logits=None: log_probs.sum() * 0.0
+
+
+def test_a_knowledge_tracing_run_trains_with_its_entry_s_loss(tmp_path, monkeypatch):
+    monkeypatch.setitem(FAMILIES, "deep_gpcm", dataclasses.replace(family("deep_gpcm"), loss=f"{__name__}:no_loss"))
+    data = write_gpcm_dataset(tmp_path / "data", n_students=20, n_questions=8, seq_len_range=(8, 12), seed=0)
+    small = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
+    train_model("deep_gpcm", data, tmp_path / "out", cfg=TrainConfig(epochs=2, loss="ce", model=small),
+                progress=False, log=False)
+    history = json.loads((tmp_path / "out" / "report" / "metrics.json").read_text())["history"]
+    assert [row["train_loss"] for row in history] == [0.0, 0.0]  # cross-entropy is never 0
+    assert history[0]["valid_nll"] == history[1]["valid_nll"]  # and the weights never moved

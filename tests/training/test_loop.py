@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from nextstep.training.families import family
 from nextstep.training.loop import TrainConfig, fit, predict_sequences, print_row, train_epochs
 
 
@@ -164,8 +165,9 @@ def test_models_without_irt_outputs_train_and_evaluate():
         seqs.append((q, (q % 2).astype(np.int64)))
     torch.manual_seed(0)
     model = LogProbsOnly(8)
+    _, batcher, loss, metrics = family("dkt").parts()
     history = fit(model, seqs[:30], seqs[30:], TrainConfig(epochs=15, lr=0.03, batch_size=8, monitor="auc"),
-                  progress=False, log=False)
+                  batcher=batcher, loss=loss, metrics=metrics, progress=False, log=False)
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert max(row["valid_auc"] for row in history) > 0.9
     pred = predict_sequences(model, seqs[30:])
