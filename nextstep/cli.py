@@ -308,8 +308,10 @@ def cmd_import_anki(args) -> int:
     except OSError as exc:
         raise SystemExit(f"import-anki: cannot write {out}: {exc}") from None
     deleted = int((log.deck == 0).sum())
+    skipped = log.meta.get("skipped", {})
     print(f"{len(log)} reviews of {len(np.unique(log.card))} cards in {len(np.unique(log.deck[log.deck != 0]))} "
-          f"decks{f' (+ {deleted} reviews of deleted cards, deck 0)' if deleted else ''} -> {out}")
+          f"decks{f' (+ {deleted} reviews of deleted cards, deck 0)' if deleted else ''} -> {out}"
+          + (f"; skipped: {', '.join(f'{n} {reason}' for reason, n in skipped.items())}" if skipped else ""))
     return 0
 
 

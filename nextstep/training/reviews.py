@@ -28,7 +28,9 @@ import csv
 import datetime as dt
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -494,7 +496,9 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
 
     Rows of ``revlog`` in id (= review time, ms) order. Kept: types 0 learn, 1 review, 2 relearn with ease
     1..4; skipped: type 3 (filtered-deck / cram reviews), 4 (manual rescheduling), 5 (rescheduled) and
-    ease 0. Reviews of deleted cards (no row in ``cards``) are kept with deck 0. Rating = ease, except on
+    ease 0, counted by reason in ``meta["skipped"]``; the file is read through a temporary copy, so nothing is
+    written beside it (SQLite would add -wal and -shm files to a WAL-mode collection). Reviews of deleted cards
+    (no row in ``cards``) are kept with deck 0. Rating = ease, except on
     learning and relearning rows of the old v1 scheduler, whose three buttons were Again / Good / Easy
     (ease 1, 2, 3 -> rating 1, 3, 4). State: type 0 on the card's first kept review is new (0), later type 0
     rows learning (1); type 1 review (2), type 2 relearning (3). Duration ms -> s; the deck option's answer
@@ -510,19 +514,26 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
         got = "a zip archive (unzip it: the collection is the collection.anki2 inside)" if magic[:2] == b"PK" \
             else magic
         raise DataFormatError(path, 1, "an Anki collection (a SQLite database file)", got)
-    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        for table in ("revlog", "col", "cards"):
-            if table not in tables:
-                raise DataFormatError(path, 1, f"an Anki collection with a {table!r} table", sorted(tables))
-        crt, config, cap = _anki_config(con, tables)
-        rows = con.execute("SELECT r.id, r.cid, r.ease, r.type, r.time, COALESCE(c.did, 0) FROM revlog AS r "
-                           "LEFT JOIN cards AS c ON c.id = r.cid ORDER BY r.id").fetchall()
-    except sqlite3.DatabaseError as exc:
-        raise DataFormatError(path, 1, "a readable Anki collection", str(exc)) from None
-    finally:
-        con.close()
+    # SQLite opens a WAL-mode database, even read-only, by creating -wal and -shm files beside it: read a copy
+    # (with the -wal file, if Anki left one, so that its last reviews are there), and the user's folder stays as it is
+    with tempfile.TemporaryDirectory(prefix="nextstep-anki-") as tmp:
+        copy = Path(tmp) / "collection.anki2"
+        shutil.copyfile(path, copy)
+        if Path(f"{path}-wal").is_file():
+            shutil.copyfile(f"{path}-wal", f"{copy}-wal")
+        con = sqlite3.connect(f"{copy.as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table in ("revlog", "col", "cards"):
+                if table not in tables:
+                    raise DataFormatError(path, 1, f"an Anki collection with a {table!r} table", sorted(tables))
+            crt, config, cap = _anki_config(con, tables)
+            rows = con.execute("SELECT r.id, r.cid, r.ease, r.type, r.time, COALESCE(c.did, 0) FROM revlog AS r "
+                               "LEFT JOIN cards AS c ON c.id = r.cid ORDER BY r.id").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise DataFormatError(path, 1, "a readable Anki collection", str(exc)) from None
+        finally:
+            con.close()
     table = np.asarray(rows, dtype=np.int64).reshape(-1, 6)
     rid, cid, ease, kind, msec, did = table.T
     position = np.arange(1, len(rid) + 1)  # the "line": the row's place in revlog id order
@@ -530,8 +541,11 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
     def where(column: str):
         return lambda r: f"{column} (revlog row id {rid[r]})"
 
-    _first_bad(path, (kind < 0) | (kind > 5), position, where("revlog type in 0..5"), lambda r: int(kind[r]))
     keep = np.isin(kind, ANKI_REVIEW_TYPES) & (ease != 0)
+    skipped = {reason: int(n) for reason, n in (
+        ("filtered deck (type 3)", np.sum(kind == 3)), ("manual reschedule (type 4)", np.sum(kind == 4)),
+        ("rescheduled (type 5)", np.sum(kind == 5)), ("other type", np.sum((kind < 0) | (kind > 5))),
+        ("no answer (ease 0)", np.sum(np.isin(kind, ANKI_REVIEW_TYPES) & (ease == 0)))) if n}
     _first_bad(path, keep & ((ease < 0) | (ease > 4)), position, where("ease in 1..4"), lambda r: int(ease[r]))
     _first_bad(path, keep & (msec < 0), position, where("a time in ms >= 0"), lambda r: int(msec[r]))
     sched_ver = _sched_ver(config)
@@ -548,7 +562,7 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
     state = np.where((kind == 0) & (prev < 0), STATE_NEW, kind + 1).astype(np.int64)
     start = _anki_day_start_ms(crt, config, sched_ver)
     days = (rid - start) // DAY_MS
-    meta = {"format": "anki", "sched_ver": sched_ver, "day_start_ms": {user_id: start}}
+    meta = {"format": "anki", "sched_ver": sched_ver, "day_start_ms": {user_id: start}, "skipped": skipped}
     if cap is not None:
         meta["duration_cap_s"] = cap
     return ReviewLog([user_id], np.array([0, n], dtype=np.int64), cid, did, rid / 1000.0, rating.astype(np.int64),

@@ -109,6 +109,28 @@ def test_anki_collection_field_by_field(collection):
     assert log.duration.dtype == np.float32 and log.time.dtype == np.float64
     assert log.meta["duration_cap_s"] == 60.0 and log.meta["sched_ver"] == 1
     assert log.meta["day_start_ms"] == {"7": CRT * 1000}
+    assert log.meta["skipped"] == {"filtered deck (type 3)": 1, "manual reschedule (type 4)": 1}
+
+
+def test_reading_a_collection_leaves_its_folder_as_it_was(tmp_path):
+    """A WAL-mode collection (as Anki writes them), with a -wal file holding its last review, as Anki leaves it
+    while open: the review is read, and nothing in the folder is added, removed or changed; a review of an
+    unknown type is skipped and counted, not an error."""
+    (tmp_path / "user").mkdir()
+    path = make_collection(tmp_path / "user" / "collection.anki2", REVLOG[:-1], CARDS)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    rid, cid, ease, kind, msec = REVLOG[-1]
+    con.execute("INSERT INTO revlog VALUES (?, ?, 0, ?, 1, 0, 2500, ?, ?)", (rid, cid, ease, msec, kind))
+    con.execute("INSERT INTO revlog VALUES (?, ?, 0, ?, 1, 0, 2500, ?, ?)", (rid + 1, cid, 3, 1000, 9))
+    con.commit()
+    before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    assert path.name + "-wal" in before
+    log = read_anki_collection(path)
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
+    assert log.time[-1] == rid / 1000 and log.meta["skipped"]["other type"] == 1
+    con.close()
 
 
 def test_anki_v2_ratings_are_the_ease_and_the_rollover_hour_moves_the_day_boundary(tmp_path):
@@ -307,6 +329,7 @@ def test_cli_import_anki(collection, tmp_path, capsys):
     assert main(["import-anki", str(collection), "--out", str(out), "--user-id", "42"]) == 0
     printed = capsys.readouterr().out
     assert "9 reviews of 4 cards in 2 decks (+ 1 reviews of deleted cards, deck 0)" in printed
+    assert "skipped: 1 filtered deck (type 3), 1 manual reschedule (type 4)" in printed
     log = read_review_csv(out)
     assert log.user_ids == ["42"] and len(log) == 9
     with pytest.raises(SystemExit, match="import-anki: Anki collection not found"):
