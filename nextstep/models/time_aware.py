@@ -7,12 +7,12 @@ and serving cannot disagree (the seed computed them outside the model):
 
 - per history row j, from the rows before it in the window: the interval since the previous review of
   its card, its review number and the lapses of its card so far;
-- per (query, row j): the time from j to the query, whether j is the query's card, or another card of
-  its deck; times are always relative to the query and on a log scale, never raw epoch seconds (the
-  seed fed 1.7e9-sized timestamps to Time2Vec);
-- for the query: the time since its card's last review (in hours and in scheduler days), the card's
-  review and lapse counts, its last rating and duration, the time since the user's last review, the
-  last answer time, and the card's index within the day (days start at `day_start_hour` UTC).
+- per (query, row j): the time from j to the reference time (below), whether j is the query's card, or
+  another card of its deck; times are always relative and on a log scale, never raw epoch seconds (the seed
+  fed 1.7e9-sized timestamps to Time2Vec);
+- for the query: what the rows say about its card and the user at the reference time, the card's last review
+  (or, for a card with no row, the user's last): the card's review and lapse counts, its last rating, interval
+  and answer time, reviews of other cards since, reviews that day. Nothing the query's own time would change.
 
 Layers (seed sections 2-4, with one change): the seed's decoder-only stack feeds review t's own rating
 into row t, so a row can never be used as the query for its own rating. Here the query is a row of its
@@ -24,13 +24,19 @@ Each layer is multi-head attention from the query to the rows with head groups a
 - global heads: every row, with a per-head bias -slope * (number of rows after it) for recency;
 
 plus a learned "nothing here" slot per head, so a new card (no rows for its card heads) is well defined.
-Time2Vec (one linear and K-1 periodic terms) encodes log1p(hours) of the query-relative times.
+Time2Vec (one linear and K-1 periodic terms) encodes log hours of the row times relative to the reference.
 
-Outputs: CORAL rating head (one shared logit s, ordered thresholds b_1 > b_2 > b_3, P(rating > k) =
-sigmoid(s + b_k), so P(recall) = P(rating > 1)) and a duration head for log(1 + seconds). With
-`adaptive_gaps` (the default) the gaps b_1 - b_2 and b_2 - b_3 are predicted from the state, still
-positive, so the probabilities stay rank-consistent while the Hard/Good/Easy split can differ from what the
-recall score alone implies; b_1 stays a constant, as in the seed.
+Outputs. P(recall) is a forgetting curve of the time since the card's last review that never rises
+(`curve`, `_recall_logit`): FSRS-6's power curve with a stability, a decay and a ceiling predicted from the
+query state, minus non-negative "drops" at fixed times from 5 minutes to a year, and terms of the query's time
+that can only lower recall as time passes (scheduler days since, time since the user's last review) or only
+fall away (same day, reviews today), each with a weight >= 0. The query state never sees the query's time, so
+the curve is monotone by construction, and `schedule` inverts it for a desired retention. A card with no review
+in the window has no curve: its recall does not depend on time. CORAL rating head: P(rating > k) =
+sigmoid(s - b_k) with s = logit P(recall) and b_1 = 0 < b_2 < b_3; with `adaptive_gaps` (the default) the gaps
+are predicted from the state, still positive, so the probabilities stay rank-consistent while the Hard/Good/Easy
+split can differ from what the recall alone implies. A duration head predicts log(1 + seconds) from the state
+and the recall logit.
 
 The streaming contract (streaming.py): the state is a window of raw reviews; `step` appends one; `readout`
 answers a batch of windows with one query each (the serving path: only the query row is computed); `forward`
@@ -186,7 +192,12 @@ class Layer(nn.Module):
 
 
 N_ROW_NUM = 7
-N_QUERY_NUM = 14
+N_QUERY_NUM = 11
+DROP_CENTRES_H = [1 / 12, 1.0, 6.0, 24.0, 72.0, 168.0, 720.0, 2160.0, 8760.0]  # the curve's drops: 5 min to a year
+DROP_WIDTH = 0.5  # in log(1 + hours)
+ANY_CENTRES_H = [0.1, 1.0, 6.0, 24.0]  # time terms: hours since the user's last review
+SCHEDULE_STEPS = 48  # bisection halvings of log(1 + hours) in `schedule`
+MAX_WAIT_DAYS = 1e6
 
 
 class TimeAwareTransformer(nn.Module):
@@ -208,11 +219,19 @@ class TimeAwareTransformer(nn.Module):
         self.q_last_rating = nn.Embedding(5, d)  # 0: card never seen in the window
         self.q_cat = nn.Linear(d, d - d // 2)
         self.q_norm = nn.LayerNorm(d)
-        self.q_t2v = Time2Vec(cfg.t2v_dim)
-        self.q_time = nn.Linear(cfg.t2v_dim, d)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
-        self.rating_w = nn.Linear(d, 1, bias=False)
-        self.first_threshold = nn.Parameter(torch.tensor(2.0))
+        self.rating_w = nn.Linear(d, 1)  # a new card's recall logit (no curve)
+        self.curve_head = nn.Linear(d, 3 + len(DROP_CENTRES_H))  # log stability (days), decay, ceiling, drops
+        self.register_buffer("drop_centres", torch.log1p(torch.tensor(DROP_CENTRES_H)), persistent=False)
+        self.register_buffer("any_centres", torch.log1p(torch.tensor(ANY_CENTRES_H)), persistent=False)
+        self.time_head = nn.Linear(d, 1 + len(ANY_CENTRES_H) + 2)  # weights of _time_terms' rising, falling
+        nn.init.zeros_(self.time_head.weight)
+        nn.init.constant_(self.time_head.bias, -4.0)
+        with torch.no_grad():
+            self.curve_head.weight.mul_(0.1)
+            self.curve_head.bias.copy_(torch.tensor([math.log(3.0), -1.8, 3.0] + [-4.0] * len(DROP_CENTRES_H)))
+            # S 3 days, d 0.18, m 0.95, drops about 0.02: close to a plain power curve at first
+            self.rating_w.bias.fill_(1.0)
         self.threshold_gaps = nn.Parameter(torch.tensor([1.0, 2.0]))
         if cfg.adaptive_gaps:
             self.gap_head = nn.Linear(d, 2)
@@ -221,7 +240,7 @@ class TimeAwareTransformer(nn.Module):
         # (scale, shift) applied to the three threshold logits: identity while training, then fitted on held-out
         # reviews (time_aware_loop.calibrate); a positive scale keeps the thresholds ordered
         self.register_buffer("calibration", torch.tensor([1.0, 0.0]))
-        self.duration = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.duration = nn.Sequential(nn.Linear(d + 1, d), nn.GELU(), nn.Linear(d, 1))
         with torch.no_grad():
             self.duration[-1].bias.fill_(2.0)  # log(1 + ~7 s)
 
@@ -253,72 +272,134 @@ class TimeAwareTransformer(nn.Module):
 
     def _core(self, w: Window, q: Query, visible: torch.Tensor) -> Prediction:
         """Predictions for queries (B, Q) over rows (B, H); visible (B, Q, H) says which rows each query sees."""
+        x, ctx = self._encode(w, q, visible)
+        return self._heads(x, ctx, ctx["elapsed"])
+
+    def _encode(self, w: Window, q: Query, visible: torch.Tensor):
+        """(query state x (B, Q, d), the context of the query's time terms: `elapsed` days since the card's last
+        review, whether it has one (`seen`), the reference time, and what `_time_terms` needs).
+
+        Nothing but the forgetting curve sees the query's time: the rows, the attention and the query features
+        are all relative to a reference time, the card's last review (or, for a card with no row, the user's last
+        review), so with the rows fixed, P(recall) is the curve evaluated at the time since the card's last
+        review: monotone non-increasing in it by construction."""
         B, H = w.card.shape
         visible = visible & w.valid.unsqueeze(1)
-        dt = ((q.time.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float().clamp(min=0)  # (B, Q, H) days
         same_card = visible & (w.card.unsqueeze(1) == q.card.unsqueeze(-1))
         same_deck = visible & (w.deck.unsqueeze(1) == q.deck.unsqueeze(-1)) & ~same_card
+        positions = torch.arange(H, device=w.card.device)
+        n_card = same_card.sum(-1).float()
+        seen = n_card > 0
+        any_row = visible.any(-1)
+        last_card = torch.where(same_card, positions, -1).amax(-1).clamp(min=0)  # (B, Q) the card's last row
+        last_any = torch.where(visible, positions, -1).amax(-1).clamp(min=0)  # the user's last visible row
+        ref = torch.where(seen, _pick(w.time, last_card), torch.where(any_row, _pick(w.time, last_any), q.time))
+        elapsed = torch.where(seen, ((q.time - ref) / DAY).float().clamp(min=0), 0.0)  # (B, Q) days
+        rel_days = ((ref.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float()  # (B, Q, H): < 0 after the reference
         after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
-        rel = {"dt_days": dt, "same_card": same_card, "same_deck": same_deck, "visible": visible,
-               "after": after.clamp(min=0)}
+        rel = {"dt_days": rel_days.clamp(min=0), "same_card": same_card, "same_deck": same_deck,
+               "visible": visible, "after": after.clamp(min=0)}
 
-        # rows: own features + query-relative time + relation to the query
+        # rows: own features + time relative to the reference + relation to the query
         row_feats = self._row_features(w)
         row = (self.rating_emb(w.rating.clamp(1, 4)) + self.state_emb(torch.where(w.state < 0, 4, w.state))
                + self.row_num(row_feats))  # (B, H, d)
         relation = same_card.long() * 2 + same_deck.long()
-        rows = row.unsqueeze(1) + self.row_time(self.row_t2v(_log1p(dt * 24))) + self.relation_emb(relation)
+        signed_hours = torch.sign(rel_days) * _log1p(rel_days.abs() * 24)
+        rows = row.unsqueeze(1) + self.row_time(self.row_t2v(signed_hours)) + self.relation_emb(relation)
         rows = self.row_norm(rows)  # (B, Q, H, d)
 
-        # query features from the rows it sees
-        big = torch.full_like(dt, 1e6)
-        n_card = same_card.sum(-1).float()
-        seen = n_card > 0
-        since_card = torch.where(same_card, dt, big).amin(-1)
-        since_card = torch.where(seen, since_card, 0.0)
-        positions = torch.arange(H, device=dt.device)
-        last_card = torch.where(same_card, positions, -1).amax(-1).clamp(min=0)  # (B, Q) the card's last row
+        # query features: what the rows say about the card and the user at the reference time
         last_rating = torch.where(seen, _pick(w.rating, last_card), 0)
         dur = torch.nan_to_num(w.duration, nan=0.0)
         last_dur_card = torch.where(seen, _pick(dur, last_card), 0.0)
         last_interval = torch.where(seen, _pick(row_feats[..., 0], last_card), 0.0)
         lapses = (same_card & (w.rating == 1).unsqueeze(1)).sum(-1).float()
-        any_row = visible.any(-1)
-        since_any = torch.where(any_row, torch.where(visible, dt, big).amin(-1), 0.0)
-        last_any = torch.where(visible, positions, -1).amax(-1).clamp(min=0)
         last_dur_any = torch.where(any_row, _pick(dur, last_any), 0.0)
-        q_day = self._day(q.time)
-        card_day = torch.where(same_card, self._day(w.time).unsqueeze(1), -1e12).amax(-1)
-        same_day_card = seen & (card_day == q_day)
-        days_since_card = torch.where(seen, (q_day - card_day).float(), 0.0)
-        today = (visible & (self._day(w.time).unsqueeze(1) == q_day.unsqueeze(-1))).sum(-1).float()
+        later = (visible & (rel_days < 0)).sum(-1).float()  # reviews of other cards since the card's last one
+        ref_day = self._day(ref)
+        same_day = (visible & (self._day(w.time).unsqueeze(1) == ref_day.unsqueeze(-1))).sum(-1).float()
         n_deck = same_deck.sum(-1).float()
+        gap_before = torch.where(seen, _pick(row_feats[..., 1], last_card), 0.0)  # log1p hours, card's last interval
         qnum = torch.stack([
-            _log1p(since_card), _log1p(since_card * 24), _log1p(days_since_card), seen.float(),
-            same_day_card.float(), _log1p(n_card), _log1p(lapses), _log1p(last_dur_card), last_interval,
-            _log1p(since_any * 1440), _log1p(last_dur_any), _log1p(today), _log1p(n_deck),
+            seen.float(), _log1p(n_card), _log1p(lapses), _log1p(last_dur_card), last_interval, gap_before,
+            _log1p(last_dur_any), _log1p(later), _log1p(same_day), _log1p(n_deck),
             (n_card > 0).float() * (lapses / n_card.clamp(min=1))], dim=-1)
         x = torch.cat([self.q_num(qnum), self.q_cat(self.q_last_rating(last_rating))], dim=-1)
-        x = self.q_norm(x) + self.q_time(self.q_t2v(_log1p(since_card * 24)))
+        x = self.q_norm(x)
 
         for layer in self.layers:
             x = layer(x, rows, rel)
-        return self._heads(x)
+        lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
+        return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "lag": lag, "visible": visible,
+                   "row_day": self._day(w.time)}
 
-    def _heads(self, x: torch.Tensor) -> Prediction:
-        s = self.rating_w(x)  # (..., 1)
+    def _time_terms(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The query-time features, as functions of the days since the card's last review (`elapsed`, any shape
+        ctx's (B, Q) broadcasts to): (rising (..., R): never fall as time passes; falling (..., F): never rise,
+        for queries after the window's last review, as every query is)."""
+        when = ctx["ref"] + elapsed.double() * DAY
+        day = self._day(when)
+        days = (day - self._day(ctx["ref"])).clamp(min=0).float()  # scheduler days since the card's last review
+        since_any = (elapsed - ctx["lag"]).clamp(min=0)  # days since the user's last review
+        hours = torch.log1p(since_any * 24).unsqueeze(-1)
+        rising = torch.cat([_log1p(days).unsqueeze(-1),
+                            torch.sigmoid((hours - self.any_centres.to(hours.dtype)) / DROP_WIDTH).float()], -1)
+        today = (ctx["visible"] & (ctx["row_day"].unsqueeze(1) == day.unsqueeze(-1))).sum(-1).float()
+        falling = torch.stack([(days == 0).float(), _log1p(today)], -1)
+        return rising, falling
+
+    def curve(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The card's forgetting curve from the query state x: (stability S in days, decay d, ceiling m, drops w):
+
+            logit P(recall after t days) = logit(m (1 + f t / S)^(-d)) - sum_k w_k sigmoid((log(1 + 24 t) - c_k) / s)
+
+        with f = 0.9^(-1/d) - 1 (FSRS-6's power curve: m * 0.9 at t = S; the ceiling m < 1 allows slips) and
+        w_k >= 0 at fixed centres c_k from 5 minutes to a year: each term only lowers recall as t grows, so the
+        curve is non-increasing in t, however the network sets S, d, m and w."""
+        raw = self.curve_head(x)
+        stability = torch.exp(raw[..., 0].clamp(-12.0, 12.0))
+        decay = 0.05 + 0.95 * torch.sigmoid(raw[..., 1])
+        ceiling = torch.sigmoid(raw[..., 2])
+        drops = F.softplus(raw[..., 3:])
+        return stability, decay, ceiling, drops
+
+    def _curve_logit(self, curve: tuple[torch.Tensor, ...], elapsed: torch.Tensor) -> torch.Tensor:
+        """logit P(recall) after `elapsed` days on `curve` (before calibration)."""
+        stability, decay, ceiling, drops = curve
+        factor = torch.pow(torch.full_like(decay, 0.9), -1.0 / decay) - 1.0
+        log_p = torch.log(ceiling) - decay * torch.log1p(factor * elapsed / stability)
+        logit = log_p - torch.log1p(-torch.exp(log_p).clamp(max=1 - 1e-7))
+        hours = torch.log1p(elapsed * 24).unsqueeze(-1)
+        centres = self.drop_centres.to(hours.dtype)
+        return logit - (drops.to(hours.dtype) * torch.sigmoid((hours - centres) / DROP_WIDTH)).sum(-1)
+
+    def _recall_logit(self, x: torch.Tensor, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
+        """logit P(recall) (before calibration) of a seen card `elapsed` days after its last review: the curve,
+        minus the rising time terms, plus the falling ones, each with a weight >= 0 from x (`time_head`): a sum of
+        terms none of which rises with time."""
+        rising, falling = self._time_terms(ctx, elapsed)
+        weight = F.softplus(self.time_head(x)).to(rising.dtype)
+        n = rising.shape[-1]
+        return (self._curve_logit(self.curve(x), elapsed) - (weight[..., :n] * rising).sum(-1)
+                + (weight[..., n:] * falling).sum(-1))
+
+    def _heads(self, x: torch.Tensor, ctx: dict, elapsed: torch.Tensor) -> Prediction:
+        recall_logit = torch.where(ctx["seen"], self._recall_logit(x, ctx, elapsed),
+                                   self.rating_w(x).squeeze(-1))  # a new card: no curve, no time
         raw = self.threshold_gaps + self.gap_head(x) if self.cfg.adaptive_gaps else self.threshold_gaps
         gaps = F.softplus(raw)  # (..., 2) > 0
-        b1 = self.first_threshold
+        s = recall_logit.unsqueeze(-1)
         g1, g2 = gaps[..., :1], gaps[..., 1:]
-        tl = torch.cat([s + b1, s + b1 - g1, s + b1 - g1 - g2], dim=-1)  # (..., 3), decreasing in k
+        tl = torch.cat([s, s - g1, s - g1 - g2], dim=-1)  # (..., 3), decreasing in k
         tl = tl * self.calibration[0] + self.calibration[1]
         above = torch.sigmoid(tl)  # P(rating > k), k = 1..3
         one = torch.ones_like(above[..., :1])
         zero = torch.zeros_like(above[..., :1])
         cum = torch.cat([one, above, zero], dim=-1)
         probs = (cum[..., :-1] - cum[..., 1:]).clamp(min=0)
-        return Prediction(probs, above[..., 0], self.duration(x).squeeze(-1), tl)
+        log_duration = self.duration(torch.cat([x, s], dim=-1)).squeeze(-1)  # answer time may depend on recall
+        return Prediction(probs, above[..., 0], log_duration, tl)
 
     # ---- the streaming contract (streaming.py) ------------------------------------------------------
     # The state is a window of the user's latest reviews (each field (B, H), left-padded, in time order); the
@@ -345,6 +426,32 @@ class TimeAwareTransformer(nn.Module):
         q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
         pred = self._core(w, q, w.valid.unsqueeze(1))
         return Prediction(*(t.squeeze(1) for t in pred))
+
+    def schedule(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor,
+                 retention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One query per window at `time` (now) with a desired retention per row: (P(recall) at the due, or now if
+        that is past; log(1 + days from now to the due), 0 when due now; the expected answer time at that moment).
+        The due is where the (calibrated) curve falls to the retention: the curve is monotone, so a bisection over
+        log time finds it, SCHEDULE_STEPS halvings for every row at once (exact to well under a second over the
+        whole range). A card without a review in the window is due now, and so is one already at or below the
+        retention; one still above it after 10^6 days waits that long. Lower retention, later due, every card."""
+        w = Window(*state)
+        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
+        x, ctx = self._encode(w, q, w.valid.unsqueeze(1))
+        elapsed, seen = ctx["elapsed"], ctx["seen"]
+        scale, shift = self.calibration[0].double(), self.calibration[1].double()
+        p = retention.double().clamp(1e-6, 1 - 1e-6).unsqueeze(1)
+        target = (torch.log(p) - torch.log1p(-p) - shift) / scale  # the uncalibrated logit at the due
+        lo = torch.log1p(elapsed.double() * 24)  # log(1 + hours since the last review): now ...
+        hi = torch.full_like(lo, math.log1p(MAX_WAIT_DAYS * 24))  # ... and the longest wait
+        for _ in range(SCHEDULE_STEPS):
+            mid = (lo + hi) / 2
+            above = self._recall_logit(x, ctx, (torch.expm1(mid) / 24).float()) > target
+            lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+        now_above = self._recall_logit(x, ctx, elapsed) > target
+        days = torch.where(now_above & seen, torch.expm1(hi) / 24 - elapsed.double(), 0.0).clamp(min=0.0)
+        pred = self._heads(x, ctx, elapsed + days.float())
+        return pred.recall.squeeze(1), torch.log1p(days).squeeze(1), expected_duration(pred.log_duration.squeeze(1))
 
     def forward(self, w: Window) -> Prediction:
         """Teacher-forced: every row of (B, T) sequences predicted from the rows before it: outputs (B, T, ...)."""

@@ -32,9 +32,8 @@ stored review; an older one is a 422 naming it and nothing is written. Event ids
 refused by the time order (unless it has the last review's very time) rather than counted twice. Users
 live for years: their store has no TTL unless NEXTSTEP_SRS_TTL_SECONDS sets one.
 
-Scheduling searches time with the model (`schedule`): recall at `now` for all cards in one batched call,
-then for the cards not yet due a log-spaced grid from 1 minute to the horizon, then batched bisection (in
-log time) of the first grid interval where the predicted recall crosses the desired retention.
+Scheduling (`schedule`) is one batched call of the `schedule` graph: the model's recall is a forgetting curve,
+monotone in the time since the card's last review, and the graph inverts it in closed form.
 """
 
 from __future__ import annotations
@@ -58,18 +57,14 @@ ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"
                 ("rating", "i1"), ("state", "i1")])  # packed: 38 bytes
 _HEADER = np.dtype("<i8")  # distinct cards reviewed
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
-GRID_POINTS = 48  # schedule: log-spaced query times from GRID_START to the horizon
-GRID_START = 60.0  # seconds after `now`
-RECALL_TOLERANCE = 0.002  # schedule: bisection stops once |p_recall - retention| is within this
-MIN_INTERVAL = 1.0  # ... or once the bracketing interval is shorter than this many seconds
-MAX_STEPS = 64
-MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a schedule's grid goes in several calls,
-# so that requests queued meanwhile (the calls share one ONNX Runtime thread) wait for one call, not the grid
+MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a big schedule goes in several calls, so
+# that requests queued meanwhile (the calls share one ONNX Runtime thread) wait for one call, not all of them
 # what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
 INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
           "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "card": "int64",
           "deck": "int64", "time": "float64"}
 OUTPUTS = ("rating_probs", "recall", "duration_s")
+SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
 # The layout of the reviews stored per user (below): part of the state key's schema hash together with the
 # window sizes. Change it whenever this module changes how it stores reviews.
 STATE_LAYOUT = "srs-reviews-v1: card count, recent block and per-card fields of rows (seq i8, card i8, " \
@@ -91,6 +86,11 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
         raise fail(f"predict graph takes {wrong}, which the service does not feed (it feeds {INPUTS})")
     if not set(OUTPUTS) <= set(outputs):
         raise fail(f"predict graph outputs {outputs}, the service needs {list(OUTPUTS)}")
+    inputs, outputs = graphs["schedule"]
+    wrong = [(n, t) for n, t in inputs if ONNX_DTYPES.get(t) != {**INPUTS, "retention": "float32"}.get(n)]
+    if wrong or list(outputs) != list(SCHEDULE_OUTPUTS):
+        raise fail(f"schedule graph takes {inputs} and outputs {outputs}; the service feeds {INPUTS} and "
+                   f"retention (float32) and reads {list(SCHEDULE_OUTPUTS)} (re-export with this version)")
     w = manifest.get("window")
     try:
         window = (int(w["size"]), int(w["card_size"]))
@@ -102,7 +102,7 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
 
 
 # no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
-SPEC = register_task(TaskSpec("srs", ("predict",), None, False, _check))
+SPEC = register_task(TaskSpec("srs", ("predict", "schedule"), None, False, _check))
 
 
 def id_hash(value: str) -> int:
@@ -244,19 +244,22 @@ class SpacedRepetition(StatefulTask):
         return _decode(stored)
 
     async def _run(self, model: LoadedModel, hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray,
-                   decks: np.ndarray, times: np.ndarray) -> dict[str, np.ndarray]:
-        """The graph's outputs for queries (cards[i], decks[i], times[i]) on the windows hist[which[i]], in calls
-        of at most MAX_CELLS history cells (so a big schedule neither builds nor runs one huge batch)."""
-        names = [o.name for o in model.sessions["predict"].get_outputs()]
+                   decks: np.ndarray, times: np.ndarray, graph: str = "predict",
+                   **extra: np.ndarray) -> dict[str, np.ndarray]:
+        """The graph's outputs for queries (cards[i], decks[i], times[i], and extra[name][i]) on the windows
+        hist[which[i]], in calls of at most MAX_CELLS history cells (a big schedule neither builds nor runs one
+        huge batch)."""
+        names = [o.name for o in model.sessions[graph].get_outputs()]
         step = max(1, MAX_CELLS // hist["hist_valid"].shape[1])
         parts = []
         for lo in range(0, len(which), step):
             rows = which[lo:lo + step]
             feed = {name: value[rows] for name, value in hist.items()}
-            feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step])
-            outs = await self.engines.run(model, "predict", feed)
+            feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step],
+                        **{name: value[lo:lo + step] for name, value in extra.items()})
+            outs = await self.engines.run(model, graph, feed)
             parts.append(dict(zip(names, outs, strict=True)))
-        return {name: np.concatenate([p[name] for p in parts]) for name in ("rating_probs", "recall", "duration_s")}
+        return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
                       at: float) -> dict:
@@ -351,17 +354,11 @@ class SpacedRepetition(StatefulTask):
     @operation
     async def schedule(self, model_name: str, user_id: str, cards: list[tuple[str, str]], retention: float,
                        now: float | None = None, horizon_days: float = 36500.0) -> dict:
-        """Per card, the time at which the predicted recall falls to `retention`.
-
-        One batched call evaluates every card at `now`; the cards not yet due are then evaluated at GRID_POINTS
-        log-spaced times from GRID_START seconds to the horizon (batched, in calls of at most MAX_CELLS cells).
-        For a card whose recall is above `retention` at one grid point and at or below it at the next, that
-        interval is bisected in log time, all such cards in one call per step, until the recall is within
-        RECALL_TOLERANCE of `retention` or the interval is shorter than MIN_INTERVAL seconds (then the
-        interval's end, where recall is at or below `retention`). Status: `due_now` when recall is already at
-        or below `retention` at `now`, `beyond_horizon` when it stays above it at every grid point up to the
-        horizon (due = the horizon), else `scheduled`. The model's recall need not fall monotonically: the
-        first crossing on the grid is the one searched."""
+        """Per card, the time at which the predicted recall falls to `retention`, from the model's forgetting curve
+        in closed form (the `schedule` graph, TimeAwareTransformer.schedule): one batched call for every card.
+        Status: `due_now` when the recall is already at or below `retention` at `now` (and for a card with no
+        review yet), `beyond_horizon` when it stays above it until the horizon (due = the horizon, with the
+        recall and answer time there), else `scheduled`."""
         model = self.model(model_name)
         if not cards:
             raise InvalidInput("cards", "at least one card is needed")
@@ -376,65 +373,28 @@ class SpacedRepetition(StatefulTask):
             check_time(now, "now")
         history = await self._read(self.key(model, user_id), [c for c, _ in cards])
         now = self._query_time(history, now, "now")
-        horizon = horizon_days * 86400.0
-        offsets = np.concatenate([[0.0], np.geomspace(min(GRID_START, horizon), horizon, GRID_POINTS)])
         windows = [window(model, history, card) for card, _ in cards]
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]))
+        n = len(cards)
         card_ids = np.array([id_hash(c) for c, _ in cards], dtype=np.int64)
         deck_ids = np.array([id_hash(d) for _, d in cards], dtype=np.int64)
-        n, g = len(cards), len(offsets)
-        # recall at `now` first: a card already due needs no grid (overdue cards are common)
-        recall, duration = np.full((n, g), np.inf), np.zeros((n, g))
-        first = await self._run(model, hist, np.arange(n), card_ids, deck_ids, np.full(n, now))
-        recall[:, 0], duration[:, 0] = first["recall"], first["duration_s"]
-        rest = np.flatnonzero(recall[:, 0] > retention)
-        if len(rest):
-            which = np.repeat(rest, g - 1)
-            grid = await self._run(model, hist, which, card_ids[which], deck_ids[which],
-                                   now + np.tile(offsets[1:], len(rest)))
-            recall[rest, 1:] = grid["recall"].reshape(len(rest), g - 1)
-            duration[rest, 1:] = grid["duration_s"].reshape(len(rest), g - 1)
-
-        results: list[dict | None] = [None] * n
-        lo, hi = np.zeros(n), np.zeros(n)
-        at_hi = np.zeros((n, 2))  # recall and duration at `hi`
-        active = []
+        out = await self._run(model, hist, np.arange(n), card_ids, deck_ids, np.full(n, now),
+                              graph="schedule", retention=np.full(n, retention, dtype=np.float32))
+        wait = np.expm1(out["log_wait_days"].astype(np.float64)) * 86400.0
+        far = np.flatnonzero(wait > horizon_days * 86400.0)
+        if len(far):  # the recall and answer time at the horizon
+            at = await self._run(model, hist, far, card_ids[far], deck_ids[far], np.full(len(far), now + horizon_days
+                                                                                         * 86400.0))
+            out["recall"][far], out["duration_s"][far] = at["recall"], at["duration_s"]
+        results = []
         for i in range(n):
-            below = recall[i] <= retention
-            if below[0]:
-                results[i] = self._due(cards[i], "due_now", now, now, recall[i, 0], duration[i, 0])
-            elif not below.any():
-                results[i] = self._due(cards[i], "beyond_horizon", now, now + horizon, recall[i, -1], duration[i, -1])
+            if wait[i] <= 0:
+                status, due = "due_now", now
+            elif wait[i] > horizon_days * 86400.0:
+                status, due = "beyond_horizon", now + horizon_days * 86400.0
             else:
-                k = int(np.argmax(below))
-                if abs(recall[i, k] - retention) <= RECALL_TOLERANCE:
-                    results[i] = self._due(cards[i], "scheduled", now, now + offsets[k], recall[i, k], duration[i, k])
-                else:
-                    lo[i], hi[i], at_hi[i] = offsets[k - 1], offsets[k], (recall[i, k], duration[i, k])
-                    active.append(i)
-        for _ in range(MAX_STEPS):
-            if not active:
-                break
-            mid = np.array([math.sqrt(lo[i] * hi[i]) if lo[i] > 0 else hi[i] / 2 for i in active])
-            rows = np.array(active)
-            out = await self._run(model, hist, rows, card_ids[rows], deck_ids[rows], now + mid)
-            still = []
-            for j, i in enumerate(active):
-                p, d = float(out["recall"][j]), float(out["duration_s"][j])
-                if abs(p - retention) <= RECALL_TOLERANCE:
-                    results[i] = self._due(cards[i], "scheduled", now, now + mid[j], p, d)
-                    continue
-                if p > retention:
-                    lo[i] = mid[j]
-                else:
-                    hi[i], at_hi[i] = mid[j], (p, d)
-                if hi[i] - lo[i] < MIN_INTERVAL:
-                    results[i] = self._due(cards[i], "scheduled", now, now + hi[i], *at_hi[i])
-                else:
-                    still.append(i)
-            active = still
-        for i in active:  # out of steps (only with a pathological model): the interval's end
-            results[i] = self._due(cards[i], "scheduled", now, now + hi[i], *at_hi[i])
+                status, due = "scheduled", now + wait[i]
+            results.append(self._due(cards[i], status, now, due, out["recall"][i], out["duration_s"][i]))
         return {"user_id": user_id, "model": model.name, "version": model.version, "now": now,
                 "desired_retention": retention, "horizon_days": horizon_days, "reviews_total": history.stored.events,
                 "cards": results}

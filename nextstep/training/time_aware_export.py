@@ -2,6 +2,10 @@
 
     predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid,
             card, deck, time) -> rating_probs (B, 4), recall (B,), duration_s (B,)
+    schedule(hist_*, card, deck, time, retention) -> recall (B,), log_wait_days (B,), duration_s (B,)
+
+`schedule` is the forgetting curve's inverse (TimeAwareTransformer.schedule): for each card, how long from `time`
+until P(recall) falls to `retention` (log(1 + days); 0: due now), with the recall and answer time at that moment.
 
 The state is a window of the user's latest reviews (the hist_* inputs, (B, H), left-padded with hist_valid
 False, in time order); the service keeps raw reviews and selects each query's window with
@@ -10,18 +14,28 @@ state files). Card/deck ids are only compared for equality, so any int64 coding 
 its string ids). Times are unix seconds (float64), durations seconds (float32, NaN unknown), states 0..3 or -1.
 
 Parity walks real review sequences no longer than the window: stepping reviews into the window and reading
-out vs the full teacher-forced pass, and eager vs TorchScript vs ONNX Runtime. A miss fails the export.
+out vs the full teacher-forced pass, and eager vs TorchScript vs ONNX Runtime. The exported predict graph must
+also keep its promise (`properties`): on every prefix of those sequences, with the next review's card as the
+query, P(recall) never rises over 64 elapsed times from 1 minute to 10 years. A miss fails the export.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from ..models.time_aware import TimeAwareTransformer, Window, expected_duration
-from .export import Exporter, export
+from .export import Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
           "card", "deck", "time")
+
+
+MONOTONE_POINTS = 64  # elapsed times per query in the export's monotonicity check, 1 minute to 10 years
+MONOTONE_SPAN_S = 10 * 365.25 * 86400.0
+MONOTONE_TOLERANCE = 1e-6  # float32 rounding of a flat curve
 
 
 class TimeAwareExporter(Exporter):
@@ -45,6 +59,35 @@ class TimeAwareExporter(Exporter):
     def stepped(self, state, query):
         p = self.model.readout(state, *query)
         return p.rating_probs, p.log_duration
+
+    def graphs(self, sequence):
+        graphs = super().graphs(sequence)
+        readout = graphs[0]
+        batch = readout.dynamic[-1]  # `time`'s axes: the batch
+        retention = torch.linspace(0.5, 0.97, readout.example[-1].shape[0], dtype=torch.float32)
+        return [*graphs, Graph("schedule", "extra", [*INPUTS, "retention"], ["recall", "log_wait_days", "duration_s"],
+                               (*readout.example, retention), [*readout.dynamic, batch],
+                               fn=lambda *inputs: self.model.schedule(inputs[:7], *inputs[7:]))]
+
+    def properties(self, sessions, sequence):
+        predict = sessions["predict"]
+        kept = {i.name for i in predict.get_inputs()}
+        B, T = sequence[0].shape
+        rng = np.random.default_rng(0)
+        offsets = np.sort(np.exp(rng.uniform(np.log(60.0), np.log(MONOTONE_SPAN_S), MONOTONE_POINTS)))
+        worst, queries = 0.0, 0
+        for b in range(B):
+            for t in range(1, T):
+                rows = [x[b, :t].numpy() for x in sequence]  # the t reviews before the query, all valid
+                feeds = dict(zip(INPUTS[:7], [np.repeat(r[None], len(offsets), 0) for r in rows[:6]]
+                                 + [np.ones((len(offsets), t), dtype=bool)], strict=True))
+                feeds.update(card=np.full(len(offsets), sequence[0][b, t].item()),
+                             deck=np.full(len(offsets), sequence[1][b, t].item()),
+                             time=rows[2][-1] + offsets)
+                recall = predict.run(["recall"], {k: v for k, v in feeds.items() if k in kept})[0]
+                worst, queries = max(worst, float(np.diff(recall).max())), queries + 1
+        return {"recall_rise_max": worst, "recall_monotone_queries": queries,
+                "passed": worst <= MONOTONE_TOLERANCE}
 
     def dims(self, dim):
         history = dim("history")  # the window's rows: one axis shared by every hist_* input

@@ -5,9 +5,10 @@
     metrics.test  = the pooled test blocks' log_loss, rmse_bins, auc, rating_ce, duration_mae_s, duration_rmse_s
     metrics.test.baselines = FSRS-6, base rate and median durations on the same folds (srs_eval.evaluate_baselines)
 
-The exported model is the last fold's: trained on every review before the last test block. Nothing in a
-test block is ever trained on or used for early stopping; it serves only as history for later predictions,
-as it would in the app.
+The exported model is fitted afterwards on all of the user's reviews, by the same rule (its latest 10%
+early-stop the fit): the fold figures are its evaluation, as a model fitted on less data. Within the
+evaluation, nothing in a test block is ever trained on or used for early stopping; it serves only as history
+for later predictions, as it would in the app.
 """
 
 from __future__ import annotations
@@ -24,14 +25,23 @@ from .data import fingerprint
 from .export import load_weights
 from .families import restore
 from .reviews import ReviewLog, read_reviews
-from .srs_eval import evaluate_baselines, evaluate_predictions, protocol_folds
+from .srs_eval import (
+    bin_features,
+    evaluate_baselines,
+    evaluate_predictions,
+    log_loss,
+    protocol_folds,
+    rmse_bins,
+    scored_mask,
+)
 from .time_aware_export import export_time_aware
 from .time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
 
 
 def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig, n_splits: int = 5,
-                   progress: bool = True) -> tuple[dict, TimeAwareTransformer, ReviewTensors, list]:
-    """Fit one model per protocol fold; return the pooled metrics, the last fold's model and the per-fold info."""
+                   progress: bool = True, final: bool = True) -> tuple[dict, TimeAwareTransformer, ReviewTensors, list]:
+    """Fit one model per protocol fold; return the pooled metrics, a model (fitted on every review when `final`,
+    else the last fold's) and the per-fold info."""
     folds = protocol_folds(log, n_splits)
     if not folds or not len(folds[-1][1]):
         raise ValueError(f"{log.path}: too few scored reviews for {n_splits} time-ordered folds")
@@ -41,20 +51,28 @@ def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainCon
     duration = np.full(len(log), np.nan)
     fold_info, model = [], None
     for k, (train, test) in enumerate(folds):
-        def report(h, k=k):
-            if progress:
-                valid = f"valid {h['valid_loss']:.4f}" if "valid_loss" in h else "no validation rows"
-                print(f"fold {k + 1}/{len(folds)} epoch {h['epoch']}: train {h['train_loss']:.4f} {valid} "
-                      f"({h['seconds']:.0f} s)", flush=True)
-
-        model, info = fit(rt, train, cfg, tcfg, log_progress=report)
+        model, info = fit(rt, train, cfg, tcfg, log_progress=_report(f"fold {k + 1}/{len(folds)}", progress))
         out = predict(model, rt, test)
         p_recall[test], p_rating[test], duration[test] = out["recall"], out["rating_probs"], out["duration_s"]
         fold_info.append({"fold": k + 1, "n_train": int(len(train)), "n_test": int(len(test)),
                           "epochs": len(info["history"]), "best_valid_loss": info["best_valid_loss"],
                           "seconds": round(info["seconds"], 1)})
     metrics = evaluate_predictions(log, folds, p_recall, p_rating, duration)
+    if final:  # the model to export: every review
+        model, info = fit(rt, np.arange(len(log), dtype=np.int64), cfg, tcfg,
+                          log_progress=_report("all reviews", progress))
+        fold_info.append({"fold": "all reviews (exported)", "n_train": len(log), "epochs": len(info["history"]),
+                          "best_valid_loss": info["best_valid_loss"], "seconds": round(info["seconds"], 1)})
     return metrics, model, rt, fold_info
+
+
+def _report(label: str, progress: bool):
+    def report(h):
+        if progress:
+            valid = f"valid {h['valid_loss']:.4f}" if "valid_loss" in h else "no validation rows"
+            print(f"{label} epoch {h['epoch']}: train {h['train_loss']:.4f} {valid} ({h['seconds']:.0f} s)",
+                  flush=True)
+    return report
 
 
 def parity_inputs(rt: ReviewTensors, n: int = 4, length: int = 24) -> Window:
@@ -68,7 +86,7 @@ def parity_inputs(rt: ReviewTensors, n: int = 4, length: int = 24) -> Window:
 def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTrainConfig | None = None,
                      n_splits: int = 5, day_columns: str = "check", duration_cap_s: float | None = None,
                      baselines: bool = True, progress: bool = True) -> dict:
-    """Evaluate under the protocol (with the baselines side by side), export the last fold's model to out_dir."""
+    """Evaluate under the protocol (with the baselines side by side), export a model fitted on all reviews."""
     tcfg = cfg or TimeAwareTrainConfig()
     mcfg = TimeAwareConfig(**tcfg.model)
     started = time.perf_counter()
@@ -91,7 +109,7 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
         "metrics": {"test": metrics},
         "train_config": asdict(tcfg),
         "training": {"folds": folds, "seconds": round(model_seconds, 1), "torch": torch.__version__,
-                     "exported_model": "the last fold's (trained on every review before the last test block)"},
+                     "exported_model": "fitted on all reviews (the folds' figures are its evaluation)"},
     }
     return export_time_aware(model, out_dir, manifest=manifest, sequence=parity_inputs(rt))
 
@@ -113,3 +131,39 @@ def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits:
     p_recall, p_rating, duration = np.full(len(log), np.nan), np.full((len(log), 4), np.nan), np.full(len(log), np.nan)
     p_recall[rows], p_rating[rows], duration[rows] = out["recall"], out["rating_probs"], out["duration_s"]
     return evaluate_predictions(log, folds, p_recall, p_rating, duration)
+
+
+def tuning_split(data: str | Path, *, cfg: TimeAwareTrainConfig | None = None, duration_cap_s: float | None = None,
+                 day_columns: str = "check") -> dict:
+    """The flashcard model's tuning split (docs/decisions.md): fit on the first half of the reviews, score the
+    scored reviews of the fourth sixth, so the protocol's last two test blocks are never looked at.
+
+        python -m nextstep.training.time_aware_run --data DIR [--seed N] [--duration-cap-s S]
+    """
+    tcfg = cfg or TimeAwareTrainConfig()
+    mcfg = TimeAwareConfig(**tcfg.model)
+    log = read_reviews(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    n = len(log)
+    scored = np.arange(n // 2, n * 4 // 6)
+    scored = scored[scored_mask(log)[scored]]
+    rt = ReviewTensors(log, mcfg.window, mcfg.card_window)
+    model, info = fit(rt, np.arange(n // 2), mcfg, tcfg)
+    recall = predict(model, rt, scored)["recall"]
+    y = (log.rating[scored] > 1).astype(np.float64)
+    delta_t, i, lapse = bin_features(log)
+    return {"log_loss": log_loss(y, recall), "rmse_bins": rmse_bins(y, recall, delta_t[scored], i[scored],
+                                                                     lapse[scored]),
+            "n_train": int(n // 2), "n_scored": int(len(scored)), "epochs": len(info["history"]), "seed": tcfg.seed}
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="the flashcard model's tuning split (see tuning_split)")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--duration-cap-s", type=float)
+    args = parser.parse_args()
+    print(json.dumps(tuning_split(args.data, cfg=TimeAwareTrainConfig(seed=args.seed),
+                                  duration_cap_s=args.duration_cap_s)))

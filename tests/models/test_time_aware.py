@@ -138,3 +138,51 @@ def test_window_rule_keeps_the_cards_history():
         expect = select(np.flatnonzero(cards[:i] == cards[i]), i, 4, 2)
         assert win[i][win[i] >= 0].tolist() == expect.tolist()
         assert (win[i][: 4 - len(expect)] == -1).all()
+
+
+@pytest.fixture(scope="module")
+def curved():
+    """A model whose every curve term and time term carries weight (random, large), so that a rising term
+    anywhere would show."""
+    torch.manual_seed(1)
+    m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64))
+    with torch.no_grad():
+        m.curve_head.weight.normal_(0, 0.5)
+        m.curve_head.bias.normal_(0, 1.0)
+        m.time_head.weight.normal_(0, 0.5)
+        m.time_head.bias.normal_(0, 1.0)
+        m.calibration.copy_(torch.tensor([1.3, -0.2]))
+    return m.eval()
+
+
+def test_recall_never_rises_with_the_time_since_the_cards_last_review(curved):
+    """For every window and card (seen or not), P(recall) over 400 random times from 1 minute to 10 years
+    after the window's last review never rises; each seen card's does fall."""
+    seq = _sequences(4, b=3, t=T, n_cards=5)
+    offsets = torch.from_numpy(np.sort(np.exp(np.random.default_rng(0).uniform(np.log(60), np.log(3.2e8), 400))))
+    with torch.no_grad():
+        for b in range(3):
+            w = Window(*(x[b:b + 1].expand(len(offsets), -1) for x in seq))
+            for card in range(6):  # card 5 never appears
+                q = torch.full((len(offsets),), card)
+                recall = curved.readout(w, q, q % 2, seq.time[b, -1] + offsets).recall
+                assert float(torch.diff(recall).max()) <= 1e-6, (b, card)
+                assert card == 5 or float(recall[0]) > float(recall[-1]), (b, card)
+
+
+def test_schedule_is_the_curves_inverse(curved):
+    seq = _sequences(5)
+    w, card, deck = Window(*seq), seq.card[:, 2], seq.deck[:, 2]
+    now = seq.time[:, -1] + 3600
+    dues = []
+    with torch.no_grad():
+        for retention in (0.97, 0.9, 0.7, 0.4):
+            recall, log_wait, _ = curved.schedule(w, card, deck, now, torch.full((B,), retention))
+            wait = torch.expm1(log_wait) * 86400
+            at_due = curved.readout(w, card, deck, now + wait).recall
+            assert torch.allclose(at_due, recall, atol=1e-6)
+            later = wait > 0  # due later: the recall there is the retention; due now: already at or below it
+            assert torch.allclose(recall[later], torch.full_like(recall[later], retention), atol=1e-4)
+            assert (curved.readout(w, card, deck, now).recall[~later] <= retention + 1e-6).all()
+            dues.append(wait)
+    assert all((a <= b + 1e-3).all() for a, b in zip(dues, dues[1:], strict=False))  # lower retention, later

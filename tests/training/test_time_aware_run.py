@@ -8,11 +8,11 @@ import torch
 
 from nextstep.cli import main
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer
-from nextstep.training.export import GraphModule, check_parity, onnx_session
+from nextstep.training.export import GraphModule, ParityError, check_parity, onnx_session
 from nextstep.training.reviews import simulate_reviews, write_review_csv
-from nextstep.training.time_aware_export import INPUTS, TimeAwareExporter
+from nextstep.training.time_aware_export import INPUTS, TimeAwareExporter, export_time_aware
 from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict, split_validation
-from nextstep.training.time_aware_run import load_time_aware, parity_inputs
+from nextstep.training.time_aware_run import load_time_aware, parity_inputs, tuning_split
 
 SMALL = {"d_model": 16, "ffn_dim": 32, "window": 24, "card_window": 6}
 
@@ -69,9 +69,12 @@ def test_cli_writes_protocol_metrics_baselines_and_a_parity_checked_artifact(art
     base = test["baselines"]
     assert {"fsrs6", "base_rate", "median_duration_by_grade"} <= set(base)
     assert np.isfinite(base["fsrs6"]["log_loss"]) and np.isfinite(base["base_rate"]["log_loss"])
-    folds = manifest["training"]["folds"]
+    *folds, final = manifest["training"]["folds"]
     assert len(folds) == 5 and all(f["n_train"] < f["n_train"] + f["n_test"] for f in folds)
     assert [f["n_train"] for f in folds] == sorted(f["n_train"] for f in folds)  # time-ordered, growing
+    # the exported model is fitted on every review; the folds are its evaluation
+    assert final["fold"] == "all reviews (exported)" and final["n_train"] == len(log) > folds[-1]["n_train"]
+    assert manifest["parity"]["recall_monotone_queries"] > 20 and manifest["parity"]["recall_rise_max"] <= 1e-6
 
 
 def test_exported_graph_answers_like_the_model_for_any_batch_and_window(artifact, log):
@@ -106,6 +109,22 @@ def test_parity_check_catches_a_wrong_graph(artifact, log):
     result = check_parity(exporter, graphs, engines, sequence)
     assert not result["passed"] and result["eager_vs_torchscript"] > 1e-3
     assert result["eager_vs_onnxruntime"] <= 1e-4 and result["full_vs_step"] <= 1e-5
+
+
+class Wavy(TimeAwareTransformer):
+    """A model whose recall comes back with time (the elapsed days warped by a periodic term)."""
+
+    def _heads(self, x, ctx, elapsed):
+        return super()._heads(x, ctx, elapsed * (1.5 + torch.sin(elapsed)))
+
+
+def test_export_refuses_a_model_whose_recall_rises_again(artifact, log, tmp_path):
+    model, _ = load_time_aware(artifact)
+    wavy = Wavy(model.cfg)
+    wavy.load_state_dict(model.state_dict())
+    sequence = parity_inputs(ReviewTensors(log, SMALL["window"], SMALL["card_window"]))
+    with pytest.raises(ParityError, match="recall_rise_max"):
+        export_time_aware(wavy.eval(), tmp_path / "wavy", manifest={"name": "wavy"}, sequence=sequence)
 
 
 def test_evaluate_scores_an_artifact_as_is_on_a_review_log(artifact, capsys):
@@ -149,3 +168,10 @@ def test_the_serve_demo_builds_a_flashcard_model_the_service_loads(tmp_path):
     out = build_demo_srs(tmp_path / "artifacts", tmp_path / "data")
     loaded = load_artifact(out)
     assert loaded.window == (64, 16) and "predict" in loaded.sessions
+
+
+def test_tuning_split_never_scores_the_last_two_test_blocks(artifact, log):
+    result = tuning_split(artifact.parent / "reviews.csv",
+                          cfg=TimeAwareTrainConfig(max_epochs=1, batch_size=128, model=SMALL))
+    assert result["n_train"] == len(log) // 2 and 0 < result["n_scored"] <= len(log) * 4 // 6 - len(log) // 2
+    assert np.isfinite(result["log_loss"]) and np.isfinite(result["rmse_bins"])
