@@ -332,7 +332,7 @@ class TimeAwareTransformer(nn.Module):
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
         return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "lag": lag, "visible": visible,
-                   "row_day": self._day(w.time)}
+                   "row_day": self._day(w.time), "curve": self.curve(x), "time_weight": F.softplus(self.time_head(x))}
 
     def _time_terms(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The query-time features, as functions of the days since the card's last review (`elapsed`, any shape
@@ -374,18 +374,18 @@ class TimeAwareTransformer(nn.Module):
         centres = self.drop_centres.to(hours.dtype)
         return logit - (drops.to(hours.dtype) * torch.sigmoid((hours - centres) / DROP_WIDTH)).sum(-1)
 
-    def _recall_logit(self, x: torch.Tensor, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
+    def _recall_logit(self, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
         """logit P(recall) (before calibration) of a seen card `elapsed` days after its last review: the curve,
         minus the rising time terms, plus the falling ones, each with a weight >= 0 from x (`time_head`): a sum of
         terms none of which rises with time."""
         rising, falling = self._time_terms(ctx, elapsed)
-        weight = F.softplus(self.time_head(x)).to(rising.dtype)
+        weight = ctx["time_weight"].to(rising.dtype)
         n = rising.shape[-1]
-        return (self._curve_logit(self.curve(x), elapsed) - (weight[..., :n] * rising).sum(-1)
+        return (self._curve_logit(ctx["curve"], elapsed) - (weight[..., :n] * rising).sum(-1)
                 + (weight[..., n:] * falling).sum(-1))
 
     def _heads(self, x: torch.Tensor, ctx: dict, elapsed: torch.Tensor) -> Prediction:
-        recall_logit = torch.where(ctx["seen"], self._recall_logit(x, ctx, elapsed),
+        recall_logit = torch.where(ctx["seen"], self._recall_logit(ctx, elapsed),
                                    self.rating_w(x).squeeze(-1))  # a new card: no curve, no time
         raw = self.threshold_gaps + self.gap_head(x) if self.cfg.adaptive_gaps else self.threshold_gaps
         gaps = F.softplus(raw)  # (..., 2) > 0
@@ -450,10 +450,10 @@ class TimeAwareTransformer(nn.Module):
         for _ in range(SCHEDULE_LEVELS):  # the curve falls: the points above the target are a prefix of the grid
             step = (hi - lo) / (SCHEDULE_POINTS - 1)
             u = lo + (hi - lo) * grid  # (B, points)
-            above = (self._recall_logit(x, ctx, (torch.expm1(u) / 24).float()) > target).sum(-1, keepdim=True)
+            above = (self._recall_logit(ctx, (torch.expm1(u) / 24).float()) > target).sum(-1, keepdim=True)
             lo = lo + step * (above - 1).clamp(min=0).double()
             hi = torch.minimum(lo + step, hi)
-        now_above = self._recall_logit(x, ctx, elapsed) > target
+        now_above = self._recall_logit(ctx, elapsed) > target
         days = torch.where(now_above & seen, torch.expm1(hi) / 24 - elapsed.double(), 0.0).clamp(min=0.0)
         pred = self._heads(x, ctx, elapsed + days.float())
         return pred.recall.squeeze(1), torch.log1p(days).squeeze(1), expected_duration(pred.log_duration.squeeze(1))

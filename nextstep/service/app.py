@@ -132,11 +132,10 @@ class Service(FastAPI):
     """FastAPI with a shorter middleware stack: Starlette's ServerErrorMiddleware (the last-resort 500), then
     `ServiceMiddleware`, then any middleware added with `add_middleware`, then the router. FastAPI's own stack
     also has Starlette's ExceptionMiddleware (ServiceMiddleware maps exceptions instead), an exit stack for
-    closing uploaded files (every API route is a `JsonRoute`, which opens one where FastAPI's handling needs
-    it, off the fast path: tests/service/test_app.py), and two layers
-    that do nothing in this configuration (native OpenTelemetry when off, FastAPI's body limit when unset, which
-    ServiceMiddleware enforces). Together those layers cost 10-15% of KT events throughput at 32 connections
-    (docs/decisions.md)."""
+    closing uploaded files (every API route is a `JsonRoute`, which opens one where FastAPI's handling needs it,
+    off the fast path: tests/service/test_app.py), and two layers that do nothing in this configuration (native
+    OpenTelemetry when off, FastAPI's body limit when unset, which ServiceMiddleware enforces). Together those
+    layers cost 10-15% of KT events throughput at 32 connections (docs/decisions.md)."""
 
     def build_middleware_stack(self):
         handlers = {k: v for k, v in self.exception_handlers.items() if k not in (500, Exception)}
