@@ -27,16 +27,20 @@ plus a learned "nothing here" slot per head, so a new card (no rows for its card
 Time2Vec (one linear and K-1 periodic terms) encodes log hours of the row times relative to the reference.
 
 Outputs. P(recall) is a forgetting curve of the time since the card's last review that never rises
-(`curve`, `_recall_logit`): FSRS-6's power curve with a stability, a decay and a ceiling predicted from the
-query state, minus non-negative "drops" at fixed times from 5 minutes to a year, and terms of the query's time
-that can only lower recall as time passes (scheduler days since, time since the user's last review) or only
-fall away (same day, reviews today), each with a weight >= 0. The query state never sees the query's time, so
-the curve is monotone by construction, and `schedule` inverts it for a desired retention. A card with no review
-in the window has no curve: its recall does not depend on time. CORAL rating head: P(rating > k) =
-sigmoid(s - b_k) with s = logit P(recall) and b_1 = 0 < b_2 < b_3; with `adaptive_gaps` (the default) the gaps
-are predicted from the state, still positive, so the probabilities stay rank-consistent while the Hard/Good/Easy
-split can differ from what the recall alone implies. A duration head predicts log(1 + seconds) from the state
-and the recall logit.
+(`curve`, `_recall_logit`), anchored on FSRS-6 (fsrs.py): the card's FSRS-6 stability and difficulty follow from
+its reviews in the window and the user's 21 FSRS-6 parameters (`fsrs_w`, fitted by fsrs-rs on the training
+reviews), and the network corrects that curve: a factor on the stability and on the decay, a ceiling, minus
+non-negative "drops" at fixed times from 5 minutes to a year, and terms of the query's time that can only lower
+recall as time passes (scheduler days since, time since the user's last review) or only fall away (same day,
+reviews today), each with a weight >= 0. Every correction starts at nothing, so an untrained model is FSRS-6;
+after training, `blend` (fitted on held-out reviews, with a prior towards 0) mixes the network's curve with
+FSRS-6's own, so a user with few reviews gets FSRS-6 and one with many gets what the network learned. The query
+state never sees the query's time, so the curve is monotone by construction, and `schedule` inverts it for a
+desired retention. A card with no review in the window has no curve: its recall does not depend on time.
+CORAL rating head: P(rating > k) = sigmoid(s - b_k) with s = logit P(recall) and b_1 = 0 < b_2 < b_3; with
+`adaptive_gaps` (the default) the gaps are predicted from the state, still positive, so the probabilities stay
+rank-consistent while the Hard/Good/Easy split can differ from what the recall alone implies. A duration head predicts
+log(1 + seconds) from the state and the recall logit.
 
 The streaming contract (streaming.py): the state is a window of raw reviews; `step` appends one; `readout`
 answers a batch of windows with one query each (the serving path: only the query row is computed); `forward`
@@ -53,6 +57,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import fsrs
 
 N_STATES = 5  # 0 new, 1 learning, 2 review, 3 relearning, 4 unknown
 DAY = 86400.0
@@ -129,6 +135,13 @@ def _log1p(x: torch.Tensor) -> torch.Tensor:
     return torch.log1p(x.clamp(min=0))
 
 
+def _logit_of_log(log_p: torch.Tensor) -> torch.Tensor:
+    """logit(p) from log p <= 0 (float64: near p = 1, 1 - p cancels in float32 and engines part), at most 20.7
+    (p = 1, as FSRS-6 gives on the day of a review, is capped at 1 - 1e-9)."""
+    log_p = log_p.clamp(max=-1e-9)
+    return log_p - torch.log(-torch.expm1(log_p))
+
+
 def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """x (B, H) at index (B, Q) -> (B, Q)."""
     return torch.gather(x, 1, index)
@@ -192,7 +205,7 @@ class Layer(nn.Module):
 
 
 N_ROW_NUM = 7
-N_QUERY_NUM = 11
+N_QUERY_NUM = 13
 DROP_CENTRES_H = [1 / 12, 1.0, 6.0, 24.0, 72.0, 168.0, 720.0, 2160.0, 8760.0]  # the curve's drops: 5 min to a year
 DROP_WIDTH = 0.5  # in log(1 + hours)
 ANY_CENTRES_H = [0.1, 1.0, 6.0, 24.0]  # time terms: hours since the user's last review
@@ -221,16 +234,19 @@ class TimeAwareTransformer(nn.Module):
         self.q_norm = nn.LayerNorm(d)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
         self.rating_w = nn.Linear(d, 1)  # a new card's recall logit (no curve)
-        self.curve_head = nn.Linear(d, 3 + len(DROP_CENTRES_H))  # log stability (days), decay, ceiling, drops
+        self.curve_head = nn.Linear(d, 3 + len(DROP_CENTRES_H))  # corrections to FSRS-6's S and decay, ceiling, drops
+        # FSRS-6's 21 parameters (fsrs.py): the defaults until training fits them to the user's reviews
+        self.register_buffer("fsrs_w", torch.tensor(fsrs.DEFAULT_W))
         self.register_buffer("drop_centres", torch.log1p(torch.tensor(DROP_CENTRES_H)), persistent=False)
         self.register_buffer("any_centres", torch.log1p(torch.tensor(ANY_CENTRES_H)), persistent=False)
         self.time_head = nn.Linear(d, 1 + len(ANY_CENTRES_H) + 2)  # weights of _time_terms' rising, falling
+        # every correction starts at (nearly) nothing: an untrained model is FSRS-6 (ceiling 0.9997, drops and
+        # time weights 3e-4 each)
         nn.init.zeros_(self.time_head.weight)
-        nn.init.constant_(self.time_head.bias, -4.0)
+        nn.init.constant_(self.time_head.bias, -8.0)
+        nn.init.zeros_(self.curve_head.weight)
         with torch.no_grad():
-            self.curve_head.weight.mul_(0.1)
-            self.curve_head.bias.copy_(torch.tensor([math.log(3.0), -1.8, 3.0] + [-4.0] * len(DROP_CENTRES_H)))
-            # S 3 days, d 0.18, m 0.95, drops about 0.02: close to a plain power curve at first
+            self.curve_head.bias.copy_(torch.tensor([0.0, 0.0, 8.0] + [-8.0] * len(DROP_CENTRES_H)))
             self.rating_w.bias.fill_(1.0)
         self.threshold_gaps = nn.Parameter(torch.tensor([1.0, 2.0]))
         if cfg.adaptive_gaps:
@@ -240,6 +256,9 @@ class TimeAwareTransformer(nn.Module):
         # (scale, shift) applied to the three threshold logits: identity while training, then fitted on held-out
         # reviews (time_aware_loop.calibrate); a positive scale keeps the thresholds ordered
         self.register_buffer("calibration", torch.tensor([1.0, 0.0]))
+        # how much of the network's curve to trust against FSRS-6's own (recall logit = FSRS-6 + blend * (network -
+        # FSRS-6)): 1 while training, then fitted on held-out reviews with a pull towards 0 (time_aware_loop)
+        self.register_buffer("blend", torch.tensor(1.0))
         self.duration = nn.Sequential(nn.Linear(d + 1, d), nn.GELU(), nn.Linear(d, 1))
         with torch.no_grad():
             self.duration[-1].bias.fill_(2.0)  # log(1 + ~7 s)
@@ -294,7 +313,8 @@ class TimeAwareTransformer(nn.Module):
         last_card = torch.where(same_card, positions, -1).amax(-1).clamp(min=0)  # (B, Q) the card's last row
         last_any = torch.where(visible, positions, -1).amax(-1).clamp(min=0)  # the user's last visible row
         ref = torch.where(seen, _pick(w.time, last_card), torch.where(any_row, _pick(w.time, last_any), q.time))
-        elapsed = torch.where(seen, ((q.time - ref) / DAY).float().clamp(min=0), 0.0)  # (B, Q) days
+        fsrs_s, fsrs_d = self._fsrs_state(w, same_card, ref)
+        elapsed = torch.where(seen, ((q.time - ref) / DAY).clamp(min=0), 0.0)  # (B, Q) days, float64
         rel_days = ((ref.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float()  # (B, Q, H): < 0 after the reference
         after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
         rel = {"dt_days": rel_days.clamp(min=0), "same_card": same_card, "same_deck": same_deck,
@@ -324,7 +344,8 @@ class TimeAwareTransformer(nn.Module):
         qnum = torch.stack([
             seen.float(), _log1p(n_card), _log1p(lapses), _log1p(last_dur_card), last_interval, gap_before,
             _log1p(last_dur_any), _log1p(later), _log1p(same_day), _log1p(n_deck),
-            (n_card > 0).float() * (lapses / n_card.clamp(min=1))], dim=-1)
+            (n_card > 0).float() * (lapses / n_card.clamp(min=1)),
+            torch.where(seen, torch.log(fsrs_s), 0.0), torch.where(seen, fsrs_d / 10, 0.0)], dim=-1)
         x = torch.cat([self.q_num(qnum), self.q_cat(self.q_last_rating(last_rating))], dim=-1)
         x = self.q_norm(x)
 
@@ -332,15 +353,37 @@ class TimeAwareTransformer(nn.Module):
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
         return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "lag": lag, "visible": visible,
-                   "row_day": self._day(w.time), "curve": self.curve(x), "time_weight": F.softplus(self.time_head(x))}
+                   "row_day": self._day(w.time), "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
+                   "time_weight": F.softplus(self.time_head(x))}
 
-    def _time_terms(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fsrs_state(self, w: Window, same_card: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """FSRS-6's (stability, difficulty) of each query's card after its reviews in the window (B, Q): the card's
+        last `card_window` rows at most (review_window keeps those), so a card with more reviews starts its state at
+        the oldest of them. Days are scheduler days relative to the reference time's."""
+        B, Q, H = same_card.shape
+        C = self.cfg.card_window
+        positions = torch.arange(H, device=same_card.device)
+        rows = torch.where(same_card, positions, -1)
+        rows = torch.cat([torch.full_like(rows[..., :1], -1).expand(B, Q, C), rows], -1)  # any H has C candidates
+        rows = torch.flip(rows.topk(C, -1).values, [-1])  # (B, Q, C) the card's rows, oldest first, -1 for none
+        at = rows.clamp(min=0).reshape(B, Q * C)
+        rating = torch.gather(w.rating, 1, at).view(B, Q, C).double()
+        day = torch.gather(self._day(w.time), 1, at).view(B, Q, C) - self._day(ref).unsqueeze(-1)
+        # float64: a recurrence of powers and exponentials, where float32 engines part by more than 1e-4
+        s, d = fsrs.memory_state(self.fsrs_w.double(), rating, day, rows >= 0)
+        return s.float(), d.float()
+
+    def _days(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the scheduler day `elapsed` days after the reference (float64), whole scheduler days since it (float32)):
+        both never fall as `elapsed` grows."""
+        day = self._day(ctx["ref"] + elapsed.double() * DAY)
+        return day, (day - self._day(ctx["ref"])).clamp(min=0).float()
+
+    def _time_terms(self, ctx: dict, elapsed: torch.Tensor, day: torch.Tensor,
+                    days: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The query-time features, as functions of the days since the card's last review (`elapsed`, any shape
         ctx's (B, Q) broadcasts to): (rising (..., R): never fall as time passes; falling (..., F): never rise,
         for queries after the window's last review, as every query is)."""
-        when = ctx["ref"] + elapsed.double() * DAY
-        day = self._day(when)
-        days = (day - self._day(ctx["ref"])).clamp(min=0).float()  # scheduler days since the card's last review
         since_any = (elapsed - ctx["lag"]).clamp(min=0)  # days since the user's last review
         hours = torch.log1p(since_any * 24).unsqueeze(-1)
         rising = torch.cat([_log1p(days).unsqueeze(-1),
@@ -349,40 +392,52 @@ class TimeAwareTransformer(nn.Module):
         falling = torch.stack([(days == 0).float(), _log1p(today)], -1)
         return rising, falling
 
-    def curve(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The card's forgetting curve from the query state x: (stability S in days, decay d, ceiling m, drops w):
+    def curve(self, x: torch.Tensor, fsrs_s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The card's forgetting curve from the query state x and FSRS-6's stability of the card: (stability S in
+        days, decay d, ceiling m, drops w):
 
-            logit P(recall after t days) = logit(m (1 + f t / S)^(-d)) - sum_k w_k sigmoid((log(1 + 24 t) - c_k) / s)
+            logit P(recall) = logit(m (1 + f n / S)^(-d)) - sum_k w_k sigmoid((log(1 + 24 t) - c_k) / s)
 
-        with f = 0.9^(-1/d) - 1 (FSRS-6's power curve: m * 0.9 at t = S; the ceiling m < 1 allows slips) and
-        w_k >= 0 at fixed centres c_k from 5 minutes to a year: each term only lowers recall as t grows, so the
-        curve is non-increasing in t, however the network sets S, d, m and w."""
+        after n whole scheduler days (FSRS's time) and t days, with f = 0.9^(-1/d) - 1 (FSRS-6's power curve: m * 0.9
+        at n = S; the ceiling m < 1 allows slips) and w_k >= 0 at fixed centres c_k from 5 minutes to a year. S and
+        d are FSRS-6's, each times a learned correction, so a model that has learned nothing is FSRS-6; every term
+        only lowers recall as time passes, so the curve never rises, however the network sets S, d, m and w."""
         raw = self.curve_head(x)
-        stability = torch.exp(raw[..., 0].clamp(-12.0, 12.0))
-        decay = 0.05 + 0.95 * torch.sigmoid(raw[..., 1])
-        ceiling = torch.sigmoid(raw[..., 2])
+        stability = fsrs_s * torch.exp(raw[..., 0].clamp(-6.0, 6.0))
+        base = ((self.fsrs_w[20] - 0.05) / 0.95).clamp(1e-4, 1 - 1e-4)
+        decay = 0.05 + 0.95 * torch.sigmoid(torch.log(base) - torch.log1p(-base) + raw[..., 1])
+        log_ceiling = F.logsigmoid(raw[..., 2].double())  # log m, exact near m = 1
         drops = F.softplus(raw[..., 3:])
-        return stability, decay, ceiling, drops
+        return stability, decay, log_ceiling, drops
 
-    def _curve_logit(self, curve: tuple[torch.Tensor, ...], elapsed: torch.Tensor) -> torch.Tensor:
-        """logit P(recall) after `elapsed` days on `curve` (before calibration)."""
-        stability, decay, ceiling, drops = curve
+    def _curve_logit(self, curve: tuple[torch.Tensor, ...], days: torch.Tensor, elapsed: torch.Tensor) -> torch.Tensor:
+        """logit P(recall) on `curve` after `days` scheduler days and `elapsed` days (before calibration)."""
+        stability, decay, log_ceiling, drops = curve
         factor = torch.pow(torch.full_like(decay, 0.9), -1.0 / decay) - 1.0
-        log_p = torch.log(ceiling) - decay * torch.log1p(factor * elapsed / stability)
-        logit = log_p - torch.log1p(-torch.exp(log_p).clamp(max=1 - 1e-7))
+        log_p = log_ceiling - (decay * torch.log1p(factor * days / stability)).double()
+        return _logit_of_log(log_p).float() - self._drops(drops, elapsed)
+
+    def _drops(self, drops: torch.Tensor, elapsed: torch.Tensor) -> torch.Tensor:
+        """The curve's drops after `elapsed` days: sum_k w_k sigmoid((log(1 + 24 t) - c_k) / s), never falling."""
         hours = torch.log1p(elapsed * 24).unsqueeze(-1)
         centres = self.drop_centres.to(hours.dtype)
-        return logit - (drops.to(hours.dtype) * torch.sigmoid((hours - centres) / DROP_WIDTH)).sum(-1)
+        return (drops.to(hours.dtype) * torch.sigmoid((hours - centres) / DROP_WIDTH)).sum(-1)
 
     def _recall_logit(self, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
-        """logit P(recall) (before calibration) of a seen card `elapsed` days after its last review: the curve,
-        minus the rising time terms, plus the falling ones, each with a weight >= 0 from x (`time_head`): a sum of
-        terms none of which rises with time."""
-        rising, falling = self._time_terms(ctx, elapsed)
+        """logit P(recall) (before calibration) of a seen card `elapsed` (float64) days after its last review: the
+        network's curve, minus the rising time terms, plus the falling ones, each with a weight >= 0 from x
+        (`time_head`): a sum of terms none of which rises with time; mixed with FSRS-6's own curve by `blend`."""
+        day, days = self._days(ctx, elapsed)  # from float64 elapsed: the day a query falls on is exact
+        elapsed = elapsed.float()
+        rising, falling = self._time_terms(ctx, elapsed, day, days)
         weight = ctx["time_weight"].to(rising.dtype)
         n = rising.shape[-1]
-        return (self._curve_logit(ctx["curve"], elapsed) - (weight[..., :n] * rising).sum(-1)
-                + (weight[..., n:] * falling).sum(-1))
+        network = (self._curve_logit(ctx["curve"], days, elapsed) - (weight[..., :n] * rising).sum(-1)
+                   + (weight[..., n:] * falling).sum(-1))
+        log_r = -(self.fsrs_w[20] * torch.log1p((torch.pow(0.9, -1.0 / self.fsrs_w[20]) - 1.0) * days
+                                                 / ctx["fsrs_s"])).double()
+        base = _logit_of_log(log_r).float()  # FSRS-6's own curve
+        return base + self.blend * (network - base)  # blend in [0, 1]: two non-increasing curves, mixed
 
     def _heads(self, x: torch.Tensor, ctx: dict, elapsed: torch.Tensor) -> Prediction:
         recall_logit = torch.where(ctx["seen"], self._recall_logit(ctx, elapsed),
@@ -450,12 +505,12 @@ class TimeAwareTransformer(nn.Module):
         for _ in range(SCHEDULE_LEVELS):  # the curve falls: the points above the target are a prefix of the grid
             step = (hi - lo) / (SCHEDULE_POINTS - 1)
             u = lo + (hi - lo) * grid  # (B, points)
-            above = (self._recall_logit(ctx, (torch.expm1(u) / 24).float()) > target).sum(-1, keepdim=True)
+            above = (self._recall_logit(ctx, torch.expm1(u) / 24) > target).sum(-1, keepdim=True)
             lo = lo + step * (above - 1).clamp(min=0).double()
             hi = torch.minimum(lo + step, hi)
         now_above = self._recall_logit(ctx, elapsed) > target
-        days = torch.where(now_above & seen, torch.expm1(hi) / 24 - elapsed.double(), 0.0).clamp(min=0.0)
-        pred = self._heads(x, ctx, elapsed + days.float())
+        days = torch.where(now_above & seen, torch.expm1(hi) / 24 - elapsed, 0.0).clamp(min=0.0)
+        pred = self._heads(x, ctx, elapsed + days)
         return pred.recall.squeeze(1), torch.log1p(days).squeeze(1), expected_duration(pred.log_duration.squeeze(1))
 
     def forward(self, w: Window) -> Prediction:

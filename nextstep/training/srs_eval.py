@@ -53,6 +53,7 @@ __all__ = [
     "duration_mask",
     "evaluate_baselines",
     "evaluate_predictions",
+    "fit_fsrs6",
     "fsrs6_predictions",
     "fsrs6_rating_predictions",
     "fsrs6_retrievability",
@@ -486,6 +487,22 @@ def _fit_kind(w: list[float], default: list[float]) -> str:
     return "initial_stability_only" if np.allclose(w[4:], d[4:]) else "trained"
 
 
+def fit_fsrs6(log: ReviewLog, rows: np.ndarray, enable_short_term: bool = True,
+              hist: _CardHistories | None = None) -> list[float]:
+    """FSRS-6's 21 parameters fitted by fsrs-rs (`compute_parameters`) on `rows`' scored reviews with an earlier
+    review of their card, each an FSRSItem of its card's reviews up to and including it; the defaults when there
+    are none (fsrs-rs itself falls back to partly default parameters on little data)."""
+    import fsrs_rs_python as fsrs
+
+    hist = hist or _CardHistories(log)
+    rows = rows[scored_mask(log)[rows] & (hist.pos[rows] > 0)]
+    if not rows.size:
+        return list(fsrs.DEFAULT_PARAMETERS)
+    items = [hist.item(r, True) for r in rows]
+    return list(fsrs.FSRS(list(fsrs.DEFAULT_PARAMETERS)).compute_parameters(items,
+                                                                            enable_short_term=enable_short_term))
+
+
 def fsrs6_predictions(log: ReviewLog, folds: list[Fold], enable_short_term: bool = True) -> FSRS6Predictions:
     """FSRS-6 fitted by fsrs-rs (`compute_parameters`) per user and fold, predicting that fold's test rows.
 
@@ -506,10 +523,8 @@ def fsrs6_predictions(log: ReviewLog, folds: list[Fold], enable_short_term: bool
     elapsed = np.maximum(np.asarray(log.elapsed_days), 0).astype(np.float64)
     y = np.asarray(log.rating) > 1
     out = FSRS6Predictions(np.full(len(log), np.nan))
-    optimizer = fsrs.FSRS(default)
     for k, u, train, test in _user_blocks(log, folds):
-        items = [hist.item(r, True) for r in train[scored[train] & has_history[train]]]
-        w = list(optimizer.compute_parameters(items, enable_short_term=enable_short_term)) if items else default
+        w = fit_fsrs6(log, train, enable_short_term, hist)
         out.parameters[(k, u)], out.fit[(k, u)] = w, _fit_kind(w, default)
         rows = test[has_history[test]]
         if rows.size:

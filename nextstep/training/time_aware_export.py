@@ -94,7 +94,11 @@ class TimeAwareExporter(Exporter):
         return {name: {1: history} for name in INPUTS[:7]}
 
     def manifest(self):
-        return {"window": {"size": self.model.cfg.window, "card_size": self.model.cfg.card_window}}
+        m = self.model
+        return {"window": {"size": m.cfg.window, "card_size": m.cfg.card_window},
+                "fsrs6": {"parameters": [round(float(x), 6) for x in m.fsrs_w], "blend": round(float(m.blend), 6),
+                          "about": "the FSRS-6 curve the network corrects; recall logit = FSRS-6 + blend * "
+                                   "(network - FSRS-6)"}}
 
 
 def export_time_aware(model: TimeAwareTransformer, out_dir: Path, *, manifest: dict, sequence: Window) -> dict:

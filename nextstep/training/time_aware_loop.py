@@ -20,6 +20,7 @@ from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, c
 from ..review_window import user_windows
 from .loop import train_epochs
 from .reviews import ReviewLog
+from .srs_eval import fit_fsrs6
 
 
 @dataclass
@@ -34,7 +35,11 @@ class TimeAwareTrainConfig:
     seed: int = 0
     threads: int | None = None
     device: str = "cpu"  # e.g. "cuda" for sweeps; the reported figures are CPU runs
-    calibrate: bool = True  # fit the thresholds' (scale, shift) on the validation reviews after training
+    calibrate: bool = True  # fit the curve's blend with FSRS-6 and the thresholds' (scale, shift) on validation
+    blend_prior: float = 20.0  # calibrate: the prior, in reviews, that the network's curve adds nothing to FSRS-6's
+    # early stopping watches the validation reviews the protocol scores (the card last seen on an earlier day),
+    # not the same-day learning steps, which dominate small collections and pull the curve away from FSRS-6
+    valid_scored: bool = True
     model: dict = field(default_factory=dict)  # TimeAwareConfig overrides
 
     def to_dict(self) -> dict:
@@ -113,13 +118,18 @@ def split_validation(log: ReviewLog, rows: np.ndarray, fraction: float) -> tuple
 def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig,
         log_progress=None) -> tuple[TimeAwareTransformer, dict]:
     """Train on `rows` (global review numbers), early-stopping on their latest `valid_fraction` (on the
-    training loss when no user has enough rows to hold any out)."""
+    training loss when no user has enough rows to hold any out). FSRS-6 is fitted on all of `rows` first, as the
+    baseline is: the network learns corrections to its curve."""
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
     rng = np.random.default_rng(tcfg.seed)
     train_rows, valid_rows = split_validation(rt.log, rows, tcfg.valid_fraction)
-    model = TimeAwareTransformer(cfg).to(tcfg.device)
+    watched = valid_rows[rt.log.elapsed_days[valid_rows] > 0] if tcfg.valid_scored else valid_rows
+    watched = watched if len(watched) else valid_rows
+    model = TimeAwareTransformer(cfg)
+    model.fsrs_w.copy_(torch.tensor(fit_fsrs6(rt.log, np.sort(rows))))  # the curve the network corrects
+    model.to(tcfg.device)
     opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
     start = time.perf_counter()
 
@@ -131,11 +141,11 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     history = train_epochs(model, tcfg.max_epochs, batches,
                            lambda batch: _loss(model, rt, batch, tcfg.duration_weight, tcfg.device),
                            optimizer=opt, grad_clip=1.0,
-                           validate=(lambda: {"loss": validation_loss(model, rt, valid_rows, tcfg)})
+                           validate=(lambda: {"loss": validation_loss(model, rt, watched, tcfg)})
                            if len(valid_rows) else None,
                            monitor=monitor, patience=tcfg.patience, progress=False, report=log_progress)
     model.cpu().eval()
-    calibration = calibrate(model, rt, valid_rows) if tcfg.calibrate else None
+    calibration = calibrate(model, rt, valid_rows, blend_prior=tcfg.blend_prior) if tcfg.calibrate else None
     best = [row for row in history if row["best"]][-1][monitor]
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
                    "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
@@ -148,33 +158,66 @@ def _predictions(model, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024):
         yield model.readout(*rt.batch(torch.from_numpy(rows[lo:lo + batch])))
 
 
-def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int = 200) -> list | None:
-    """Platt-scale the rating thresholds on held-out reviews: (scale, shift) minimising the CORAL loss of
-    scale * logits + shift on the scored ones (card last seen on an earlier day, the reviews the protocol
-    scores). The model's own thresholds come from early-stopped training and drift with the seed; two
-    parameters fitted on the latest reviews before the test block correct the overall level and spread.
-    Left at the identity when there are fewer than `min_rows` such reviews."""
-    rows = rows[rt.log.elapsed_days[rows] > 0]
-    if len(rows) < min_rows:
-        return None
-    model.calibration.copy_(torch.tensor([1.0, 0.0]))
-    logits = torch.cat([p.threshold_logits for p in _predictions(model, rt, rows)]).double()
-    target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
-    log_scale = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    shift = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_scale, shift], max_iter=100, line_search_fn="strong_wolfe")
+def _threshold_logits(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, blend: float) -> torch.Tensor:
+    model.blend.fill_(blend)
+    return torch.cat([p.threshold_logits for p in _predictions(model, rt, rows)]).double()
+
+
+def _fit(params: list[torch.Tensor], loss_fn) -> None:
+    opt = torch.optim.LBFGS(params, max_iter=100, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        z = logits * log_scale.exp() + shift
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(z, target)
+        loss = loss_fn()
         loss.backward()
         return loss
 
     opt.step(closure)
-    scale, offset = float(log_scale.exp()), float(shift)
+
+
+def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int = 200,
+              blend_prior: float = 20.0, min_blend_rows: int = 20) -> dict:
+    """Fit, on held-out reviews the protocol would score (card last seen on an earlier day):
+
+    - `blend`, how much of the network's curve to trust against FSRS-6's own: the CORAL loss of the mix, summed
+      over the reviews, plus `blend_prior` * blend^2, a prior worth that many reviews that the network adds
+      nothing; 0 (FSRS-6's curve) with fewer than `min_blend_rows` reviews. Little data, little trust.
+    - then (scale, shift) of the three threshold logits (Platt scaling): the model's own thresholds come from
+      early-stopped training and drift with the seed; two parameters fitted on the latest reviews before the test
+      block correct the overall level and spread. Left at the identity with fewer than `min_rows` reviews.
+    """
+    rows = rows[rt.log.elapsed_days[rows] > 0]
+    model.calibration.copy_(torch.tensor([1.0, 0.0]))
+    if len(rows) < min_blend_rows:
+        model.blend.fill_(0.0)
+        return {"blend": 0.0, "platt": None, "rows": int(len(rows))}
+    target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
+    network, fsrs = _threshold_logits(model, rt, rows, 1.0), _threshold_logits(model, rt, rows, 0.0)
+    raw = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+
+    def mixed():
+        a = torch.sigmoid(raw - 2.0)  # starts at 0.12
+        return fsrs + a * (network - fsrs), a
+
+    def blend_loss():
+        logits, a = mixed()
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum")
+        return bce + blend_prior * a.square().sum()
+
+    _fit([raw], blend_loss)
+    with torch.no_grad():
+        logits, a = mixed()
+    blend = float(a)
+    model.blend.fill_(blend)
+    if len(rows) < min_rows:
+        return {"blend": blend, "platt": None, "rows": int(len(rows))}
+    log_scale = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    shift = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    _fit([log_scale, shift], lambda: torch.nn.functional.binary_cross_entropy_with_logits(
+        logits * log_scale.exp() + shift, target))
+    scale, offset = float(log_scale.detach().exp()), float(shift.detach())
     model.calibration.copy_(torch.tensor([scale, offset]))
-    return [scale, offset]
+    return {"blend": blend, "platt": [scale, offset], "rows": int(len(rows))}
 
 
 @torch.no_grad()

@@ -29,6 +29,7 @@ from .srs_eval import (
     bin_features,
     evaluate_baselines,
     evaluate_predictions,
+    fsrs6_predictions,
     log_loss,
     protocol_folds,
     rmse_bins,
@@ -36,6 +37,16 @@ from .srs_eval import (
 )
 from .time_aware_export import export_time_aware
 from .time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
+
+
+def model_config(tcfg: TimeAwareTrainConfig, log: ReviewLog) -> TimeAwareConfig:
+    """The model's configuration: `tcfg.model`'s overrides, and the user's day boundary (scheduler days, which
+    FSRS's intervals count) from the log where it knows one and the overrides do not set it."""
+    overrides = dict(tcfg.model)
+    starts = {int(ms) % 86_400_000 for ms in (log.meta.get("day_start_ms") or {}).values()}
+    if "day_start_hour" not in overrides and len(starts) == 1:
+        overrides["day_start_hour"] = starts.pop() / 3_600_000
+    return TimeAwareConfig(**overrides)
 
 
 def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig, n_splits: int = 5,
@@ -88,9 +99,9 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
                      baselines: bool = True, progress: bool = True) -> dict:
     """Evaluate under the protocol (with the baselines side by side), export a model fitted on all reviews."""
     tcfg = cfg or TimeAwareTrainConfig()
-    mcfg = TimeAwareConfig(**tcfg.model)
     started = time.perf_counter()
     log = read_reviews(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    mcfg = model_config(tcfg, log)
     metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
     model_seconds = time.perf_counter() - started
     if baselines:
@@ -133,26 +144,28 @@ def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits:
     return evaluate_predictions(log, folds, p_recall, p_rating, duration)
 
 
-def tuning_split(data: str | Path, *, cfg: TimeAwareTrainConfig | None = None, duration_cap_s: float | None = None,
-                 day_columns: str = "check") -> dict:
+def tuning_split(log: ReviewLog, *, cfg: TimeAwareTrainConfig | None = None) -> dict:
     """The flashcard model's tuning split (docs/decisions.md): fit on the first half of the reviews, score the
-    scored reviews of the fourth sixth, so the protocol's last two test blocks are never looked at.
+    scored reviews of the fourth sixth, so the protocol's last two test blocks are never looked at. FSRS-6 is
+    fitted and scored on the same split, for a figure comparable across collections.
 
         python -m nextstep.training.time_aware_run --data DIR [--seed N] [--duration-cap-s S]
     """
     tcfg = cfg or TimeAwareTrainConfig()
-    mcfg = TimeAwareConfig(**tcfg.model)
-    log = read_reviews(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    mcfg = model_config(tcfg, log)
     n = len(log)
+    train = np.arange(n // 2)
     scored = np.arange(n // 2, n * 4 // 6)
     scored = scored[scored_mask(log)[scored]]
     rt = ReviewTensors(log, mcfg.window, mcfg.card_window)
-    model, info = fit(rt, np.arange(n // 2), mcfg, tcfg)
+    model, info = fit(rt, train, mcfg, tcfg)
     recall = predict(model, rt, scored)["recall"]
+    fsrs = fsrs6_predictions(log, [(train, scored)]).p_recall[scored]
     y = (log.rating[scored] > 1).astype(np.float64)
     delta_t, i, lapse = bin_features(log)
-    return {"log_loss": log_loss(y, recall), "rmse_bins": rmse_bins(y, recall, delta_t[scored], i[scored],
-                                                                     lapse[scored]),
+    bins = (delta_t[scored], i[scored], lapse[scored])
+    return {"log_loss": log_loss(y, recall), "rmse_bins": rmse_bins(y, recall, *bins),
+            "fsrs6_log_loss": log_loss(y, fsrs), "fsrs6_rmse_bins": rmse_bins(y, fsrs, *bins),
             "n_train": int(n // 2), "n_scored": int(len(scored)), "epochs": len(info["history"]), "seed": tcfg.seed}
 
 
@@ -165,5 +178,5 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--duration-cap-s", type=float)
     args = parser.parse_args()
-    print(json.dumps(tuning_split(args.data, cfg=TimeAwareTrainConfig(seed=args.seed),
-                                  duration_cap_s=args.duration_cap_s)))
+    print(json.dumps(tuning_split(read_reviews(args.data, duration_cap_s=args.duration_cap_s),
+                                  cfg=TimeAwareTrainConfig(seed=args.seed))))

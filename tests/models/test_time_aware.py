@@ -32,9 +32,11 @@ def prefix_window(sequence: Window, i: int) -> Window:
 def model():
     torch.manual_seed(0)
     m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1))
-    with torch.no_grad():  # make every head and bias matter
+    with torch.no_grad():  # make every head and bias matter (an untrained model's curve is FSRS-6's alone)
         for layer in m.layers:
             layer.attn.decay_w.fill_(1.5)
+        torch.nn.init.normal_(m.curve_head.weight, std=0.3)
+        torch.nn.init.normal_(m.time_head.weight, std=0.3)
     return m.eval()
 
 
@@ -115,14 +117,14 @@ def test_coral_probabilities_are_ordered_and_loss_matches_formula(model):
     pred = model(_sequences(4))
     assert (pred.rating_probs >= 0).all()
     torch.testing.assert_close(pred.rating_probs.sum(-1), torch.ones(B, T), atol=1e-6, rtol=0)
-    above = torch.sigmoid(pred.threshold_logits)
+    above = torch.sigmoid(pred.threshold_logits.double())  # float64: log(1 - above) near above = 1
     assert (above[..., :-1] >= above[..., 1:]).all()  # P(rating > 1) >= P(rating > 2) >= P(rating > 3)
     rating = torch.tensor([[1, 2, 3, 4] * 3 + [1, 2]] * B)
     manual = 0.0
     for k in range(3):
         y = (rating > k + 1).float()
         manual = manual - (y * torch.log(above[..., k]) + (1 - y) * torch.log(1 - above[..., k]))
-    torch.testing.assert_close(coral_loss(pred, rating), manual.mean(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(coral_loss(pred, rating).double(), manual.mean(), atol=1e-5, rtol=0)
 
 
 def test_window_rule_keeps_the_cards_history():
@@ -186,3 +188,38 @@ def test_schedule_is_the_curves_inverse(curved):
             assert (curved.readout(w, card, deck, now).recall[~later] <= retention + 1e-6).all()
             dues.append(wait)
     assert all((a <= b + 1e-3).all() for a, b in zip(dues, dues[1:], strict=False))  # lower retention, later
+
+
+def test_the_curve_starts_at_fsrs6_and_is_fsrs6_at_blend_zero():
+    """At blend 0 a seen card's P(recall) is FSRS-6's, from the card's reviews in the window (fsrs-rs itself as
+    the reference); an untrained model is within a hair of it (corrections start at nothing)."""
+    fsrs_rs = pytest.importorskip("fsrs_rs_python")
+    torch.manual_seed(0)
+    m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64)).eval()
+    w = [0.5, 1.5, 4.0, 12.0, 5.5, 0.6, 1.8, 0.02, 1.3, 0.25, 0.9, 1.8, 0.1, 0.4, 1.2, 0.4, 2.2, 0.7, 0.2, 0.1, 0.35]
+    m.fsrs_w.copy_(torch.tensor(w))
+    seq = _sequences(7, b=4, t=20, n_cards=3)
+    wanted, got, untrained = [], [], []
+    for i in range(1, 20):
+        win = prefix_window(seq, i)
+        with torch.no_grad():
+            m.blend.fill_(1.0)
+            untrained.append(m.readout(win, seq.card[:, i], seq.deck[:, i], seq.time[:, i]).recall)
+            m.blend.fill_(0.0)
+            got.append(m.readout(win, seq.card[:, i], seq.deck[:, i], seq.time[:, i]).recall)
+        for b in range(4):
+            rows = [j for j in range(i) if seq.card[b, j] == seq.card[b, i]]
+            if not rows:
+                wanted.append(float("nan"))
+                continue
+            days = [int(m._day(seq.time[b, j])) for j in rows]
+            reviews = [fsrs_rs.FSRSReview(int(seq.rating[b, j]), 0 if k == 0 else days[k] - days[k - 1])
+                       for k, j in enumerate(rows)]
+            s = fsrs_rs.FSRS(w).memory_state(fsrs_rs.FSRSItem(reviews)).stability
+            t = int(m._day(seq.time[b, i])) - days[-1]
+            wanted.append((1 + (0.9 ** (-1 / w[20]) - 1) * t / s) ** (-w[20]))
+    wanted = torch.tensor(wanted).view(19, 4)
+    seen = ~torch.isnan(wanted)
+    assert int(seen.sum()) > 40
+    torch.testing.assert_close(torch.stack(got)[seen], wanted[seen].float(), atol=1e-5, rtol=0)
+    assert float((torch.stack(untrained)[seen] - wanted[seen]).abs().max()) < 0.01

@@ -286,7 +286,12 @@ def test_recall_falls_with_time_and_the_schedule_inverts_it(srs_model, store_url
                     assert due["status"] == "beyond_horizon", (i, due, retention)
                 else:
                     assert due["status"] == "scheduled" and now < due["due"], (i, due, retention)
-                    assert abs(at_due["p_recall"] - retention) < 1e-3, (i, due, retention)
+                    # the first moment at or below the retention (the curve steps down at day boundaries,
+                    # where FSRS-6's whole days tick over, so it may land below it), found to the schedule
+                    # grid's resolution (about 5e-7 of the time since the card's last review)
+                    margin = 1e-5 * (due["due"] - reviews[0]["time"])
+                    assert at_due["p_recall"] <= retention + 1e-5, (i, due, retention)
+                    assert predict(cards[i], due["due"] - margin)["p_recall"] > retention - 1e-5, (i, due, retention)
                     assert (curve[offsets < due["due"] - now - 1] > retention).all()
         order = sorted(dues)  # lower retention: never earlier
         for lower, higher in zip(order, order[1:], strict=False):

@@ -137,7 +137,7 @@ def test_evaluate_scores_an_artifact_as_is_on_a_review_log(artifact, capsys):
         assert np.isfinite(result[key]), key
 
 
-def test_calibration_is_a_positive_affine_map_fitted_on_held_out_reviews(log):
+def test_calibration_blends_with_fsrs6_and_is_a_positive_affine_map_fitted_on_held_out_reviews(log):
     from nextstep.models.time_aware import coral_loss
     from nextstep.training.time_aware_loop import calibrate
 
@@ -145,20 +145,27 @@ def test_calibration_is_a_positive_affine_map_fitted_on_held_out_reviews(log):
     rt = ReviewTensors(log, cfg.window, cfg.card_window)
     model, info = fit(rt, np.arange(len(log) // 2), cfg,
                       TimeAwareTrainConfig(max_epochs=2, batch_size=128, calibrate=False))
-    assert info["calibration"] is None and model.calibration.tolist() == [1.0, 0.0]
+    assert info["calibration"] is None and model.calibration.tolist() == [1.0, 0.0] and float(model.blend) == 1.0
     held = np.arange(len(log) // 2, len(log))
     held = held[log.elapsed_days[held] > 0]
     w, card, deck, t = rt.batch(torch.from_numpy(held))
     with torch.no_grad():
-        before = model.readout(w, card, deck, t)
-        scale, shift = calibrate(model, rt, held)
+        network = model.readout(w, card, deck, t)
+        model.blend.fill_(0.0)
+        fsrs = model.readout(w, card, deck, t)
+        result = calibrate(model, rt, held, blend_prior=20.0)
         after = model.readout(w, card, deck, t)
-    assert scale > 0
-    torch.testing.assert_close(after.threshold_logits, before.threshold_logits * scale + shift)
+    a, (scale, shift) = result["blend"], result["platt"]
+    assert 0 <= a <= 1 and float(model.blend) == pytest.approx(a, abs=1e-7) and scale > 0
+    mixed = fsrs.threshold_logits + a * (network.threshold_logits - fsrs.threshold_logits)
+    torch.testing.assert_close(after.threshold_logits, mixed * scale + shift, atol=1e-4, rtol=1e-4)
     assert (after.threshold_logits[:, :-1] >= after.threshold_logits[:, 1:]).all()  # still ordered
     rating = rt.rating[torch.from_numpy(held)]
-    assert coral_loss(after, rating) <= coral_loss(before, rating) + 1e-6  # fitted on exactly these rows
-    assert calibrate(model, rt, held[:10]) is None  # too few reviews: left as it is
+    assert coral_loss(after, rating) <= coral_loss(fsrs, rating) + 1e-6  # fitted on exactly these rows
+    with torch.no_grad():  # a stronger prior trusts the network less; too few reviews: FSRS-6's curve, no Platt
+        assert calibrate(model, rt, held, blend_prior=1e6)["blend"] < a + 1e-9
+        assert calibrate(model, rt, held[:10]) == {"blend": 0.0, "platt": None, "rows": 10}
+    assert float(model.blend) == 0.0 and model.calibration.tolist() == [1.0, 0.0]
 
 
 def test_the_serve_demo_builds_a_flashcard_model_the_service_loads(tmp_path):
@@ -171,7 +178,7 @@ def test_the_serve_demo_builds_a_flashcard_model_the_service_loads(tmp_path):
 
 
 def test_tuning_split_never_scores_the_last_two_test_blocks(artifact, log):
-    result = tuning_split(artifact.parent / "reviews.csv",
-                          cfg=TimeAwareTrainConfig(max_epochs=1, batch_size=128, model=SMALL))
+    result = tuning_split(log, cfg=TimeAwareTrainConfig(max_epochs=1, batch_size=128, model=SMALL))
     assert result["n_train"] == len(log) // 2 and 0 < result["n_scored"] <= len(log) * 4 // 6 - len(log) // 2
-    assert np.isfinite(result["log_loss"]) and np.isfinite(result["rmse_bins"])
+    for key in ("log_loss", "rmse_bins", "fsrs6_log_loss", "fsrs6_rmse_bins"):
+        assert np.isfinite(result[key]), key
