@@ -48,7 +48,10 @@ class Collection:
 
 def collections(data: Path, out: Path) -> list[Collection]:
     """The six users: AnkiMath, the py-fsrs log and every anki_small collection (imported into out/imported)."""
-    found = [Collection("ankimath", read_reviews(data / "ankimath", duration_cap_s=500.0), str(data / "ankimath"))]
+    found = []
+    if (data / "ankimath").is_dir():
+        found.append(Collection("ankimath", read_reviews(data / "ankimath", duration_cap_s=500.0),
+                                str(data / "ankimath")))
     josh = sorted((data / "py_fsrs_josh").glob("review_logs_*.csv"))
     if josh:
         found.append(Collection("py_fsrs_josh", read_reviews(josh[0]), str(josh[0])))
@@ -135,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     found = collections(Path(args.data), out)
+    if len(found) < 2:
+        raise SystemExit(f"srs_collections: {args.data} holds {len(found)} collection(s); leaving one out needs two")
 
     def log_line(text: str) -> None:
         print(text, flush=True)
