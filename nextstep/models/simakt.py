@@ -366,17 +366,14 @@ class SimAKT(nn.Module):
                 parts += [(self.resp_diff.weight, responses, mu), (self.skill_diff.weight, skill, mu)]
         return parts
 
-    def embed(self, questions: torch.Tensor, responses: torch.Tensor | None = None,
-              proj: nn.Linear | None = None) -> torch.Tensor:
-        """e (or s, with responses) for vocabulary rows of any shape; with `proj`, proj(e or s) summed from the
-        projected tables (linear, so the same up to rounding): O(d) a row, the tables being constants of the
-        weights (ONNX Runtime folds them)."""
+    def embed(self, questions: torch.Tensor, responses: torch.Tensor | None = None) -> torch.Tensor:
+        """e (or s, with responses) for vocabulary rows of any shape."""
         out = None
         for table, rows, coef in self._parts(questions, responses):
-            x = nn.functional.embedding(rows, table if proj is None else table @ proj.weight.T)
+            x = nn.functional.embedding(rows, table)
             x = x if coef is None else coef * x
             out = x if out is None else out + x
-        return out if proj is None else out + proj.bias
+        return out
 
     def trajectory_states(self, questions: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """hs (B, T, d): block 2's interaction states, what memory banks are made of."""
@@ -465,10 +462,8 @@ class SimAKT(nn.Module):
         responses = torch.where(here, response[:, None, None], responses)
         at, q, r = at.reshape(N), questions.reshape(N, W), responses.reshape(N, W)
         each = lambda x: x[:, None].expand(B, C, *x.shape[1:]).reshape(N, *x.shape[1:])  # noqa: E731
-        b1, b2 = self.block1, self.block2
-        hq = b1.row(each(self.embed(question)), self.embed(q, proj=b1.attn.qk), self.embed(q, proj=b1.attn.v), at)
-        hs = b2.row(each(self.embed(question, response)), self.embed(q, r, b2.attn.qk), self.embed(q, r, b2.attn.v),
-                    at)
+        hq = self.block1.row(each(self.embed(question)), self._parts(q, None), at)
+        hs = self.block2.row(each(self.embed(question, response)), self._parts(q, r), at)
         p, keys, values, query = self.block3.row(hq, hs, keys.reshape(N, W, -1), values.reshape(N, W, -1), at,
                                                  list(bank_kv))
         mix, top = self.block4.add(mix.reshape(N, *mix.shape[2:]), top.reshape(N, *top.shape[2:]), hq, p, at)

@@ -61,7 +61,11 @@ class DecayAttention(nn.Module):
                heads: list[int] | None = None) -> torch.Tensor:
         """q (B, H, R, dh) against k, v (B, H, T, dh); mask and gap |t - j| broadcast to (B, H, R, T) (`visible`)
         -> per-head outputs (B, H, R, dh). `heads`: which of the block's heads q, k, v hold (default all)."""
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, R, T)
+        return self.weights(q @ k.transpose(-1, -2) / math.sqrt(self.d_head), mask, gap, heads) @ v
+
+    def weights(self, scores: torch.Tensor, mask: torch.Tensor, gap: torch.Tensor, heads: list[int] | None = None
+                ) -> torch.Tensor:
+        """Scaled scores (B, H, R, T) -> the decayed attention weights (B, H, R, T) (module docstring)."""
         with torch.no_grad():
             weights = torch.softmax(scores.masked_fill(~mask, -1e32), dim=-1)
             after = weights.sum(-1, keepdim=True) - weights.cumsum(-1)  # attention on keys after j
@@ -69,8 +73,7 @@ class DecayAttention(nn.Module):
         gamma = self.gamma if heads is None else self.gamma[heads]
         effect = (-gamma.abs() * distance).exp().clamp(1e-5, 1e5)
         scores = (scores * effect).masked_fill(~mask, -1e32)
-        weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # rows with no key: all zero
-        return weights @ v
+        return torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # rows with no key: all zero
 
     def merge(self, heads: torch.Tensor) -> torch.Tensor:
         B, H, T, dh = heads.shape
@@ -92,15 +95,29 @@ class Block(nn.Module):
         out = a.merge(a.attend(a.heads(query, a.qk), a.heads(key, a.qk), a.heads(value, a.v), mask, gap))
         return self.norm(query + self.dropout(out))
 
-    def row(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """One new row per sequence (causal, the row sees itself): x (N, d) at position at (N,), against the
-        projected keys and values (N, T, d) of positions 0..T-1 (the row's own among them) -> (N, d)."""
-        a = self.attn
-        N, T, _ = keys.shape
+    def row(self, x: torch.Tensor, parts: list, at: torch.Tensor) -> torch.Tensor:
+        """One new row per sequence (causal, the row sees itself): x (N, d) at position at (N,), whose keys and
+        values at positions 0..T-1 (its own among them) are projections of sums of table rows, sum_i c_i
+        table_i[rows_i] (parts: [(table (V, d), rows (N, T), c (N, T, 1) or None)]). Linear, so per table the
+        query meets its V projected rows once and the scores are gathered per position, and the values are the
+        projected rows weighted by the attention summed per table row: O(T + V d) a head instead of O(T d)
+        (the projected tables are constants of the weights: ONNX Runtime folds them)."""
+        a, N = self.attn, x.shape[0]
+        H, dh, T = a.n_heads, a.d_head, parts[0][1].shape[1]
+        q = a.qk(x).view(N, H, dh)
+        scores = (q * a.qk.bias.view(H, dh)).sum(-1, keepdim=True)  # (N, H, 1): the keys' bias
+        for table, rows, c in parts:
+            s = torch.einsum("nhd,vhd->nhv", q, (table @ a.qk.weight.T).view(-1, H, dh))
+            s = s.gather(2, rows[:, None].expand(N, H, T))
+            scores = scores + (s if c is None else s * c.view(N, 1, T))
         mask, gap = visible(at[:, None, None], T, True)  # (N, 1, 1, T)
-        split = lambda t: t.view(N, T, a.n_heads, a.d_head).transpose(1, 2)  # noqa: E731
-        out = a.merge(a.attend(a.heads(x[:, None], a.qk), split(keys), split(values), mask, gap))[:, 0]
-        return self.norm(x + self.dropout(out))
+        w = a.weights(scores[:, :, None] / math.sqrt(dh), mask, gap)[:, :, 0]  # (N, H, T)
+        out = w.sum(-1, keepdim=True) * a.v.bias.view(H, dh)  # the values' bias
+        for table, rows, c in parts:
+            per_row = w.new_zeros(N, H, table.shape[0]).scatter_add(2, rows[:, None].expand(N, H, T),
+                                                                     w if c is None else w * c.view(N, 1, T))
+            out = out + torch.einsum("nhv,vhd->nhd", per_row, (table @ a.v.weight.T).view(-1, H, dh))
+        return self.norm(x + self.dropout(a.out(out.reshape(N, H * dh))))
 
 
 class KnowledgeReadout(nn.Module):
