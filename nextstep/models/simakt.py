@@ -24,8 +24,9 @@ each active head's position-weighted keys and values; every forward takes those.
 
 Streaming (what the service runs): every block is causal, so an interaction adds one row to each block and
 changes no earlier row. For each of `caches` chunk caches the state keeps:
-  - the chunk's raw interactions: blocks 1 and 2 project them again at each step, cheaply, since e and s are
-    sums of table rows and a projection of the sum is the sum of gathers from projected tables (O(T d));
+  - the chunk's raw interactions: blocks 1 and 2 read them at each step, cheaply: e and s are sums of table
+    rows, so a new row's query meets each projected table once and its attention is gathered per position
+    (`Block.row`, O(T + V d) a head);
   - block 3's keys and values of the intra-student slots (`cache_dtype`): a new row's query is qk(hq_t), its
     inter-student heads read the bank at position t (the latest row's inter-slot queries are kept for the
     explanation);
@@ -506,7 +507,7 @@ class SimAKT(nn.Module):
         a, intra = self.block3.block.attn, self.block3.intra
         k = a.heads(hq, a.qk)  # (N, H, W, dh)
         rows = lambda x: x[:, intra].transpose(1, 2).reshape(B, C, W, -1).to(getattr(torch, self.cfg.cache_dtype))  # noqa: E731
-        mix, top = self.block4.sums(hq, p, count)
+        mix, top = self.block4.running(hq, p, count)
         out = (seen, questions, responses, rows(k), rows(a.heads(hs, a.v)), mix.view(B, C, *mix.shape[1:]),
                top.view(B, C, *top.shape[1:]))
         if not self.sim.active:

@@ -246,7 +246,7 @@ def test_knowledge_readout_scan_equals_a_direct_computation():
         z = block(hq, p)
         mix, top = torch.zeros(2, 3, 4, 5), torch.full((2, 3, 4), block.EMPTY)
         for t in range(70):  # the running state, one row at a time, and at once from the whole sequence
-            at = block.finish(block.sums(hq, p, torch.tensor([t, t]))[0])
+            at = block.finish(block.running(hq, p, torch.tensor([t, t]))[0])
             assert torch.allclose(z[:, t], at[:, 0], atol=1e-5)
             assert torch.allclose(z[:, t], block.finish(mix)[:, 0], atol=1e-5)
             mix, top = block.add(mix, top, hq[:, t], p[:, t], torch.tensor([t, t]))

@@ -16,7 +16,7 @@ A row with no visible key (position 0 of a strictly causal block) outputs zeros.
 
 Streaming (SimAKT's cached state): a row of blocks 1-3 needs only its own query and the keys and values of
 the rows it sees, so `Block.row` adds one row against cached keys; block 4's read-out at the next position is
-a running, rescaled sum over the rows so far (`KnowledgeReadout.add`, `sums`, `finish`).
+a running, rescaled weighted mean over the rows so far (`KnowledgeReadout.running`, `add`, `finish`).
 """
 
 import math
@@ -190,7 +190,7 @@ class KnowledgeReadout(nn.Module):
 
     EMPTY = -1e30  # the running maximum of a sequence without rows: exp(EMPTY - l) is 0
 
-    def sums(self, hq: torch.Tensor, p: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def running(self, hq: torch.Tensor, p: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The read-out's running state after rows 0..length[b]-1 of hq, p (B, T, d): (mix (B, K, H, dh + 1): the
         weighted mean of the values so far and, last, the total weight relative to top; top (B, K, H): the
         largest log-weight). A mean, not a sum, so that its size does not grow with the rows."""
@@ -205,7 +205,7 @@ class KnowledgeReadout(nn.Module):
 
     def add(self, mix: torch.Tensor, top: torch.Tensor, hq: torch.Tensor, p: torch.Tensor, at: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fold one row hq, p (N, d) at position at (N,) into the running state (`sums`): afterwards it reads
+        """Fold one row hq, p (N, d) at position at (N,) into the running state (`running`): afterwards it reads
         out position at + 1. The total weight is rescaled when the row raises the maximum."""
         N, H, dh = hq.shape[0], self.n_heads, self.d_head
         q = self.qk(self.know).view(-1, H, dh)  # (K, H, dh)
