@@ -3,6 +3,9 @@
     train file --split by student--> fit students (two halves) + validation students (early stopping)
     test file  --------------------> metrics.test (auc, accuracy, nll): never used to choose anything
 
+Training cuts sequences into chunks of the window; validation and test score whole sequences under the window
+rule the service answers by (`predict`: SimAKT.chunked).
+
 Banks during training are cross-fitted: they are rebuilt from the current encoder at every epoch, one from
 each half of the fit students, and a batch of one half attends to the other half's bank, so no student ever
 sees a bank that holds their own trajectory (their own future). Validation uses a bank of all fit

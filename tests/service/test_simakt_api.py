@@ -148,6 +148,9 @@ def test_predictions_equal_the_offline_model_with_the_same_bank_past_the_window(
         reply = http.post("/v1/kt/simakt/predict", json={"student_id": "long", "question_ids": [asked[-1]]}).json()
         assert reply["bank_version"] == "v2" and reply["events_total"] == len(events)
         assert reply["predictions"][0]["probabilities"][1] == pytest.approx(after[-1], abs=1e-5)
+        again = http.post("/v1/kt/simakt/predict", json={"student_id": "long", "question_ids": [asked[-1]]}).json()
+        assert reply["state_version"] == again["state_version"] == len(events) + 1  # the rebased state, stored once
+        assert again["predictions"] == reply["predictions"]
         assert abs(after[-1] - offline.chunked(simakt["v1"], events, asked)[-1]) > 1e-4  # the banks differ
 
         summary = http.get("/v1/kt/simakt/students/long").json()
