@@ -53,8 +53,9 @@ def _pairs(flat) -> list[tuple]:
 
 
 class SimAKTExporter(KTExporter):
-    """KT graphs whose readouts also take the banks' keys and values (shared inputs) and output each head's
-    weights over its bank (explain_<head>), plus bank_project: raw banks -> keys and values."""
+    """KT graphs whose steps and readouts also take the banks' keys and values (shared inputs), the readouts
+    outputting each head's weights over its bank (explain_<head>), plus rebase and bank_project (raw banks ->
+    keys and values)."""
 
     step_shared = True
 
