@@ -475,12 +475,12 @@ def stateless_vs_stateful(base: str, question_ids: list[str], n_cats: int, n_req
 
 
 # -- Redis bytes per student -------------------------------------------------------------------------
-def student_bytes(redis_port: int, student: str) -> dict | None:
+def student_bytes(redis_port: int, student: str, model: str = MODEL) -> dict | None:
     import redis
 
     r = redis.Redis(host="127.0.0.1", port=redis_port, socket_timeout=5)
     try:
-        pattern = f"nextstep:{{kt:{MODEL}:*:{student}}}"
+        pattern = f"nextstep:{{kt:{model}:*:{student}}}"
         keys = [k for k in r.scan_iter(match=pattern, count=1000)]
         if not keys:
             return None

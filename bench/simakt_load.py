@@ -6,7 +6,8 @@ serving a SimAKT artifact with its window of 200 interactions: the one --artifac
 for one epoch on generated data (d_model 128, 8 heads as the real model; block 3 with 6 intra-student heads, a
 64-cluster head and a 200-entry KNN head, k = 15; 400 students, so the KNN bank is full) with a second bank
 version "v2" built from the same students with another seed. It fills one student per wrk connection with
---events events (>= 200: the window is full), then drives the service with wrk:
+--events events (>= the window: every chunk cache has started), reports the bytes Redis holds for one of them,
+then drives the service with wrk:
 
     predict            POST /v1/kt/simakt/predict {student_id, question_ids: [one]}
     events + predict   POST /v1/kt/simakt/events {one event, unique event id, predict_question_ids: [one]}
@@ -45,6 +46,7 @@ from service_load import (
     show_wrk,
     start_redis,
     start_service,
+    student_bytes,
     tail,
 )
 
@@ -187,9 +189,11 @@ def run(args, work: Path, procs: Processes) -> int:
         if check.status_code != 200 or check.json()["events_total"] != args.events:
             raise BenchError(f"predict after the fill: {check.status_code} {check.text[:300]}")
     heads = {h: v["entries"] for h, v in banks["versions"][0]["heads"].items()}
+    stored = student_bytes(redis_port, "bench-0", MODEL)
     print(f"artifact: {origin}; window {window}, {len(ids)} questions, banks {versions} (entries {heads}); "
-          f"{args.connections} students x {args.events} events filled in {filled:.1f} s; one worker, real Redis",
-          flush=True)
+          f"{args.connections} students x {args.events} events filled in {filled:.1f} s; one worker, real Redis; "
+          f"per learner: blob {stored['blob_bytes']} B, Redis MEMORY USAGE {stored['total_bytes']} B (state hash "
+          f"{stored['hash_bytes']}, replay window {stored['ids_bytes']})", flush=True)
 
     pool = args.connections // 2
     scripts = {}
@@ -200,7 +204,8 @@ def run(args, work: Path, procs: Processes) -> int:
                                                kind=kind, tag=tag, model=MODEL, threads=LUA_THREADS) + LUA_DONE)
     run_wrk(base, scripts["pN"], 2, args.connections, 2, None)  # warm-up
     results = {"machine": machine, "artifact": origin, "window": window, "bank_versions": versions,
-               "bank_entries": heads, "students": args.connections, "events_per_student": args.events, "runs": {}}
+               "bank_entries": heads, "students": args.connections, "events_per_student": args.events,
+               "learner_bytes": stored, "runs": {}}
     plan = [("predict", "p1", 1), ("predict", "pN", args.connections), ("events + predict", "e1", 1),
             ("events + predict", "eN", args.connections)]
     for label, tag, connections in plan:

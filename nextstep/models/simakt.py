@@ -22,9 +22,26 @@ DTransformer baseline with the same weights, exactly (tests/models/test_simakt.p
 Banks are inputs, not parameters: `bank_keys(banks)` turns raw banks (states (M, L, d), lengths (M,)) into
 each active head's position-weighted keys and values; every forward takes those.
 
-Streaming (what the service runs): the state is the last `window` interactions and a count; `step` appends
-one; `readout` encodes the window and answers for any questions at the next position. The window is the
-whole history for sequences up to `window` long, so stepping equals the full pass there.
+Streaming (what the service runs): every block is causal, so an interaction adds one row to each block and
+changes no earlier row. For each of `caches` chunk caches the state keeps:
+  - the chunk's raw interactions: blocks 1 and 2 read them at each step, cheaply: e and s are sums of table
+    rows, so a new row's query meets each projected table once and its attention is gathered per position
+    (`Block.row`, O(T + V d) a head);
+  - block 3's keys and values of the intra-student slots (`cache_dtype`): a new row's query is qk(hq_t), its
+    inter-student heads read the bank at position t (the latest row's inter-slot queries are kept for the
+    explanation);
+  - block 4's running state per knowledge query and head: the weighted mean of the values and the total
+    weight, relative to the largest log-weight and rescaled when a row raises it (exact: the decay is linear
+    in the distance).
+`step` costs O(T d) per cache; `readout` is block 4's finish, the question embedding and the answer MLP.
+
+Window rule: cache c holds chunks of `window` interactions starting at c * window / caches (mod window), each
+from a fresh state. A prediction comes from the cache whose chunk began earliest, which has seen between
+window - window / caches and window - 1 earlier interactions once the learner has that many (`caches` = 1: the
+window restarts every `window` events). Offline, `rule_chunks` names the same chunks and the positions each
+scores (`chunked`), so a served prediction is the full pass over its chunk. The inter-student heads' outputs
+enter block 4's state, so a state belongs to the bank it was folded with; `rebase` encodes each cache's chunk
+afresh with another bank.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -33,7 +50,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .layers.decay_attention import MAX_WINDOW, Block, KnowledgeReadout, causal_mask
+from .layers.decay_attention import MAX_WINDOW, Block, KnowledgeReadout, causal, visible
 from .layers.similarity import BankHead, head_class
 
 
@@ -214,12 +231,27 @@ class SimAKTConfig:
     n_know: int = 16
     d_fc: int = 256
     dropout: float = 0.2
-    window: int = 200  # interactions the served state keeps (and the longest training chunk)
+    window: int = 200  # interactions of a chunk: the longest training chunk and a served cache's length
     similarity: dict = field(default_factory=dict)  # parse_similarity input, kept raw for the manifest
+    caches: int = 2  # served chunk caches, staggered by window / caches (the window rule, module docstring)
+    cache_dtype: str = "float16"  # block 3's cached keys and values in the served state: float16 or float32
 
     def __post_init__(self):
         if not 1 <= self.window <= MAX_WINDOW:
             raise ValueError(f"window must be in 1..{MAX_WINDOW}, got {self.window}")
+        if not (isinstance(self.caches, int) and self.caches >= 1 and self.window % self.caches == 0):
+            raise ValueError(f"caches must be a divisor of the window {self.window}, got {self.caches!r}")
+        if self.cache_dtype not in ("float16", "float32"):
+            raise ValueError(f"cache_dtype must be float16 or float32, got {self.cache_dtype!r}")
+
+
+def rule_chunks(length: int, window: int, caches: int) -> list[tuple[int, int]]:
+    """The window rule offline, for a sequence of `length` interactions: (start, first scored position) of each
+    chunk that scores some. Chunks of `window` start every window / caches; chunk 0 scores all its positions,
+    a later one its last window / caches (where it has more history than any other chunk), so every
+    interaction is scored once, by the chunk `readout` predicts it from."""
+    S = window // caches
+    return [(0, 0)] + [(start, window - S) for start in range(S, max(length - window + S, 0), S)]
 
 
 class SimAKTOutput(NamedTuple):
@@ -239,11 +271,17 @@ class SimilarityBlock(nn.Module):
         self.inter = nn.ModuleDict({h.name: head_class(h.type)(d_model, d_head, h) for h in similarity.inter_heads})
         self.active = similarity.active
 
+    @property
+    def intra(self) -> list[int]:
+        """The slots that attend within the student: all but the active inter-student heads'."""
+        taken = {slot for slot, _ in self.active}
+        return [h for h in range(self.block.attn.n_heads) if h not in taken]
+
     def heads(self, hq: torch.Tensor, hs: torch.Tensor, bank_kv: list[tuple[torch.Tensor, torch.Tensor]]):
         """Per-slot outputs before the output projection (B, H, T, dh), and each active head's bank weights."""
         a = self.block.attn
         q = a.heads(hq, a.qk)  # (B, H, T, dh); keys are the same projection (kq_same)
-        heads = a.attend(q, q, a.heads(hs, a.v), causal_mask(hq.shape[1], True, hq.device))
+        heads = a.attend(q, q, a.heads(hs, a.v), *causal(hq.shape[1], True, hq.device))
         if not self.active:
             return heads, []
         slots, weights = list(heads.unbind(1)), []
@@ -257,6 +295,29 @@ class SimilarityBlock(nn.Module):
         b = self.block
         heads, weights = self.heads(hq, hs, bank_kv)
         return b.norm(hq + b.dropout(b.attn.merge(heads))), weights
+
+    def row(self, hq: torch.Tensor, hs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor,
+            bank_kv: list[tuple[torch.Tensor, torch.Tensor]]):
+        """One new row per sequence: hq, hs (N, d) at position at (N,) with the intra slots' cached keys and values
+        (N, T, n_intra * dh) -> (p (N, d), keys and values with the row written in their dtype, the active inter
+        slots' queries (N, n_active, dh))."""
+        b, a = self.block, self.block.attn
+        N, T, _ = keys.shape
+        intra = self.intra
+        q = a.heads(hq[:, None], a.qk)[:, :, 0]  # (N, H, dh)
+        k, v = q[:, intra].reshape(N, 1, -1), a.heads(hs[:, None], a.v)[:, intra, 0].reshape(N, 1, -1)
+        here = (torch.arange(T, device=at.device) == at[:, None]).unsqueeze(-1)  # (N, T, 1)
+        # earlier rows as stored, the row's own exact: its rounding cannot move this row's output
+        split = lambda new, old: torch.where(here, new, old.float()).view(N, T, len(intra), a.d_head).transpose(1, 2)  # noqa: E731
+        mask, gap = visible(at[:, None, None], T, True)
+        own = a.attend(q[:, intra, None], split(k, keys), split(v, values), mask, gap, heads=intra)[:, :, 0]
+        keys, values = torch.where(here, k.to(keys.dtype), keys), torch.where(here, v.to(values.dtype), values)
+        slots = dict(zip(intra, own.unbind(1), strict=True))
+        for (slot, spec), (bank_keys, bank_values) in zip(self.active, bank_kv, strict=True):
+            slots[slot] = spec.influence_weight * self.inter[spec.name].row(q[:, slot], bank_keys, bank_values, at)[0]
+        heads = torch.stack([slots[h] for h in range(a.n_heads)], 1)[:, :, None]  # (N, H, 1, dh)
+        p = b.norm(hq + b.dropout(a.merge(heads)[:, 0]))
+        return p, keys, values, q[:, [slot for slot, _ in self.active]]
 
 
 class SimAKT(nn.Module):
@@ -292,25 +353,32 @@ class SimAKT(nn.Module):
         """The active inter-student heads, in the order bank inputs are given."""
         return [self.block3.inter[spec.name] for _, spec in self.sim.active]
 
-    def question_embedding(self, questions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(e, problem difficulty mu or None) for vocabulary rows of any shape."""
+    def _parts(self, questions: torch.Tensor, responses: torch.Tensor | None):
+        """The question embedding e (responses None) or the interaction embedding s as a sum of table rows:
+        [(table (V, d), rows, coefficient (..., 1) or None)], with mu the problem difficulty:
+        e = E_skill + mu D_skill,  s = e + E_resp + mu (D_resp + D_skill)."""
         skill = self.question_skill[questions]
-        e = self.skill_embed(skill)
-        if not self.cfg.n_problems:
-            return e, None
-        mu = self.problem_diff(self.question_problem[questions])
-        return e + mu * self.skill_diff(skill), mu
+        mu = self.problem_diff(self.question_problem[questions]) if self.cfg.n_problems else None
+        parts = [(self.skill_embed.weight, skill, None)] + ([(self.skill_diff.weight, skill, mu)] if mu is not None
+                                                            else [])
+        if responses is not None:
+            parts.append((self.resp_embed.weight, responses, None))
+            if mu is not None:
+                parts += [(self.resp_diff.weight, responses, mu), (self.skill_diff.weight, skill, mu)]
+        return parts
 
-    def interaction_embedding(self, questions, responses, e, mu):
-        s = self.resp_embed(responses) + e
-        if mu is not None:
-            s = s + mu * (self.resp_diff(responses) + self.skill_diff(self.question_skill[questions]))
-        return s
+    def embed(self, questions: torch.Tensor, responses: torch.Tensor | None = None) -> torch.Tensor:
+        """e (or s, with responses) for vocabulary rows of any shape."""
+        out = None
+        for table, rows, coef in self._parts(questions, responses):
+            x = nn.functional.embedding(rows, table)
+            x = x if coef is None else coef * x
+            out = x if out is None else out + x
+        return out
 
     def trajectory_states(self, questions: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """hs (B, T, d): block 2's interaction states, what memory banks are made of."""
-        e, mu = self.question_embedding(questions)
-        s = self.interaction_embedding(questions, responses, e, mu)
+        s = self.embed(questions, responses)
         return self.block2(s, s, s, peek_current=True)
 
     def bank_keys(self, banks: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -320,12 +388,11 @@ class SimAKT(nn.Module):
         return [head.project(states, lengths) for head, (states, lengths) in zip(self.heads, banks, strict=True)]
 
     def _encode(self, questions, responses, bank_kv):
-        e, mu = self.question_embedding(questions)
-        s = self.interaction_embedding(questions, responses, e, mu)
+        e, s = self.embed(questions), self.embed(questions, responses)
         hq = self.block1(e, e, e, peek_current=True)
         hs = self.block2(s, s, s, peek_current=True)
         p, weights = self.block3(hq, hs, bank_kv)
-        return e, hq, p, weights
+        return e, hq, hs, p, weights
 
     def _answer(self, e: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """e (B, R, d) questions asked, z (B, R or 1, K, d) knowledge states -> logits (B, R)."""
@@ -337,44 +404,116 @@ class SimAKT(nn.Module):
     def forward(self, questions: torch.Tensor, responses: torch.Tensor,
                 bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> SimAKTOutput:
         """Teacher-forced: logits[:, t] predicts responses[:, t] from interactions before t."""
-        e, hq, p, weights = self._encode(questions, responses, list(bank_kv))
+        e, hq, _, p, weights = self._encode(questions, responses, list(bank_kv))
         z = self.block4(hq, p)
         return SimAKTOutput(self._answer(e, z), weights, z)
 
+    def chunked(self, questions: torch.Tensor, responses: torch.Tensor,
+                bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
+        """logits (B, T) under the window rule: each interaction predicted by the full pass over the chunk that
+        `readout` predicts it from (`rule_chunks`; the rule depends on the position only, so padding is fine)."""
+        W = self.cfg.window
+        return torch.cat([self(questions[:, start:start + W], responses[:, start:start + W], bank_kv).logits[:, first:]
+                          for start, first in rule_chunks(questions.shape[1], W, self.cfg.caches)], 1)
+
     # ------------------------------------------------------------------ streaming (serving)
     def state_spec(self) -> list[dict]:
-        W = self.cfg.window
-        return [{"name": "window_questions", "shape": [W], "dtype": "int64"},
-                {"name": "window_responses", "shape": [W], "dtype": "int64"},
-                {"name": "seen", "shape": [], "dtype": "int64"}]
+        c = self.cfg
+        C, W, K, H, dh = c.caches, c.window, c.n_know, c.n_heads, c.d_model // c.n_heads
+        rows = [C, W, len(self.block3.intra) * dh]
+        spec = [{"name": "seen", "shape": [], "dtype": "int64", "init": "zeros"},
+                {"name": "chunk_questions", "shape": [C, W], "dtype": "int64", "init": "zeros"},
+                {"name": "chunk_responses", "shape": [C, W], "dtype": "int64", "init": "zeros"},
+                {"name": "block3_keys", "shape": rows, "dtype": c.cache_dtype, "init": "zeros"},
+                {"name": "block3_values", "shape": rows, "dtype": c.cache_dtype, "init": "zeros"},
+                {"name": "know_mix", "shape": [C, K, H, dh + 1], "dtype": "float32", "init": "zeros"},
+                {"name": "know_top", "shape": [C, K, H], "dtype": "float32", "init": "-1e30 (no row yet)"}]
+        if self.sim.active:
+            spec.append({"name": "latest_query", "shape": [C, len(self.sim.active) * dh], "dtype": "float32",
+                         "init": "zeros"})
+        return spec
 
     def init_state(self, B: int) -> tuple[torch.Tensor, ...]:
-        W = self.cfg.window
-        return (torch.zeros(B, W, dtype=torch.long), torch.zeros(B, W, dtype=torch.long),
-                torch.zeros(B, dtype=torch.long))
+        dev = self.skill_embed.weight.device
+        return tuple(torch.full((B, *s["shape"]), KnowledgeReadout.EMPTY if s["name"] == "know_top" else 0,
+                                dtype=getattr(torch, s["dtype"]), device=dev) for s in self.state_spec())
 
-    def step(self, state, question: torch.Tensor, response: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Append one interaction; a full window drops its oldest."""
-        wq, wr, seen = state
-        W = wq.shape[1]
-        full = (seen >= W)[:, None]
-        wq = torch.where(full, torch.roll(wq, -1, 1), wq)
-        wr = torch.where(full, torch.roll(wr, -1, 1), wr)
-        at = (torch.arange(W, device=wq.device)[None, :] == seen.clamp(max=W - 1)[:, None])
-        return (torch.where(at, question[:, None], wq), torch.where(at, response[:, None], wr), seen + 1)
+    def _positions(self, seen: torch.Tensor) -> torch.Tensor:
+        """(B, C): the position of interaction number `seen` in each cache's chunk."""
+        C, W = self.cfg.caches, self.cfg.window
+        return (seen[:, None] - torch.arange(C, device=seen.device) * (W // C)).remainder(W)
+
+    def _predicting(self, seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cache, position) (B,) of the prediction for interaction number `seen`: the chunk that began earliest."""
+        C, S = self.cfg.caches, self.cfg.window // self.cfg.caches
+        chunk = (seen // S - (C - 1)).clamp(min=0)
+        return chunk.remainder(C), seen - chunk * S
+
+    def step(self, state, question: torch.Tensor, response: torch.Tensor,
+             bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> tuple[torch.Tensor, ...]:
+        """Add one interaction to every cache: its row of blocks 1-3 and its terms in block 4's state. A cache whose
+        chunk this completes empties that state: its next interaction starts a chunk (rows past a cache's position
+        are never read, so they need no clearing)."""
+        seen, questions, responses, keys, values, mix, top, *latest = state
+        B, C, W = questions.shape
+        N = B * C
+        at = self._positions(seen)
+        here = torch.arange(W, device=at.device) == at[..., None]  # (B, C, W)
+        questions = torch.where(here, question[:, None, None], questions)
+        responses = torch.where(here, response[:, None, None], responses)
+        at, q, r = at.reshape(N), questions.reshape(N, W), responses.reshape(N, W)
+        each = lambda x: x[:, None].expand(B, C, *x.shape[1:]).reshape(N, *x.shape[1:])  # noqa: E731
+        hq = self.block1.row(each(self.embed(question)), self._parts(q, None), at)
+        hs = self.block2.row(each(self.embed(question, response)), self._parts(q, r), at)
+        p, keys, values, query = self.block3.row(hq, hs, keys.reshape(N, W, -1), values.reshape(N, W, -1), at,
+                                                 list(bank_kv))
+        mix, top = self.block4.add(mix.reshape(N, *mix.shape[2:]), top.reshape(N, *top.shape[2:]), hq, p, at)
+        done = (at == W - 1)[:, None, None]  # the chunk is complete: the cache's next interaction starts one
+        mix, top = torch.where(done[..., None], 0.0, mix), torch.where(done, KnowledgeReadout.EMPTY, top)
+        out = (seen + 1, questions, responses, keys.view(B, C, W, -1), values.view(B, C, W, -1),
+               mix.view(B, C, *mix.shape[1:]), top.view(B, C, *top.shape[1:]))
+        return out + ((query.reshape(B, C, -1),) if latest else ())
 
     def readout(self, state, questions: torch.Tensor,
                 bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> SimAKTOutput:
-        """questions (B, M) at the next position -> logits (B, M); inter weights (B, M_bank) of each active
-        head at the student's latest position (zeros before the first interaction)."""
-        wq, wr, seen = state
-        n = seen.clamp(max=wq.shape[1])
-        _, hq, p, weights = self._encode(wq, wr, list(bank_kv))
-        z = self.block4.at(hq, p, n)
-        e, _ = self.question_embedding(questions)
-        last = (n - 1).clamp(min=0)
-        latest = [w[torch.arange(w.shape[0], device=w.device), last] * (n > 0)[:, None].to(w.dtype) for w in weights]
-        return SimAKTOutput(self._answer(e, z), latest)
+        """questions (B, M) at the next position -> logits (B, M) from the predicting cache's block-4 state; with the
+        banks, each active head's weights (B, M_bank) at that cache's latest row (zeros before it has one)."""
+        seen, _, _, _, _, mix, _, *latest = state
+        B = seen.shape[0]
+        cache, at = self._predicting(seen)
+
+        def pick(x):  # (B, C, ...) -> the predicting cache's (B, ...)
+            index = cache.view(B, 1, *[1] * (x.dim() - 2)).expand(B, 1, *x.shape[2:])
+            return x.gather(1, index)[:, 0]
+
+        z = self.block4.finish(pick(mix))
+        weights = []
+        if latest and bank_kv:
+            query = pick(latest[0]).view(B, len(self.heads), -1)
+            row = (at - 1).clamp(min=0)
+            for i, (head, (keys, values)) in enumerate(zip(self.heads, bank_kv, strict=True)):
+                w = head.row(query[:, i], keys, values, row)[1]
+                weights.append(w * (at > 0)[:, None].to(w.dtype))
+        return SimAKTOutput(self._answer(self.embed(questions), z), weights)
+
+    def rebase(self, seen: torch.Tensor, questions: torch.Tensor, responses: torch.Tensor,
+               bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> tuple[torch.Tensor, ...]:
+        """The state that stepping reaches, from the interactions alone (seen (B,), the chunks (B, C, W)): each
+        cache's chunk encoded by the full pass with these banks. For a state folded with another bank version."""
+        B, C, W = questions.shape
+        N = B * C
+        count = self._positions(seen).reshape(N)
+        _, hq, hs, p, _ = self._encode(questions.reshape(N, W), responses.reshape(N, W), list(bank_kv))
+        a, intra = self.block3.block.attn, self.block3.intra
+        k = a.heads(hq, a.qk)  # (N, H, W, dh)
+        rows = lambda x: x[:, intra].transpose(1, 2).reshape(B, C, W, -1).to(getattr(torch, self.cfg.cache_dtype))  # noqa: E731
+        mix, top = self.block4.running(hq, p, count)
+        out = (seen, questions, responses, rows(k), rows(a.heads(hs, a.v)), mix.view(B, C, *mix.shape[1:]),
+               top.view(B, C, *top.shape[1:]))
+        if not self.sim.active:
+            return out
+        latest = k[torch.arange(N, device=k.device), :, (count - 1).clamp(min=0)]  # (N, H, dh)
+        return out + (latest[:, [slot for slot, _ in self.block3.active]].reshape(B, C, -1),)
 
 
 def regularisation(model: SimAKT) -> torch.Tensor:

@@ -25,6 +25,8 @@ bank once when it starts and keeps it to the end, so requests in flight finish w
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import io
 import json
 import logging
@@ -47,12 +49,17 @@ PROVENANCE = ("created", "data_file", "n_trajectories", "n_students", "seed", "m
 
 @dataclass(eq=False)
 class Bank:
-    """One projected bank version: what predict and step_predict take, and what an explanation names."""
+    """One projected bank version: what the step and predict graphs take, and what an explanation names."""
 
     version: str
     kv: dict[str, np.ndarray]  # bank_<head>_keys / _values, (L, M, d_head), read-only
     entries: dict[str, list[dict]]  # per head, per entry: {"type": "cluster", "members": n} or {"type": "knn",
     # "student": training student id}
+
+    @functools.cached_property
+    def tag(self) -> bytes:
+        """8 bytes naming the version in a learner's stored state (kt.py): BLAKE2b-64 of its name."""
+        return hashlib.blake2b(self.version.encode(), digest_size=8).digest()
 
 
 class InProcessBankStore:
@@ -208,6 +215,11 @@ def check_banks(banks, graphs: dict, fail) -> dict | None:
     for g in ("predict", "step_predict"):
         if not set(keys) <= set(input_names[g]) or not set(explain) <= set(output_names[g]):
             raise fail(f"{g} graph does not take the bank tensors {keys} or output {explain}")
+    if heads:  # a learner's state is folded with a bank: step reads it, rebase re-folds a state with another
+        for g in ("step", "rebase"):
+            if not set(keys) <= set(input_names.get(g, ())):
+                raise fail(f"{g} graph {'missing' if g not in input_names else 'does not take the bank tensors'}: "
+                           f"an artifact from before cached SimAKT states? re-export it (nextstep export)")
     return {"heads": heads, "inputs": inputs, "keys": keys, "explain": explain, "default": default, "dir": folder}
 
 

@@ -97,13 +97,14 @@ class StatefulTask:
                    combined: str | None = None, query: dict[str, np.ndarray] | None = None,
                    shared: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], list | None]:
         """(the state after the events, each a dict of step feeds; the query outputs of the `combined` graph,
-        which takes the last event with `query`, or None when there is none or no event)."""
+        which takes the last event with `query`, or None when there is none or no event). `shared`: inputs
+        without a batch axis, given to every graph that takes them (SimAKT's banks)."""
         outputs = None
         for n, feeds in enumerate(events):
             if combined is not None and n == len(events) - 1:
                 outs = await self.engines.run(model, combined, {**batched(state), **feeds, **query}, shared=shared)
                 outputs = outs[len(model.state_spec):]
             else:
-                outs = await self.engines.run(model, "step", {**batched(state), **feeds})
+                outs = await self.engines.run(model, "step", {**batched(state), **feeds}, shared=shared)
             state = {s["name"]: o[0] for s, o in zip(model.state_spec, outs, strict=False)}
         return state, outputs

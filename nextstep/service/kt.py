@@ -7,8 +7,12 @@ with compare-and-set; on a conflict, re-read and redo. Event ids make replays id
 applied (in the store's window) and repeated ids within a request are skipped.
 
 Models with memory banks (SimAKT, banks.py): a request takes the active bank once, when it starts, feeds its
-projected keys and values to every predict call as shared inputs, and names its version (`bank_version`).
-Their predictions are [P(wrong), P(right)] without theta, alpha and beta (the graphs output none).
+projected keys and values to every step and predict call as shared inputs, and names its version
+(`bank_version`). Stepping folds the bank into the state, so the stored blob ends with the 8-byte tag of the
+bank version it was folded with; a request whose bank differs first re-encodes the state's chunks with its own
+bank (the `rebase` graph) and stores the result (an events request with its events; a read with a
+compare-and-set of its own, which may lose a race to a writer that stores a state as new). Their predictions
+are [P(wrong), P(right)] without theta, alpha and beta (the graphs output none).
 """
 
 from dataclasses import dataclass
@@ -33,7 +37,8 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
 
 
 SPEC = register_task(TaskSpec("knowledge_tracing", ("step", "predict", "step_predict"), "questions", True, _check,
-                              optional=("bank_project",)))  # SimAKT: memory banks -> their keys and values
+                              optional=("bank_project", "rebase")))  # SimAKT: banks -> their keys and values; a
+# state folded with one bank -> the state with another
 
 
 @dataclass(frozen=True)
@@ -130,13 +135,33 @@ class KnowledgeTracer(StatefulTask):
                                    f"{e.response} is outside 0..{model.n_cats - 1} for model {model.name}")
         return np.array([e.response for e in events], dtype=np.int64)
 
-    @staticmethod
-    def _decode(model: LoadedModel, stored: StoredState) -> dict[str, np.ndarray]:
-        return model.deserialize(stored.blob) if stored.blob is not None else model.initial_state
+    async def _decode(self, model: LoadedModel, stored: StoredState, bank: Bank | None
+                      ) -> tuple[dict[str, np.ndarray], bool]:
+        """(the stored state for this bank, whether it had to be rebased: folded with another bank version)."""
+        if stored.blob is None:
+            return model.initial_state, False
+        if bank is None:
+            return model.deserialize(stored.blob), False
+        state = model.deserialize(stored.blob[:-len(bank.tag)])
+        if stored.blob[-len(bank.tag):] == bank.tag:
+            return state, False
+        outs = await self.engines.run(model, "rebase", batched(state), shared=bank.kv)
+        return {s["name"]: o[0] for s, o in zip(model.state_spec, outs, strict=True)}, True
 
-    async def _state(self, model: LoadedModel, student_id: str):
-        stored = await self.store.get(self.key(model, student_id))
-        return stored, self._decode(model, stored)
+    @staticmethod
+    def _blob(model: LoadedModel, state: dict[str, np.ndarray], bank: Bank | None) -> bytes:
+        return model.serialize(state) + (bank.tag if bank else b"")
+
+    async def _state(self, model: LoadedModel, student_id: str, bank: Bank | None):
+        """(the stored state's record, the state for this bank); a rebased state is stored if nothing was written
+        meanwhile."""
+        key = self.key(model, student_id)
+        stored = await self.store.get(key)
+        state, rebased = await self._decode(model, stored, bank)
+        if rebased:
+            stored = await self.store.compare_and_set(key, stored.version, self._blob(model, state, bank), 0) \
+                or stored
+        return stored, state
 
     async def _predict(self, model: LoadedModel, state: dict[str, np.ndarray], indices: np.ndarray,
                        bank: Bank | None = None):
@@ -158,8 +183,9 @@ class KnowledgeTracer(StatefulTask):
 
         async def attempt(stored: StoredState, fresh: list[int], _) -> Change:
             steps = [{"question": questions[i:i + 1], "response": responses[i:i + 1]} for i in fresh]
-            state, outputs = await self.fold(model, self._decode(model, stored), steps,
-                                             "step_predict" if query else None, query, bank.kv if bank else None)
+            state, rebased = await self._decode(model, stored, bank)
+            state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query,
+                                             bank.kv if bank else None)
 
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
@@ -172,7 +198,8 @@ class KnowledgeTracer(StatefulTask):
                         "predictions": predictions(model, predict_ids, outputs) if predict_ids else None,
                         **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
-            return Change(model.serialize(state) if fresh else None, answer, len(fresh))  # nothing new: no write
+            return Change(self._blob(model, state, bank) if fresh or rebased else None, answer,
+                          len(fresh))  # nothing new: no write
 
         return await self.write(model, self.key(model, student_id), f"student {student_id!r}",
                                 [e.event_id for e in events], attempt)
@@ -183,7 +210,7 @@ class KnowledgeTracer(StatefulTask):
         index = question_index(model, question_ids, "question_ids[]")
         self._explaining(model, explain)
         bank = await self.banks.current(model)
-        stored, state = await self._state(model, student_id)
+        stored, state = await self._state(model, student_id, bank)
         outputs = await self._predict(model, state, index, bank)
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 **self._bank_version(model, bank), "state_version": stored.version, "events_total": stored.events,
@@ -200,7 +227,7 @@ class KnowledgeTracer(StatefulTask):
         candidates = candidates if candidates else model.ids
         index = question_index(model, candidates, "candidate_question_ids[]")
         bank = await self.banks.current(model)
-        stored, state = await self._state(model, student_id)
+        stored, state = await self._state(model, student_id, bank)
         outputs = [o[0] for o in await self._predict(model, state, index, bank)]
         probs, with_irt = outputs[0], irt(model)
         categories = np.arange(model.n_cats)
@@ -224,7 +251,7 @@ class KnowledgeTracer(StatefulTask):
         without theta reports ability null and its mean predicted P(full credit) over the vocabulary instead."""
         model = self.model(model_name)
         bank = await self.banks.current(model)
-        stored, state = await self._state(model, student_id)
+        stored, state = await self._state(model, student_id, bank)
         index = np.arange(2, len(model.ids) + 2, dtype=np.int64)
         outputs = await self._predict(model, state, index, bank)
         if irt(model):
@@ -255,7 +282,8 @@ class KnowledgeTracer(StatefulTask):
                 q = questions[i:i + 1]
                 per_event.append(predictions(model, [events[i].question_id],
                                              await self._predict(model, state, q, bank)))
-                state, _ = await self.fold(model, state, [{"question": q, "response": responses[i:i + 1]}])
+                state, _ = await self.fold(model, state, [{"question": q, "response": responses[i:i + 1]}],
+                                           shared=bank.kv if bank else None)
             final = None
             if predict_ids:
                 index = question_index(model, predict_ids, f"students[{s}].predict_question_ids[]")

@@ -12,14 +12,16 @@ A task describes its graphs with an `Exporter` (KT's is here; next_item_export.p
 time_aware_export.py hold the others). Every graph wraps one function of the streaming contract:
 
     step           (*state, *event) -> *state_next                     `Exporter.event` names the event inputs
+                   (+ *shared with `step_shared`)
     readout        (*state, *query, *shared) -> outputs                `answer` names the outputs
     step_readout   (*state, *event, *query, *shared) -> *state_next, outputs   one call per serving event
     extra          a family's own function of its shared data (SimAKT's bank_project)
 
 Parity is checked here, once for every family, on real held-out sequences (B, T): walking t = 0 .. T-1, the
-eager readout before event t against the eager full pass (`forward`) at t (<= STEP_TOLERANCE), and every
-exported graph in TorchScript and ONNX Runtime against eager PyTorch along the stepped sequence, the state
-included (<= ENGINE_TOLERANCE). An export that misses fails with ParityError.
+eager readout before event t against the eager full pass (`forward`) at t (<= the exporter's step_tolerance,
+STEP_TOLERANCE unless a family states its own), every exported graph in TorchScript and ONNX Runtime against
+eager PyTorch on the same inputs, the state included, and the readout of each engine's own stepped state along
+the sequence (all <= ENGINE_TOLERANCE). An export that misses fails with ParityError.
 """
 
 import json
@@ -69,7 +71,9 @@ class Exporter:
     query: tuple[str, ...]  # readout inputs after the state
     readout_name = "predict"  # the readout graph; the fused graph is step_<readout_name>
     step_graph = True  # False: only readout graphs (the service keeps the state as raw rows)
+    step_shared = False  # True: the step graphs take the shared inputs too (SimAKT's banks reach block 3)
     state_files = True  # state_<name>.npy and the manifest's `state` section
+    step_tolerance = STEP_TOLERANCE  # full pass vs stepping; a family with a rounded state states its own
 
     def __init__(self, model: StreamingModel):
         self.model = model.eval()
@@ -78,6 +82,14 @@ class Exporter:
     def answer(self, state: State, *query_and_shared) -> dict[str, torch.Tensor]:
         """The readout graph's outputs, by name."""
         raise NotImplementedError
+
+    def advance(self, state: State, event: tuple, shared: tuple) -> State:
+        """The step graph's function: the state after one event (`shared`: the shared inputs, with step_shared)."""
+        return self.model.step(state, *event)
+
+    def parity_sequence(self, sequence: tuple) -> tuple:
+        """The held-out sequences parity walks (a family may lengthen them: SimAKT past its chunk boundaries)."""
+        return sequence
 
     def walk(self, sequence: tuple) -> Iterator[tuple[tuple, tuple]]:
         """(event, query) at each position of the held-out sequences: the query is answered before the event."""
@@ -136,13 +148,13 @@ class Exporter:
         rows = tuple(x[:2] for x in sequence)
         walk = list(self.walk(rows))
         half = len(walk) // 2
+        shared = self.shared()
         with torch.no_grad():
             state = self.model.init_state(2)
             for event, _ in walk[:half]:
-                state = self.model.step(state, *event)
+                state = self.advance(state, event, tuple(shared.values()))
             state = tuple(state)
             event, query = walk[half][0], self.widen(walk[half][1])
-            shared = self.shared()
             outputs = list(self.answer(state, *query, *shared.values()))
         batch = torch.export.Dim("batch")
         dims = self.dims(torch.export.Dim)
@@ -154,7 +166,9 @@ class Exporter:
         graphs = [Graph(self.readout_name, "readout", [*names, *self.query, *shared], outputs,
                         (*state, *query, *shared.values()), [*state_dyn, *qu, *sh])]
         if self.step_graph:
-            graphs = [Graph("step", "step", [*names, *self.event], nxt, (*state, *event), [*state_dyn, *ev]),
+            into = shared if self.step_shared else {}
+            graphs = [Graph("step", "step", [*names, *self.event, *into], nxt, (*state, *event, *into.values()),
+                            [*state_dyn, *ev, *sh[:len(into)]]),
                       *graphs,
                       Graph(f"step_{self.readout_name}", "step_readout", [*names, *self.event, *self.query, *shared],
                             [*nxt, *outputs], (*state, *event, *query, *shared.values()),
@@ -169,6 +183,7 @@ class GraphModule(nn.Module):
         super().__init__()
         self.model, self.exporter, self.graph = exporter.model, exporter, graph
         self.n_state = len(state_names(exporter.model))
+        self.n_shared = len(exporter.shared()) if exporter.step_shared else 0  # the step's last inputs
 
     def forward(self, *inputs):
         kind = self.graph.kind
@@ -178,7 +193,7 @@ class GraphModule(nn.Module):
         if kind == "readout":
             return tuple(self.exporter.answer(state, *rest).values())
         n = len(self.exporter.event)
-        state = tuple(self.model.step(state, *rest[:n]))
+        state = tuple(self.exporter.advance(state, rest[:n], rest[len(rest) - self.n_shared:] if self.n_shared else ()))
         if kind == "step":
             return state
         return (*state, *self.exporter.answer(state, *rest[n:]).values())
@@ -195,6 +210,7 @@ def export(exporter: Exporter, out_dir: Path, *, manifest: dict, sequence: tuple
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = exporter.model
+    sequence = exporter.parity_sequence(sequence)
     graphs = exporter.graphs(sequence)
     engines = {"torchscript": {}, "onnxruntime": {}}
     entries = {}
@@ -238,9 +254,10 @@ def export(exporter: Exporter, out_dir: Path, *, manifest: dict, sequence: tuple
 
 
 def check_parity(exporter: Exporter, graphs: list[Graph], engines: dict[str, dict], sequence: tuple) -> dict:
-    """Max abs differences: full pass vs stepping (eager), and eager vs each engine for every graph, along
-    the held-out sequences. `engines` maps an engine name to its graphs by name (TorchScript modules or ONNX
-    Runtime sessions; a graph an engine lacks is skipped)."""
+    """Max abs differences: full pass vs stepping (eager), and eager vs each engine for every graph on the eager
+    state and for the readout on the engine's own stepped state, along the held-out sequences. `engines` maps an
+    engine name to its graphs by name (TorchScript modules or ONNX Runtime sessions; a graph an engine lacks is
+    skipped)."""
     model, names = exporter.model, state_names(exporter.model)
     by_kind = {g.kind: g for g in graphs}
     diffs = {"full_vs_step": 0.0, "eager_vs_torchscript": 0.0, "eager_vs_onnxruntime": 0.0, "bad_rows": 0}
@@ -279,24 +296,27 @@ def check_parity(exporter: Exporter, graphs: list[Graph], engines: dict[str, dic
             for a, f in zip(exporter.stepped(eager, query), full, strict=True):
                 diffs["full_vs_step"] = max(diffs["full_vs_step"], _diff(a, f[:, t]))
             before = exporter.answer(eager, *query, *shared.values())
-            following = tuple(model.step(eager, *event))
+            following = tuple(exporter.advance(eager, event, tuple(shared.values())))
             after = exporter.answer(following, *query, *shared.values())
+            inputs = {**dict(zip(exporter.event, event, strict=True)), **dict(zip(exporter.query, query, strict=True)),
+                      **shared}
+            fixed = {**dict(zip(names, eager, strict=True)), **inputs}
             for engine, state in held.items():
                 key = f"eager_vs_{engine}"
-                values = {**dict(zip(names, state, strict=True)), **dict(zip(exporter.event, event, strict=True)),
-                          **dict(zip(exporter.query, query, strict=True)), **shared}
-                answers(key, eager, query, before, run(engine, by_kind["readout"], values))
-                fused = run(engine, by_kind.get("step_readout"), values)
+                own = {**dict(zip(names, state, strict=True)), **inputs}
+                answers(key, eager, query, before, run(engine, by_kind["readout"], own))
+                fused = run(engine, by_kind.get("step_readout"), fixed)
                 if fused is not None:
                     states(key, following, fused[:len(names)])
                     answers(key, following, query, after, fused[len(names):])
-                stepped = run(engine, by_kind.get("step"), values)
-                states(key, following, stepped)
+                states(key, following, run(engine, by_kind.get("step"), fixed))
+                stepped = run(engine, by_kind.get("step"), own)
                 held[engine] = following if stepped is None else tuple(torch.from_numpy(x) for x in stepped)
             eager = following
-    diffs["passed"] = (diffs["full_vs_step"] <= STEP_TOLERANCE and diffs["eager_vs_torchscript"] <= ENGINE_TOLERANCE
+    diffs["passed"] = (diffs["full_vs_step"] <= exporter.step_tolerance
+                       and diffs["eager_vs_torchscript"] <= ENGINE_TOLERANCE
                        and diffs["eager_vs_onnxruntime"] <= ENGINE_TOLERANCE and diffs["bad_rows"] == 0)
-    diffs.update(batch=int(B), steps=steps, step_tolerance=STEP_TOLERANCE, engine_tolerance=ENGINE_TOLERANCE)
+    diffs.update(batch=int(B), steps=steps, step_tolerance=exporter.step_tolerance, engine_tolerance=ENGINE_TOLERANCE)
     return diffs
 
 
@@ -425,13 +445,20 @@ def _numpy(x) -> np.ndarray:
 
 
 def _diff(a, b) -> float:
-    a, b = _numpy(a).astype(np.float64), _numpy(b).astype(np.float64)
+    """Max abs difference; float16 values one rounding step apart count as equal (engines compute the value
+    before rounding to slightly different float32 digits)."""
+    a, b = _numpy(a), _numpy(b)
+    half = np.float16 in (a.dtype, b.dtype)
+    a, b = a.astype(np.float64), b.astype(np.float64)
     if a.shape != b.shape:
         return float("inf")
     both = np.isfinite(a) & np.isfinite(b)
     if not np.array_equal(a[~both], b[~both], equal_nan=True):  # inf, -inf and NaN must match exactly
         return float("inf")
-    return float(np.abs(a[both] - b[both]).max(initial=0.0))
+    gap = np.abs(a[both] - b[both])
+    if half:
+        gap = np.maximum(gap - np.spacing(np.maximum(np.abs(a[both]), np.abs(b[both])).astype(np.float16)), 0.0)
+    return float(gap.max(initial=0.0))
 
 
 def _json_default(x):

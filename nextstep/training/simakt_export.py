@@ -2,15 +2,19 @@
 
     bank_project.onnx   raw banks -> position-weighted keys and values per active inter-student head: the
                         service runs it once per bank version, so a new bank needs no new export
-    step.onnx           (window_questions, window_responses, seen, question, response) -> next state
+    step.onnx           (state, question, response, bank keys/values) -> next state (block 3 reads the banks)
     predict.onnx        (state, questions (B, M), bank keys/values) -> probs (B, M, 2), explain_<head> (B, M_bank)
     step_predict.onnx   both in one call
-    *.pt                TorchScript of the same graphs
+    rebase.onnx         (seen, chunk_questions, chunk_responses, bank keys/values) -> the state encoded afresh
+                        from the chunks with these banks (a state folded with another bank version)
+    *.pt                TorchScript of the same graphs (not step_predict)
     banks/<version>/    the banks (banks.py) and their provenance
     vocab_questions.json, state_*.npy, weights.pt, manifest.json  as for every knowledge-tracing artifact
 
-Parity is checked at export on held-out trajectories: the full teacher-forced pass vs stepping the state
-and predicting (eager), vs TorchScript, vs ONNX Runtime, all with the same banks. A miss fails the export.
+Parity is checked at export on held-out trajectories long enough to cross chunk boundaries: the full pass
+under the window rule (`SimAKT.chunked`) vs stepping the state and predicting (eager; within
+FLOAT16_TOLERANCE when block 3's cache is float16), vs TorchScript, vs ONNX Runtime, all with the same banks.
+A miss fails the export.
 """
 
 import json
@@ -21,8 +25,10 @@ import torch
 
 from ..models.simakt import SimAKT
 from .banks import Bank, load_banks, save_banks
-from .export import Graph, KTExporter, export, load_weights
+from .export import STEP_TOLERANCE, Graph, KTExporter, export, load_weights
 from .families import restore
+
+REBASE_INPUTS = ("seen", "chunk_questions", "chunk_responses")  # the state tensors rebase reads
 
 
 def bank_input_names(model: SimAKT) -> list[str]:
@@ -37,13 +43,21 @@ def explain_names(model: SimAKT) -> list[str]:
     return [f"explain_{h.spec.name}" for h in model.heads]
 
 
+# P(right), the full pass vs stepping with block 3's cache in float16 (docs/results.md: at most 1.4e-4 and
+# 2.5e-4 over the test learners of dtransformer_assist09 and dkvmn_assist2009_updated)
+FLOAT16_TOLERANCE = 1e-3
+
+
 def _pairs(flat) -> list[tuple]:
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
 class SimAKTExporter(KTExporter):
-    """KT graphs whose readouts also take the banks' keys and values (shared inputs) and output each head's
-    weights over its bank (explain_<head>), plus bank_project: raw banks -> keys and values."""
+    """KT graphs whose steps and readouts also take the banks' keys and values (shared inputs), the readouts
+    outputting each head's weights over its bank (explain_<head>), plus rebase and bank_project (raw banks ->
+    keys and values)."""
+
+    step_shared = True
 
     def __init__(self, model: SimAKT, vocab_json: dict, banks: list[Bank], bank_provenance: dict | None,
                  version: str):
@@ -52,6 +66,17 @@ class SimAKTExporter(KTExporter):
         self.raw = [t for b in banks for t in b.tensors()]
         with torch.no_grad():
             self.kv = [t for pair in model.bank_keys(_pairs(self.raw)) for t in pair]
+        self.step_tolerance = FLOAT16_TOLERANCE if model.cfg.cache_dtype == "float16" else STEP_TOLERANCE
+
+    def parity_sequence(self, sequence):
+        """Cut or repeated to window + window / caches + 8 interactions (artifacts exported before the cached state
+        walked 48): every cache then starts a new chunk at least once."""
+        W = self.model.cfg.window
+        length = W + W // self.model.cfg.caches + 8
+        return tuple(torch.from_numpy(np.stack([np.resize(row, length) for row in x.numpy()])) for x in sequence)
+
+    def advance(self, state, event, shared):
+        return self.model.step(state, *event, _pairs(shared))
 
     def answer(self, state, questions, *kv):
         out = self.model.readout(state, questions, _pairs(kv))
@@ -63,7 +88,7 @@ class SimAKTExporter(KTExporter):
         return dict(zip(bank_kv_names(self.model), self.kv, strict=True))
 
     def full(self, sequence):
-        return (torch.sigmoid(self.model(*sequence, _pairs(self.kv)).logits),)
+        return (torch.sigmoid(self.model.chunked(*sequence, _pairs(self.kv))),)
 
     def stepped(self, state, query):
         return (torch.sigmoid(self.model.readout(state, *query, _pairs(self.kv)).logits)[:, 0],)
@@ -73,6 +98,19 @@ class SimAKTExporter(KTExporter):
         sizes = [dim(f"bank_{i}_m", min=2) for i in range(len(self.banks))]
         return {**super().dims(dim), **{n: {1: sizes[i // 2]} for i, n in enumerate(bank_kv_names(self.model))},
                 **{n: {0: sizes[i // 2]} for i, n in enumerate(bank_input_names(self.model))}}
+
+    def graphs(self, sequence):
+        """The KT graphs, rebase (from the step graph's example state) and, with banks, bank_project."""
+        graphs = super().graphs(sequence)
+        step = next(g for g in graphs if g.kind == "step")
+        kv = bank_kv_names(self.model)
+        inputs = [*REBASE_INPUTS, *kv]
+        rebase = Graph("rebase", "extra", inputs, [f"{s['name']}_next" for s in self.model.state_spec()],
+                       tuple(step.example[step.inputs.index(n)] for n in inputs),
+                       [step.dynamic[step.inputs.index(n)] for n in inputs],
+                       fn=lambda seen, questions, responses, *kv: self.model.rebase(seen, questions, responses,
+                                                                                    _pairs(kv)))
+        return graphs + [rebase]
 
     def extra_graphs(self):
         if not self.banks:
@@ -107,19 +145,18 @@ class SimAKTExporter(KTExporter):
         return cls(model, vocab, load_banks(bank_dir, model), provenance, version)
 
 
-def _parity_batch(trajs, window: int, n: int = 4, length: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+def _parity_batch(trajs, n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n longest trajectories, cut to the shortest of them (parity_sequence sets the length)."""
     chosen = sorted(trajs, key=lambda s: -len(s[0]))[:n]
-    length = min(length, window)
-    q = torch.from_numpy(np.stack([np.resize(s[0], length) for s in chosen]))
-    r = torch.from_numpy(np.stack([np.resize(s[1], length) for s in chosen]))
-    return q, r
+    length = min(len(s[0]) for s in chosen)
+    return tuple(torch.from_numpy(np.stack([s[i][:length] for s in chosen])) for i in (0, 1))
 
 
 def export_simakt(model: SimAKT, out_dir: Path, *, manifest: dict, vocab_json: dict, banks: list[Bank],
                   bank_provenance: dict | None, parity) -> dict:
-    """parity: held-out trajectories (question rows, responses); the longest few, cut to the window, are walked."""
+    """parity: held-out sequences (question rows, responses); the longest few are walked (parity_sequence)."""
     exporter = SimAKTExporter(model, vocab_json, banks, bank_provenance, manifest["version"])
-    return export(exporter, out_dir, manifest=manifest, sequence=_parity_batch(parity, model.cfg.window))
+    return export(exporter, out_dir, manifest=manifest, sequence=_parity_batch(parity))
 
 
 def load_simakt(artifact_dir: str | Path) -> tuple[SimAKT, dict]:

@@ -3,6 +3,9 @@
     train file --split by student--> fit students (two halves) + validation students (early stopping)
     test file  --------------------> metrics.test (auc, accuracy, nll): never used to choose anything
 
+Training cuts sequences into chunks of the window; validation and test score whole sequences under the window
+rule the service answers by (`predict`: SimAKT.chunked).
+
 Banks during training are cross-fitted: they are rebuilt from the current encoder at every epoch, one from
 each half of the fit students, and a batch of one half attends to the other half's bank, so no student ever
 sees a bank that holds their own trajectory (their own future). Validation uses a bank of all fit
@@ -137,13 +140,18 @@ class KTVocab:
         return cls(Vocabulary(d["skills"]), problems, [tuple(p) for p in d.get("pairs", [])])
 
 
+def sequences(ds: KTDataset, vocab: KTVocab) -> list[Trajectory]:
+    """Every sequence whole, as (question rows, responses)."""
+    return [(vocab.encode(s.questions, s.problems), s.responses) for s in ds.sequences]
+
+
 def trajectories(ds: KTDataset, vocab: KTVocab, window: int) -> tuple[list[Trajectory], list[str]]:
-    """Every sequence cut into chunks of at most `window` (each starts afresh), with its student id."""
+    """Every sequence cut into chunks of at most `window` (each starts afresh), with its student id: what
+    training and the banks see."""
     out, ids = [], []
-    for s in ds.sequences:
-        rows = vocab.encode(s.questions, s.problems)
+    for s, (rows, responses) in zip(ds.sequences, sequences(ds, vocab), strict=True):
         for i in range(0, len(rows), window):
-            out.append((rows[i:i + window], s.responses[i:i + window]))
+            out.append((rows[i:i + window], responses[i:i + window]))
             ids.append(s.student_id)
     return out, ids
 
@@ -157,15 +165,16 @@ def _device(model: SimAKT) -> torch.device:
 
 
 @torch.no_grad()
-def predict(model: SimAKT, trajs: list[Trajectory], banks: list[Bank], batch_size: int = 64) -> tuple[np.ndarray,
-                                                                                                       np.ndarray]:
-    """P(right) and the response at every interaction of the trajectories."""
+def predict(model: SimAKT, seqs: list[Trajectory], banks: list[Bank], batch_size: int = 64) -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
+    """P(right) and the response at every interaction of whole sequences, under the window rule the service
+    answers by (`SimAKT.chunked`: chunks of the window, staggered by window / caches)."""
     model.eval()
     dev = _device(model)
     kv = model.bank_keys(bank_tensors(banks, dev))
     probs, targets = [], []
-    for q, r, mask in batches(trajs, batch_size):
-        probs.append(torch.sigmoid(model(q.to(dev), r.to(dev), kv).logits)[mask.to(dev)].cpu().numpy())
+    for q, r, mask in batches(seqs, batch_size):
+        probs.append(torch.sigmoid(model.chunked(q.to(dev), r.to(dev), kv))[mask.to(dev)].cpu().numpy())
         targets.append(r[mask].numpy())
     return np.concatenate(probs), np.concatenate(targets)
 
@@ -183,7 +192,7 @@ def split_halves(ids: list[str], rng: np.random.Generator) -> list[list[int]]:
     return [[i for i, s in enumerate(ids) if half_of[s] == h] for h in (0, 1)]
 
 
-def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_trajs: list[Trajectory],
+def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_seqs: list[Trajectory],
         cfg: SimAKTTrainConfig, log=print) -> list[dict]:
     """Adam with early stopping on validation AUC and a wall-clock budget; leaves the best weights loaded.
 
@@ -229,7 +238,7 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_tr
 
     def validate() -> dict:
         rebuild(banks["epoch"] + 1)  # the next epoch trains with the halves
-        return binary_metrics(*predict(model, valid_trajs, banks["valid"]))
+        return binary_metrics(*predict(model, valid_seqs, banks["valid"]))
 
     return train_epochs(model, cfg.epochs, epoch_batches, step, optimizer=opt, grad_clip=cfg.grad_clip,
                         validate=validate, monitor="valid_auc", lower_is_better=False, patience=cfg.patience,
@@ -258,16 +267,16 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     model.question_problem.copy_(problem)
     fit_trajs, fit_ids = trajectories(fit_ds, vocab, model_cfg.window)
     valid_trajs, valid_ids = trajectories(valid_ds, vocab, model_cfg.window)
-    test_trajs, _ = trajectories(test_ds, vocab, model_cfg.window)
-    history = fit(model.to(cfg.device), fit_trajs, fit_ids, valid_trajs, cfg, log)
+    test_seqs = sequences(test_ds, vocab)
+    history = fit(model.to(cfg.device), fit_trajs, fit_ids, sequences(valid_ds, vocab), cfg, log)
 
     banks = build_banks(model, fit_trajs + valid_trajs, fit_ids + valid_ids, cfg.seed)
     train_seconds = time.perf_counter() - started
-    probs, targets = predict(model, test_trajs, banks)
+    probs, targets = predict(model, test_seqs, banks)
     model = model.cpu()
     best = [h for h in history if h["best"]][-1]
     metrics = {"test": {**binary_metrics(probs, targets),
-                        "unknown_questions": int(sum((q == 1).sum() for q, _ in test_trajs))},
+                        "unknown_questions": int(sum((q == 1).sum() for q, _ in test_seqs))},
                "valid": {k.removeprefix("valid_"): v for k, v in best.items() if k.startswith("valid_")}}
     log(f"test auc {metrics['test']['auc']:.4f}  acc {metrics['test']['accuracy']:.4f}  "
         f"nll {metrics['test']['nll']:.4f}  ({train_seconds:.0f}s)")
@@ -288,7 +297,7 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
         return manifest
     bank_prov = provenance(model, train_ds.path, fit_ids + valid_ids, cfg.seed) if banks else None
     return export_simakt(model, Path(out_dir), manifest=manifest, vocab_json=vocab.to_json(), banks=banks,
-                         bank_provenance=bank_prov, parity=test_trajs)
+                         bank_provenance=bank_prov, parity=test_seqs)
 
 
 def evaluate_simakt(artifact_dir: str | Path, data_dir: str | Path, bank_version: str | None = None) -> dict:
@@ -300,9 +309,9 @@ def evaluate_simakt(artifact_dir: str | Path, data_dir: str | Path, bank_version
     banks = load_banks(artifact_dir / manifest["banks"]["dir"] / version, model) if model.sim.active else []
     vocab = KTVocab.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
     _, test_ds = load_dataset(data_dir)
-    trajs, _ = trajectories(test_ds, vocab, model.cfg.window)
-    return {**binary_metrics(*predict(model, trajs, banks)), "bank_version": version if banks else None,
-            "unknown_questions": int(sum((q == 1).sum() for q, _ in trajs))}
+    seqs = sequences(test_ds, vocab)
+    return {**binary_metrics(*predict(model, seqs, banks)), "bank_version": version if banks else None,
+            "unknown_questions": int(sum((q == 1).sum() for q, _ in seqs))}
 
 
 def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, version: str | None = None,

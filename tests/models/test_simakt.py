@@ -14,16 +14,16 @@ from nextstep.models.layers.similarity import (
     kmeans,
     position_weighted,
 )
-from nextstep.models.simakt import ConfigError, SimAKT, SimAKTConfig, parse_similarity
+from nextstep.models.simakt import ConfigError, SimAKT, SimAKTConfig, parse_similarity, rule_chunks
 
 DUAL = {"intra_heads": 2, "inter_heads": [{"type": "cluster", "size": 10, "temperature": 0.5},
                                           {"type": "knn", "size": 12, "k_neighbors": 4, "temperature": 1.0}]}
 
 
-def make(similarity=None, window=16, seed=0, problems=True) -> SimAKT:
+def make(similarity=None, window=16, seed=0, problems=True, **cfg) -> SimAKT:
     torch.manual_seed(seed)
     cfg = SimAKTConfig(n_questions=30, n_skills=12, n_problems=20 if problems else 0, d_model=32, n_heads=4, n_know=4,
-                       window=window, dropout=0.0, similarity=similarity if similarity is not None else DUAL)
+                       window=window, dropout=0.0, similarity=similarity if similarity is not None else DUAL, **cfg)
     m = SimAKT(cfg).eval()
     m.question_skill.copy_(torch.randint(2, 12, (30,)))
     m.question_problem.copy_(torch.randint(2, 20, (30,)))
@@ -44,35 +44,80 @@ def data(B=3, T=14, seed=2):
     return torch.randint(2, 30, (B, T), generator=g), torch.randint(0, 2, (B, T), generator=g)
 
 
+def walk(m: SimAKT, kv, q, r, state=None):
+    """Readout before each interaction, then step: logits (B, T) and the final state."""
+    state = m.init_state(q.shape[0]) if state is None else state
+    out = []
+    for t in range(q.shape[1]):
+        out.append(m.readout(state, q[:, t:t + 1], kv).logits[:, 0])
+        state = m.step(state, q[:, t], r[:, t], kv)
+    return torch.stack(out, 1), state
+
+
 @pytest.mark.parametrize("problems", [True, False])
-def test_stepping_equals_the_full_pass(problems):
-    m = make(problems=problems)
-    kv = m.bank_keys(banks())
-    q, r = data()
-    with torch.no_grad():
-        full = m(q, r, kv).logits
-        state = m.init_state(q.shape[0])
-        for t in range(q.shape[1]):
-            out = m.readout(state, q[:, t:t + 1], kv)
-            assert torch.allclose(out.logits[:, 0], full[:, t], atol=1e-5)
-            state = m.step(state, q[:, t], r[:, t])
-
-
-def test_a_full_window_slides_and_predicts_from_the_last_window_interactions():
+@pytest.mark.parametrize("caches", [1, 2, 4])
+def test_stepping_equals_the_full_pass_under_the_window_rule(problems, caches):
+    """Past several windows: each prediction is the full pass over the chunk the rule names (float32 cache)."""
     W = 8
-    m = make(window=W)
+    m = make(window=W, problems=problems, caches=caches, cache_dtype="float32")
     kv = m.bank_keys(banks(window=W))
-    q, r = data(T=20)
+    q, r = data(T=5 * W + 3)
     with torch.no_grad():
-        state = m.init_state(3)
-        for t in range(20):
-            state = m.step(state, q[:, t], r[:, t])
-        assert torch.equal(state[0], q[:, -W:]) and torch.equal(state[1], r[:, -W:])
-        assert state[2].tolist() == [20, 20, 20]
-        nxt = torch.tensor([[5], [6], [7]])
-        served = m.readout(state, nxt, kv).logits[:, 0]
-        tail_q, tail_r = torch.cat([q[:, -W:], nxt], 1), torch.cat([r[:, -W:], torch.zeros(3, 1, dtype=torch.long)], 1)
-        assert torch.allclose(served, m(tail_q, tail_r, kv).logits[:, -1], atol=1e-5)
+        full = m.chunked(q, r, kv)
+        assert torch.equal(full[:, :W], m(q[:, :W], r[:, :W], kv).logits)  # the first chunk is the plain full pass
+        stepped, _ = walk(m, kv, q, r)
+    assert (stepped - full).abs().max() <= 1e-5
+
+
+def test_float16_cache_stays_near_the_full_pass():
+    W = 16
+    m = make(window=W)
+    assert m.cfg.cache_dtype == "float16" and m.state_spec()[3]["dtype"] == "float16"
+    kv = m.bank_keys(banks(window=W))
+    q, r = data(T=3 * W)
+    with torch.no_grad():
+        stepped, state = walk(m, kv, q, r)
+        gap = (torch.sigmoid(stepped) - torch.sigmoid(m.chunked(q, r, kv))).abs().max()
+    assert state[3].dtype == torch.float16 and 0 < gap <= 1e-3  # rounded, and close
+
+
+@pytest.mark.parametrize("caches", [1, 2, 4])
+def test_rule_chunks_score_every_interaction_once_from_the_chunk_readout_uses(caches):
+    W = 12
+    m = make(window=W, caches=caches)
+    for length in (1, W - 1, W, W + 1, 3 * W + 5):
+        scored = [n for start, first in rule_chunks(length, W, caches) for n in range(start + first, start + W)
+                  if n < length]
+        assert scored == list(range(length))
+        cache, at = m._predicting(torch.arange(length))
+        start = torch.arange(length) - at
+        for n in range(length):
+            chunk = next((s, f) for s, f in rule_chunks(length, W, caches) if s + f <= n < s + W)
+            assert start[n] == chunk[0] and m._positions(torch.tensor([n]))[0, cache[n]] == at[n]
+        least = W - W // caches  # once a learner has that much history, every prediction sees at least that
+        assert all(a >= least for a in at[least:].tolist()) and at.max() <= W - 1
+
+
+def test_rebase_reaches_the_stepped_state_with_either_bank():
+    """rebase encodes each cache's chunk afresh: its predictions, explanations and later steps are the stepped
+    state's; with another bank they are that bank's (what stepping with it from the start gives)."""
+    W = 8
+    m = make(window=W, cache_dtype="float32")
+    kv, other = m.bank_keys(banks(window=W)), m.bank_keys(banks(window=W, seed=5))
+    q, r = data(T=3 * W + 3)
+    n = 2 * W + 1
+    with torch.no_grad():
+        _, state = walk(m, kv, q[:, :n], r[:, :n])
+        for bank in (kv, other):
+            want, _ = walk(m, bank, q, r)
+            _, stepped = walk(m, bank, q[:, :n], r[:, :n])
+            rebased = m.rebase(state[0], state[1], state[2], bank)
+            a, b = m.readout(stepped, q[:, n:n + 2], bank), m.readout(rebased, q[:, n:n + 2], bank)
+            assert torch.allclose(a.logits, b.logits, atol=1e-5)
+            assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a.inter_weights, b.inter_weights, strict=True))
+            later, _ = walk(m, bank, q[:, n:], r[:, n:], rebased)
+            assert (later - want[:, n:]).abs().max() <= 1e-5
+        assert not torch.allclose(walk(m, kv, q, r)[0], walk(m, other, q, r)[0], atol=1e-4)  # the banks differ
 
 
 def test_no_future_leak():
@@ -199,9 +244,12 @@ def test_knowledge_readout_scan_equals_a_direct_computation():
     hq, p = torch.randn(2, 70, 16) * 3, torch.randn(2, 70, 16)
     with torch.no_grad():
         z = block(hq, p)
-        for t in (0, 1, 15, 16, 17, 69):
-            at = block.at(hq, p, torch.tensor([t, t]))
+        mix, top = torch.zeros(2, 3, 4, 5), torch.full((2, 3, 4), block.EMPTY)
+        for t in range(70):  # the running state, one row at a time, and at once from the whole sequence
+            at = block.finish(block.running(hq, p, torch.tensor([t, t]))[0])
             assert torch.allclose(z[:, t], at[:, 0], atol=1e-5)
+            assert torch.allclose(z[:, t], block.finish(mix)[:, 0], atol=1e-5)
+            mix, top = block.add(mix, top, hq[:, t], p[:, t], torch.tensor([t, t]))
         # direct: softmax over j < t of s_j - g (t - j), per head
         H, dh = 4, 4
         qk = block.qk(block.know).view(3, H, dh)

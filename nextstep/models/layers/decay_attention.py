@@ -13,6 +13,10 @@ a running maximum so float32 neither overflows nor loses a row's nearest keys. d
 reasoning.
 
 A row with no visible key (position 0 of a strictly causal block) outputs zeros.
+
+Streaming (SimAKT's cached state): a row of blocks 1-3 needs only its own query and the keys and values of
+the rows it sees, so `Block.row` adds one row against cached keys; block 4's read-out at the next position is
+a running, rescaled weighted mean over the rows so far (`KnowledgeReadout.running`, `add`, `finish`).
 """
 
 import math
@@ -24,10 +28,16 @@ MAX_KNOW_DECAY = 2.0  # block 4's per-head decay rate g_h is clamped to [0, 2]
 MAX_WINDOW = 256  # the longest sequence block 4 is used on (SimAKTConfig checks its window)
 
 
-def causal_mask(T: int, peek_current: bool, device=None) -> torch.Tensor:
-    """(T, T) bool: query t may see key j iff j <= t (peek_current) or j < t."""
-    i = torch.arange(T, device=device)
-    return i[None, :] <= i[:, None] if peek_current else i[None, :] < i[:, None]
+def visible(rows: torch.Tensor, T: int, peek_current: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query positions `rows` (...) against keys 0..T-1 -> (mask (..., T): query t sees key j iff j <= t
+    (peek_current) or j < t; the distance |t - j| (..., T) as a float)."""
+    gap = rows[..., None] - torch.arange(T, device=rows.device)
+    return (gap >= 0 if peek_current else gap > 0), gap.abs().float()
+
+
+def causal(T: int, peek_current: bool, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, distance), each (T, T), of a whole sequence: `visible` for every position."""
+    return visible(torch.arange(T, device=device), T, peek_current)
 
 
 class DecayAttention(nn.Module):
@@ -47,19 +57,23 @@ class DecayAttention(nn.Module):
         B, T, _ = x.shape
         return proj(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, dh)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q, k, v (B, H, T, dh), mask (T, T) -> per-head outputs (B, H, T, dh)."""
-        T = q.shape[2]
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, T, T)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, gap: torch.Tensor,
+               heads: list[int] | None = None) -> torch.Tensor:
+        """q (B, H, R, dh) against k, v (B, H, T, dh); mask and gap |t - j| broadcast to (B, H, R, T) (`visible`)
+        -> per-head outputs (B, H, R, dh). `heads`: which of the block's heads q, k, v hold (default all)."""
+        return self.weights(q @ k.transpose(-1, -2) / math.sqrt(self.d_head), mask, gap, heads) @ v
+
+    def weights(self, scores: torch.Tensor, mask: torch.Tensor, gap: torch.Tensor, heads: list[int] | None = None
+                ) -> torch.Tensor:
+        """Scaled scores (B, H, R, T) -> the decayed attention weights (B, H, R, T) (module docstring)."""
         with torch.no_grad():
             weights = torch.softmax(scores.masked_fill(~mask, -1e32), dim=-1)
             after = weights.sum(-1, keepdim=True) - weights.cumsum(-1)  # attention on keys after j
-            pos = torch.arange(T, device=q.device, dtype=q.dtype)
-            distance = (after * (pos[None, :] - pos[:, None]).abs()).clamp(min=0.0).sqrt()
-        effect = (-self.gamma.abs() * distance).exp().clamp(1e-5, 1e5)
+            distance = (after * gap).clamp(min=0.0).sqrt()
+        gamma = self.gamma if heads is None else self.gamma[heads]
+        effect = (-gamma.abs() * distance).exp().clamp(1e-5, 1e5)
         scores = (scores * effect).masked_fill(~mask, -1e32)
-        weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # rows with no key: all zero
-        return weights @ v
+        return torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # rows with no key: all zero
 
     def merge(self, heads: torch.Tensor) -> torch.Tensor:
         B, H, T, dh = heads.shape
@@ -77,9 +91,33 @@ class Block(nn.Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, peek_current: bool) -> torch.Tensor:
         a = self.attn
-        mask = causal_mask(query.shape[1], peek_current, query.device)
-        out = a.merge(a.attend(a.heads(query, a.qk), a.heads(key, a.qk), a.heads(value, a.v), mask))
+        mask, gap = causal(query.shape[1], peek_current, query.device)
+        out = a.merge(a.attend(a.heads(query, a.qk), a.heads(key, a.qk), a.heads(value, a.v), mask, gap))
         return self.norm(query + self.dropout(out))
+
+    def row(self, x: torch.Tensor, parts: list, at: torch.Tensor) -> torch.Tensor:
+        """One new row per sequence (causal, the row sees itself): x (N, d) at position at (N,), whose keys and
+        values at positions 0..T-1 (its own among them) are projections of sums of table rows, sum_i c_i
+        table_i[rows_i] (parts: [(table (V, d), rows (N, T), c (N, T, 1) or None)]). Linear, so per table the
+        query meets its V projected rows once and the scores are gathered per position, and the values are the
+        projected rows weighted by the attention summed per table row: O(T + V d) a head instead of O(T d)
+        (the projected tables are constants of the weights: ONNX Runtime folds them)."""
+        a, N = self.attn, x.shape[0]
+        H, dh, T = a.n_heads, a.d_head, parts[0][1].shape[1]
+        q = a.qk(x).view(N, H, dh)
+        scores = (q * a.qk.bias.view(H, dh)).sum(-1, keepdim=True)  # (N, H, 1): the keys' bias
+        for table, rows, c in parts:
+            s = torch.einsum("nhd,vhd->nhv", q, (table @ a.qk.weight.T).view(-1, H, dh))
+            s = s.gather(2, rows[:, None].expand(N, H, T))
+            scores = scores + (s if c is None else s * c.view(N, 1, T))
+        mask, gap = visible(at[:, None, None], T, True)  # (N, 1, 1, T)
+        w = a.weights(scores[:, :, None] / math.sqrt(dh), mask, gap)[:, :, 0]  # (N, H, T)
+        out = w.sum(-1, keepdim=True) * a.v.bias.view(H, dh)  # the values' bias
+        for table, rows, c in parts:
+            per_row = w.new_zeros(N, H, table.shape[0]).scatter_add(2, rows[:, None].expand(N, H, T),
+                                                                     w if c is None else w * c.view(N, 1, T))
+            out = out + torch.einsum("nhv,vhd->nhd", per_row, (table @ a.v.weight.T).view(-1, H, dh))
+        return self.norm(x + self.dropout(a.out(out.reshape(N, H * dh))))
 
 
 class KnowledgeReadout(nn.Module):
@@ -150,13 +188,35 @@ class KnowledgeReadout(nn.Module):
             outs.append(pn / pd.clamp(min=1e-30).unsqueeze(-1))  # a row with no key: 0 / tiny = 0
         return self._finish(torch.cat(outs, 3))
 
-    def at(self, hq: torch.Tensor, p: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-        """One position per row: z at position length[b] (keys j < length[b]) -> (B, 1, K, d)."""
+    EMPTY = -1e30  # the running maximum of a sequence without rows: exp(EMPTY - l) is 0
+
+    def running(self, hq: torch.Tensor, p: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The read-out's running state after rows 0..length[b]-1 of hq, p (B, T, d): (mix (B, K, H, dh + 1): the
+        weighted mean of the values so far and, last, the total weight relative to top; top (B, K, H): the
+        largest log-weight). A mean, not a sum, so that its size does not grow with the rows."""
         logits, v = self._terms(hq, p)
         T = hq.shape[1]
-        visible = torch.arange(T, device=hq.device)[None, :] < length[:, None]  # (B, T)
-        logits = logits.masked_fill(~visible[:, None, None, :], -1e30)
-        w = (logits - logits.amax(-1, keepdim=True)).exp() * visible[:, None, None, :].to(logits.dtype)
-        num = (w.unsqueeze(-1) * v).sum(3, keepdim=True)
-        den = w.sum(-1, keepdim=True).unsqueeze(-1)
-        return self._finish(num / den.clamp(min=1e-30))
+        seen = torch.arange(T, device=hq.device)[None, :] < length[:, None]  # (B, T)
+        logits = logits.masked_fill(~seen[:, None, None, :], self.EMPTY)
+        top = logits.amax(-1)
+        w = (logits - top.unsqueeze(-1)).exp() * seen[:, None, None, :].to(logits.dtype)  # (B, K, H, T)
+        total = w.sum(-1, keepdim=True)
+        return torch.cat([(w.unsqueeze(-1) * v).sum(3) / total.clamp(min=1e-30), total], -1), top
+
+    def add(self, mix: torch.Tensor, top: torch.Tensor, hq: torch.Tensor, p: torch.Tensor, at: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fold one row hq, p (N, d) at position at (N,) into the running state (`running`): afterwards it reads
+        out position at + 1. The total weight is rescaled when the row raises the maximum."""
+        N, H, dh = hq.shape[0], self.n_heads, self.d_head
+        q = self.qk(self.know).view(-1, H, dh)  # (K, H, dh)
+        logit = torch.einsum("khd,nhd->nkh", q, self.qk(hq).view(N, H, dh)) / math.sqrt(dh) \
+            + self.rate.clamp(0.0, MAX_KNOW_DECAY) * at[:, None, None].to(hq.dtype)  # (N, K, H)
+        new_top = torch.maximum(top, logit)
+        w = (logit - new_top).exp().unsqueeze(-1)
+        total = mix[..., -1:] * (top - new_top).exp().unsqueeze(-1) + w
+        mean = mix[..., :-1] + (self.v(p).view(N, 1, H, dh) - mix[..., :-1]) * (w / total)
+        return torch.cat([mean, total], -1), new_top
+
+    def finish(self, mix: torch.Tensor) -> torch.Tensor:
+        """Running state (B, K, H, dh + 1) -> z (B, 1, K, d); no rows yet: the mix is 0."""
+        return self._finish(mix[..., :-1].unsqueeze(3))

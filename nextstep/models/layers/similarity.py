@@ -99,7 +99,8 @@ class BankHead(nn.Module):
         raise NotImplementedError
 
     def weights(self, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """q (B, T, dh), keys (T, M, dh) -> attention weights (B, T, M), each row summing to 1."""
+        """q (B, T, dh), keys (T, M, dh) -> attention weights (B, T, M), each row summing to 1. Row (b, t) must
+        depend on q[b, t] and keys[t] alone: streaming (`row`) weighs one row of many learners at once."""
         raise NotImplementedError
 
     def project(self, states: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,6 +115,14 @@ class BankHead(nn.Module):
         keys, values = keys[at], values[at]
         w = self.weights(q, keys)
         return torch.einsum("btm,tmd->btd", w, values), w
+
+    def row(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor):
+        """One row per learner: q (N, dh) at positions at (N,), keys/values (L, M, dh) -> (output (N, dh),
+        weights (N, M)); the rows go to `weights` as the positions of one sequence."""
+        at = at.clamp(max=keys.shape[0] - 1)
+        keys, values = keys[at], values[at]  # (N, M, dh)
+        w = self.weights(q[None], keys)[0]
+        return torch.einsum("nm,nmd->nd", w, values), w
 
 
 def _farthest_first(x: np.ndarray, k: int, seed: int) -> np.ndarray:
