@@ -60,16 +60,43 @@ def review(w: torch.Tensor, stability: torch.Tensor, difficulty: torch.Tensor, r
 def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
                  present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A card's (S, D) after its reviews: rating (..., C) float, day (..., C) scheduler day numbers, present
-    (..., C) bool, oldest first; absent steps leave the state as it is, the first present one starts it.
-    A card with no present step gets (1, 5), which callers do not use."""
-    s = torch.ones_like(rating[..., 0])
-    d = torch.full_like(s, 5.0)
-    started = torch.zeros_like(present[..., 0])
-    last_day = torch.zeros_like(day[..., 0])
-    for c in range(rating.shape[-1]):
-        here = present[..., c]
-        new_s, new_d = review(w, s, d, rating[..., c], (day[..., c] - last_day).clamp(min=0), ~started)
-        s, d = torch.where(here, new_s, s), torch.where(here, new_d, d)
-        last_day = torch.where(here, day[..., c], last_day)
-        started = started | here
+    (..., C) bool, oldest first, the present steps a suffix (the card's reviews, after padding). For a card with
+    no present step the result is finite and meaningless; callers do not use it.
+
+    The same recurrence as `review` (a test holds them together), arranged for a graph: everything that does not
+    depend on the state is computed for all C steps at once, and the difficulty (which does not depend on the
+    stability) in a loop of its own, so the stability's loop is about a third of `review`'s operations a step."""
+    one = torch.ones_like(rating)
+    # a step continues the card's state when it and the step before are reviews; any other step (the first review,
+    # and the padding before it, whose values the first review overwrites) starts it afresh
+    cont = present & torch.cat([torch.zeros_like(present[..., :1]), present[..., :-1]], -1)
+    days = torch.cat([torch.zeros_like(day[..., :1]), (day[..., 1:] - day[..., :-1]).clamp(min=0)], -1)
+    start_s = w[:4][(rating.long() - 1).clamp(0, 3)]
+    start_d = initial_difficulty(w, rating).clamp(1.0, 10.0)
+    # difficulty: D' = clamp(D * a + b, 1, 10) with a, b from the rating (mean reversion folded in)
+    lean = w[6] * (rating - 3) / 9
+    a = (1 - w[7]) * (1 + lean)
+    b = w[7] * initial_difficulty(w, 4 * one) - (1 - w[7]) * 10 * lean
+    d, before = start_d[..., 0], []
+    for a_c, b_c, d0, more in zip(*(x.unbind(-1) for x in (a, b, start_d, cont)), strict=True):
+        before.append(d)
+        d = torch.where(more, (d * a_c + b_c).clamp(1.0, 10.0), d0)
+    d_before = torch.stack(before, -1)
+    # the stability's step-independent factors
+    factor = torch.pow(0.9, -1.0 / w[20]) - 1.0
+    bonus = torch.where(rating == 2, w[15] * one, torch.where(rating == 4, w[16] * one, one))
+    grow = torch.exp(w[8]) * bonus * (11 - d_before)
+    lapse = w[11] * torch.pow(d_before, -w[12])
+    short = torch.exp(w[17] * (rating - 3 + w[18]))
+    least = (rating >= 2).to(rating.dtype)  # a same-day Hard, Good or Easy never lowers the stability
+    floor = torch.exp(w[17] * w[18])
+    s = start_s[..., 0]
+    parts = (factor * days, grow, lapse, short, least, start_s, days == 0, rating == 1, cont)
+    for fdt, g, lp, sh, lo, s0, same_day, again, more in zip(*(x.unbind(-1) for x in parts), strict=True):
+        forget = 1 - torch.pow(1.0 + fdt / s, -w[20])  # 1 - R
+        recalled = s * (1 + g * torch.pow(s, -w[9]) * (torch.exp(forget * w[10]) - 1))
+        forgot = torch.minimum(lp * (torch.pow(s + 1, w[13]) - 1) * torch.exp(forget * w[14]), s / floor)
+        same = s * torch.maximum(sh * torch.pow(s, -w[19]), lo)
+        new = torch.where(same_day, same, torch.where(again, forgot, recalled))
+        s = torch.where(more, new.clamp(S_MIN, S_MAX), s0)
     return s, d

@@ -367,11 +367,9 @@ class TimeAwareTransformer(nn.Module):
         rows = torch.cat([torch.full_like(rows[..., :1], -1).expand(B, Q, C), rows], -1)  # any H has C candidates
         rows = torch.flip(rows.topk(C, -1).values, [-1])  # (B, Q, C) the card's rows, oldest first, -1 for none
         at = rows.clamp(min=0).reshape(B, Q * C)
-        rating = torch.gather(w.rating, 1, at).view(B, Q, C).double()
-        day = torch.gather(self._day(w.time), 1, at).view(B, Q, C) - self._day(ref).unsqueeze(-1)
-        # float64: a recurrence of powers and exponentials, where float32 engines part by more than 1e-4
-        s, d = fsrs.memory_state(self.fsrs_w.double(), rating, day, rows >= 0)
-        return s.float(), d.float()
+        rating = torch.gather(w.rating, 1, at).view(B, Q, C).float()
+        day = (torch.gather(self._day(w.time), 1, at).view(B, Q, C) - self._day(ref).unsqueeze(-1)).float()
+        return fsrs.memory_state(self.fsrs_w, rating, day, rows >= 0)
 
     def _days(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the scheduler day `elapsed` days after the reference (float64), whole scheduler days since it (float32)):
