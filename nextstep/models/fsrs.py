@@ -77,11 +77,12 @@ def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
     lean = w[6] * (rating - 3) / 9
     a = (1 - w[7]) * (1 + lean)
     b = w[7] * initial_difficulty(w, 4 * one) - (1 - w[7]) * 10 * lean
-    d, before = start_d[..., 0], []
-    for a_c, b_c, d0, more in zip(*(x.unbind(-1) for x in (a, b, start_d, cont)), strict=True):
+    # steps are (..., 1) slices (split keeps the axis: no squeeze and unsqueeze nodes in the exported loop)
+    d, before = start_d[..., :1], []
+    for a_c, b_c, d0, more in zip(*(x.split(1, -1) for x in (a, b, start_d, cont)), strict=True):
         before.append(d)
         d = torch.where(more, (d * a_c + b_c).clamp(1.0, 10.0), d0)
-    d_before = torch.stack(before, -1)
+    d_before = torch.cat(before, -1)
     # the stability's step-independent factors
     factor = torch.pow(0.9, -1.0 / w[20]) - 1.0
     bonus = torch.where(rating == 2, w[15] * one, torch.where(rating == 4, w[16] * one, one))
@@ -90,13 +91,13 @@ def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
     short = torch.exp(w[17] * (rating - 3 + w[18]))
     least = (rating >= 2).to(rating.dtype)  # a same-day Hard, Good or Easy never lowers the stability
     floor = torch.exp(w[17] * w[18])
-    s = start_s[..., 0]
+    s = start_s[..., :1]
     parts = (factor * days, grow, lapse, short, least, start_s, days == 0, rating == 1, cont)
-    for fdt, g, lp, sh, lo, s0, same_day, again, more in zip(*(x.unbind(-1) for x in parts), strict=True):
+    for fdt, g, lp, sh, lo, s0, same_day, again, more in zip(*(x.split(1, -1) for x in parts), strict=True):
         forget = 1 - torch.pow(1.0 + fdt / s, -w[20])  # 1 - R
         recalled = s * (1 + g * torch.pow(s, -w[9]) * (torch.exp(forget * w[10]) - 1))
         forgot = torch.minimum(lp * (torch.pow(s + 1, w[13]) - 1) * torch.exp(forget * w[14]), s / floor)
         same = s * torch.maximum(sh * torch.pow(s, -w[19]), lo)
         new = torch.where(same_day, same, torch.where(again, forgot, recalled))
         s = torch.where(more, new.clamp(S_MIN, S_MAX), s0)
-    return s, d
+    return s.squeeze(-1), d.squeeze(-1)
