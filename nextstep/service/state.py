@@ -290,11 +290,12 @@ return {version, events}
 """
 
 # Error replies meaning "Redis cannot serve us now": loading, a read-only replica, no master, busy with a
-# script, authentication refused. Any other error reply (e.g. WRONGTYPE) is a bug and propagates as
+# script, authentication refused, out of memory (maxmemory reached with a no-eviction policy: the write is
+# refused whole, nothing is half-written). Any other error reply (e.g. WRONGTYPE) is a bug and propagates as
 # redis.exceptions.ResponseError. Connection failures, hung servers (no reply within socket_timeout) and
 # peers that do not speak RESP become StoreUnavailable too.
 _UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "BUSY", "NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN",
-                        "TRYAGAIN")
+                        "TRYAGAIN", "OOM")
 _UNAVAILABLE = (ConnectionError, TimeoutError, OSError)
 _FIELDS = (b"version", b"events", b"updated", b"blob")
 

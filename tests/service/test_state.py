@@ -463,3 +463,27 @@ def test_redis_replay_window_at_scale_remembers_exactly_the_newest(redis_url: st
             await raw.aclose()
 
     asyncio.run(body())
+
+
+def test_redis_out_of_memory_is_unavailable_and_leaves_the_state_as_it_was(redis_process: Any) -> None:
+    """maxmemory reached with noeviction: a write is refused whole (StoreUnavailable naming OOM, a 503 in the
+    API), reads still answer, and once memory is back the same store writes again from the state it had."""
+    from tests.service.conftest import _command
+
+    async def body() -> None:
+        store = RedisStore(redis_process.url, ttl_seconds=None)
+        try:
+            first = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
+            assert first is not None
+            assert _command(redis_process.port, b"CONFIG SET maxmemory-policy noeviction").startswith(b"+OK")
+            assert _command(redis_process.port, b"CONFIG SET maxmemory 1").startswith(b"+OK")
+            with pytest.raises(StoreUnavailable, match="unavailable during compare_and_set: OOM"):
+                await store.compare_and_set(KEY, first.version, b"y", 2, ["e2"])
+            assert await store.get(KEY) == first  # nothing half-written
+            assert _command(redis_process.port, b"CONFIG SET maxmemory 0").startswith(b"+OK")
+            second = await store.compare_and_set(KEY, first.version, b"y", 2, ["e2"])
+            assert second is not None and await store.get(KEY) == second
+        finally:
+            await store.close()
+
+    asyncio.run(body())
