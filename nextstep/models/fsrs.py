@@ -28,33 +28,16 @@ def initial_difficulty(w: torch.Tensor, rating: torch.Tensor) -> torch.Tensor:
     return w[4] - torch.exp(w[5] * (rating - 1)) + 1
 
 
+def log_retrievability(decay: torch.Tensor, stability: torch.Tensor, days: torch.Tensor) -> torch.Tensor:
+    """log R after `days` (>= 0) on FSRS-6's power curve with this decay (w20 in FSRS-6) and stability:
+    -decay * log(1 + f days / S), f = 0.9^(-1 / decay) - 1, so R(S) = 0.9; never rises with days."""
+    factor = torch.pow(torch.full_like(decay, 0.9), -1.0 / decay) - 1.0
+    return -decay * torch.log1p(factor * days / stability)
+
+
 def retrievability(w: torch.Tensor, stability: torch.Tensor, days: torch.Tensor) -> torch.Tensor:
-    """R after `days` (>= 0) at `stability`: never rises with days."""
-    factor = torch.pow(0.9, -1.0 / w[20]) - 1.0
-    return torch.pow(1.0 + factor * days / stability, -w[20])
-
-
-def review(w: torch.Tensor, stability: torch.Tensor, difficulty: torch.Tensor, rating: torch.Tensor,
-           days: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S, D) after one review with `rating` (float 1..4) `days` (float, whole days) after the card's previous
-    one; `first` (bool) marks the card's first review, where the previous (S, D) are ignored."""
-    s = stability.clamp(S_MIN, S_MAX)
-    r = retrievability(w, s, days)
-    one = torch.ones_like(rating)
-    bonus = torch.where(rating == 2, w[15] * one, torch.where(rating == 4, w[16] * one, one))
-    recalled = s * (1 + torch.exp(w[8]) * (11 - difficulty) * torch.pow(s, -w[9])
-                    * (torch.exp((1 - r) * w[10]) - 1) * bonus)
-    forgot = w[11] * torch.pow(difficulty, -w[12]) * (torch.pow(s + 1, w[13]) - 1) * torch.exp((1 - r) * w[14])
-    forgot = torch.minimum(forgot, s / torch.exp(w[17] * w[18]))
-    short = torch.exp(w[17] * (rating - 3 + w[18])) * torch.pow(s, -w[19])
-    short = s * torch.where(rating >= 2, short.clamp(min=1.0), short)
-    new_s = torch.where(days == 0, short, torch.where(rating == 1, forgot, recalled))
-    linear = difficulty - w[6] * (rating - 3) * (10 - difficulty) / 9
-    new_d = w[7] * initial_difficulty(w, 4 * one) + (1 - w[7]) * linear
-    start_s = w[(rating.long() - 1).clamp(0, 3)]
-    start_d = initial_difficulty(w, rating)
-    return (torch.where(first, start_s, new_s).clamp(S_MIN, S_MAX),
-            torch.where(first, start_d, new_d).clamp(1.0, 10.0))
+    """R after `days` at `stability`, with the user's parameters w."""
+    return torch.exp(log_retrievability(w[20], stability, days))
 
 
 def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
@@ -63,9 +46,9 @@ def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
     (..., C) bool, oldest first, the present steps a suffix (the card's reviews, after padding). For a card with
     no present step the result is finite and meaningless; callers do not use it.
 
-    The same recurrence as `review` (a test holds them together), arranged for a graph: everything that does not
-    depend on the state is computed for all C steps at once, and the difficulty (which does not depend on the
-    stability) in a loop of its own, so the stability's loop is about a third of `review`'s operations a step."""
+    The recurrence of the module docstring, arranged for a graph: everything that does not depend on the state is
+    computed for all C steps at once, and the difficulty (which does not depend on the stability) in a loop of its
+    own, so that the stability's loop has few operations a step (tests/models/test_fsrs.py: equal to fsrs-rs)."""
     one = torch.ones_like(rating)
     # a step continues the card's state when it and the step before are reviews; any other step (the first review,
     # and the padding before it, whose values the first review overwrites) starts it afresh

@@ -313,7 +313,8 @@ class TimeAwareTransformer(nn.Module):
         last_card = torch.where(same_card, positions, -1).amax(-1).clamp(min=0)  # (B, Q) the card's last row
         last_any = torch.where(visible, positions, -1).amax(-1).clamp(min=0)  # the user's last visible row
         ref = torch.where(seen, _pick(w.time, last_card), torch.where(any_row, _pick(w.time, last_any), q.time))
-        fsrs_s, fsrs_d = self._fsrs_state(w, same_card, ref)
+        row_day, ref_day = self._day(w.time), self._day(ref)  # scheduler days of the rows and the reference
+        fsrs_s, fsrs_d = self._fsrs_state(w.rating, row_day, same_card, ref_day)
         elapsed = torch.where(seen, ((q.time - ref) / DAY).clamp(min=0), 0.0)  # (B, Q) days, float64
         rel_days = ((ref.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float()  # (B, Q, H): < 0 after the reference
         after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
@@ -337,8 +338,7 @@ class TimeAwareTransformer(nn.Module):
         lapses = (same_card & (w.rating == 1).unsqueeze(1)).sum(-1).float()
         last_dur_any = torch.where(any_row, _pick(dur, last_any), 0.0)
         later = (visible & (rel_days < 0)).sum(-1).float()  # reviews of other cards since the card's last one
-        ref_day = self._day(ref)
-        same_day = (visible & (self._day(w.time).unsqueeze(1) == ref_day.unsqueeze(-1))).sum(-1).float()
+        same_day = (visible & (row_day.unsqueeze(1) == ref_day.unsqueeze(-1))).sum(-1).float()
         n_deck = same_deck.sum(-1).float()
         gap_before = torch.where(seen, _pick(row_feats[..., 1], last_card), 0.0)  # log1p hours, card's last interval
         qnum = torch.stack([
@@ -352,11 +352,12 @@ class TimeAwareTransformer(nn.Module):
         for layer in self.layers:
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
-        return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "lag": lag, "visible": visible,
-                   "row_day": self._day(w.time), "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
+        return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag, "visible": visible,
+                   "row_day": row_day, "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
                    "time_weight": F.softplus(self.time_head(x))}
 
-    def _fsrs_state(self, w: Window, same_card: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fsrs_state(self, rating: torch.Tensor, row_day: torch.Tensor, same_card: torch.Tensor,
+                    ref_day: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """FSRS-6's (stability, difficulty) of each query's card after its reviews in the window (B, Q): the card's
         last `card_window` rows at most (review_window keeps those), so a card with more reviews starts its state at
         the oldest of them. Days are scheduler days relative to the reference time's."""
@@ -367,15 +368,15 @@ class TimeAwareTransformer(nn.Module):
         rows = torch.cat([torch.full_like(rows[..., :1], -1).expand(B, Q, C), rows], -1)  # any H has C candidates
         rows = torch.flip(rows.topk(C, -1).values, [-1])  # (B, Q, C) the card's rows, oldest first, -1 for none
         at = rows.clamp(min=0).reshape(B, Q * C)
-        rating = torch.gather(w.rating, 1, at).view(B, Q, C).float()
-        day = (torch.gather(self._day(w.time), 1, at).view(B, Q, C) - self._day(ref).unsqueeze(-1)).float()
-        return fsrs.memory_state(self.fsrs_w, rating, day, rows >= 0)
+        card_rating = torch.gather(rating, 1, at).view(B, Q, C).float()
+        day = (torch.gather(row_day, 1, at).view(B, Q, C) - ref_day.unsqueeze(-1)).float()
+        return fsrs.memory_state(self.fsrs_w, card_rating, day, rows >= 0)
 
     def _days(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the scheduler day `elapsed` days after the reference (float64), whole scheduler days since it (float32)):
         both never fall as `elapsed` grows."""
         day = self._day(ctx["ref"] + elapsed.double() * DAY)
-        return day, (day - self._day(ctx["ref"])).clamp(min=0).float()
+        return day, (day - ctx["ref_day"]).clamp(min=0).float()
 
     def _time_terms(self, ctx: dict, elapsed: torch.Tensor, day: torch.Tensor,
                     days: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -411,8 +412,7 @@ class TimeAwareTransformer(nn.Module):
     def _curve_logit(self, curve: tuple[torch.Tensor, ...], days: torch.Tensor, elapsed: torch.Tensor) -> torch.Tensor:
         """logit P(recall) on `curve` after `days` scheduler days and `elapsed` days (before calibration)."""
         stability, decay, log_ceiling, drops = curve
-        factor = torch.pow(torch.full_like(decay, 0.9), -1.0 / decay) - 1.0
-        log_p = log_ceiling - (decay * torch.log1p(factor * days / stability)).double()
+        log_p = log_ceiling + fsrs.log_retrievability(decay, stability, days).double()
         return _logit_of_log(log_p).float() - self._drops(drops, elapsed)
 
     def _drops(self, drops: torch.Tensor, elapsed: torch.Tensor) -> torch.Tensor:
@@ -432,9 +432,7 @@ class TimeAwareTransformer(nn.Module):
         n = rising.shape[-1]
         network = (self._curve_logit(ctx["curve"], days, elapsed) - (weight[..., :n] * rising).sum(-1)
                    + (weight[..., n:] * falling).sum(-1))
-        log_r = -(self.fsrs_w[20] * torch.log1p((torch.pow(0.9, -1.0 / self.fsrs_w[20]) - 1.0) * days
-                                                 / ctx["fsrs_s"])).double()
-        base = _logit_of_log(log_r).float()  # FSRS-6's own curve
+        base = _logit_of_log(fsrs.log_retrievability(self.fsrs_w[20], ctx["fsrs_s"], days).double()).float()  # FSRS-6
         return base + self.blend * (network - base)  # blend in [0, 1]: two non-increasing curves, mixed
 
     def _heads(self, x: torch.Tensor, ctx: dict, elapsed: torch.Tensor) -> Prediction:
