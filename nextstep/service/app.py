@@ -7,12 +7,10 @@ import asyncio
 import hmac
 import inspect
 import logging
-import math
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 
 from .banks import Banks, make_bank_store
-from .errors import STATUS, StoreUnavailable
+from .errors import KIND, STATUS, StoreUnavailable, problem
 from .kt import KnowledgeTracer
 from .metrics import Metrics
 from .registry import ModelRegistry
@@ -38,22 +36,26 @@ log = logging.getLogger("nextstep.service")
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
 
 
-def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
-    body = {"error": message}
-    if field:
-        body["field"] = field
-    return JSONResponse(body, status_code=status)
+def _field(loc) -> str | None:
+    """A validation error's location as one field name: ("body", "events", 0, "response") -> events[0].response;
+    ("body",), the body as a whole -> body."""
+    parts = list(loc or ())
+    if len(parts) > 1 and parts[0] in ("body", "path", "query", "header"):
+        parts = parts[1:]
+    name = ""
+    for p in parts:
+        name += f"[{p}]" if isinstance(p, int) else (f".{p}" if name else str(p))
+    return name or None
 
 
-def _finite(value):
-    """A JSON-ready value with every NaN or infinite float replaced by its text ("nan", "inf", "-inf")."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+def _validation_problem(errors: list[dict]) -> JSONResponse:
+    """FastAPI's validation errors as one problem document: `detail` and `field` from the first, every one under
+    `errors` as {field, message, type}. The inputs are never echoed (an id may be megabytes long)."""
+    listed = [{"field": _field(e.get("loc")), "message": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in errors]
+    first = listed[0] if listed else {"field": None, "message": "invalid request"}
+    detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
+    return problem(422, detail, first["field"], "invalid-request", errors=listed)
 
 
 class ServiceMiddleware:
@@ -76,11 +78,15 @@ class ServiceMiddleware:
         if self.keys and scope["path"] not in OPEN_PATHS:
             given = headers.get(b"x-api-key", b"")
             if not any(hmac.compare_digest(given, k) for k in self.keys):
-                return await _error(401, "missing or invalid X-API-Key header", "X-API-Key")(scope, receive, send)
+                refused = problem(401, "missing or invalid X-API-Key header", "X-API-Key", "unauthorized")
+                return await refused(scope, receive, send)
         limit = self.settings.max_body_bytes
         length = headers.get(b"content-length")
+        def too_large():  # (built only when needed: this runs on every request)
+            return problem(413, f"request body over {limit} bytes", "body", "too-large")
+
         if length is not None and (not length.isdigit() or int(length) > limit):
-            return await _error(413, f"request body over {limit} bytes", "body")(scope, receive, send)
+            return await too_large()(scope, receive, send)
         if length is None and scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: buffer within the limit
             chunks, size, more = [], 0, True
             while more:
@@ -91,7 +97,7 @@ class ServiceMiddleware:
                 size += len(chunks[-1])
                 more = message.get("more_body", False)
                 if size > limit:
-                    return await _error(413, f"request body over {limit} bytes", "body")(scope, receive, send)
+                    return await too_large()(scope, receive, send)
             body = b"".join(chunks)
 
             async def receive():  # noqa: F811 - replay the buffered body
@@ -222,16 +228,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
-        # FastAPI's own 422, except that the echoed inputs may hold NaN or Infinity (Python's JSON reader takes
-        # those literals), which JSON cannot encode: they are echoed as text instead of failing with a 500
-        return JSONResponse(status_code=422, content={"detail": _finite(jsonable_encoder(exc.errors()))})
+        return _validation_problem(exc.errors())
 
-    async def failed(request: Request, exc: Exception):  # errors.py: each error's status and field
-        status = next(STATUS[c] for c in type(exc).__mro__ if c in STATUS)
-        return _error(status, f"state store unavailable: {exc}" if status == 503 else str(exc), exc.field)
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # the router's 404 and 405, and routes' own
+        return problem(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    async def failed(request: Request, exc: Exception):  # errors.py: each error's status, field and kind
+        cls = next(c for c in type(exc).__mro__ if c in STATUS)
+        status = STATUS[cls]
+        return problem(status, f"state store unavailable: {exc}" if status == 503 else str(exc), exc.field, KIND[cls])
 
     for error in STATUS:
         app.add_exception_handler(error, failed)
+
+    async def internal(request: Request, exc: Exception):  # the last resort (ServerErrorMiddleware): no details out
+        return problem(500, "internal error; the service's log has the details")
+
+    app.add_exception_handler(500, internal)
 
     @app.get("/healthz", tags=["system"], summary="The process is alive")
     async def healthz() -> dict:
@@ -243,9 +257,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             await asyncio.wait_for(request.app.state.store.ping(), timeout=2.0)
         except (StoreUnavailable, TimeoutError) as exc:
-            return _error(503, f"state store unavailable: {exc}")
+            return problem(503, f"state store unavailable: {exc}")
         if not models:
-            return _error(503, f"no model loaded from {settings.artifacts_dir}")
+            return problem(503, f"no model loaded from {settings.artifacts_dir}")
         return {"status": "ready", "models": len(models)}
 
     @app.get("/metrics", tags=["system"], summary="Prometheus metrics", response_class=PlainTextResponse)

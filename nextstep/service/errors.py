@@ -7,8 +7,13 @@
     ConcurrencyConflict 409  compare-and-set kept losing to other writers
     StoreUnavailable    503  the state store cannot be reached
 
-The task modules raise them without knowing HTTP; `app.py` answers each with `STATUS` and `field`.
+The task modules raise them without knowing HTTP; `app.py` answers each with `STATUS` and `field`, as an RFC 9457
+problem document (`problem`): every 4xx and 5xx of the service has that one shape.
 """
+
+from http import HTTPStatus
+
+from fastapi.responses import JSONResponse
 
 
 class UnknownModel(KeyError):
@@ -52,6 +57,23 @@ class StoreUnavailable(RuntimeError):
 
     field = None
 
+
+def problem(status: int, detail: str, field: str | None = None, kind: str | None = None, *,
+            headers: dict | None = None, **extra) -> JSONResponse:
+    """An RFC 9457 problem document: `type` (`urn:nextstep:problem:<kind>`, or about:blank when the status says it
+    all), `title` (the status's phrase), `status`, `detail` (what is wrong, in words), and `field` (the offending
+    request field, header or path parameter) where there is one; `extra` adds members (e.g. `errors`)."""
+    body = {"type": f"urn:nextstep:problem:{kind}" if kind else "about:blank", "title": HTTPStatus(status).phrase,
+            "status": status, "detail": detail}
+    if field:
+        body["field"] = field
+    body.update(extra)
+    return JSONResponse(body, status_code=status, headers=headers, media_type="application/problem+json")
+
+
+# each error's `type` in its problem document
+KIND = {UnknownModel: "unknown-model", UnknownId: "unknown-id", TooLarge: "too-large", InvalidInput: "invalid-input",
+        ConcurrencyConflict: "conflict", StoreUnavailable: "store-unavailable"}
 
 # the HTTP status of each error; a subclass comes before its base (the first match in the MRO wins)
 STATUS = {UnknownModel: 404, UnknownId: 422, TooLarge: 413, InvalidInput: 422, ConcurrencyConflict: 409,

@@ -104,7 +104,7 @@ def test_redis_outage_gives_503_quickly_and_recovers(artifacts, redis_process, s
             start = time.monotonic()
             reply = http.request(method, path, json=payload)
             assert reply.status_code == 503, (path, reply.text)
-            assert "unavailable" in reply.json()["error"]
+            assert "unavailable" in reply.json()["detail"]
             assert time.monotonic() - start < 3
         assert http.get("/healthz").status_code == 200  # alive, just not ready
         redis_process.start()
@@ -141,7 +141,7 @@ def test_unknown_model_api_keys_and_body_limit(artifacts, serve):
         ok = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body, headers={"X-API-Key": "k2"})
         assert ok.status_code == 200
         missing = httpx.post(f"{url}/v1/kt/nope/predict", json=body, headers={"X-API-Key": "k1"})
-        assert missing.status_code == 404 and "deep_gpcm" in missing.json()["error"]
+        assert missing.status_code == 404 and "deep_gpcm" in missing.json()["detail"]
         big = {"student_id": "s", "question_ids": [3] * 2000}
         assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=big, headers={"X-API-Key": "k1"}).status_code == 413
         assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no key

@@ -365,7 +365,7 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(srs_model, serv
         assert http.post("/v1/srs/time_aware/predict", json={"user_id": "", "card_id": "c"}).status_code == 422
         assert http.get("/v1/srs/time_aware/users/" + "x" * 201).status_code == 422
         missing = http.post("/v1/srs/nope/predict", json={"user_id": "u", "card_id": "c"})
-        assert missing.status_code == 404 and "time_aware" in missing.json()["error"]
+        assert missing.status_code == 404 and "time_aware" in missing.json()["detail"]
         # an srs model is not a knowledge-tracing one
         assert http.post("/v1/kt/time_aware/predict", json={"student_id": "u", "question_ids": [1]}).status_code == 404
         models = {m["name"]: m for m in http.get("/v1/models").json()["models"]}
@@ -384,7 +384,7 @@ def test_a_knowledge_tracing_model_is_not_served_on_the_srs_routes(srs_model, ar
                            ("reviews", {"user_id": "u", "reviews": [{"card_id": "3", "time": T0, "rating": 2}]}),
                            ("schedule", {"user_id": "u", "cards": [{"card_id": "3"}], "desired_retention": 0.9})):
             reply = http.post(f"/v1/srs/deep_gpcm/{path}", json=body)
-            assert reply.status_code == 404 and "knowledge_tracing" in reply.json()["error"], reply.text
+            assert reply.status_code == 404 and "knowledge_tracing" in reply.json()["detail"], reply.text
         assert http.get("/v1/srs/deep_gpcm/users/u").status_code == 404
         assert http.post("/v1/srs/time_aware/predict", json={"user_id": "u", "card_id": "3"}).status_code == 200
 
@@ -493,7 +493,7 @@ def test_redis_outage_gives_503_and_recovers(srs_model, redis_process, serve):
                                       ("POST", "/v1/srs/time_aware/predict", {"user_id": "u", "card_id": "c"}),
                                       ("GET", "/v1/srs/time_aware/users/u", None)):
             reply = http.request(method, path, json=payload)
-            assert reply.status_code == 503 and "unavailable" in reply.json()["error"], (path, reply.text)
+            assert reply.status_code == 503 and "unavailable" in reply.json()["detail"], (path, reply.text)
         redis_process.start()
         assert http.post("/v1/srs/time_aware/reviews", json=body).json()["applied"] == 1
 
