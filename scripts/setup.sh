@@ -43,10 +43,14 @@ command -v promtool >/dev/null || need+=(prometheus)
 # -- 2. the virtual environment, torch, nextstep ---------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV ($PYTHON $py_version)"
-  if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then  # Debian's python3 needs python3.X-venv (ensurepip)
+  if ! venv_error=$("$PYTHON" -m venv "$VENV" 2>&1); then
     rm -rf "$VENV"
-    apt_install "python$py_version-venv" || { say "$PYTHON cannot create a virtual environment"; exit 1; }
-    "$PYTHON" -m venv "$VENV"
+    case "$venv_error" in
+      *ensurepip*)  # Debian's python3 needs python3.X-venv for ensurepip
+        apt_install "python$py_version-venv" || { say "$PYTHON cannot create a virtual environment"; exit 1; }
+        "$PYTHON" -m venv "$VENV" ;;
+      *) say "$PYTHON -m venv $VENV failed:"; echo "$venv_error"; exit 1 ;;
+    esac
   fi
 fi
 pip=("$VENV/bin/python" -m pip install -q -c constraints.txt)
