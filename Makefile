@@ -4,23 +4,25 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
 
-.PHONY: help setup run demo test lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
+.PHONY: help setup run demo demo-artifacts test lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+setup:  ## system packages (redis-server, promtool; apt-get as root), .venv with nextstep[train,serve,dev], CPU torch without a GPU
+	PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup.sh
 
-setup: $(BIN)/python  ## create .venv and install nextstep with train, serve and dev extras (pinned: constraints.txt)
-	$(BIN)/pip install -q -c constraints.txt torch
-	$(BIN)/pip install -q -c constraints.txt -e '.[train,serve,dev]'
+$(BIN)/nextstep:
+	@echo "$(VENV) is not set up: run make setup first"; exit 1
 
-run:  ## serve ./artifacts on http://127.0.0.1:8000 (in-process state; trains small demo models if none exist)
+run: $(BIN)/nextstep  ## serve ./artifacts on http://127.0.0.1:8000 (in-process state); the bundled demo models if it is empty
 	$(BIN)/nextstep serve --demo
 
 demo:  ## train small models on generated data, export them, replay a learner through ONNX Runtime
 	$(BIN)/nextstep demo
+
+demo-artifacts:  ## rebuild the demo models bundled in nextstep/demo_artifacts (generated data, fixed seeds; ~40 s)
+	OMP_NUM_THREADS=1 $(BIN)/python -m nextstep.demo
 
 test:  ## lint and run the test suite
 	$(BIN)/ruff check .

@@ -35,5 +35,7 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
 
-# `nextstep serve` exits at start when /artifacts holds no <model>/<version>/manifest.json.
+# `nextstep serve` exits at start when /artifacts holds no <model>/<version>/manifest.json, unless
+# NEXTSTEP_DEMO=true (as docker/compose.yaml sets by default): then it serves the demo models bundled in
+# the package (nextstep/demo_artifacts, ONNX only).
 CMD ["nextstep", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -21,6 +21,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from .demo import require
 from .training.families import FAMILIES, family
 
 
@@ -73,6 +74,7 @@ def _options(args, entry, mapping: dict, command: str) -> dict:
 
 
 def cmd_train(args) -> int:
+    require("torch", "train", "nextstep train")
     entry = family(args.model)
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     kwargs = _options(args, entry, entry.train_options, "train")
@@ -101,6 +103,7 @@ def _artifact_family(artifact: str, command: str):
 
 def cmd_export(args) -> int:
     """Export an artifact's weights again (to ONNX, TorchScript, manifest) through the family's exporter."""
+    require("torch", "train", "nextstep export")
     from .training.export import ParityError, reexport
     from .training.families import restore
 
@@ -120,6 +123,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    require("torch", "train", "nextstep evaluate")
     entry = _artifact_family(args.artifact, "evaluate")
     kwargs = _options(args, entry, entry.evaluate_options, "evaluate")
     print(json.dumps(entry.resolve("evaluate")(args.artifact, args.data, **kwargs), indent=2))
@@ -127,6 +131,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_banks_build(args) -> int:
+    require("torch", "train", "nextstep banks build")
     from .training.simakt_run import build_artifact_banks
 
     print(json.dumps(build_artifact_banks(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
@@ -162,6 +167,7 @@ def build_demo_srs(artifacts: Path, data: Path) -> Path:
 
 def cmd_demo(args) -> int:
     """Generate a small GPCM data set, train each variant briefly, export, and show predictions."""
+    require("torch", "train", "nextstep demo")
     import tempfile
 
     import numpy as np
@@ -191,22 +197,27 @@ def cmd_demo(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    """Serve every artifact under the artifacts directory (settings from NEXTSTEP_* variables)."""
+    """Serve every artifact under the artifacts directory (settings from NEXTSTEP_* variables); with --demo and no
+    artifacts there, the demo models bundled with the package (nextstep/demo.py), which need no torch."""
+    for module in ("uvicorn", "fastapi", "onnxruntime"):
+        require(module, "serve", "nextstep serve")
     import uvicorn
 
     from .service.settings import Settings
 
     settings = Settings(**({"artifacts_dir": Path(args.artifacts)} if args.artifacts else {}))
-    if not any(settings.artifacts_dir.glob("*/*/manifest.json")):
+    artifacts_dir = settings.artifacts_dir
+    if not any(artifacts_dir.glob("*/*/manifest.json")):
         if not args.demo:
-            raise SystemExit(f"no artifacts under {settings.artifacts_dir}: train some (nextstep train) "
-                             "or pass --demo to build small demo ones")
-        print(f"no artifacts under {settings.artifacts_dir}: training small demo models (a minute or two)")
-        for name, out, _ in build_demo_artifacts(settings.artifacts_dir, settings.artifacts_dir / ".demo_data", 5):
-            print(f"  {name}: {out}")
-        print(f"  time_aware: {build_demo_srs(settings.artifacts_dir, settings.artifacts_dir / '.demo_data')}")
+            raise SystemExit(f"no artifacts under {artifacts_dir}: train some (nextstep train) "
+                             "or pass --demo to serve the bundled demo models")
+        from .demo import BUNDLED, MODELS
+
+        print(f"no artifacts under {artifacts_dir}: serving the bundled demo models ({', '.join(MODELS)}) from "
+              f"{BUNDLED}; models trained into {artifacts_dir} are served instead after a restart", file=sys.stderr)
+        artifacts_dir = BUNDLED
     # workers > 1 share nothing but Redis (set NEXTSTEP_REDIS_URL): each loads the models itself
-    os.environ["NEXTSTEP_ARTIFACTS_DIR"] = str(settings.artifacts_dir)
+    os.environ["NEXTSTEP_ARTIFACTS_DIR"] = str(artifacts_dir)
     if args.workers > 1 and not settings.redis_url:
         raise SystemExit("--workers > 1 needs NEXTSTEP_REDIS_URL: in-process state cannot be shared")
     uvicorn.run("nextstep.service.app:create_app", factory=True, host=args.host, port=args.port,
@@ -253,11 +264,12 @@ def _read_students(path: Path):
 
 def cmd_score(args) -> int:
     """Score whole histories offline through the exported graphs (the batch route without HTTP)."""
+    require("onnxruntime", "serve", "nextstep score")
     import asyncio
 
     from tqdm import tqdm
 
-    from .service.errors import InvalidInput
+    from .service.errors import InvalidInput, UnknownModel
     from .service.kt import KnowledgeTracer
     from .service.registry import ModelRegistry
     from .service.runtime import Engines
@@ -267,12 +279,23 @@ def cmd_score(args) -> int:
     errors = registry.load()
     if errors:
         print(f"skipped broken artifacts: {errors}", file=sys.stderr)
+    try:  # before any output is opened: a wrong name leaves no file behind
+        registry.get(args.model, task=KnowledgeTracer.TASK)
+    except UnknownModel as exc:
+        raise SystemExit(f"score: {exc} (under {args.artifacts})") from None
+    if not Path(args.input).is_file():
+        raise SystemExit(f"score: no input file {args.input}")
     tracer = KnowledgeTracer(registry, InProcessStore(ttl_seconds=None), Engines(max_batch=1, max_wait_ms=0))
-    out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115
+    output = Path(args.output) if args.output else None
+    # written next to the output and renamed over it at the end: a failure leaves no partial or empty file
+    partial = output.with_name(f".{output.name}.partial") if output else None
+    out = partial.open("w") if partial else sys.stdout
 
     async def run() -> int:
         n = 0
-        for student in tqdm(_read_students(Path(args.input)), desc="students", unit="", disable=args.quiet):
+        students = _read_students(Path(args.input))
+        # a bar on a terminal only: in a log file, tqdm's carriage-return updates are noise
+        for student in tqdm(students, desc="students", unit="", disable=args.quiet or not sys.stderr.isatty()):
             try:
                 result = await tracer.score_sequences(args.model, [student])
             except InvalidInput as exc:
@@ -283,9 +306,14 @@ def cmd_score(args) -> int:
 
     try:
         n = asyncio.run(run())
-    finally:
-        if out is not sys.stdout:
+    except BaseException:
+        if partial:
             out.close()
+            partial.unlink(missing_ok=True)
+        raise
+    if partial:
+        out.close()
+        partial.replace(output)
     print(f"scored {n} students with {args.model}", file=sys.stderr)
     return 0
 
@@ -320,6 +348,7 @@ ALL_OPTIONS = {  # the family-specific options of each command (a family's entry
     "train": ("format", "valid", "day_columns", "duration_cap_s", "similarity_config"),
     "evaluate": ("format", "valid", "max_len", "banks", "day_columns", "duration_cap_s"),
 }
+TRUE = ("1", "true", "yes", "on")
 KT_FORMATS = ("three_line", "pykt", "dtransformer")
 SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 
@@ -375,7 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR or ./artifacts)")
-    serve.add_argument("--demo", action="store_true", help="train small demo artifacts first if there are none")
+    serve.add_argument("--demo", action="store_true", default=os.environ.get("NEXTSTEP_DEMO", "").lower() in TRUE,
+                       help="with no artifacts in the artifacts directory, serve the demo models bundled with the "
+                            "package (one per task; default: NEXTSTEP_DEMO=true)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (they share state through Redis)")
     serve.add_argument("--access-log", action="store_true", help="log every request (costs ~0.2 ms each)")
     serve.set_defaults(func=cmd_serve)

@@ -5,11 +5,16 @@ import contextlib
 import io
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from nextstep.cli import main
+from nextstep.demo import BUNDLED
 from nextstep.training.synthetic import write_gpcm_dataset
 
 ORDINAL_KEYS = {"categorical_accuracy", "ordinal_accuracy", "qwk", "mae", "nll"}
@@ -147,3 +152,128 @@ def test_binary_data_gets_an_auc(tmp_path):
     assert manifest["model_config"]["memory_size"] == 8  # the --config model overrides were used
     assert manifest["graphs"]["predict"]["outputs"][0]["shape"][-1] == 2
     assert "auc" in manifest["metrics"]["valid"]
+
+
+# -- faults a user meets first: a wrong model name, no torch, progress in a log file ---------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+HIDE_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+sys.meta_path.insert(0, NoTorch())
+"""
+RUN_CLI = "import sys\nfrom nextstep.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def _cli(argv: list[str], *, without_torch: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """`nextstep ARGV` in a fresh interpreter (optionally with torch unimportable), output captured."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("NEXTSTEP_")}, "PYTHONPATH": str(ROOT)}
+    code = (HIDE_TORCH if without_torch else "") + RUN_CLI
+    kwargs.setdefault("capture_output", True)
+    return subprocess.run([sys.executable, "-c", code, *argv], text=True, env=env, timeout=300, **kwargs)
+
+
+def _histories(path: Path, students: list[tuple[str, list[tuple[str, int]]]]) -> Path:
+    path.write_text("".join(json.dumps({"student_id": s, "events": [{"question_id": q, "response": r}
+                                                                      for q, r in events]}) + "\n"
+                            for s, events in students))
+    return path
+
+
+@pytest.mark.parametrize("model, says", [
+    ("no_such_model", "no model 'no_such_model' version 'latest'; available: deep_gpcm: demo; gru4rec: demo"),
+    ("gru4rec", "model 'gru4rec' is a next_item model, not a knowledge_tracing one"),
+    ("time_aware", "model 'time_aware' is a srs model, not a knowledge_tracing one"),
+])
+def test_score_with_an_unknown_or_wrong_task_model_is_one_line_and_leaves_no_file(tmp_path, model, says):
+    histories = _histories(tmp_path / "histories.jsonl", [("s1", [("1", 2), ("2", 3)])])
+    result = _cli(["score", str(histories), "--model", model, "--artifacts", str(BUNDLED),
+                   "--output", str(tmp_path / "scored.jsonl")])
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0, result.stderr  # one line, no traceback
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["histories.jsonl"]
+
+
+def test_score_replaces_its_output_only_when_every_student_is_scored(tmp_path):
+    good = _histories(tmp_path / "good.jsonl", [("s1", [("1", 2), ("2", 3)]), ("s2", [("17", 0)])])
+    out = tmp_path / "scored.jsonl"
+    result = _cli(["score", str(good), "--model", "deep_gpcm", "--artifacts", str(BUNDLED), "--output", str(out)])
+    assert result.returncode == 0, result.stderr
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [s["student_id"] for s in scored] == ["s1", "s2"]
+    assert "\r" not in result.stderr and "scored 2 students with deep_gpcm" in result.stderr  # no bar in a pipe
+    before = out.read_bytes()
+    bad = _histories(tmp_path / "bad.jsonl", [("s1", [("1", 2)]), ("s2", [("1", 9)])])  # 9: not a response of 4
+    result = _cli(["score", str(bad), "--model", "deep_gpcm", "--artifacts", str(BUNDLED), "--output", str(out)])
+    assert result.returncode != 0 and "student 's2'" in result.stderr and "Traceback" not in result.stderr
+    assert out.read_bytes() == before  # the earlier output is intact, not half overwritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "good.jsonl", "scored.jsonl"]
+
+
+def test_hiding_torch_works():
+    """The check below is real: in that interpreter torch cannot be imported."""
+    result = subprocess.run([sys.executable, "-c", HIDE_TORCH + "import torch"], capture_output=True, text=True)
+    assert result.returncode != 0 and "No module named 'torch' (hidden by the test)" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["train", "deep_gpcm", "--data", "nowhere"],
+                                  ["evaluate", "nowhere", "--data", "nowhere"]])
+def test_commands_that_need_torch_say_what_to_install(argv):
+    result = _cli(argv, without_torch=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"nextstep {argv[0]} needs torch" in line and "make setup" in line
+    assert "pip install -c constraints.txt torch --extra-index-url https://download.pytorch.org/whl/cpu" in line
+
+
+def test_training_progress_in_a_log_file_is_one_line_per_epoch(tmp_path):
+    """Output to a file (no terminal): one line per epoch, no progress-bar carriage returns."""
+    data = write_gpcm_dataset(tmp_path / "data", n_students=40, n_questions=10, seq_len_range=(10, 20), seed=1)
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(SMALL_MODEL))
+    log = tmp_path / "train.log"
+    with log.open("w") as f:
+        result = _cli(["train", "deep_gpcm", "--data", str(data), "--out", str(tmp_path / "artifact"), "--epochs", "3",
+                       "--config", str(config)], capture_output=False, stdout=f, stderr=subprocess.STDOUT)
+    text = log.read_text()
+    assert result.returncode == 0, text
+    assert "\r" not in text
+    epochs = [line for line in text.splitlines() if line.startswith("epoch")]
+    assert [int(line.split()[1]) for line in epochs] == [1, 2, 3], text
+    assert all("valid_nll" in line and "targets/s" in line for line in epochs)
+
+
+def test_training_progress_on_a_terminal_is_a_bar(tmp_path):
+    """On a terminal the loop keeps tqdm's bar (carriage-return updates) besides the epoch lines."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    data = write_gpcm_dataset(tmp_path / "data", n_students=40, n_questions=10, seq_len_range=(10, 20), seed=1)
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(SMALL_MODEL))
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 0 columns: tqdm draws nothing
+    with open(tmp_path / "stdout.log", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, "train", "deep_gpcm", "--data", str(data), "--out",
+                                 str(tmp_path / "artifact"), "--epochs", "2", "--config", str(config)],
+                                stdout=out, stderr=terminal, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.close(terminal)
+    shown = b""
+    while True:  # drain the terminal until the child closes it
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    assert proc.wait(timeout=300) == 0
+    os.close(controller)
+    assert b"\r" in shown and b"epoch 1/2" in shown

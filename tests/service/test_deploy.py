@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ SERVICE_DOCKERFILE = DOCKER / "service.Dockerfile"
 TRAIN_DOCKERFILE = DOCKER / "train.Dockerfile"
 # bind-mount sources the user creates (trained artifacts), not files of the repository
 RUNTIME_SOURCES = {"../artifacts"}
+CLI_VARIABLES = {"NEXTSTEP_DEMO"}  # read by `nextstep serve` (nextstep/cli.py), not by the service's Settings
 
 
 def _compose() -> dict:
@@ -158,13 +160,92 @@ def test_compose_wiring():
     assert "--appendonly" in redis["command"] and "/data" in str(redis["volumes"])
     assert ("../artifacts", "/artifacts") in _bind_mounts(api)
     assert any(v.startswith("../artifacts:/artifacts:ro") for v in api["volumes"] if isinstance(v, str))
-    assert "8000:8000" in api["ports"]
-    # every NEXTSTEP_* variable given to the service is a real setting
+    # every NEXTSTEP_* variable given to the service is a real setting (or one `nextstep serve` reads itself)
     env = {**_env(SERVICE_DOCKERFILE), **api["environment"]}
-    fields = {f"NEXTSTEP_{name.upper()}" for name in Settings.model_fields}
+    fields = {f"NEXTSTEP_{name.upper()}" for name in Settings.model_fields} | CLI_VARIABLES
     unknown = sorted(k for k in env if k.startswith("NEXTSTEP_") and k not in fields)
     assert not unknown, f"not settings of nextstep/service/settings.py: {unknown}"
     assert env["NEXTSTEP_ARTIFACTS_DIR"] == "/artifacts"
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR:-default} and ${VAR} with the given environment ($$ stays an escaped $)."""
+    def one(match: re.Match) -> str:
+        name, default = match.group(1), match.group(3)
+        return env.get(name) or (default or "")
+    return re.sub(r"(?<!\$)\$\{(\w+)(:-([^}]*))?\}", one, text)
+
+
+def test_every_image_tag_is_pinned_to_an_exact_version():
+    for name, service in _compose()["services"].items():
+        if "build" in service:
+            continue  # built here from the repository
+        image = service["image"]
+        repo, _, tag = image.rpartition(":")
+        assert repo and re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: image {image} is not pinned to x.y.z"
+
+
+def test_the_api_is_published_on_loopback_unless_told_otherwise():
+    (port,) = _compose()["services"]["api"]["ports"]
+    assert _interpolate(port, {}) == "127.0.0.1:8000:8000"
+    assert _interpolate(port, {"NEXTSTEP_BIND": "0.0.0.0"}) == "0.0.0.0:8000:8000"
+    for name, service in _compose()["services"].items():  # nothing else is published beyond loopback
+        for published in service.get("ports", []):
+            assert _interpolate(str(published), {}).startswith("127.0.0.1:"), f"{name}: {published}"
+
+
+def test_no_default_credentials():
+    compose = _compose()
+    text = COMPOSE.read_text()
+    assert not re.search(r":-\s*admin\b", text), "a default admin password"
+    grafana = compose["services"]["grafana"]
+    env = grafana["environment"]
+    assert _interpolate(env["GF_SECURITY_ADMIN_PASSWORD"], {}) == ""  # only from the environment
+    assert _interpolate(env["GF_SECURITY_ADMIN_PASSWORD"], {"GRAFANA_ADMIN_PASSWORD": "s3cret"}) == "s3cret"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # anonymous visitors only view
+    # with no password given, the entrypoint sets a random one before Grafana creates its admin user; run that
+    # shell line for real (Compose turns $$ into $) with /run.sh replaced by printing what Grafana would get
+    entrypoint = [part.replace("$$", "$") for part in grafana["entrypoint"]]
+    assert entrypoint[:2] == ["/bin/sh", "-c"] and entrypoint[2].endswith("exec /run.sh")
+    script = entrypoint[2].removesuffix("exec /run.sh") + 'printf %s "$GF_SECURITY_ADMIN_PASSWORD"'
+    passwords = [subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True,
+                                env={"PATH": "/usr/bin:/bin", "GF_SECURITY_ADMIN_PASSWORD": given}).stdout
+                 for given in ("", "", "s3cret")]
+    assert passwords[0] != passwords[1] and len(passwords[0]) >= 24 and "admin" not in passwords[:2]
+    assert passwords[2] == "s3cret"
+    api = compose["services"]["api"]["environment"]
+    assert _interpolate(api["NEXTSTEP_API_KEYS"], {}) == ""  # no built-in key either
+
+
+def test_the_api_serves_the_bundled_demo_models_when_artifacts_are_empty(tmp_path, monkeypatch):
+    """Compose's default NEXTSTEP_DEMO makes the image's command serve the demo models bundled in the package
+    (which the image installs: package data) instead of exiting and restart-looping on an empty ../artifacts."""
+    api = _compose()["services"]["api"]
+    demo_env = _interpolate(api["environment"]["NEXTSTEP_DEMO"], {})
+    instructions = _instructions(SERVICE_DOCKERFILE)
+    (cmd,) = [_exec_form(args) for keyword, args in instructions if keyword == "CMD"]
+    monkeypatch.setenv("NEXTSTEP_DEMO", demo_env)
+    assert build_parser().parse_args(cmd[1:]).demo is True
+    monkeypatch.setenv("NEXTSTEP_DEMO", _interpolate(api["environment"]["NEXTSTEP_DEMO"], {"NEXTSTEP_DEMO": "false"}))
+    assert build_parser().parse_args(cmd[1:]).demo is False
+    # the demo models are package data: a wheel of the package (what the image installs) holds them
+    import zipfile
+
+    from nextstep.demo import BUNDLED, MODELS
+    pyproject = (DOCKER.parent / "pyproject.toml").read_text()
+    assert 'nextstep = ["demo_artifacts/*/*/*"]' in pyproject
+    source = tmp_path / "source"  # the image's COPY: pyproject.toml, constraints.txt, README.md, nextstep/
+    source.mkdir()
+    for name in ("pyproject.toml", "constraints.txt", "README.md"):
+        shutil.copy2(DOCKER.parent / name, source / name)
+    shutil.copytree(DOCKER.parent / "nextstep", source / "nextstep", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(source)], check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("nextstep-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for model in MODELS:
+        for f in (BUNDLED / model / "demo").iterdir():
+            assert f"nextstep/demo_artifacts/{model}/demo/{f.name}" in names
 
 
 # -- Prometheus and Grafana ------------------------------------------------------------------------------------

@@ -1,0 +1,216 @@
+"""`make run` on a fresh checkout: `nextstep serve --demo` with an empty artifacts directory serves the demo models
+bundled in the package, one per task, without torch; the README's three curl examples answer (real process, real
+HTTP, real ONNX Runtime). And the bundle is what its documented command builds from generated data."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import onnx
+import pytest
+
+from nextstep import demo
+from nextstep.service.registry import load_artifact
+from nextstep.service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+HEALTHZ_PROMISE_S = 30.0  # the README's promise for `make run`; the measured time is printed by this test
+TASK_OF = {"kt": "knowledge_tracing", "sessions": "next_item", "srs": "srs"}
+
+# runs `nextstep` with torch unimportable: serving the demo must not need it
+WITHOUT_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+sys.meta_path.insert(0, NoTorch())
+from nextstep.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def readme_examples() -> dict[str, tuple[str, dict]]:
+    """{route prefix: (path, JSON body)} of the README's `curl -s localhost:8000/v1/...` examples."""
+    found = re.findall(r"curl -s localhost:8000(/v1/(\w+)/\S+) -H 'content-type: application/json' -d '(.*?)'",
+                       README.read_text(), flags=re.DOTALL)
+    examples = {prefix: (path, json.loads(body)) for path, prefix, body in found}
+    assert set(examples) == set(TASK_OF), f"README examples found for {sorted(examples)}"
+    return examples
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def check_answer(prefix: str, body: dict, reply: httpx.Response) -> dict:
+    assert reply.status_code == 200, reply.text
+    got = reply.json()
+    if prefix == "kt":
+        (prediction,) = got["predictions"]
+        assert prediction["question_id"] == body["predict_question_ids"][0]
+        probabilities = prediction["probabilities"]
+        assert math.isclose(sum(probabilities), 1.0, abs_tol=1e-4) and len(probabilities) == 4
+        assert got["events_absorbed"] == len(body["events"])
+    elif prefix == "sessions":
+        items = [r["item_id"] for r in got["recommendations"]]
+        assert len(items) == body["recommend_k"] and got["source"] == "model"
+        assert not {e["item_id"] for e in body["events"]} & set(items)  # the clicked item is left out
+    else:
+        prediction = got["prediction"]
+        assert math.isclose(sum(prediction["p_rating"].values()), 1.0, abs_tol=1e-4)
+        assert 0 < prediction["p_recall"] < 1 and prediction["expected_duration_s"] > 0
+        assert got["applied"] == len(body["reviews"])
+    return got
+
+
+def test_serve_demo_answers_the_readme_examples_for_all_three_tasks_without_torch(tmp_path):
+    empty = tmp_path / "artifacts"
+    empty.mkdir()
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEXTSTEP_")}  # in-process state, no keys
+    env["PYTHONPATH"] = str(ROOT)
+    log = (tmp_path / "serve.log").open("w")
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", WITHOUT_TORCH, "serve", "--demo", "--artifacts", str(empty),
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            while True:
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+                assert time.monotonic() - started < HEALTHZ_PROMISE_S, "no /healthz within the README's promise"
+                time.sleep(0.05)
+            print(f"/healthz answered {time.monotonic() - started:.1f} s after `nextstep serve --demo` started")
+            models = {m["name"]: m for m in http.get("/v1/models").json()["models"]}
+            assert {name: m["task"] for name, m in models.items()} == \
+                {"deep_gpcm": "knowledge_tracing", "gru4rec": "next_item", "time_aware": "srs"}
+            assert all(m["version"] == demo.VERSION for m in models.values())
+            for prefix, (path, body) in readme_examples().items():
+                name = path.split("/")[3]
+                assert models[name]["task"] == TASK_OF[prefix], path
+                check_answer(prefix, body, http.post(path, json=body))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+    printed = (tmp_path / "serve.log").read_text()
+    assert "serving the bundled demo models" in printed and "Traceback" not in printed
+
+
+def test_serve_without_demo_refuses_an_empty_directory(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("NEXTSTEP_")}, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "nextstep.cli", "serve", "--artifacts", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"no artifacts under {tmp_path}" in result.stderr and "--demo" in result.stderr
+
+
+def test_bundle_holds_only_what_the_service_reads_and_loads():
+    for name in demo.MODELS:
+        path = demo.BUNDLED / name / demo.VERSION
+        manifest = json.loads((path / "manifest.json").read_text())
+        wanted = {"manifest.json", *(g["onnx"] for g in manifest["graphs"].values()),
+                  *(s["file"] for s in manifest.get("state", [])), *manifest.get("vocabularies", {}).values()}
+        assert {p.name for p in path.iterdir()} == wanted, name
+        assert manifest["demo"]["built_by"] == demo.COMMAND and manifest["parity"]["passed"] is True
+        assert not any("/" in str(v) for v in manifest["data"].values()), "no paths of the machine that built it"
+        loaded = load_artifact(path)
+        assert loaded.name == name and loaded.version == demo.VERSION
+
+
+# -- the bundle is what `python -m nextstep.demo` builds --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory):
+    """The demo models built again from scratch (generated data, fixed seeds) as the documented command does."""
+    root = tmp_path_factory.mktemp("demo")
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        demo.build(root / "out", work=root / "work", log=lambda line: None)
+    finally:
+        torch.set_num_threads(threads)
+    return root
+
+
+def test_the_bundle_is_rebuilt_from_the_same_generated_data_and_settings(rebuilt):
+    for name in demo.MODELS:
+        bundled = json.loads((demo.BUNDLED / name / demo.VERSION / "manifest.json").read_text())
+        again = json.loads((rebuilt / "out" / name / demo.VERSION / "manifest.json").read_text())
+        # the data fingerprint is a hash of the generated files: the bundle came from this generator, these seeds
+        assert again["data"] == bundled["data"], name
+        for key in ("task", "family", "graphs", "state", "vocabularies", "train_config", "model_config", "demo"):
+            assert again.get(key) == bundled.get(key), (name, key)
+        assert sorted(p.name for p in (rebuilt / "out" / name / demo.VERSION).iterdir()) == \
+            sorted(p.name for p in (demo.BUNDLED / name / demo.VERSION).iterdir())
+        for vocab in bundled.get("vocabularies", {}).values():
+            assert (rebuilt / "out" / name / demo.VERSION / vocab).read_text() == \
+                (demo.BUNDLED / name / demo.VERSION / vocab).read_text()
+
+
+def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
+    """Training is seeded and single-threaded: the rebuilt models answer the README's examples as the bundle does
+    (a bundle left stale by a change to training or export fails here: rebuild it with `make demo-artifacts`)."""
+    answers = {}
+    for which, path in (("bundled", demo.BUNDLED), ("rebuilt", rebuilt / "out")):
+        with serve(Settings(artifacts_dir=path)) as url, httpx.Client(base_url=url) as http:
+            answers[which] = {prefix: check_answer(prefix, body, http.post(p, json=body))
+                              for prefix, (p, body) in readme_examples().items()}
+
+    def numbers(value, at=""):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from numbers(v, f"{at}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from numbers(v, f"{at}[{i}]")
+        elif isinstance(value, float):
+            yield at, value
+
+    for prefix in TASK_OF:
+        a, b = dict(numbers(answers["bundled"][prefix])), dict(numbers(answers["rebuilt"][prefix]))
+        assert a.keys() == b.keys() and a, prefix
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-4), (prefix, key)
+    assert [r["item_id"] for r in answers["bundled"]["sessions"]["recommendations"]] == \
+        [r["item_id"] for r in answers["rebuilt"]["sessions"]["recommendations"]]
+
+
+def test_slimming_drops_only_debug_metadata(rebuilt):
+    """The bundled graphs are the exported ones without per-node metadata: same nodes, same weights."""
+    checked = 0
+    for name in demo.MODELS:
+        exported = rebuilt / "work" / "artifacts" / name
+        for graph in json.loads((exported / "manifest.json").read_text())["graphs"].values():
+            full = onnx.load(str(exported / graph["onnx"]))
+            slim = onnx.load(str(rebuilt / "out" / name / demo.VERSION / graph["onnx"]))
+            assert [(n.op_type, list(n.input), list(n.output), [a.SerializeToString() for a in n.attribute])
+                    for n in full.graph.node] == \
+                   [(n.op_type, list(n.input), list(n.output), [a.SerializeToString() for a in n.attribute])
+                    for n in slim.graph.node]
+            assert [i.SerializeToString() for i in full.graph.initializer] == \
+                   [i.SerializeToString() for i in slim.graph.initializer]
+            assert full.graph.input == slim.graph.input and full.graph.output == slim.graph.output
+            assert not any(n.metadata_props for n in slim.graph.node)
+            assert slim.ByteSize() < full.ByteSize()
+            checked += 1
+    assert checked >= 7
