@@ -55,7 +55,7 @@ def _pin(scope, version: bytes):
     if not pin or len(pin) > 200 or not pin.isprintable() or any(c in pin for c in "/@ "):
         return problem(422, f"{PIN_HEADER}: a version directory name (printable ASCII, no '/', '@' or space, "
                        "at most 200 characters)", PIN_HEADER, "invalid-request")
-    name, at, given = parts[3].rpartition("@") if "@" in parts[3] else (parts[3], "", "")
+    name, at, given = parts[3].partition("@")
     if at and given != pin:
         return problem(422, f"{PIN_HEADER}: {pin!r} contradicts the path's pin {parts[3]!r}", PIN_HEADER,
                        "invalid-request")

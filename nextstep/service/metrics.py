@@ -55,7 +55,7 @@ class Metrics:
     def request_done(self, route: str, model: str, status: int, seconds: float) -> None:
         """One request answered: `route` a template, `model` the path's model name ("" unless loaded)."""
         if model not in self._models:
-            model = model.rpartition("@")[0]  # name@version: a pinned request
+            model = model.partition("@")[0]  # name@version: a pinned request
             if model not in self._models:
                 model = ""
         children = self._request_children.get((route, model, status))

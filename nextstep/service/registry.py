@@ -379,7 +379,7 @@ class ModelRegistry:
         model = snap.latest.get(name) if version == "latest" else None  # the fast path: no pin
         if model is None:
             if version == "latest" and "@" in name:
-                name, _, version = name.rpartition("@")
+                name, _, version = name.partition("@")
             model = self._pinned(snap, name, version)
         if task is not None and model.task != task:
             raise UnknownModel(f"model {name!r} is a {model.task} model, not a {task} one")
