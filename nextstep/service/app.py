@@ -306,7 +306,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def models(request: Request) -> dict:
         registry = request.app.state.registry
         latest = registry.latest()
-        return {"models": [{"name": m.name, "version": m.version, "latest": latest[m.name] is m, "family": m.family,
+        return {"models": [{"name": m.name, "version": m.version, "latest": latest.get(m.name) is m, "family": m.family,
                             "task": m.task, "n_cats": m.n_cats, "vocabulary": len(m.ids),
                             **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.window[0] else {}),
                             "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
@@ -333,7 +333,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = request.app.state.registry
         report: LoadReport = await asyncio.to_thread(registry.reload)
         metrics.set_models(registry.models())
-        metrics.set_refused(report.refused)
+        metrics.set_refused(registry.report.refused)  # (the registry's newest: reloads may overlap)
         metrics.reloads.labels("refused" if report.refused else "ok").inc()
         await request.app.state.tracer.banks.prepare(registry.models())
         answer = {"models": [f"{m.name}/{m.version}" for m in registry.models()], "serving": report.serving,
