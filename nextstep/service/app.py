@@ -9,8 +9,11 @@ import inspect
 import logging
 import time
 from contextlib import asynccontextmanager
+from typing import Annotated
+from urllib.parse import quote
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,7 +24,7 @@ from .banks import Banks, make_bank_store
 from .errors import KIND, STATUS, StoreUnavailable, problem
 from .kt import KnowledgeTracer
 from .metrics import Metrics
-from .registry import ModelRegistry
+from .registry import TASKS, LoadReport, ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
 from .routes import srs as srs_routes
@@ -34,6 +37,32 @@ from .state import make_store
 
 log = logging.getLogger("nextstep.service")
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
+PIN_HEADER = "X-Model-Version"
+_PINNED_PREFIXES = {"kt", "sessions", "srs", "models"}  # /v1/<prefix>/{model}/...
+
+
+def _pin(scope, version: bytes):
+    """X-Model-Version: the path's `{model}` segment becomes `name@version`, before routing, so that the routes,
+    the metrics and the registry see one form of a pin. None, or the problem to answer: a malformed version, or
+    one that contradicts a pin in the path."""
+    parts = scope["path"].split("/")
+    if len(parts) < 5 or parts[1] != "v1" or parts[2] not in _PINNED_PREFIXES:
+        return None  # no model in this path: the header means nothing here
+    try:
+        pin = version.decode("ascii")
+    except UnicodeDecodeError:
+        pin = ""
+    if not pin or len(pin) > 200 or not pin.isprintable() or any(c in pin for c in "/@ "):
+        return problem(422, f"{PIN_HEADER}: a version directory name (printable ASCII, no '/', '@' or space, "
+                       "at most 200 characters)", PIN_HEADER, "invalid-request")
+    name, at, given = parts[3].partition("@")
+    if at and given != pin:
+        return problem(422, f"{PIN_HEADER}: {pin!r} contradicts the path's pin {parts[3]!r}", PIN_HEADER,
+                       "invalid-request")
+    parts[3] = f"{name}@{pin}"
+    scope["path"] = "/".join(parts)
+    scope["raw_path"] = quote(scope["path"]).encode()
+    return None
 
 
 def _field(loc) -> str | None:
@@ -103,6 +132,11 @@ class ServiceMiddleware:
             async def receive():  # noqa: F811 - replay the buffered body
                 return {"type": "http.request", "body": body, "more_body": False}
 
+        pin = headers.get(b"x-model-version")
+        if pin is not None:  # (one dict lookup on the fast path; the pin's work only when there is one)
+            refused = _pin(scope, pin)
+            if refused is not None:
+                return await refused(scope, receive, send)
         status = None
 
         async def send_and_record(message):
@@ -181,8 +215,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads)
-        for path, error in registry.load().items():
-            log.error("artifact %s not served: %s", path, error)
+        metrics.set_refused(registry.reload().refused)  # (the registry logs each refusal)
         metrics.set_models(registry.models())
         store = make_store(settings.redis_url, ttl_seconds=settings.state_ttl_seconds,
                            max_event_ids=settings.max_event_ids)
@@ -251,16 +284,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def healthz() -> dict:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["system"], summary="Models loaded and the state store reachable")
+    @app.get("/readyz", tags=["system"], summary="Models loaded and the state store reachable; refused artifacts")
     async def readyz(request: Request):
-        models = request.app.state.registry.models()
+        registry = request.app.state.registry
+        models = registry.models()
         try:
             await asyncio.wait_for(request.app.state.store.ping(), timeout=2.0)
         except (StoreUnavailable, TimeoutError) as exc:
             return problem(503, f"state store unavailable: {exc}")
+        refused = [r.as_dict() for r in registry.report.refused]
         if not models:
-            return problem(503, f"no model loaded from {settings.artifacts_dir}")
-        return {"status": "ready", "models": len(models)}
+            return problem(503, f"no model loaded from {settings.artifacts_dir}", refused=refused)
+        # refused artifacts do not make a replica unready: what serves, serves (docs/decisions.md)
+        return {"status": "ready", "models": len(models), "serving": registry.report.serving, "refused": refused}
 
     @app.get("/metrics", tags=["system"], summary="Prometheus metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
@@ -269,18 +305,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/models", tags=["system"], summary="Loaded models: names, versions, tasks, held-out metrics")
     async def models(request: Request) -> dict:
         registry = request.app.state.registry
-        return {"models": [{"name": m.name, "version": m.version, "family": m.family, "task": m.task,
-                            "n_cats": m.n_cats, "vocabulary": len(m.ids),
+        latest = registry.latest()
+        return {"models": [{"name": m.name, "version": m.version, "latest": latest.get(m.name) is m, "family": m.family,
+                            "task": m.task, "n_cats": m.n_cats, "vocabulary": len(m.ids),
                             **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.window[0] else {}),
                             "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
-                "errors": registry.errors}
+                "refused": [r.as_dict() for r in registry.report.refused], "errors": registry.errors}
 
-    @app.post("/v1/models/reload", tags=["system"], summary="Rescan the artifacts directory")
-    async def reload(request: Request) -> dict:
+    @app.get("/v1/models/{model}/ids", tags=["system"],
+             summary="The ids a model knows (questions or items), a page at a time, and the version answering")
+    async def model_ids(request: Request, model: Annotated[str, PathParam(
+                            description="model name; `name@version` (or the X-Model-Version header) pins a version")],
+                        offset: Annotated[int, Query(ge=0, description="ids to skip")] = 0,
+                        limit: Annotated[int, Query(ge=1, le=10_000, description="ids in this page")] = 1000) -> dict:
+        m = request.app.state.registry.get(model)
+        kind = TASKS[m.task].vocabulary
+        end = min(offset + limit, len(m.ids))
+        return {"model": m.name, "version": m.version, "task": m.task, "vocabulary": kind, "total": len(m.ids),
+                "offset": offset, "limit": limit, "ids": m.ids[offset:end],
+                "next_offset": end if end < len(m.ids) else None}
+
+    @app.post("/v1/models/reload", tags=["system"], summary="Rescan the artifacts directory (409: artifacts refused)",
+              responses={409: {"description": "artifacts refused: each named with its reason; what served before "
+                                              "keeps serving (the other artifacts were loaded)",
+                               "content": {"application/problem+json": {}}}})
+    async def reload(request: Request):
         registry = request.app.state.registry
-        errors = await asyncio.to_thread(registry.load)
+        report: LoadReport = await asyncio.to_thread(registry.reload)
         metrics.set_models(registry.models())
+        metrics.set_refused(registry.report.refused)  # (the registry's newest: reloads may overlap)
+        metrics.reloads.labels("refused" if report.refused else "ok").inc()
         await request.app.state.tracer.banks.prepare(registry.models())
-        return {"models": [f"{m.name}/{m.version}" for m in registry.models()], "errors": errors}
+        answer = {"models": [f"{m.name}/{m.version}" for m in registry.models()], "serving": report.serving,
+                  "withdrawn": list(report.withdrawn), "refused": [r.as_dict() for r in report.refused]}
+        if not report.refused:
+            return {**answer, "errors": {}}
+        named = "; ".join(f"{r.model}/{r.version}: {r.reason.removeprefix(r.path + ': ')} ({r.outcome})"
+                          for r in report.refused)
+        return problem(409, f"{len(report.refused)} artifact(s) refused, the rest loaded: {named}", None,
+                       "artifact-refused", **answer)
 
     return app

@@ -2,7 +2,9 @@
 
 Every label value comes from a bounded set, so no client can grow the scrape: `route` is a route template
 (or "unmatched"), `model` the name of a model this process has loaded (any other name, e.g. the one in a
-404's path, is ""), `status` an HTTP status, `graph` and `operation` names from the code."""
+404's path, is ""; a pinned `name@version` counts under its name), `status` an HTTP status, `graph` and
+`operation` names from the code. The refused-artifact gauge's `model` and `version` are directory names under
+the artifacts directory (the operator's, not a client's)."""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -26,6 +28,11 @@ class Metrics:
         self.cas_retries = Counter("nextstep_cas_retries_total", "compare-and-set conflicts that were retried",
                                    ["model"], registry=r)
         self.models_loaded = Gauge("nextstep_models_loaded", "model versions loaded", registry=r)
+        self.artifacts_refused = Gauge("nextstep_artifacts_refused", "artifact directories the last (re)load "
+                                       "refused (1 each); kept=true: that version keeps serving the object "
+                                       "loaded before", ["model", "version", "kept"], registry=r)
+        self.reloads = Counter("nextstep_reloads_total", "POST /v1/models/reload by outcome (ok: nothing refused)",
+                               ["outcome"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
         self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request
         self.in_flight.set_function(lambda: self.serving)
@@ -39,10 +46,18 @@ class Metrics:
         self._models = frozenset(m.name for m in models)
         self.models_loaded.set(len(models))
 
+    def set_refused(self, refused) -> None:
+        """The last load's refusals (registry.Refusal): the gauge holds exactly these."""
+        self.artifacts_refused.clear()
+        for r in refused:
+            self.artifacts_refused.labels(r.model, r.version, "true" if r.kept else "false").set(1)
+
     def request_done(self, route: str, model: str, status: int, seconds: float) -> None:
         """One request answered: `route` a template, `model` the path's model name ("" unless loaded)."""
         if model not in self._models:
-            model = ""
+            model = model.partition("@")[0]  # name@version: a pinned request
+            if model not in self._models:
+                model = ""
         children = self._request_children.get((route, model, status))
         if children is None:
             children = self._request_children[(route, model, status)] = (

@@ -2,10 +2,23 @@
 
 An artifact is addressed by its directory: `name` and `version` are the two directory names (the
 manifest's own `name` and `version` are kept in `manifest`), so an operator can copy an artifact to a
-new version directory. A broken artifact is reported in `errors` and skipped; the others serve.
+new version directory.
 
 `load()` builds a complete new snapshot and swaps it in with one assignment: readers see the old set or
 the new one, never a mix, and a request holding a `LoadedModel` keeps a working model across reloads.
+A reload is all-or-nothing per artifact and never takes away what was serving:
+
+* a broken artifact is refused (`refused`: which, why, what serves instead); the version of that directory
+  that was serving keeps serving, the same LoadedModel object, and so does the model's `latest`: a model
+  never falls back to an older version because its newer one broke;
+* a model whose whole directory vanished, or none of whose versions load any more, keeps what it served
+  (each such version reported as refused); one model's fault never touches another model;
+* a version directory deleted while its model keeps other good versions is withdrawn (`withdrawn`): the
+  operator's way to take a version out of service without a restart;
+* at startup (nothing served yet) a model whose newest version is refused serves its newest good version,
+  and the refusal is reported like any other (log, `refused`, /readyz, the metric).
+
+`get("name@version")` pins a version; "name" alone is the latest good version (docs/decisions.md).
 
 No torch here: the service reads artifacts with ONNX Runtime only.
 """
@@ -173,7 +186,10 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
             name, shape, dtype = s["name"], [int(d) for d in s["shape"]], np.dtype(s["dtype"])
         except (KeyError, TypeError, ValueError) as e:
             raise fail(f"state entry {s!r} is malformed ({e})") from None
-        value = np.load(file(s.get("file", ""), f"initial state {name!r}"), allow_pickle=False)
+        try:
+            value = np.load(file(s.get("file", ""), f"initial state {name!r}"), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise fail(f"initial state {name!r} is not a readable .npy file ({e})") from None
         if list(value.shape) != shape or value.dtype != dtype:
             raise fail(f"initial state {name!r} is {value.dtype}{list(value.shape)}, manifest says {dtype}{shape}")
         value = np.array(value, order="C")  # (not ascontiguousarray: it turns 0-d into 1-d)
@@ -194,14 +210,17 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         except Exception as e:  # ORT raises its own types for unreadable or invalid models
             raise fail(f"{g} graph {onnx_path.name} does not open: {e}") from None
         actual = [(i.name, i.type) for i in session.get_inputs()]
-        declared = [(i["name"], i["dtype"]) for i in graphs[g].get("inputs", [])]
+        try:
+            declared = [(i["name"], i["dtype"]) for i in graphs[g].get("inputs", [])]
+            declared_out = [o["name"] for o in graphs[g].get("outputs", [])]
+        except (KeyError, TypeError, AttributeError):
+            raise fail(f"manifest's {g} graph inputs/outputs are not lists of {{name, dtype}}") from None
         if actual != declared:
             raise fail(f"{g} graph takes {actual}, manifest declares {declared}")
         types = dict(actual)
         for s in spec if g in task.graphs else ():  # (an optional graph, e.g. bank_project, takes no state)
             if ONNX_DTYPES.get(types.get(s["name"], "")) != s["dtype"]:
                 raise fail(f"{g} graph has no {s['dtype']} input for state {s['name']!r}")
-        declared_out = [o["name"] for o in graphs[g].get("outputs", [])]
         if [o.name for o in session.get_outputs()] != declared_out:
             raise fail(f"{g} graph outputs {[o.name for o in session.get_outputs()]}, manifest declares "
                        f"{declared_out}")
@@ -212,10 +231,13 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
     ids: list[str] = []
     kind = task.vocabulary
     if kind:
-        vocab_file = file(manifest["vocabularies"].get(kind, ""), f"{kind} vocabulary")
+        vocabularies = manifest["vocabularies"]
+        if not isinstance(vocabularies, dict):
+            raise fail(f"manifest vocabularies is not an object mapping kinds to files: {vocabularies!r}")
+        vocab_file = file(vocabularies.get(kind, ""), f"{kind} vocabulary")
         try:
             ids = [str(i) for i in json.loads(vocab_file.read_text())["ids"]]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})") from None
         if len(set(ids)) != len(ids):
             raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids")
@@ -228,56 +250,168 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """An artifact directory the last load refused, and what serves in its place."""
+
+    model: str  # <artifacts_dir>/<model>/<version>/
+    version: str
+    path: str
+    reason: str  # names the directory and the fault
+    kept: bool  # the version was serving and keeps serving (the object loaded before)
+    serving: str | None  # the model's latest version serving now; None: the model is not served
+
+    @property
+    def outcome(self) -> str:
+        return (f"{self.model}/{self.version} keeps serving" if self.kept else
+                f"{self.model} serves version {self.serving}" if self.serving else f"{self.model} is not served")
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "version": self.version, "path": self.path, "reason": self.reason,
+                "kept": self.kept, "serving": self.serving, "outcome": self.outcome}
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What one load did: the refusals (see the module's docstring), the versions withdrawn (their directories
+    deleted while the model keeps other versions), and each model's latest version after it."""
+
+    refused: tuple[Refusal, ...]
+    withdrawn: tuple[str, ...]  # "name/version"
+    serving: dict[str, str]  # name -> latest version
+
+    @property
+    def errors(self) -> dict[str, str]:
+        """{artifact dir: what is wrong}, as load() has always returned."""
+        return {r.path: r.reason for r in self.refused}
+
+
+@dataclass(frozen=True)
 class _Snapshot:
     models: dict[str, dict[str, LoadedModel]]  # name -> version -> model
-    latest: dict[str, LoadedModel]  # name -> newest version
-    errors: dict[str, str]  # artifact dir -> what is wrong
+    latest: dict[str, LoadedModel]  # name -> newest good version
+    report: LoadReport
+
+
+def _newest(versions: dict[str, LoadedModel]) -> LoadedModel:
+    return max(versions.values(), key=lambda m: (str(m.manifest["created"]), m.version))
 
 
 class ModelRegistry:
     def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1):
         self.artifacts_dir = Path(artifacts_dir)
         self.intra_op_threads = intra_op_threads
-        self._snapshot = _Snapshot({}, {}, {})
+        self._snapshot = _Snapshot({}, {}, LoadReport((), (), {}))
         self._loading = threading.Lock()  # one (re)scan at a time; readers never wait
 
+    def _scan(self) -> tuple[dict[str, dict[str, LoadedModel]], dict[str, dict[str, tuple[Path, str]]]]:
+        """(name -> version -> model opened now, name -> version -> (directory, why it was refused))."""
+        loaded: dict[str, dict[str, LoadedModel]] = {}
+        broken: dict[str, dict[str, tuple[Path, str]]] = {}
+        dirs = sorted(p for p in self.artifacts_dir.glob("*/*") if p.is_dir()) if self.artifacts_dir.is_dir() \
+            else []
+        for path in dirs:
+            if path.name.startswith(".") or path.parent.name.startswith("."):
+                continue
+            try:
+                model = load_artifact(path, intra_op_threads=self.intra_op_threads)
+            except ArtifactError as e:
+                broken.setdefault(path.parent.name, {})[path.name] = (path, str(e))
+                continue
+            except Exception as e:  # a fault load_artifact did not foresee: still this artifact's alone
+                log.exception("artifact %s: unexpected error while loading", path)
+                broken.setdefault(path.parent.name, {})[path.name] = (path, f"{path}: {type(e).__name__}: {e}")
+                continue
+            loaded.setdefault(model.name, {})[model.version] = model
+        return loaded, broken
+
     def load(self) -> dict[str, str]:
-        """(Re)scan the artifacts directory; return {artifact dir: error} for the artifacts skipped."""
+        """(Re)scan the artifacts directory; return {artifact dir: error} for the artifacts refused."""
+        return self.reload().errors
+
+    def reload(self) -> LoadReport:
+        """(Re)scan the artifacts directory and swap the result in (rules: the module's docstring)."""
         with self._loading:
+            before = self._snapshot
+            loaded, broken = self._scan()
             models: dict[str, dict[str, LoadedModel]] = {}
-            errors: dict[str, str] = {}
-            dirs = sorted(p for p in self.artifacts_dir.glob("*/*") if p.is_dir()) if self.artifacts_dir.is_dir() \
-                else []
-            for path in dirs:
-                if path.name.startswith(".") or path.parent.name.startswith("."):
-                    continue
-                try:
-                    model = load_artifact(path, intra_op_threads=self.intra_op_threads)
-                except ArtifactError as e:
-                    errors[str(path)] = str(e)
-                    log.warning("skipping artifact: %s", e)
-                    continue
-                models.setdefault(model.name, {})[model.version] = model
-            latest = {name: max(versions.values(), key=lambda m: (str(m.manifest["created"]), m.version))
-                      for name, versions in models.items()}
-            self._snapshot = _Snapshot(models, latest, errors)  # the swap: one assignment
-            return dict(errors)
+            kept: set[tuple[str, str]] = set()
+            missing: dict[tuple[str, str], Path] = {}
+            withdrawn: list[str] = []
+            for name in sorted(set(loaded) | set(before.models)):
+                versions = dict(loaded.get(name, {}))
+                old = before.models.get(name, {})
+                for version, model in old.items():  # a serving version whose directory is now broken: keep it
+                    if version in broken.get(name, {}):
+                        versions[version] = model
+                        kept.add((name, version))
+                gone = [v for v in old if v not in versions]
+                if gone and not versions:  # the model would vanish: keep all it served
+                    for version in gone:
+                        versions[version] = old[version]
+                        kept.add((name, version))
+                        missing[(name, version)] = old[version].path
+                else:
+                    withdrawn += [f"{name}/{v}" for v in sorted(gone)]
+                if versions:
+                    models[name] = versions
+            latest = {name: _newest(versions) for name, versions in models.items()}
+            refused = []
+            for name in sorted(set(broken) | {n for n, _ in missing}):
+                serving = latest[name].version if name in latest else None
+                for version, (path, reason) in sorted(broken.get(name, {}).items()):
+                    refused.append(Refusal(name, version, str(path), reason, (name, version) in kept, serving))
+                for (n, version), path in sorted(missing.items()):
+                    if n == name:
+                        refused.append(Refusal(name, version, str(path), f"{path}: directory missing", True,
+                                               serving))
+            report = LoadReport(tuple(refused), tuple(withdrawn), {n: m.version for n, m in latest.items()})
+            for r in refused:
+                log.error("artifact %s refused: %s; %s", r.path, r.reason, r.outcome)
+            for w in withdrawn:
+                log.warning("model version %s withdrawn: its directory was deleted", w)
+            self._snapshot = _Snapshot(models, latest, report)  # the swap: one assignment
+            return report
 
     def get(self, name: str, version: str = "latest", task: str | None = None) -> LoadedModel:
-        """The model of that name and version; with `task`, only a model of that task (else UnknownModel)."""
+        """The model of that name and version (`name@version` pins one too); with `task`, only a model of that
+        task (else UnknownModel, whose message lists the versions there are)."""
         snap = self._snapshot
-        model = snap.latest.get(name) if version == "latest" else snap.models.get(name, {}).get(version)
+        model = snap.latest.get(name) if version == "latest" else None  # the fast path: no pin
         if model is None:
-            available = "; ".join(f"{n}: {', '.join(sorted(v))}" for n, v in sorted(snap.models.items())) or "none"
-            raise UnknownModel(f"no model {name!r} version {version!r}; available: {available}")
+            if version == "latest" and "@" in name:
+                name, _, version = name.partition("@")
+            model = self._pinned(snap, name, version)
         if task is not None and model.task != task:
             raise UnknownModel(f"model {name!r} is a {model.task} model, not a {task} one")
+        return model
+
+    @staticmethod
+    def _pinned(snap: _Snapshot, name: str, version: str) -> LoadedModel:
+        versions = snap.models.get(name)
+        if versions is None:
+            available = "; ".join(f"{n}: {', '.join(sorted(v))}" for n, v in sorted(snap.models.items())) or "none"
+            raise UnknownModel(f"no model {name!r}; available: {available}")
+        model = snap.latest[name] if version == "latest" else versions.get(version)
+        if model is None:
+            why = next((f"; version {version!r} was refused: {r.reason}" for r in snap.report.refused
+                        if r.model == name and r.version == version), "")
+            raise UnknownModel(f"model {name!r} has no version {version!r}; available: "
+                               f"{', '.join(sorted(versions))} (latest {snap.latest[name].version}){why}")
         return model
 
     def models(self) -> list[LoadedModel]:
         snap = self._snapshot
         return [snap.models[n][v] for n in sorted(snap.models) for v in sorted(snap.models[n])]
 
+    def latest(self) -> dict[str, LoadedModel]:
+        """name -> the version served when a request names no version."""
+        return dict(self._snapshot.latest)
+
+    @property
+    def report(self) -> LoadReport:
+        """What the last load did (refusals stand until a load finds the directory good or gone)."""
+        return self._snapshot.report
+
     @property
     def errors(self) -> dict[str, str]:
-        return dict(self._snapshot.errors)
+        return self._snapshot.report.errors

@@ -220,7 +220,9 @@ def test_reload_under_load_drops_nothing_and_refuses_a_broken_artifact(artifacts
             async def reload() -> None:
                 for n in range(3):
                     shutil.copytree(art / "deep_gpcm" / "v1", root / "deep_gpcm" / f"v{n + 2}")
-                    assert (await http.post("/v1/models/reload")).status_code == 200
+                    reply = await http.post("/v1/models/reload")  # the broken artifact is refused each time
+                    assert reply.status_code == 409 and [r["version"] for r in reply.json()["refused"]] == ["broken"]
+                    assert f"deep_gpcm/v{n + 2}" in reply.json()["models"], reply.text  # the rest loaded
 
             codes, _ = await asyncio.gather(asyncio.gather(*(ask(i) for i in range(300))), reload())
             return codes

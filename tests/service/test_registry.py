@@ -220,3 +220,113 @@ def test_reload_swaps_atomically_and_old_models_keep_working(scratch):
     # the model held across the reloads (its files are gone) still answers, and the same as before
     for a, b in zip(replay(held, [("1", 3), ("2", 0)], ["4", "5"]), expected, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+# -- reloads are all-or-nothing per artifact; pins ------------------------------------------------------------
+
+def corrupt_graph(artifact: Path, graph: str = "step_predict") -> None:
+    path = artifact / f"{graph}.onnx"
+    path.write_bytes(path.read_bytes()[:200])  # a truncated protobuf
+
+
+def test_a_broken_serving_version_keeps_serving_the_object_loaded_before(scratch):
+    reg = ModelRegistry(scratch)
+    assert reg.load() == {}
+    held, attention = reg.get("deep_gpcm"), reg.get("attention_gpcm")
+    assert held.version == "2"
+    corrupt_graph(scratch / "deep_gpcm" / "2")
+
+    report = reg.reload()
+    assert [(r.model, r.version, r.kept, r.serving) for r in report.refused] == [("deep_gpcm", "2", True, "2")]
+    assert "step_predict" in report.refused[0].reason and report.refused[0].outcome == "deep_gpcm/2 keeps serving"
+    assert reg.errors == {str(scratch / "deep_gpcm" / "2"): report.refused[0].reason}
+    assert reg.get("deep_gpcm") is held and reg.get("deep_gpcm@2") is held  # no fall back to version 1
+    assert report.serving == {"attention_gpcm": "1", "deep_gpcm": "2"} and report.withdrawn == ()
+    assert reg.get("attention_gpcm") is not attention  # the others were loaded afresh, untouched by the fault
+    replay(held, [("1", 3)], ["4"])  # and the kept one still runs
+
+    shutil.copy(scratch / "deep_gpcm" / "1" / "step_predict.onnx", scratch / "deep_gpcm" / "2")  # mended
+    report = reg.reload()
+    assert report.refused == () and reg.errors == {}
+    assert reg.get("deep_gpcm").version == "2" and reg.get("deep_gpcm") is not held
+
+
+def test_a_model_whose_only_version_broke_or_whose_directory_vanished_keeps_serving(scratch):
+    reg = ModelRegistry(scratch)
+    reg.load()
+    attention = reg.get("attention_gpcm")
+    deep = {v: reg.get("deep_gpcm", v) for v in ("1", "2")}
+    (scratch / "attention_gpcm" / "1" / "manifest.json").write_text("{not json")
+    shutil.move(scratch / "deep_gpcm", scratch / ".deep_gpcm")  # the whole model directory gone
+
+    report = reg.reload()
+    assert [(r.model, r.version, r.kept) for r in report.refused] == [
+        ("attention_gpcm", "1", True), ("deep_gpcm", "1", True), ("deep_gpcm", "2", True)]
+    assert "JSON" in report.refused[0].reason and report.refused[1].reason.endswith("directory missing")
+    assert reg.get("attention_gpcm") is attention
+    assert all(reg.get("deep_gpcm", v) is m for v, m in deep.items()) and reg.get("deep_gpcm") is deep["2"]
+    assert report.withdrawn == ()
+
+
+def test_a_new_broken_version_leaves_latest_alone_and_a_deleted_one_is_withdrawn(scratch):
+    reg = ModelRegistry(scratch)
+    reg.load()
+    held = reg.get("deep_gpcm")
+    shutil.copytree(scratch / "deep_gpcm" / "2", scratch / "deep_gpcm" / "3")
+    edit_manifest(scratch / "deep_gpcm" / "3", created="3000-01-01T00:00:00Z", vocabularies=["not", "a", "dict"])
+    report = reg.reload()
+    assert [(r.version, r.kept, r.serving) for r in report.refused] == [("3", False, "2")]
+    assert "vocabularies" in report.refused[0].reason
+    assert reg.get("deep_gpcm").version == "2"
+    with pytest.raises(UnknownModel, match=r"no version '3'; available: 1, 2 \(latest 2\); version '3' was refused"):
+        reg.get("deep_gpcm@3")
+
+    shutil.rmtree(scratch / "deep_gpcm" / "3")
+    shutil.rmtree(scratch / "deep_gpcm" / "2")  # the operator takes version 2 out of service
+    report = reg.reload()
+    assert report.refused == () and report.withdrawn == ("deep_gpcm/2",) and report.serving["deep_gpcm"] == "1"
+    assert reg.get("deep_gpcm").version == "1" and held.version == "2"
+
+
+def test_at_startup_a_broken_newest_version_serves_the_newest_good_one_and_says_so(scratch):
+    corrupt_graph(scratch / "deep_gpcm" / "2", "step")
+    (scratch / "attention_gpcm" / "1" / "manifest.json").write_text("[]")
+    reg = ModelRegistry(scratch)
+    report = reg.reload()
+    assert [(r.model, r.version, r.kept, r.serving) for r in report.refused] == [
+        ("attention_gpcm", "1", False, None), ("deep_gpcm", "2", False, "1")]
+    assert [r.outcome for r in report.refused] == ["attention_gpcm is not served", "deep_gpcm serves version 1"]
+    assert reg.get("deep_gpcm").version == "1" and report.serving == {"deep_gpcm": "1"}
+    with pytest.raises(UnknownModel):
+        reg.get("attention_gpcm")
+
+
+@pytest.mark.parametrize("fault", ["vocab_not_utf8", "state_not_npy", "inputs_not_a_list", "graphs_a_string"])
+def test_faults_load_artifact_did_not_foresee_are_refusals_not_a_failed_load(scratch, fault):
+    path = scratch / "deep_gpcm" / "2"
+    manifest = json.loads((path / "manifest.json").read_text())
+    if fault == "vocab_not_utf8":
+        (path / manifest["vocabularies"]["questions"]).write_bytes(b"\xff\xfe not text")
+    elif fault == "state_not_npy":
+        (path / manifest["state"][0]["file"]).write_bytes(b"garbage")
+    elif fault == "inputs_not_a_list":
+        edit_manifest(path, graphs={g: {**v, "inputs": "x"} for g, v in manifest["graphs"].items()})
+    else:
+        edit_manifest(path, graphs="step predict step_predict")
+    reg = ModelRegistry(scratch)
+    errors = reg.load()
+    assert list(errors) == [str(path)] and errors[str(path)].startswith(str(path))
+    assert [(m.name, m.version) for m in reg.models()] == [("attention_gpcm", "1"), ("deep_gpcm", "1")]
+
+
+def test_a_pin_names_a_version_and_an_unknown_one_lists_the_versions(registry):
+    assert registry.get("deep_gpcm@1").version == "1" and registry.get("deep_gpcm@2") is registry.get("deep_gpcm")
+    assert registry.get("deep_gpcm@1", task="knowledge_tracing") is registry.get("deep_gpcm", "1")
+    assert registry.latest()["deep_gpcm"] is registry.get("deep_gpcm")
+    for pin in ("deep_gpcm@7", "deep_gpcm@", "deep_gpcm@1@1"):
+        with pytest.raises(UnknownModel, match=r"has no version .*available: 1, 2 \(latest 2\)"):
+            registry.get(pin)
+    with pytest.raises(UnknownModel, match="no model 'gru4rec'"):
+        registry.get("gru4rec@1")
+    with pytest.raises(UnknownModel, match="not a next_item one"):
+        registry.get("deep_gpcm@1", task="next_item")

@@ -22,7 +22,9 @@ async def tracer(request: Request) -> KnowledgeTracer:
 
 
 Tracer = Annotated[KnowledgeTracer, Depends(tracer)]
-ModelName = Annotated[str, Path(description="model name, e.g. deep_gpcm", examples=["deep_gpcm"])]
+ModelName = Annotated[str, Path(description="model name, e.g. deep_gpcm; deep_gpcm@1 (or the X-Model-Version "
+                                            "header) pins a version, else the latest good one",
+                                examples=["deep_gpcm"])]
 EXPLAIN = "models with memory banks (SimAKT): each inter-student head's top 5 bank entries by attention weight"
 
 

@@ -24,7 +24,9 @@ async def recommender(request: Request) -> SessionRecommender:
 
 
 Recommender = Annotated[SessionRecommender, Depends(recommender)]
-ModelName = Annotated[str, Path(description="model name, e.g. gru4rec", examples=["gru4rec"])]
+ModelName = Annotated[str, Path(description="model name, e.g. gru4rec; gru4rec@1 (or the X-Model-Version "
+                                            "header) pins a version, else the latest good one",
+                                examples=["gru4rec"])]
 SessionPath = Annotated[str, Path(min_length=1, max_length=200, description="the session id")]
 
 

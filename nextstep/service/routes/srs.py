@@ -29,7 +29,8 @@ UnixSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False, description="uni
                         AfterValidator(_seconds)]  # (the maximum checked here, to say why: milliseconds)
 UserId = Annotated[str, Field(min_length=1, max_length=200, examples=["user-42"])]
 UserPath = Annotated[str, Path(min_length=1, max_length=200, description="the user id")]
-ModelName = Annotated[str, Path(description="model name of an srs model, e.g. time_aware",
+ModelName = Annotated[str, Path(description="model name of an srs model, e.g. time_aware; time_aware@1 (or the "
+                                            "X-Model-Version header) pins a version, else the latest good one",
                                 examples=["time_aware"])]
 
 
