@@ -21,6 +21,7 @@ from .banks import Banks, make_bank_store
 from .errors import KIND, STATUS, StoreUnavailable, problem
 from .kt import KnowledgeTracer
 from .metrics import Metrics
+from .openapi import complete
 from .registry import ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
@@ -246,6 +247,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return problem(500, "internal error; the service's log has the details")
 
     app.add_exception_handler(500, internal)
+
+    def openapi() -> dict:  # FastAPI's document, completed once (openapi.py): errors, security, statuses
+        if app.openapi_schema is None:
+            app.openapi_schema = complete(FastAPI.openapi(app), OPEN_PATHS)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.get("/healthz", tags=["system"], summary="The process is alive")
     async def healthz() -> dict:
