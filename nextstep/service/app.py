@@ -9,10 +9,13 @@ import inspect
 import logging
 import time
 from contextlib import asynccontextmanager
+from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -34,7 +37,11 @@ from .srs import SpacedRepetition
 from .state import make_store
 
 log = logging.getLogger("nextstep.service")
-OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
+# the docs pages' scripts, styles and icon, served from the fastapi-offline package (no CDN: /docs works offline)
+DOCS_ASSETS, DOCS_FILES = "/docs/assets", ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js",
+                                           "favicon.png")
+OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc",
+              *(f"{DOCS_ASSETS}/{name}" for name in DOCS_FILES)}
 
 
 def _field(loc) -> str | None:
@@ -218,7 +225,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # there is none; the service's own metrics are Prometheus (/metrics), so it is on only when asked for
     otel = settings.opentelemetry
     app = Service(title="NextStep", version="0.1.0", lifespan=lifespan,
-                  telemetry={"tracing": otel, "metrics": otel, "logs": otel},
+                  telemetry={"tracing": otel, "metrics": otel, "logs": otel}, docs_url=None, redoc_url=None,
                   description="Predicts a learner's next response from state kept per learner.")
     app.state.settings, app.state.metrics = settings, metrics
     app.router.route_class = JsonRoute  # the system routes below too (Service's stack relies on it)
@@ -254,6 +261,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - Swagger UI",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+                                   swagger_ui_parameters={"validatorUrl": None})  # (its default is online)
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url=app.openapi_url, title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
 
     @app.get("/healthz", tags=["system"], summary="The process is alive")
     async def healthz() -> dict:
