@@ -9,13 +9,16 @@ import inspect
 import logging
 import time
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -24,6 +27,7 @@ from .banks import Banks, make_bank_store
 from .errors import KIND, STATUS, StoreUnavailable, problem
 from .kt import KnowledgeTracer
 from .metrics import Metrics
+from .openapi import complete
 from .registry import TASKS, LoadReport, ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
@@ -36,7 +40,11 @@ from .srs import SpacedRepetition
 from .state import make_store
 
 log = logging.getLogger("nextstep.service")
-OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc"}
+# the docs pages' scripts, styles and icon, served from the fastapi-offline package (no CDN: /docs works offline)
+DOCS_ASSETS, DOCS_FILES = "/docs/assets", ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js",
+                                           "favicon.png")
+OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc",
+              *(f"{DOCS_ASSETS}/{name}" for name in DOCS_FILES)}
 PIN_HEADER = "X-Model-Version"
 _PINNED_PREFIXES = {"kt", "sessions", "srs", "models"}  # /v1/<prefix>/{model}/...
 
@@ -250,7 +258,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # there is none; the service's own metrics are Prometheus (/metrics), so it is on only when asked for
     otel = settings.opentelemetry
     app = Service(title="NextStep", version="0.1.0", lifespan=lifespan,
-                  telemetry={"tracing": otel, "metrics": otel, "logs": otel},
+                  telemetry={"tracing": otel, "metrics": otel, "logs": otel}, docs_url=None, redoc_url=None,
                   description="Predicts a learner's next response from state kept per learner.")
     app.state.settings, app.state.metrics = settings, metrics
     app.router.route_class = JsonRoute  # the system routes below too (Service's stack relies on it)
@@ -279,6 +287,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return problem(500, "internal error; the service's log has the details")
 
     app.add_exception_handler(500, internal)
+
+    def openapi() -> dict:  # FastAPI's document, completed once (openapi.py): errors, security, statuses
+        if app.openapi_schema is None:
+            app.openapi_schema = complete(FastAPI.openapi(app), OPEN_PATHS)
+        return app.openapi_schema
+
+    app.openapi = openapi
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")  # (behind a proxy that serves the app under a prefix)
+        return get_swagger_ui_html(openapi_url=root + app.openapi_url, title=f"{app.title} - Swagger UI",
+                                   swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+                                   swagger_ui_parameters={"validatorUrl": None})  # (its default is online)
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(openapi_url=root + app.openapi_url, title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
 
     @app.get("/healthz", tags=["system"], summary="The process is alive")
     async def healthz() -> dict:

@@ -4,6 +4,7 @@
     UnknownId           422  an external id the model's vocabulary lacks      field: what the id is
     InvalidInput        422  a request the model cannot answer                field: the offending one
     TooLarge            413  more items than the settings allow               field: the list
+    UnsupportedMediaType 415 a body that is not declared application/json    field "Content-Type"
     ConcurrencyConflict 409  compare-and-set kept losing to other writers
     StoreUnavailable    503  the state store cannot be reached
 
@@ -14,6 +15,17 @@ problem document (`problem`): every 4xx and 5xx of the service has that one shap
 from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+SHOWN = 64  # at most this many characters of a value from the request go back in an error
+MAX_DETAIL = 2000  # and no problem's detail is longer than this
+
+
+def shown(value) -> str:
+    """A value from a request as an error message shows it: its repr, cut to SHOWN characters (an id may be
+    megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 
 class UnknownModel(KeyError):
@@ -29,7 +41,7 @@ class UnknownId(ValueError):
     """An external id the model's vocabulary does not hold."""
 
     def __init__(self, field: str, value):
-        super().__init__(f"unknown {field} id {value!r}: not in the model's vocabulary")
+        super().__init__(f"unknown {field} id {shown(value)}: not in the model's vocabulary")
         self.field = field
         self.value = value
 
@@ -44,6 +56,14 @@ class InvalidInput(ValueError):
 
 class TooLarge(InvalidInput):
     """More items in a request than the settings allow (HTTP 413)."""
+
+
+class UnsupportedMediaType(InvalidInput):
+    """A request body not declared as JSON (HTTP 415): missing or other Content-Type header."""
+
+    def __init__(self, content_type: str | None):
+        got = f"got {shown(content_type)}" if content_type else "the header is missing"
+        super().__init__("Content-Type", f"expected application/json; {got}")
 
 
 class ConcurrencyConflict(RuntimeError):
@@ -63,6 +83,8 @@ def problem(status: int, detail: str, field: str | None = None, kind: str | None
     """An RFC 9457 problem document: `type` (`urn:nextstep:problem:<kind>`, or about:blank when the status says it
     all), `title` (the status's phrase), `status`, `detail` (what is wrong, in words), and `field` (the offending
     request field, header or path parameter) where there is one; `extra` adds members (e.g. `errors`)."""
+    if len(detail) > MAX_DETAIL:  # (a safety net: the messages themselves show request values with `shown`)
+        detail = f"{detail[:MAX_DETAIL]}... (cut)"
     body = {"type": f"urn:nextstep:problem:{kind}" if kind else "about:blank", "title": HTTPStatus(status).phrase,
             "status": status, "detail": detail}
     if field:
@@ -72,9 +94,36 @@ def problem(status: int, detail: str, field: str | None = None, kind: str | None
 
 
 # each error's `type` in its problem document
-KIND = {UnknownModel: "unknown-model", UnknownId: "unknown-id", TooLarge: "too-large", InvalidInput: "invalid-input",
-        ConcurrencyConflict: "conflict", StoreUnavailable: "store-unavailable"}
+KIND = {UnknownModel: "unknown-model", UnknownId: "unknown-id", TooLarge: "too-large",
+        UnsupportedMediaType: "unsupported-media-type", InvalidInput: "invalid-input", ConcurrencyConflict: "conflict",
+        StoreUnavailable: "store-unavailable"}
 
 # the HTTP status of each error; a subclass comes before its base (the first match in the MRO wins)
-STATUS = {UnknownModel: 404, UnknownId: 422, TooLarge: 413, InvalidInput: 422, ConcurrencyConflict: 409,
-          StoreUnavailable: 503}
+STATUS = {UnknownModel: 404, UnknownId: 422, TooLarge: 413, UnsupportedMediaType: 415, InvalidInput: 422,
+          ConcurrencyConflict: 409, StoreUnavailable: 503}
+
+
+class ProblemError(BaseModel):
+    """One validation fault of a request."""
+
+    field: str | None = Field(description="the offending field, e.g. events[0].response; null: the whole body")
+    message: str
+    type: str = Field(description="pydantic's error type, e.g. int_type, string_too_long, json_invalid")
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document: the body of every 4xx and 5xx (media type application/problem+json)."""
+
+    type: str = Field(description="urn:nextstep:problem:<kind>, or about:blank when the status says it all")
+    title: str = Field(description="the HTTP status's phrase")
+    status: int
+    detail: str = Field(description="what is wrong, in words; request values shown cut short")
+    field: str | None = Field(None, description="the offending field, header (X-API-Key, Content-Type) or path "
+                                                "parameter, where there is one")
+    errors: list[ProblemError] | None = Field(None, description="every validation fault (422 invalid-request)")
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "type": "urn:nextstep:problem:invalid-request", "title": "Unprocessable Entity", "status": 422,
+        "detail": "events[0].response: Input should be a valid integer", "field": "events[0].response",
+        "errors": [{"field": "events[0].response", "message": "Input should be a valid integer",
+                    "type": "int_type"}]}]})

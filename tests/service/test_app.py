@@ -59,3 +59,27 @@ def test_every_error_gets_its_handlers_answer_and_is_counted(artifacts, serve):
     for route, status, n in (("unmatched", 404, 1), ("/healthz", 405, 1), ("/v1/kt/{model}/events", 404, 1),
                              ("/teapot", 418, 1), ("/bug", 500, 1)):
         assert f'nextstep_requests_total{{model="",route="{route}",status="{status}"}} {n}.0' in scrape, (route, status)
+
+
+def test_the_docs_pages_work_offline_and_without_an_api_key(artifacts, serve):
+    import json
+    import re
+    from pathlib import Path
+
+    art, _ = artifacts
+    committed = json.loads((Path(__file__).resolve().parents[2] / "openapi" / "openapi.json").read_text())
+    with serve(Settings(artifacts_dir=art, api_keys=["k"])) as url, httpx.Client(base_url=url) as http:
+        assert http.get("/v1/models").status_code == 401  # the keys are on
+        assert http.get("/openapi.json").json() == committed
+        pages = {"/docs": ("swagger-ui-bundle.js", "swagger-ui.css"), "/redoc": ("redoc.standalone.js",)}
+        for page, needs in pages.items():
+            html = http.get(page)
+            assert html.status_code == 200 and html.headers["content-type"].startswith("text/html"), page
+            assert not re.search(r"(https?:)?//[a-z0-9]", html.text, re.I), f"{page} names an external URL"
+            assets = re.findall(r'(?:src|href)="([^"]+)"', html.text)
+            assert all(any(a.endswith(n) for a in assets) for n in needs), (page, assets)
+            for asset in assets:
+                got = http.get(asset)
+                assert got.status_code == 200 and len(got.content) > 1000, (page, asset, got.status_code)
+            assert "'/openapi.json'" in html.text or '"/openapi.json"' in html.text, page
+        assert http.get("/docs/assets/nothing.js").status_code == 401  # only the listed files are open

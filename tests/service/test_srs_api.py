@@ -528,3 +528,36 @@ def test_no_server_errors_on_the_srs_routes(case, srs_url):
         case.path_parameters["model"] = "time_aware"
     response = case.call(base_url=srs_url, timeout=30)
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
+
+
+ODD_IDS = ["org/42", "org%2F42", "a b", "50%", "?x=1#y&z", "/lead", "trail/", "a//b", ".", "..",
+           "ünï/çødé ✓", "x" * 200]
+
+
+def encoded(entity_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(entity_id, safe="").replace(".", "%2E")
+
+
+def test_any_user_id_round_trips_through_write_read_and_delete(srs_model, redis_url, serve):
+    art, _ = srs_model
+    with serve(Settings(artifacts_dir=art, redis_url=redis_url)) as url, httpx.Client(base_url=url) as http:
+        for n, uid in enumerate(ODD_IDS):
+            reviews = [{"card_id": "card/1", "time": T0 + i * DAY, "rating": 3} for i in range(n % 3 + 1)]
+            written = http.post("/v1/srs/time_aware/reviews", json={"user_id": uid, "reviews": reviews})
+            assert written.status_code == 200 and written.json()["user_id"] == uid, written.text
+        assert http.get("/v1/srs/time_aware/users/org/42").json()["reviews_total"] == 1  # a "/" left as it is
+        for n, uid in enumerate(ODD_IDS):
+            read = http.get(f"/v1/srs/time_aware/users/{encoded(uid)}")
+            assert read.status_code == 200, (uid, read.text)
+            assert read.json()["user_id"] == uid and read.json()["reviews_total"] == n % 3 + 1, (uid, read.json())
+        for uid in ODD_IDS:
+            gone = http.delete(f"/v1/srs/time_aware/users/{encoded(uid)}")
+            assert gone.status_code == 200 and gone.json() == {"user_id": uid, "deleted": True}, (uid, gone.text)
+            assert http.get(f"/v1/srs/time_aware/users/{encoded(uid)}").json()["exists"] is False, uid
+        for reply in (http.post("/v1/srs/time_aware/predict", json={"user_id": "x" * 201, "card_id": "c"}),
+                      http.get(f"/v1/srs/time_aware/users/{'x' * 201}"),
+                      http.delete(f"/v1/srs/time_aware/users/{'x' * 201}")):
+            assert reply.status_code == 422 and reply.json()["field"] == "user_id", reply.text
+            assert "x" * 201 not in reply.text

@@ -1,23 +1,66 @@
-"""What every route module shares: strict request bodies, the per-request size limits, and `JsonRoute`, the
-route class of every route (the fast path of routes that take a JSON body)."""
+"""What every route module shares: strict request bodies, ids, the per-request size limits, the error answers
+routes declare, and `JsonRoute`, the route class of every route (the fast path of routes that take a JSON body)."""
 
 import asyncio
 import contextlib
 import email.message
 import functools
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Path, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, ValidationError
 from pydantic_core import to_json
 
-from ..errors import TooLarge
+from ..errors import TooLarge, UnsupportedMediaType
+
+MAX_ID = 200  # characters of any id: students, sessions, users, questions, items, cards, decks, events
+
+# An id is opaque: any string of 1 to MAX_ID characters (in a path, percent-encoded: "org/42" -> org%2F42), or an
+# integer id as JSON numbers carry it, bounded like a string one ("12" and 12 are the same id)
+IdText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_ID)]
+Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+ExternalId = IdText | Int64
+EventId = Annotated[StrictStr | None, Field(max_length=MAX_ID, description="replays of an id are applied once")]
+
+
+def path_id(what: str) -> Path:
+    """An id as the last path segment(s) of a route (declared `{name:path}`, so an id may hold "/")."""
+    return Path(min_length=1, max_length=MAX_ID,
+                description=f"the {what} id, 1 to {MAX_ID} characters, percent-encoded (org/42 -> org%2F42)")
 
 
 class Strict(BaseModel):
-    """A request body that refuses unknown fields (a typo is a 422, not silently ignored)."""
+    """A request body that refuses unknown fields (a typo is a 422, not silently ignored) and converts nothing:
+    true is not 1, 1 is not true, "1.5" is not a number (strict mode; an integer is still a valid float)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# what each error status of the API means; routes list theirs with `problems(...)`, and openapi.py adds 401 to
+# every protected route and 413, 415 and 422 to every route that takes a body
+PROBLEMS = {
+    401: "Missing or invalid X-API-Key header (when the service has API keys).",
+    404: "No loaded model of that name for this task.",
+    409: "Other writers to the same entity kept winning the compare-and-set; retrying is safe.",
+    413: "The body is over the size limit, or a list has more items than a request may.",
+    415: "The Content-Type header is missing or not application/json.",
+    422: "The request is not valid: `field` names the offending one (every fault under `errors`); invalid JSON, "
+         "unknown ids and values the model cannot take are 422 too.",
+    503: "The state store cannot be reached (or refused the write); nothing was changed.",
+}
+
+
+def problems(*statuses: int) -> dict:
+    """A route's `responses`: each status with what it means (openapi.py gives each the Problem schema)."""
+    return {status: {"description": PROBLEMS[status]} for status in statuses}
+
+
+def answer(example: dict, *statuses: int) -> dict:
+    """A route's `responses`: an example of its 200 answer, and `problems(*statuses)`."""
+    return {200: {"description": "Successful Response", "content": {"application/json": {"example": example}}},
+            **problems(*statuses)}
 
 
 def too_many(field: str, n: int, limit: int) -> None:
@@ -26,11 +69,10 @@ def too_many(field: str, n: int, limit: int) -> None:
 
 
 def _json(content_type: str | None) -> bool:
-    """Whether FastAPI reads a body of this content type as JSON (a missing one: no, strict_content_type)."""
+    """Whether a body of this content type is JSON: application/json, or application/*+json, with any
+    parameters (a missing one: no, on every route)."""
     if not content_type:
         return False
-    if content_type == "application/json":  # (what clients send; the rest parsed as FastAPI does)
-        return True
     message = email.message.Message()
     message["content-type"] = content_type
     subtype = message.get_content_subtype()
@@ -43,15 +85,21 @@ class JsonRoute(APIRoute):
     raw body is validated by pydantic-core in one call against the route's own body model, the endpoint itself
     is called (path parameters as the router matched them, its `Request`, and its dependencies, each an
     `async def` of the request alone), and its answer is encoded by pydantic-core. Errors the endpoint raises
-    go to the app's exception handlers, as on the regular path. Anything unusual (not JSON, a body that does
-    not validate) takes FastAPI's regular handling, from the same bytes, so every 4xx is the one FastAPI
-    gives. A route outside this pattern (no body, other parameters) is handled by FastAPI alone. Every API route
-    of the app is a JsonRoute (app.Service relies on it)."""
+    go to the app's exception handlers, as on the regular path. A body not declared JSON is a 415 and one that
+    does not validate a 422 (`invalid`: FastAPI's validation error, with the same fields), with no second parse.
+    A route outside this pattern (no body, other parameters) is handled by FastAPI alone, after the same
+    content-type check where it takes a body. Every API route of the app is a JsonRoute (app.Service relies
+    on it)."""
 
     async def handle(self, scope, receive, send) -> None:
         plan = self._fast
+        content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
         if plan is None or scope["method"] not in self.methods:
+            if self._takes_body and scope["method"] in self.methods:
+                self._check(content_type)
             return await self._regular(scope, receive, send)
+        if content_type != b"application/json":  # (what clients send: the one comparison on the fast path)
+            self._check(content_type)
         chunks, more = [], True
         while more:
             message = await receive()
@@ -61,21 +109,10 @@ class JsonRoute(APIRoute):
             more = message.get("more_body", False)
         body = b"".join(chunks)
         endpoint, body_model, body_name, path_names, request_name, dependencies = plan
-        parsed = None
-        if _json(next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"), None)):
-            with contextlib.suppress(ValidationError):
-                parsed = body_model.model_validate_json(body)
-        if parsed is None:  # FastAPI answers it, from the same bytes
-            replayed = False
-
-            async def replay():
-                nonlocal replayed
-                if replayed:  # then what the server says next (a disconnect)
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            return await self._regular(scope, replay, send)
+        try:
+            parsed = body_model.model_validate_json(body)
+        except ValidationError as exc:
+            raise invalid(exc, body) from None
         request = Request(scope, receive)
         kwargs = {name: scope["path_params"][name] for name in path_names}
         kwargs[body_name] = parsed
@@ -88,6 +125,16 @@ class JsonRoute(APIRoute):
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+
+    @staticmethod
+    def _check(content_type: bytes | None) -> None:
+        text = content_type.decode("latin-1") if content_type is not None else None
+        if not _json(text):
+            raise UnsupportedMediaType(text)
+
+    @functools.cached_property
+    def _takes_body(self) -> bool:
+        return bool(self.dependant.body_params)
 
     async def _regular(self, scope, receive, send) -> None:
         """FastAPI's own handling, with the exit stack its middleware stack would have put in the scope (it closes
@@ -122,3 +169,26 @@ class JsonRoute(APIRoute):
             dependencies.append((sub.name, sub.call))
         return (self.endpoint, body.field_info.annotation, body.name, [p.name for p in d.path_params],
                 d.request_param_name, dependencies)
+
+
+def invalid(exc: ValidationError, body: bytes) -> RequestValidationError:
+    """A body's validation error as FastAPI's (locations under "body"); a body that is not JSON at all is one
+    error on `body` saying why: empty, not UTF-8, nested too deeply, or where the JSON breaks."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    if errors and errors[0]["type"] == "json_invalid":
+        reason = str(exc.errors(include_url=False)[0].get("ctx", {}).get("error", "")) or errors[0]["msg"]
+        try:
+            body.decode("utf-8")
+            utf8 = True
+        except UnicodeDecodeError as bad:
+            utf8, reason = False, f"the body is not valid UTF-8 (byte {bad.start})"
+        if not body.strip():
+            message = "the body is empty: expected a JSON object"
+        elif not utf8:
+            message = reason
+        elif "recursion limit" in reason:
+            message = f"the JSON is nested too deeply ({reason})"
+        else:
+            message = f"the body is not valid JSON: {reason}"
+        return RequestValidationError([{"loc": ("body",), "msg": message, "type": "json_invalid"}])
+    return RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])

@@ -3,17 +3,19 @@
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import ConfigDict, Field, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
 from ..kt import Event, KnowledgeTracer
-from .common import JsonRoute, Strict, too_many
+from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, answer, path_id, too_many
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
 
-Id = Annotated[StrictStr | StrictInt,
-               Field(description="an external id as the app knows it (string or integer; not true, not 1.0)")]
-StudentId = Annotated[str, Field(min_length=1, max_length=200, examples=["student-42"])]
-StudentPath = Annotated[str, Path(min_length=1, max_length=200, description="the student id")]
+Id = Annotated[ExternalId, Field(description=f"a question id as the app knows it: a string of 1 to {MAX_ID} "
+                                             "characters or an integer (\"12\" and 12 are the same; not true, "
+                                             "not 1.0)")]
+StudentId = Annotated[IdText, Field(description=f"the student's id: any string of 1 to {MAX_ID} characters",
+                                    examples=["student-42"])]
+StudentPath = Annotated[str, path_id("student")]
 
 
 async def tracer(request: Request) -> KnowledgeTracer:
@@ -26,20 +28,22 @@ ModelName = Annotated[str, Path(description="model name, e.g. deep_gpcm; deep_gp
                                             "header) pins a version, else the latest good one",
                                 examples=["deep_gpcm"])]
 EXPLAIN = "models with memory banks (SimAKT): each inter-student head's top 5 bank entries by attention weight"
+Explain = Annotated[StrictBool, Field(description=EXPLAIN)]
 
 
-class EventIn(Strict):
+class KtEvent(Strict):
     question_id: Id
-    response: Annotated[int, Field(ge=0, description="ordinal response 0..K-1 (0/1 for right/wrong)")]
-    event_id: Annotated[str | None, Field(max_length=200, description="replays of an id are applied once")] = None
+    response: Annotated[StrictInt, Field(ge=0, description="ordinal response 0..K-1 (0/1 for right/wrong; an "
+                                                           "integer: true is not 1)")]
+    event_id: EventId = None
     timestamp: Annotated[float | None, Field(description="unix seconds; recorded by the app, not used")] = None
 
 
-class EventsIn(Strict):
+class KtEventsRequest(Strict):
     student_id: StudentId
-    events: Annotated[list[EventIn], Field(min_length=1)]
+    events: Annotated[list[KtEvent], Field(min_length=1)]
     predict_question_ids: Annotated[list[Id] | None, Field(description="predict these after the events")] = None
-    explain: Annotated[bool, Field(description=EXPLAIN)] = False
+    explain: Explain = False
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "student_id": "student-42",
@@ -47,51 +51,72 @@ class EventsIn(Strict):
         "predict_question_ids": ["18"]}]})
 
 
-class PredictIn(Strict):
+class KtPredictRequest(Strict):
     student_id: StudentId
     question_ids: Annotated[list[Id], Field(min_length=1)]
-    explain: Annotated[bool, Field(description=EXPLAIN)] = False
+    explain: Explain = False
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"student_id": "student-42", "question_ids": ["18", "19"]}]})
 
 
-class NextItemIn(Strict):
+class KtNextItemRequest(Strict):
     student_id: StudentId
     candidate_question_ids: Annotated[list[Id] | None, Field(description="default: every known question")] = None
     strategy: Literal["fisher", "target"] = "fisher"
     target: Annotated[float, Field(gt=0, lt=1, description="for strategy=target: wanted P(full credit)")] = 0.7
-    k: Annotated[int, Field(ge=1, le=1000)] = 10
+    k: Annotated[StrictInt, Field(ge=1, le=1000, description="how many questions to return")] = 10
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"student_id": "student-42", "strategy": "fisher", "k": 5}]})
 
 
-class BankVersionIn(Strict):
-    version: Annotated[str, Field(min_length=1, max_length=200, description="a bank version GET /banks lists")]
+class KtBankVersionRequest(Strict):
+    version: Annotated[IdText, Field(description="a bank version GET /banks lists")]
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "v2"}]})
 
 
-class SequenceIn(Strict):
+class KtSequence(Strict):
     student_id: StudentId
-    events: list[EventIn]
+    events: list[KtEvent]
     predict_question_ids: list[Id] | None = None
 
 
-class BatchIn(Strict):
-    students: Annotated[list[SequenceIn], Field(min_length=1)]
+class KtBatchRequest(Strict):
+    students: Annotated[list[KtSequence], Field(min_length=1)]
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"students": [
         {"student_id": "a", "events": [{"question_id": "17", "response": 1}], "predict_question_ids": ["18"]}]}]})
 
 
-def _events(items: list[EventIn]) -> list[Event]:
+# examples of the answers (a deep_gpcm model: four response categories, IRT parameters)
+PREDICTION = {"question_id": "18", "probabilities": [0.325, 0.348, 0.227, 0.1], "expected_response": 1.102,
+              "most_likely_response": 1, "theta": 0.286, "alpha": 0.707, "beta": [0.192, 0.89, 1.443]}
+STATE = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "state_version": 3}
+EVENTS = {**STATE, "events_absorbed": 1, "events_skipped": 0, "events_total": 3, "predictions": [PREDICTION]}
+PREDICT = {**STATE, "events_total": 3, "predictions": [PREDICTION, {**PREDICTION, "question_id": "19"}]}
+NEXT_ITEM = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "strategy": "fisher",
+             "state_version": 3, "items": [{"question_id": "7", "score": 1.035, "theta": 0.291},
+                                           {"question_id": "2", "score": 0.72, "theta": 0.294}]}
+BATCH = {"model": "deep_gpcm", "version": "1", "students": [{
+    "student_id": "a", "events": 1, "event_predictions": [{**PREDICTION, "question_id": "17"}],
+    "predictions": [PREDICTION]}]}
+SUMMARY = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "exists": True, "state_version": 3,
+           "events_total": 3, "last_update": 1767225600.0, "ability": 0.287, "ability_range": [0.272, 0.297]}
+BANKS = {"model": "simakt", "version": "1", "active": "v2", "serving": "v2", "versions": [
+    {"version": "v2", "loaded": True, "heads": {"knn": {"type": "knn", "entries": 512, "students": 40}},
+     "provenance": {"created": "2026-01-01T00:00:00Z"}}]}
+ACTIVATED = {"model": "simakt", "version": "1", "bank_version": "v2", "previous": "v1"}
+
+
+def _events(items: list[KtEvent]) -> list[Event]:
     return [Event(str(e.question_id), e.response, e.event_id) for e in items]
 
 
-@router.post("/events", summary="Fold a learner's new responses into their state (and predict)")
-async def post_events(model: ModelName, body: EventsIn, kt: Tracer, request: Request) -> dict:
+@router.post("/events", summary="Fold a learner's new responses into their state (and predict)",
+             responses=answer(EVENTS, 404, 409, 503))
+async def post_events(model: ModelName, body: KtEventsRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("events", len(body.events), settings.max_events)
     if body.predict_question_ids:
@@ -100,22 +125,25 @@ async def post_events(model: ModelName, body: EventsIn, kt: Tracer, request: Req
     return await kt.absorb(model, body.student_id, _events(body.events), ids, body.explain)
 
 
-@router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question")
-async def post_predict(model: ModelName, body: PredictIn, kt: Tracer, request: Request) -> dict:
+@router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question",
+             responses=answer(PREDICT, 404, 503))
+async def post_predict(model: ModelName, body: KtPredictRequest, kt: Tracer, request: Request) -> dict:
     too_many("question_ids", len(body.question_ids), request.app.state.settings.max_questions)
     return await kt.predict(model, body.student_id, [str(q) for q in body.question_ids], body.explain)
 
 
-@router.post("/next-item", summary="Rank questions by Fisher information or closeness to a target")
-async def post_next_item(model: ModelName, body: NextItemIn, kt: Tracer, request: Request) -> dict:
+@router.post("/next-item", summary="Rank questions by Fisher information or closeness to a target",
+             responses=answer(NEXT_ITEM, 404, 503))
+async def post_next_item(model: ModelName, body: KtNextItemRequest, kt: Tracer, request: Request) -> dict:
     if body.candidate_question_ids:
         too_many("candidate_question_ids", len(body.candidate_question_ids), request.app.state.settings.max_questions)
     candidates = [str(q) for q in body.candidate_question_ids] if body.candidate_question_ids else None
     return await kt.next_item(model, body.student_id, candidates, body.strategy, body.target, body.k)
 
 
-@router.post("/batch", summary="Stateless scoring of whole sequences (nothing is stored)")
-async def post_batch(model: ModelName, body: BatchIn, kt: Tracer, request: Request) -> dict:
+@router.post("/batch", summary="Stateless scoring of whole sequences (nothing is stored)",
+             responses=answer(BATCH, 404, 503))
+async def post_batch(model: ModelName, body: KtBatchRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("students", len(body.students), settings.max_batch_students)
     for i, s in enumerate(body.students):
@@ -125,21 +153,25 @@ async def post_batch(model: ModelName, body: BatchIn, kt: Tracer, request: Reque
     return await kt.score_sequences(model, students)
 
 
-@router.get("/students/{student_id}", summary="Summary of a learner's stored state")
+@router.get("/students/{student_id:path}", summary="Summary of a learner's stored state",
+            responses=answer(SUMMARY, 404, 422, 503))
 async def get_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return await kt.summary(model, student_id)
 
 
-@router.delete("/students/{student_id}", summary="Delete a learner's state and replay window")
+@router.delete("/students/{student_id:path}", summary="Delete a learner's state and replay window",
+               responses=answer({"student_id": "student-42", "deleted": True}, 404, 422, 503))
 async def delete_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return {"student_id": student_id, "deleted": await kt.delete(model, student_id)}
 
 
-@router.get("/banks", summary="Memory bank versions (SimAKT): the active one, entries per head, provenance")
+@router.get("/banks", summary="Memory bank versions (SimAKT): the active one, entries per head, provenance",
+            responses=answer(BANKS, 404, 503))
 async def get_banks(model: ModelName, kt: Tracer) -> dict:
     return await kt.bank_versions(model)
 
 
-@router.put("/banks/active", summary="Switch the active memory bank version (loaded before the switch)")
-async def put_active_bank(model: ModelName, body: BankVersionIn, kt: Tracer) -> dict:
+@router.put("/banks/active", summary="Switch the active memory bank version (loaded before the switch)",
+            responses=answer(ACTIVATED, 404, 503))
+async def put_active_bank(model: ModelName, body: KtBankVersionRequest, kt: Tracer) -> dict:
     return await kt.activate_bank(model, body.version)

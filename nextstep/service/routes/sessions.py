@@ -3,18 +3,19 @@
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import ConfigDict, Field, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from ..sessions import Click, SessionRecommender
-from .common import JsonRoute, Strict, too_many
+from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, answer, path_id, too_many
 
 router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"], route_class=JsonRoute)
 
-Id = Annotated[StrictStr | StrictInt,
-               Field(description="an external item id as the app knows it (string or integer; not true, not 1.0)")]
-SessionId = Annotated[str, Field(min_length=1, max_length=200, examples=["visit-7"])]
-K = Annotated[int, Field(ge=1, le=1000, description="how many items (at most the model's top_k)")]
-ExcludeSeen = Annotated[bool, Field(description="leave out items this session already clicked (its last 64)")]
+Id = Annotated[ExternalId, Field(description=f"an item id as the app knows it: a string of 1 to {MAX_ID} "
+                                             "characters or an integer (not true, not 1.0)")]
+SessionId = Annotated[IdText, Field(description=f"the session's id: any string of 1 to {MAX_ID} characters",
+                                    examples=["visit-7"])]
+K = Annotated[StrictInt, Field(ge=1, le=1000, description="how many items (at most the model's top_k)")]
+ExcludeSeen = Annotated[StrictBool, Field(description="leave out items this session already clicked (its last 64)")]
 Unknown = Annotated[Literal["error", "skip"],
                     Field(description="an item id the model does not know: a 422 (error) or left out (skip)")]
 
@@ -27,19 +28,19 @@ Recommender = Annotated[SessionRecommender, Depends(recommender)]
 ModelName = Annotated[str, Path(description="model name, e.g. gru4rec; gru4rec@1 (or the X-Model-Version "
                                             "header) pins a version, else the latest good one",
                                 examples=["gru4rec"])]
-SessionPath = Annotated[str, Path(min_length=1, max_length=200, description="the session id")]
+SessionPath = Annotated[str, path_id("session")]
 
 
-class ClickIn(Strict):
+class SessionClick(Strict):
     item_id: Id
-    event_id: Annotated[str | None, Field(max_length=200, description="replays of an id are applied once")] = None
+    event_id: EventId = None
     timestamp: Annotated[float | None, Field(description="unix seconds; recorded by the app, not used")] = None
 
 
-class ClicksIn(Strict):
+class SessionEventsRequest(Strict):
     session_id: SessionId
-    events: Annotated[list[ClickIn], Field(min_length=1)]
-    recommend_k: Annotated[int | None, Field(ge=1, le=1000, description="also recommend this many after")] = None
+    events: Annotated[list[SessionClick], Field(min_length=1)]
+    recommend_k: Annotated[StrictInt | None, Field(ge=1, le=1000, description="also recommend this many after")] = None
     exclude_seen: ExcludeSeen = True
     unknown_items: Unknown = "error"
 
@@ -47,7 +48,7 @@ class ClicksIn(Strict):
         "session_id": "visit-7", "events": [{"item_id": "214536502", "event_id": "c-1"}], "recommend_k": 5}]})
 
 
-class RecommendIn(Strict):
+class SessionRecommendRequest(Strict):
     session_id: SessionId
     k: K = 20
     exclude_seen: ExcludeSeen = True
@@ -55,13 +56,13 @@ class RecommendIn(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"session_id": "visit-7", "k": 5}]})
 
 
-class SessionIn(Strict):
-    session_id: Annotated[str | None, Field(max_length=200)] = None
+class SessionSequence(Strict):
+    session_id: Annotated[StrictStr | None, Field(max_length=MAX_ID, description="echoed in the answer")] = None
     item_ids: list[Id]
 
 
-class BatchIn(Strict):
-    sessions: Annotated[list[SessionIn], Field(min_length=1)]
+class SessionBatchRequest(Strict):
+    sessions: Annotated[list[SessionSequence], Field(min_length=1)]
     k: K = 20
     exclude_seen: ExcludeSeen = True
     unknown_items: Unknown = "error"
@@ -70,21 +71,37 @@ class BatchIn(Strict):
         "sessions": [{"session_id": "a", "item_ids": ["214536502", "214536506"]}], "k": 5}]})
 
 
-@router.post("/events", summary="Fold a session's new clicks into its state (and recommend)")
-async def post_events(model: ModelName, body: ClicksIn, rec: Recommender, request: Request) -> dict:
+# examples of the answers
+ITEMS = [{"item_id": "214536506", "score": 5.349}, {"item_id": "214536500", "score": 2.817}]
+EVENTS = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "state_version": 1, "events_absorbed": 1,
+          "events_skipped": 0, "unknown_items_skipped": 0, "events_total": 1, "recommendations": ITEMS,
+          "source": "model"}
+RECOMMEND = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "state_version": 1, "events_total": 1,
+             "source": "model", "items": ITEMS}
+BATCH = {"model": "gru4rec", "version": "1", "sessions": [{"session_id": "a", "events": 2, "source": "model",
+                                                           "items": ITEMS}]}
+SUMMARY = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "exists": True, "state_version": 1,
+           "events_total": 1, "last_update": 1767225600.0, "recent_items": ["214536502"]}
+
+
+@router.post("/events", summary="Fold a session's new clicks into its state (and recommend)",
+             responses=answer(EVENTS, 404, 409, 503))
+async def post_events(model: ModelName, body: SessionEventsRequest, rec: Recommender, request: Request) -> dict:
     too_many("events", len(body.events), request.app.state.settings.max_events)
     clicks = [Click(str(e.item_id), e.event_id) for e in body.events]
     return await rec.absorb(model, body.session_id, clicks, recommend_k=body.recommend_k,
                             exclude_seen=body.exclude_seen, unknown_items=body.unknown_items)
 
 
-@router.post("/recommend", summary="The k items the session most likely clicks next, with scores")
-async def post_recommend(model: ModelName, body: RecommendIn, rec: Recommender) -> dict:
+@router.post("/recommend", summary="The k items the session most likely clicks next, with scores",
+             responses=answer(RECOMMEND, 404, 503))
+async def post_recommend(model: ModelName, body: SessionRecommendRequest, rec: Recommender) -> dict:
     return await rec.recommend(model, body.session_id, body.k, body.exclude_seen)
 
 
-@router.post("/batch", summary="Stateless recommendations for many whole sessions (nothing is stored)")
-async def post_batch(model: ModelName, body: BatchIn, rec: Recommender, request: Request) -> dict:
+@router.post("/batch", summary="Stateless recommendations for many whole sessions (nothing is stored)",
+             responses=answer(BATCH, 404))
+async def post_batch(model: ModelName, body: SessionBatchRequest, rec: Recommender, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("sessions", len(body.sessions), settings.max_batch_students)
     for i, s in enumerate(body.sessions):
@@ -93,11 +110,13 @@ async def post_batch(model: ModelName, body: BatchIn, rec: Recommender, request:
     return await rec.score_sessions(model, sessions, body.k, body.exclude_seen, body.unknown_items)
 
 
-@router.get("/{session_id}", summary="Summary of a session's stored state")
+@router.get("/{session_id:path}", summary="Summary of a session's stored state",
+            responses=answer(SUMMARY, 404, 422, 503))
 async def get_session(model: ModelName, session_id: SessionPath, rec: Recommender) -> dict:
     return await rec.summary(model, session_id)
 
 
-@router.delete("/{session_id}", summary="Delete a session's state and replay window")
+@router.delete("/{session_id:path}", summary="Delete a session's state and replay window",
+               responses=answer({"session_id": "visit-7", "deleted": True}, 404, 422, 503))
 async def delete_session(model: ModelName, session_id: SessionPath, rec: Recommender) -> dict:
     return {"session_id": session_id, "deleted": await rec.delete(model, session_id)}

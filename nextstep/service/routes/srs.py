@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
 from ..srs import MS_LOOKING, Review, SpacedRepetition
-from .common import JsonRoute, Strict, too_many
+from .common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, path_id, too_many
 
 router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
 
@@ -17,18 +17,17 @@ def _seconds(value: float) -> float:
     return value
 
 
-NonEmpty = Annotated[StrictStr, StringConstraints(min_length=1, max_length=200)]
-Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]  # an integer id is bounded like a string one
-CardId = Annotated[NonEmpty | Int64,
-                   Field(description="the app's card id (string or integer: \"12\" and 12 are the same card)",
-                         examples=["card-17"])]
-DeckId = Annotated[Annotated[StrictStr, StringConstraints(max_length=200)] | Int64,
+CardId = Annotated[IdText | Int64,
+                   Field(description=f"the app's card id: a string of 1 to {MAX_ID} characters or an integer "
+                                     "(\"12\" and 12 are the same card)", examples=["card-17"])]
+DeckId = Annotated[Annotated[StrictStr, StringConstraints(max_length=MAX_ID)] | Int64,
                    Field(description="the card's deck (\"\": no deck; cards without a deck count as one deck)")]
 UnixSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False, description="unix time in seconds (not ms)",
                                      examples=[1767225600.0], json_schema_extra={"maximum": MS_LOOKING}),
                         AfterValidator(_seconds)]  # (the maximum checked here, to say why: milliseconds)
-UserId = Annotated[str, Field(min_length=1, max_length=200, examples=["user-42"])]
-UserPath = Annotated[str, Path(min_length=1, max_length=200, description="the user id")]
+UserId = Annotated[IdText, Field(description=f"the user's id: any string of 1 to {MAX_ID} characters",
+                                 examples=["user-42"])]
+UserPath = Annotated[str, path_id("user")]
 ModelName = Annotated[str, Path(description="model name of an srs model, e.g. time_aware; time_aware@1 (or the "
                                             "X-Model-Version header) pins a version, else the latest good one",
                                 examples=["time_aware"])]
@@ -41,7 +40,7 @@ async def service(request: Request) -> SpacedRepetition:
 Srs = Annotated[SpacedRepetition, Depends(service)]
 
 
-class ReviewIn(Strict):
+class SrsReview(Strict):
     card_id: CardId
     deck_id: DeckId = ""
     time: UnixSeconds
@@ -51,20 +50,20 @@ class ReviewIn(Strict):
     state: Annotated[StrictInt | None, Field(ge=0, le=3, description="the card's state before the review: "
                                                                       "0 new, 1 learning, 2 review, 3 relearning; "
                                                                       "null: unknown")] = None
-    event_id: Annotated[str | None, Field(max_length=200, description="replays of an id are applied once")] = None
+    event_id: EventId = None
 
 
-class QueryIn(Strict):
+class SrsQuery(Strict):
     card_id: CardId
     deck_id: DeckId = ""
     time: Annotated[UnixSeconds | None, Field(description="default: now (or the last review, if later)")] = None
 
 
-class ReviewsIn(Strict):
+class SrsReviewsRequest(Strict):
     user_id: UserId
-    reviews: Annotated[list[ReviewIn], Field(min_length=1, description="in time order, none before the user's "
+    reviews: Annotated[list[SrsReview], Field(min_length=1, description="in time order, none before the user's "
                                                                        "last stored review")]
-    predict: Annotated[QueryIn | None, Field(description="also predict this review afterwards")] = None
+    predict: Annotated[SrsQuery | None, Field(description="also predict this review afterwards")] = None
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "user_id": "user-42",
@@ -73,7 +72,7 @@ class ReviewsIn(Strict):
         "predict": {"card_id": "card-18", "deck_id": "spanish"}}]})
 
 
-class PredictIn(Strict):
+class SrsPredictRequest(Strict):
     user_id: UserId
     card_id: CardId
     deck_id: DeckId = ""
@@ -83,14 +82,14 @@ class PredictIn(Strict):
         {"user_id": "user-42", "card_id": "card-17", "deck_id": "spanish", "time": 1767312000.0}]})
 
 
-class CardIn(Strict):
+class SrsCard(Strict):
     card_id: CardId
     deck_id: DeckId = ""
 
 
-class ScheduleIn(Strict):
+class SrsScheduleRequest(Strict):
     user_id: UserId
-    cards: Annotated[list[CardIn], Field(min_length=1)]
+    cards: Annotated[list[SrsCard], Field(min_length=1)]
     desired_retention: Annotated[float, Field(gt=0, lt=1, description="the recall probability to review at")]
     now: Annotated[UnixSeconds | None, Field(description="default: now (or the last review, if later)")] = None
     horizon_days: Annotated[float, Field(gt=0, le=36500, description="search no further than this")] = 36500.0
@@ -99,35 +98,55 @@ class ScheduleIn(Strict):
         "user_id": "user-42", "cards": [{"card_id": "card-17", "deck_id": "spanish"}], "desired_retention": 0.9}]})
 
 
-def _review(r: ReviewIn) -> Review:
+# examples of the answers
+PREDICTION = {"card_id": "card-17", "deck_id": "spanish", "time": 1767312000.0,
+              "p_rating": {"1": 0.053, "2": 0.216, "3": 0.416, "4": 0.315}, "p_recall": 0.947,
+              "expected_duration_s": 5.8, "history_used": 1, "card_reviews": 1}
+USER = {"user_id": "user-42", "model": "time_aware", "version": "1"}
+REVIEWS = {**USER, "applied": 1, "replayed": 0, "reviews_total": 1, "last_review_time": 1767225600.0,
+           "state_version": 1, "prediction": {**PREDICTION, "card_id": "card-18", "card_reviews": 0}}
+PREDICT = {**USER, "reviews_total": 1, **PREDICTION}
+SCHEDULE = {**USER, "now": 1767312000.0, "desired_retention": 0.9, "horizon_days": 36500.0, "reviews_total": 1,
+            "cards": [{"card_id": "card-17", "deck_id": "spanish", "status": "scheduled", "due": 1767657600.0,
+                       "interval_days": 4.0, "p_recall_at_due": 0.9, "expected_duration_s": 5.9}]}
+SUMMARY = {**USER, "exists": True, "reviews_total": 1, "last_review_time": 1767225600.0, "cards": 1,
+           "state_version": 1, "last_update": 1767225601.0}
+
+
+def _review(r: SrsReview) -> Review:
     return Review(card_id=str(r.card_id), time=r.time, rating=r.rating, deck_id=str(r.deck_id), duration=r.duration,
                   state=r.state, event_id=r.event_id)
 
 
-@router.post("/reviews", summary="Record a user's reviews (and predict a review afterwards)")
-async def post_reviews(model: ModelName, body: ReviewsIn, srs: Srs, request: Request) -> dict:
+@router.post("/reviews", summary="Record a user's reviews (and predict a review afterwards)",
+             responses=answer(REVIEWS, 404, 409, 503))
+async def post_reviews(model: ModelName, body: SrsReviewsRequest, srs: Srs, request: Request) -> dict:
     too_many("reviews", len(body.reviews), request.app.state.settings.max_events)
     query = (str(body.predict.card_id), str(body.predict.deck_id), body.predict.time) if body.predict else None
     return await srs.add_reviews(model, body.user_id, [_review(r) for r in body.reviews], query)
 
 
-@router.post("/predict", summary="P(rating), P(recall) and expected answer time of a review of one card")
-async def post_predict(model: ModelName, body: PredictIn, srs: Srs) -> dict:
+@router.post("/predict", summary="P(rating), P(recall) and expected answer time of a review of one card",
+             responses=answer(PREDICT, 404, 503))
+async def post_predict(model: ModelName, body: SrsPredictRequest, srs: Srs) -> dict:
     return await srs.predict(model, body.user_id, str(body.card_id), str(body.deck_id), body.time)
 
 
-@router.post("/schedule", summary="When each card's predicted recall falls to the desired retention")
-async def post_schedule(model: ModelName, body: ScheduleIn, srs: Srs, request: Request) -> dict:
+@router.post("/schedule", summary="When each card's predicted recall falls to the desired retention",
+             responses=answer(SCHEDULE, 404, 503))
+async def post_schedule(model: ModelName, body: SrsScheduleRequest, srs: Srs, request: Request) -> dict:
     too_many("cards", len(body.cards), request.app.state.settings.srs_max_schedule_cards)
     return await srs.schedule(model, body.user_id, [(str(c.card_id), str(c.deck_id)) for c in body.cards],
                               body.desired_retention, body.now, body.horizon_days)
 
 
-@router.get("/users/{user_id}", summary="Summary of a user's stored reviews")
+@router.get("/users/{user_id:path}", summary="Summary of a user's stored reviews",
+            responses=answer(SUMMARY, 404, 422, 503))
 async def get_user(model: ModelName, user_id: UserPath, srs: Srs) -> dict:
     return await srs.summary(model, user_id)
 
 
-@router.delete("/users/{user_id}", summary="Delete a user's reviews and replay window")
+@router.delete("/users/{user_id:path}", summary="Delete a user's reviews and replay window",
+               responses=answer({"user_id": "user-42", "deleted": True}, 404, 422, 503))
 async def delete_user(model: ModelName, user_id: UserPath, srs: Srs) -> dict:
     return {"user_id": user_id, "deleted": await srs.delete(model, user_id)}
