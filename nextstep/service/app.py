@@ -32,7 +32,7 @@ from .registry import TASKS, LoadReport, ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
 from .routes import srs as srs_routes
-from .routes.common import JsonRoute
+from .routes.common import JsonRoute, answer
 from .runtime import Engines
 from .sessions import SessionRecommender
 from .settings import Settings
@@ -345,7 +345,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "refused": [r.as_dict() for r in registry.report.refused], "errors": registry.errors}
 
     @app.get("/v1/models/{model}/ids", tags=["system"],
-             summary="The ids a model knows (questions or items), a page at a time, and the version answering")
+             summary="The ids a model knows (questions or items), a page at a time, and the version answering",
+             responses=answer({"model": "deep_gpcm", "version": "2", "task": "knowledge_tracing",
+                               "vocabulary": "questions", "total": 3, "offset": 0, "limit": 2, "ids": ["17", "18"],
+                               "next_offset": 2}, 404))
     async def model_ids(request: Request, model: Annotated[str, PathParam(
                             description="model name; `name@version` (or the X-Model-Version header) pins a version")],
                         offset: Annotated[int, Query(ge=0, description="ids to skip")] = 0,

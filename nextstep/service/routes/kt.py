@@ -110,12 +110,28 @@ BANKS = {"model": "simakt", "version": "1", "active": "v2", "serving": "v2", "ve
 ACTIVATED = {"model": "simakt", "version": "1", "bank_version": "v2", "previous": "v1"}
 
 
+# what each IRT output means (the OpenAPI descriptions of the routes that return them, and the README, say this)
+IRT_OUTPUTS = """GPCM models (deep_gpcm, attention_gpcm, coral_gpcm) give, per question q asked about:
+
+* `theta`: the learner's ability **as it bears on q**. The model reads its memory of the learner at q's
+  concepts (attention over memory slots from q's embedding) and maps that read-out, and only it, to theta; two
+  questions on different concepts therefore get different thetas from the same state. It is the person
+  parameter of q's GPCM, on the scale of q's `beta`: P(Y = k) is proportional to exp(sum over j < k of
+  alpha (theta - beta_j)).
+* `alpha`: q's discrimination for this learner's state (> 0); `beta`: q's K - 1 ordered category thresholds,
+  from q alone (the same for every learner).
+
+The learner's one overall ability is `ability` on `GET /v1/kt/{model}/students/{id}`: the mean of theta over
+every question the model knows, with its range (`ability_range`). Right/wrong models without IRT outputs (dkt,
+simakt) give probabilities only."""
+
+
 def _events(items: list[KtEvent]) -> list[Event]:
     return [Event(str(e.question_id), e.response, e.event_id) for e in items]
 
 
 @router.post("/events", summary="Fold a learner's new responses into their state (and predict)",
-             responses=answer(EVENTS, 404, 409, 503))
+             description=IRT_OUTPUTS, responses=answer(EVENTS, 404, 409, 503))
 async def post_events(model: ModelName, body: KtEventsRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("events", len(body.events), settings.max_events)
@@ -126,14 +142,14 @@ async def post_events(model: ModelName, body: KtEventsRequest, kt: Tracer, reque
 
 
 @router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question",
-             responses=answer(PREDICT, 404, 503))
+             description=IRT_OUTPUTS, responses=answer(PREDICT, 404, 503))
 async def post_predict(model: ModelName, body: KtPredictRequest, kt: Tracer, request: Request) -> dict:
     too_many("question_ids", len(body.question_ids), request.app.state.settings.max_questions)
     return await kt.predict(model, body.student_id, [str(q) for q in body.question_ids], body.explain)
 
 
 @router.post("/next-item", summary="Rank questions by Fisher information or closeness to a target",
-             responses=answer(NEXT_ITEM, 404, 503))
+             description=IRT_OUTPUTS, responses=answer(NEXT_ITEM, 404, 503))
 async def post_next_item(model: ModelName, body: KtNextItemRequest, kt: Tracer, request: Request) -> dict:
     if body.candidate_question_ids:
         too_many("candidate_question_ids", len(body.candidate_question_ids), request.app.state.settings.max_questions)
@@ -142,7 +158,7 @@ async def post_next_item(model: ModelName, body: KtNextItemRequest, kt: Tracer, 
 
 
 @router.post("/batch", summary="Stateless scoring of whole sequences (nothing is stored)",
-             responses=answer(BATCH, 404, 503))
+             description=IRT_OUTPUTS, responses=answer(BATCH, 404, 503))
 async def post_batch(model: ModelName, body: KtBatchRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("students", len(body.students), settings.max_batch_students)
@@ -154,7 +170,7 @@ async def post_batch(model: ModelName, body: KtBatchRequest, kt: Tracer, request
 
 
 @router.get("/students/{student_id:path}", summary="Summary of a learner's stored state",
-            responses=answer(SUMMARY, 404, 422, 503))
+            description=IRT_OUTPUTS, responses=answer(SUMMARY, 404, 422, 503))
 async def get_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return await kt.summary(model, student_id)
 
