@@ -184,7 +184,7 @@ def _histories(path: Path, students: list[tuple[str, list[tuple[str, int]]]]) ->
 
 
 @pytest.mark.parametrize("model, says", [
-    ("no_such_model", "no model 'no_such_model' version 'latest'; available: deep_gpcm: demo; gru4rec: demo"),
+    ("no_such_model", "no model 'no_such_model'; available: deep_gpcm: demo; gru4rec: demo"),
     ("gru4rec", "model 'gru4rec' is a next_item model, not a knowledge_tracing one"),
     ("time_aware", "model 'time_aware' is a srs model, not a knowledge_tracing one"),
 ])
