@@ -268,3 +268,33 @@ def test_events_fast_path_answers_like_the_route(artifacts, serve):
         assert f'nextstep_requests_total{{model="deep_gpcm",{route},status="422"}} 3.0' in metrics
         # "nope" is not a loaded model: no series of its own
         assert f'nextstep_requests_total{{model="",{route},status="404"}} 1.0' in metrics
+
+
+def test_a_read_only_replica_gives_503_naming_readonly_and_still_answers_reads(artifacts, redis_process, serve):
+    """NEXTSTEP_REDIS_URL left on a replica (a failover): writes are 503 problems naming READONLY, nothing is
+    written, reads still answer."""
+    from tests.service.conftest import RedisProcess
+    from tests.service.test_state import _contents, _make_replica, _sync
+
+    art, _ = artifacts
+    body = {"student_id": "s", "events": [{"question_id": 3, "response": 1, "event_id": "e1"}]}
+    replica = RedisProcess(Path(str(redis_process.workdir) + "-replica"))
+    replica.start()
+    try:
+        with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url:
+            assert httpx.post(f"{url}/v1/kt/deep_gpcm/events", json=body).status_code == 200
+        _make_replica(replica, redis_process)
+        raw = _sync(replica.url)
+        before = _contents(raw)
+        with serve(Settings(artifacts_dir=art, redis_url=replica.url)) as url, httpx.Client(base_url=url) as http:
+            for method, path, payload in (("POST", "/v1/kt/deep_gpcm/events",
+                                           {**body, "events": [{**body["events"][0], "event_id": "e2"}]}),
+                                          ("DELETE", "/v1/kt/deep_gpcm/students/s", None)):
+                reply = http.request(method, path, json=payload)
+                assert reply.status_code == 503, reply.text
+                problem = reply.json()
+                assert problem["type"] == "urn:nextstep:problem:store-unavailable" and "READONLY" in problem["detail"]
+            assert http.get("/v1/kt/deep_gpcm/students/s").json()["events_total"] == 1
+        assert _contents(raw) == before and len(before) >= 3
+    finally:
+        replica.stop()

@@ -528,3 +528,27 @@ def test_no_server_errors_on_the_srs_routes(case, srs_url):
         case.path_parameters["model"] = "time_aware"
     response = case.call(base_url=srs_url, timeout=30)
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
+
+
+def test_a_read_only_replica_gives_503_naming_readonly(srs_model, redis_process, serve):
+    """Reviews sent to a replica: 503 naming READONLY, the user's reviews unchanged."""
+    from tests.service.conftest import RedisProcess
+    from tests.service.test_state import _make_replica
+
+    art, _ = srs_model
+    review = {"card_id": "c", "time": T0, "rating": 3}
+    replica = RedisProcess(Path(str(redis_process.workdir) + "-replica"))
+    replica.start()
+    try:
+        with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url:
+            first = {"user_id": "u", "reviews": [review]}
+            httpx.post(f"{url}/v1/srs/time_aware/reviews", json=first).raise_for_status()
+        _make_replica(replica, redis_process)
+        with serve(Settings(artifacts_dir=art, redis_url=replica.url)) as url, httpx.Client(base_url=url) as http:
+            reply = http.post("/v1/srs/time_aware/reviews",
+                              json={"user_id": "u", "reviews": [{**review, "time": T0 + 60, "card_id": "d"}]})
+            assert reply.status_code == 503 and "READONLY" in reply.json()["detail"], reply.text
+            user = http.get("/v1/srs/time_aware/users/u").json()
+            assert user["reviews_total"] == 1 and user["cards"] == 1
+    finally:
+        replica.stop()
