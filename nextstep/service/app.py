@@ -200,7 +200,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                 cas_retries=settings.cas_retries,
                                                 cold_start_model=settings.cold_start_model,
                                                 on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
-        # spaced-repetition users keep their reviews for years: their own store, no expiry unless configured
+        # spaced-repetition users keep their reviews for years: their own store and TTL (two years idle by default)
         srs_store = make_store(settings.redis_url, ttl_seconds=settings.srs_ttl_seconds or None,
                                max_event_ids=settings.max_event_ids)
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,

@@ -15,7 +15,10 @@ class Settings(BaseSettings):
     redis_url: str | None = None  # unset: the in-process store (state lives and dies with the process)
     state_ttl_seconds: float | None = Field(default=180 * 24 * 3600, gt=0)  # idle states expire
     session_ttl_seconds: float | None = Field(default=1800, gt=0)  # next-item sessions: idle timeout
-    srs_ttl_seconds: float = Field(default=0, ge=0)  # spaced-repetition users: idle expiry; 0 = never (they last years)
+    # spaced-repetition users: idle expiry, refreshed by every review they record; 0 = never. Two years: a user who
+    # reviews at all, even one card a year, keeps everything; one who has not reviewed for two years has left (and
+    # has forgotten most of it), and Redis does not fill with abandoned histories.
+    srs_ttl_seconds: float = Field(default=730 * 86400, ge=0)
     srs_max_schedule_cards: int = Field(default=100, ge=1)  # cards per srs schedule request
     cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
     max_event_ids: int = Field(default=10_000, ge=1)  # replay protection window per entity

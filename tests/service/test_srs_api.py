@@ -389,7 +389,7 @@ def test_a_knowledge_tracing_model_is_not_served_on_the_srs_routes(srs_model, ar
         assert http.post("/v1/srs/time_aware/predict", json={"user_id": "u", "card_id": "3"}).status_code == 200
 
 
-def test_state_survives_a_restart_and_never_expires_by_default(srs_model, redis_url, serve):
+def test_state_survives_a_restart_and_expires_after_two_idle_years_by_default(srs_model, redis_url, serve):
     art, _ = srs_model
     reviews = review_log(31, n=80)
     query = {"user_id": "kept", "card_id": "card-3", "deck_id": "deck-0", "time": reviews[-1]["time"] + DAY}
@@ -410,11 +410,16 @@ def test_state_survives_a_restart_and_never_expires_by_default(srs_model, redis_
 
     keys = asyncio.run(ttls("*srs:time_aware:*"))
     assert {k.rsplit("}", 1)[1] for k in keys} == {"", ":fields", ":ids", ":ring"}
-    assert set(keys.values()) == {-1}  # no expiry
+    two_years = 730 * 86400 * 1000
+    assert all(two_years - 120_000 < ttl <= two_years for ttl in keys.values()), keys  # every key, on each write
     with serve(Settings(artifacts_dir=art, redis_url=redis_url, srs_ttl_seconds=60)) as url:
         httpx.post(f"{url}/v1/srs/time_aware/reviews", json={"user_id": "kept", "reviews": [
             {"card_id": "card-1", "time": reviews[-1]["time"] + 1, "rating": 3}]}).raise_for_status()
     assert all(50_000 < ttl <= 60_000 for ttl in asyncio.run(ttls("*srs:time_aware:*")).values())
+    with serve(Settings(artifacts_dir=art, redis_url=redis_url, srs_ttl_seconds=0)) as url:  # 0: never expire
+        httpx.post(f"{url}/v1/srs/time_aware/reviews", json={"user_id": "kept", "reviews": [
+            {"card_id": "card-1", "time": reviews[-1]["time"] + 2, "rating": 3}]}).raise_for_status()
+    assert set(asyncio.run(ttls("*srs:time_aware:*")).values()) == {-1}
 
 
 def test_concurrent_reviews_are_all_applied_exactly_once(srs_model, store_url, serve):
