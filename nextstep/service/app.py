@@ -231,12 +231,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.registry, app.state.store = registry, store
         app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
                                            cas_retries=settings.cas_retries, banks=banks,
+                                           limits=settings.batch_limits(),
                                            on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # sessions expire much sooner than learners: their own store (same Redis, its own TTL)
         session_store = make_store(settings.redis_url, ttl_seconds=settings.session_ttl_seconds,
                                    max_event_ids=settings.max_event_ids)
         app.state.sessions = SessionRecommender(registry, TimedStore(session_store, metrics), engines,
-                                                cas_retries=settings.cas_retries,
+                                                cas_retries=settings.cas_retries, limits=settings.batch_limits(),
                                                 cold_start_model=settings.cold_start_model,
                                                 on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # spaced-repetition users keep their reviews for years: their own store and TTL (two years idle by default)

@@ -1,11 +1,45 @@
 """Service settings, from the environment (prefix NEXTSTEP_) or a .env file."""
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .errors import TooLarge
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What one stateless batch request (kt/batch, sessions/batch) may cost: its work is one or two graph calls per
+    event, so its events are bounded per student (or session) and in all, and the questions it predicts in all."""
+
+    events: int = 1_000  # per student or session (NEXTSTEP_MAX_EVENTS)
+    batch_events: int = 2_000  # summed over the request (NEXTSTEP_MAX_BATCH_EVENTS)
+    questions: int = 2_000  # predicted questions summed over the request (NEXTSTEP_MAX_QUESTIONS)
+
+    def check(self, listed: str, events: Sequence[int], events_field: str, questions: Sequence[int] = (),
+              questions_field: str = "") -> None:
+        """TooLarge (413) naming the first field over a limit: `listed[i].events_field` for one item, `listed` for
+        the request's total."""
+        for i, n in enumerate(events):
+            if n > self.events:
+                raise TooLarge(f"{listed}[{i}].{events_field}", f"{n} items; at most {self.events} each "
+                                                                 "(NEXTSTEP_MAX_EVENTS)")
+        if sum(events) > self.batch_events:
+            raise TooLarge(listed, f"{sum(events)} events in one batch request; at most {self.batch_events} "
+                                   "(NEXTSTEP_MAX_BATCH_EVENTS): split it into several requests")
+        if sum(questions) > self.questions:
+            i = next(i for i in range(len(questions)) if sum(questions[:i + 1]) > self.questions)
+            raise TooLarge(f"{listed}[{i}].{questions_field}", f"{sum(questions)} questions to predict in one batch "
+                                                                f"request; at most {self.questions} "
+                                                                "(NEXTSTEP_MAX_QUESTIONS)")
+
+
+DEFAULT_LIMITS = BatchLimits()
 
 
 class Settings(BaseSettings):
@@ -33,12 +67,18 @@ class Settings(BaseSettings):
     max_events: int = Field(default=1_000, ge=1)  # events per request
     max_questions: int = Field(default=2_000, ge=1)  # questions per predict / next-item request
     max_batch_students: int = Field(default=256, ge=1)  # students per stateless batch request
+    # events per batch request, all students together: one graph call per event, about 0.1 ms each, so the largest
+    # request takes a worker for a fraction of a second (docs/decisions.md)
+    max_batch_events: int = Field(default=2_000, ge=1)
     max_body_bytes: int = Field(default=2_000_000, ge=1_024)
     header_timeout_seconds: float = Field(default=10.0, gt=0)  # a request's line and headers must arrive within this
     body_timeout_seconds: float = Field(default=30.0, gt=0)  # and its body within this after them (server.py)
     cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
     bank_refresh_seconds: float = Field(default=1.0, ge=0)  # SimAKT: how stale a replica's active bank version may be
     opentelemetry: bool = False  # FastAPI's native OpenTelemetry (needs a provider); /metrics is ours
+
+    def batch_limits(self) -> BatchLimits:
+        return BatchLimits(self.max_events, self.max_batch_events, self.max_questions)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
