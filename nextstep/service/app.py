@@ -101,7 +101,7 @@ class ServiceMiddleware:
                 return None
             if self.admin_keys:
                 return problem(403, f"{scope['method']} {scope['path']} needs an admin key (NEXTSTEP_ADMIN_KEYS); "
-                                    "this key may only read and write events", "X-API-Key", "forbidden")
+                                    "this key has no admin role", "X-API-Key", "forbidden")
         client = scope.get("client")
         if is_loopback(client[0] if client else None):
             return None

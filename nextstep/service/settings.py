@@ -1,5 +1,6 @@
 """Service settings, from the environment (prefix NEXTSTEP_) or a .env file."""
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ class BatchLimits:
             raise TooLarge(listed, f"{sum(events)} events in one batch request; at most {self.batch_events} "
                                    "(NEXTSTEP_MAX_BATCH_EVENTS): split it into several requests")
         if sum(questions) > self.questions:
-            i = next(i for i in range(len(questions)) if sum(questions[:i + 1]) > self.questions)
+            i = next(i for i, n in enumerate(itertools.accumulate(questions)) if n > self.questions)
             raise TooLarge(f"{listed}[{i}].{questions_field}", f"{sum(questions)} questions to predict in one batch "
                                                                 f"request; at most {self.questions} "
                                                                 "(NEXTSTEP_MAX_QUESTIONS)")
