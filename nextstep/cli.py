@@ -201,8 +201,6 @@ def cmd_serve(args) -> int:
     artifacts there, the demo models bundled with the package (nextstep/demo.py), which need no torch."""
     for module in ("uvicorn", "fastapi", "onnxruntime"):
         require(module, "serve", "nextstep serve")
-    import uvicorn
-
     from .service.settings import Settings
 
     settings = Settings(**({"artifacts_dir": Path(args.artifacts)} if args.artifacts else {}))
@@ -220,8 +218,9 @@ def cmd_serve(args) -> int:
     os.environ["NEXTSTEP_ARTIFACTS_DIR"] = str(artifacts_dir)
     if args.workers > 1 and not settings.redis_url:
         raise SystemExit("--workers > 1 needs NEXTSTEP_REDIS_URL: in-process state cannot be shared")
-    uvicorn.run("nextstep.service.app:create_app", factory=True, host=args.host, port=args.port,
-                workers=args.workers, access_log=args.access_log, log_level="info")
+    from .service.server import run  # uvicorn with read deadlines (NEXTSTEP_HEADER/BODY_TIMEOUT_SECONDS)
+
+    run(host=args.host, port=args.port, workers=args.workers, access_log=args.access_log, settings=settings)
     return 0
 
 

@@ -34,6 +34,7 @@ from .routes import sessions as session_routes
 from .routes import srs as srs_routes
 from .routes.common import JsonRoute, answer
 from .runtime import Engines
+from .server import is_loopback
 from .sessions import SessionRecommender
 from .settings import Settings
 from .srs import SpacedRepetition
@@ -73,6 +74,22 @@ def _pin(scope, version: bytes):
     return None
 
 
+ADMIN_METHODS = {"PUT", "PATCH", "DELETE"}  # bank swaps, deletes of learners, sessions and users
+
+
+def admin_route(method: str, path: str) -> bool:
+    """Whether a request needs the admin role: every PUT, PATCH and DELETE, and POSTs under /v1/models/ (reload)."""
+    return method in ADMIN_METHODS or (method == "POST" and path.startswith("/v1/models/"))
+
+
+def _matches(given: bytes, keys: list[bytes]) -> bool:
+    """Whether `given` is one of `keys`, comparing with every key in constant time (no early exit)."""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(given, key)
+    return found
+
+
 def _field(loc) -> str | None:
     """A validation error's location as one field name: ("body", "events", 0, "response") -> events[0].response;
     ("body",), the body as a whole -> body."""
@@ -96,7 +113,7 @@ def _validation_problem(errors: list[dict]) -> JSONResponse:
 
 
 class ServiceMiddleware:
-    """The service's one middleware, as plain ASGI: API keys (constant-time compare), the body size limit, request
+    """The service's one middleware, as plain ASGI: API keys and roles (`access`), the body size limit, request
     metrics, and the app's exception handlers (errors.py's table, FastAPI's for HTTPException and validation).
     The metrics' route and model come from what the router set on this same scope (the route's template, its
     path parameter). Exceptions are mapped here, in place of Starlette's ExceptionMiddleware (`Service`): the
@@ -105,20 +122,46 @@ class ServiceMiddleware:
     def __init__(self, app, *, settings: Settings, metrics: Metrics, handlers: dict):
         self.app, self.settings, self.metrics = app, settings, metrics
         self.keys = [k.encode() for k in settings.api_keys]
+        self.admin_keys = [k.encode() for k in settings.admin_keys]
         self.classes = {k: v for k, v in handlers.items() if isinstance(k, type)}
         self.statuses = {k: v for k, v in handlers.items() if isinstance(k, int)}
+
+    def access(self, scope, given: bytes | None, admin: bool):
+        """None if the request may go on, else the problem to answer. With keys set, a request needs one (401); an
+        admin route needs an admin key (403), or, while no admin key is set, a loopback client. With no keys at
+        all, everything but the admin routes is open, and those are served to loopback clients only (403)."""
+        route = f"{scope['method']} {scope['path'][:120]}"  # (a path may be long: not echoed whole)
+        if self.keys or self.admin_keys:
+            if given is None:
+                return problem(401, "missing X-API-Key header", "X-API-Key", "unauthorized")
+            is_admin = _matches(given, self.admin_keys)
+            if not is_admin and not _matches(given, self.keys):
+                return problem(401, "invalid X-API-Key", "X-API-Key", "unauthorized")
+            if not admin or is_admin:
+                return None
+            if self.admin_keys:
+                return problem(403, f"{route} needs an admin key (NEXTSTEP_ADMIN_KEYS); "
+                                    "this key has no admin role", "X-API-Key", "forbidden")
+        client = scope.get("client")
+        if is_loopback(client[0] if client else None):
+            return None
+        return problem(403, f"{route} is an admin route: with NEXTSTEP_ADMIN_KEYS unset it "
+                            "is served to loopback clients only; set NEXTSTEP_ADMIN_KEYS and send one as X-API-Key",
+                       "NEXTSTEP_ADMIN_KEYS", "forbidden")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.keys and scope["path"] not in OPEN_PATHS:
-            given = headers.get(b"x-api-key", b"")
-            if not any(hmac.compare_digest(given, k) for k in self.keys):
-                refused = problem(401, "missing or invalid X-API-Key header", "X-API-Key", "unauthorized")
-                return await refused(scope, receive, send)
+        if scope["path"] not in OPEN_PATHS:
+            admin = admin_route(scope["method"], scope["path"])
+            if admin or self.keys or self.admin_keys:
+                refused = self.access(scope, headers.get(b"x-api-key"), admin)
+                if refused is not None:
+                    return await refused(scope, receive, send)
         limit = self.settings.max_body_bytes
         length = headers.get(b"content-length")
+
         def too_large():  # (built only when needed: this runs on every request)
             return problem(413, f"request body over {limit} bytes", "body", "too-large")
 
@@ -233,15 +276,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.registry, app.state.store = registry, store
         app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
                                            cas_retries=settings.cas_retries, banks=banks,
+                                           limits=settings.batch_limits(),
                                            on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # sessions expire much sooner than learners: their own store (same Redis, its own TTL)
         session_store = make_store(settings.redis_url, ttl_seconds=settings.session_ttl_seconds,
                                    max_event_ids=settings.max_event_ids)
         app.state.sessions = SessionRecommender(registry, TimedStore(session_store, metrics), engines,
-                                                cas_retries=settings.cas_retries,
+                                                cas_retries=settings.cas_retries, limits=settings.batch_limits(),
                                                 cold_start_model=settings.cold_start_model,
                                                 on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
-        # spaced-repetition users keep their reviews for years: their own store, no expiry unless configured
+        # spaced-repetition users keep their reviews for years: their own store and TTL (two years idle by default)
         srs_store = make_store(settings.redis_url, ttl_seconds=settings.srs_ttl_seconds or None,
                                max_event_ids=settings.max_event_ids)
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,

@@ -39,7 +39,7 @@ import numpy as np
 
 from .errors import StoreUnavailable
 from .registry import LoadedModel
-from .resp import pack
+from .resp import ReplyError, pack
 from .state import Redis
 
 log = logging.getLogger(__name__)
@@ -127,8 +127,12 @@ class RedisBankStore:
         (exists,) = await self._call("bank publish", pack(b"HEXISTS", listed, version))
         if not exists:
             pairs = [part for name, value in fields.items() for part in (name, value)]
-            await self._call("bank publish", pack(b"MULTI"), pack(b"HSET", self._key(space, f"bank:{version}"), *pairs),
-                             pack(b"HSET", listed, version, provenance), pack(b"EXEC"))
+            replies = await self._call("bank publish", pack(b"MULTI"),
+                                       pack(b"HSET", self._key(space, f"bank:{version}"), *pairs),
+                                       pack(b"HSET", listed, version, provenance), pack(b"EXEC"))
+            for reply in replies[-1]:  # (a refused command inside the transaction answers inside EXEC's reply)
+                if isinstance(reply, ReplyError):
+                    self._redis.fail("bank publish", reply)
 
     async def fetch(self, space: str, version: str, names: list[str]) -> tuple[list[bytes | None], bytes | None]:
         """(the named fields of a version, its provenance); None where absent."""

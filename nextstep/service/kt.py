@@ -24,6 +24,7 @@ from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, UnknownId, UnknownModel
 from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
 from .runtime import Engines
+from .settings import DEFAULT_LIMITS, BatchLimits
 from .state import StateStore, StoredState
 from .writes import batched
 
@@ -95,9 +96,10 @@ class KnowledgeTracer(StatefulTask):
     TASK, PREFIX = SPEC.name, "kt"
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
-                 on_retry=None, banks: Banks | None = None):
+                 on_retry=None, banks: Banks | None = None, limits: BatchLimits = DEFAULT_LIMITS):
         super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
         self.banks = banks or Banks(InProcessBankStore())
+        self.limits = limits
 
     @staticmethod
     def _bank_version(model: LoadedModel, bank: Bank | None) -> dict:
@@ -267,9 +269,14 @@ class KnowledgeTracer(StatefulTask):
                 **ability}
 
     async def score_sequences(self, model_name: str, students: list[tuple[str, list[Event], list[str] | None]]):
-        """Stateless: replay each student's whole history from the initial state; nothing is stored."""
+        """Stateless: replay each student's whole history from the initial state; nothing is stored. Each event's
+        prediction (made before the event) comes out of the previous event's step_predict call: one graph call per
+        event. Within `limits` (413 naming the field), checked before any work."""
+        self.limits.check("students", [len(events) for _, events, _ in students], "events",
+                          [len(ids or ()) for _, _, ids in students], "predict_question_ids")
         model = self.model(model_name)
         bank = await self.banks.current(model)
+        shared = bank.kv if bank else None
         results = []
         for s, (student_id, events, predict_ids) in enumerate(students):
             try:
@@ -277,18 +284,24 @@ class KnowledgeTracer(StatefulTask):
                 responses = self._responses(model, events)
             except InvalidInput as exc:
                 raise InvalidInput(f"students[{s}].{exc.field}", str(exc).split(": ", 1)[1]) from None
-            state, per_event = model.initial_state, []
+            index = question_index(model, predict_ids, f"students[{s}].predict_question_ids[]") if predict_ids \
+                else None
+            state, per_event, outputs = model.initial_state, [], None
+            if events:
+                outputs = await self._predict(model, state, questions[:1], bank)
             for i in range(len(events)):
-                q = questions[i:i + 1]
-                per_event.append(predictions(model, [events[i].question_id],
-                                             await self._predict(model, state, q, bank)))
-                state, _ = await self.fold(model, state, [{"question": q, "response": responses[i:i + 1]}],
-                                           shared=bank.kv if bank else None)
+                per_event.append(predictions(model, [events[i].question_id], outputs)[0])
+                query = questions[i + 1:i + 2] if i + 1 < len(events) else index  # the next event's, or the final
+                state, outputs = await self.fold(model, state, [{"question": questions[i:i + 1],
+                                                                 "response": responses[i:i + 1]}],
+                                                 "step_predict" if query is not None else None,
+                                                 {"questions": query[None]} if query is not None else None, shared)
             final = None
             if predict_ids:
-                index = question_index(model, predict_ids, f"students[{s}].predict_question_ids[]")
-                final = predictions(model, predict_ids, await self._predict(model, state, index, bank))
-            results.append({"student_id": student_id, "events": len(events),
-                            "event_predictions": [p[0] for p in per_event], "predictions": final})
+                if not events:
+                    outputs = await self._predict(model, state, index, bank)
+                final = predictions(model, predict_ids, outputs)
+            results.append({"student_id": student_id, "events": len(events), "event_predictions": per_event,
+                            "predictions": final})
         return {"model": model.name, "version": model.version, **self._bank_version(model, bank),
                 "students": results}

@@ -19,6 +19,7 @@ from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, UnknownId, UnknownModel
 from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
 from .runtime import Engines
+from .settings import DEFAULT_LIMITS, BatchLimits
 from .state import StateStore, StoredState
 from .writes import batched
 
@@ -45,9 +46,10 @@ class SessionRecommender(StatefulTask):
     TASK, PREFIX = SPEC.name, "sess"
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
-                 cold_start_model: str | None = None, on_retry=None):
+                 cold_start_model: str | None = None, on_retry=None, limits: BatchLimits = DEFAULT_LIMITS):
         super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
         self.cold_start_model = cold_start_model
+        self.limits = limits
 
     # ------------------------------------------------------------------ state blob: model state + seen rows
 
@@ -171,7 +173,9 @@ class SessionRecommender(StatefulTask):
 
     async def score_sessions(self, model_name: str, sessions: list[tuple[str | None, list[str]]], k: int,
                              exclude_seen: bool = True, unknown_items: str = "error") -> dict:
-        """Stateless: replay each session from the initial state and recommend after its last click."""
+        """Stateless: replay each session from the initial state and recommend after its last click. Within `limits`
+        (413 naming the field), checked before any work."""
+        self.limits.check("sessions", [len(items) for _, items in sessions], "item_ids")
         model = self.model(model_name)
         self._check_k(model, k)
         results = []

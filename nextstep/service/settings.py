@@ -1,11 +1,46 @@
 """Service settings, from the environment (prefix NEXTSTEP_) or a .env file."""
 
+import itertools
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .errors import TooLarge
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What one stateless batch request (kt/batch, sessions/batch) may cost: its work is one or two graph calls per
+    event, so its events are bounded per student (or session) and in all, and the questions it predicts in all."""
+
+    events: int = 1_000  # per student or session (NEXTSTEP_MAX_EVENTS)
+    batch_events: int = 2_000  # summed over the request (NEXTSTEP_MAX_BATCH_EVENTS)
+    questions: int = 2_000  # predicted questions summed over the request (NEXTSTEP_MAX_QUESTIONS)
+
+    def check(self, listed: str, events: Sequence[int], events_field: str, questions: Sequence[int] = (),
+              questions_field: str = "") -> None:
+        """TooLarge (413) naming the first field over a limit: `listed[i].events_field` for one item, `listed` for
+        the request's total."""
+        for i, n in enumerate(events):
+            if n > self.events:
+                raise TooLarge(f"{listed}[{i}].{events_field}", f"{n} items; at most {self.events} each "
+                                                                 "(NEXTSTEP_MAX_EVENTS)")
+        if sum(events) > self.batch_events:
+            raise TooLarge(listed, f"{sum(events)} events in one batch request; at most {self.batch_events} "
+                                   "(NEXTSTEP_MAX_BATCH_EVENTS): split it into several requests")
+        if sum(questions) > self.questions:
+            i = next(i for i, n in enumerate(itertools.accumulate(questions)) if n > self.questions)
+            raise TooLarge(f"{listed}[{i}].{questions_field}", f"{sum(questions)} questions to predict in one batch "
+                                                                f"request; at most {self.questions} "
+                                                                "(NEXTSTEP_MAX_QUESTIONS)")
+
+
+DEFAULT_LIMITS = BatchLimits()
 
 
 class Settings(BaseSettings):
@@ -15,26 +50,41 @@ class Settings(BaseSettings):
     redis_url: str | None = None  # unset: the in-process store (state lives and dies with the process)
     state_ttl_seconds: float | None = Field(default=180 * 24 * 3600, gt=0)  # idle states expire
     session_ttl_seconds: float | None = Field(default=1800, gt=0)  # next-item sessions: idle timeout
-    srs_ttl_seconds: float = Field(default=0, ge=0)  # spaced-repetition users: idle expiry; 0 = never (they last years)
+    # spaced-repetition users: idle expiry, refreshed by every review they record; 0 = never. Two years: a user who
+    # reviews at all, even one card a year, keeps everything; one who has not reviewed for two years has left (and
+    # has forgotten most of it), and Redis does not fill with abandoned histories.
+    srs_ttl_seconds: float = Field(default=730 * 86400, ge=0)
     srs_max_schedule_cards: int = Field(default=100, ge=1)  # cards per srs schedule request
     cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
     max_event_ids: int = Field(default=10_000, ge=1)  # replay protection window per entity
-    api_keys: Annotated[list[str], NoDecode] = []  # empty: no authentication; else the X-API-Key header must match one
+    # API keys (X-API-Key header). Normal keys may call every route but the admin ones; admin keys every route. With
+    # no key of either kind set, nothing is authenticated (development), and the admin routes (model reload, bank
+    # swaps, every DELETE) are served to loopback clients only: see docs/decisions.md, "Access".
+    api_keys: Annotated[list[str], NoDecode] = []
+    admin_keys: Annotated[list[str], NoDecode] = []
     max_batch: int = Field(default=64, ge=1)  # micro-batching: rows per ONNX Runtime call
     max_wait_ms: float = Field(default=1.0, ge=0)  # micro-batching: how long queued requests wait for company
     ort_threads: int = Field(default=1, ge=1)  # ONNX Runtime intra-op threads per session
     max_events: int = Field(default=1_000, ge=1)  # events per request
     max_questions: int = Field(default=2_000, ge=1)  # questions per predict / next-item request
     max_batch_students: int = Field(default=256, ge=1)  # students per stateless batch request
+    # events per batch request, all students together: one graph call per event, about 0.1 ms each, so the largest
+    # request takes a worker for a fraction of a second (docs/decisions.md)
+    max_batch_events: int = Field(default=2_000, ge=1)
     max_body_bytes: int = Field(default=2_000_000, ge=1_024)
+    header_timeout_seconds: float = Field(default=10.0, gt=0)  # a request's line and headers must arrive within this
+    body_timeout_seconds: float = Field(default=30.0, gt=0)  # and its body within this after them (server.py)
     cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
     bank_refresh_seconds: float = Field(default=1.0, ge=0)  # SimAKT: how stale a replica's active bank version may be
     opentelemetry: bool = False  # FastAPI's native OpenTelemetry (needs a provider); /metrics is ours
 
-    @field_validator("api_keys", mode="before")
+    def batch_limits(self) -> BatchLimits:
+        return BatchLimits(self.max_events, self.max_batch_events, self.max_questions)
+
+    @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _comma_separated(cls, value):
-        if isinstance(value, str):  # NEXTSTEP_API_KEYS=key1,key2 (JSON lists work too)
+        if isinstance(value, str):  # NEXTSTEP_API_KEYS=key1,key2 (JSON lists work too); the same for ADMIN_KEYS
             value = value.strip()
             if value.startswith("["):
                 return json.loads(value)

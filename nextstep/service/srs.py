@@ -30,7 +30,8 @@ Writes. Reviews must come in time order (equal times are fine), within a request
 stored review; an older one is a 422 naming it and nothing is written. Event ids make replays idempotent
 (the store's replay window, NEXTSTEP_MAX_EVENT_IDS ids per user); a replay that has left the window is
 refused by the time order (unless it has the last review's very time) rather than counted twice. Users
-live for years: their store has no TTL unless NEXTSTEP_SRS_TTL_SECONDS sets one.
+live for years: their store's TTL, NEXTSTEP_SRS_TTL_SECONDS, is two years by default, refreshed by every
+review recorded (0: never expire).
 
 Scheduling (`schedule`) is one batched call of the `schedule` graph: the model's recall is a forgetting curve,
 monotone in the time since the card's last review, and the graph inverts it in closed form.

@@ -289,13 +289,27 @@ end
 return {version, events}
 """
 
-# Error replies meaning "Redis cannot serve us now": loading, a read-only replica, no master, busy with a
-# script, authentication refused, out of memory (maxmemory reached with a no-eviction policy: the write is
-# refused whole, nothing is half-written). Any other error reply (e.g. WRONGTYPE) is a bug and propagates as
-# redis.exceptions.ResponseError. Connection failures, hung servers (no reply within socket_timeout) and
-# peers that do not speak RESP become StoreUnavailable too.
-_UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "BUSY", "NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN",
-                        "TRYAGAIN", "OOM")
+# Error replies meaning "Redis cannot serve us now", each with what it means for the operator. The write is refused
+# whole in every case (Redis checks them before the command, or the script's first write, runs), so nothing is
+# half-written. Any other error reply (e.g. WRONGTYPE) is a bug and propagates as redis.exceptions.ResponseError.
+# Connection failures, hung servers (no reply within socket_timeout) and peers that do not speak RESP become
+# StoreUnavailable too.
+_UNAVAILABLE_REPLIES = {
+    "LOADING": "the server is loading its dataset from disk",
+    "READONLY": "the server is a read-only replica (after a failover?): NEXTSTEP_REDIS_URL must name the primary",
+    "MASTERDOWN": "the server is a replica whose primary is down (replica-serve-stale-data no)",
+    "BUSY": "the server is busy running a script",
+    "NOAUTH": "authentication needed: put the password in NEXTSTEP_REDIS_URL",
+    "WRONGPASS": "the password in NEXTSTEP_REDIS_URL is refused",
+    "NOPERM": "the Redis user lacks a permission the service needs",
+    "CLUSTERDOWN": "the cluster is down",
+    "TRYAGAIN": "the cluster is moving this key",
+    "OOM": "the server is out of memory (maxmemory with a no-eviction policy)",
+    "MISCONF": "the server refuses writes because it cannot persist to disk",
+    "NOREPLICAS": "not enough replicas acknowledge writes (min-replicas-to-write)",
+    "ERR max number of clients reached": "the server has reached maxclients",
+}
+_UNAVAILABLE_PREFIXES = tuple(_UNAVAILABLE_REPLIES)
 _UNAVAILABLE = (ConnectionError, TimeoutError, OSError)
 _FIELDS = (b"version", b"events", b"updated", b"blob")
 
@@ -348,10 +362,17 @@ class Redis:
             raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {reason}") from exc
         for reply in replies:
             if isinstance(reply, ReplyError) and not str(reply).startswith("NOSCRIPT"):
-                if str(reply).startswith(_UNAVAILABLE_REPLIES):
-                    raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {reply}")
-                raise rexc.ResponseError(str(reply))
+                self.fail(what, reply)
         return replies
+
+    def fail(self, what: str, reply: ReplyError):
+        """Raise for an error reply: StoreUnavailable naming the reply and what it means, when Redis cannot serve
+        now; redis.exceptions.ResponseError for any other (a bug)."""
+        text = str(reply)
+        if text.startswith(_UNAVAILABLE_PREFIXES):
+            meaning = next(v for k, v in _UNAVAILABLE_REPLIES.items() if text.startswith(k))
+            raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {text} ({meaning})")
+        raise rexc.ResponseError(text)
 
     async def close(self) -> None:
         await self._client.close()
@@ -452,7 +473,7 @@ class RedisStore:
         replies = (await self._call("read", *commands))[-1]
         for reply in replies:  # errors inside a transaction come back inside EXEC's reply
             if isinstance(reply, ReplyError):
-                raise rexc.ResponseError(str(reply))
+                self._redis.fail("read", reply)
         state, values = _state(replies[0]), replies[-1]
         seen = _in_window(event_ids, fingerprints, replies[1]) if fingerprints else set()
         if state.version == 0:

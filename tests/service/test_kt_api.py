@@ -308,3 +308,70 @@ def test_any_id_round_trips_through_write_read_and_delete(artifacts, redis_url, 
                       http.delete(f"/v1/kt/deep_gpcm/students/{'x' * 201}")):
             assert reply.status_code == 422 and reply.json()["field"] == "student_id", reply.text
             assert "x" * 201 not in reply.text
+
+
+def test_a_read_only_replica_gives_503_naming_readonly_and_still_answers_reads(artifacts, redis_process, serve):
+    """NEXTSTEP_REDIS_URL left on a replica (a failover): writes are 503 problems naming READONLY, nothing is
+    written, reads still answer."""
+    from tests.service.conftest import RedisProcess
+    from tests.service.test_state import _contents, _make_replica, _sync
+
+    art, _ = artifacts
+    body = {"student_id": "s", "events": [{"question_id": 3, "response": 1, "event_id": "e1"}]}
+    replica = RedisProcess(Path(str(redis_process.workdir) + "-replica"))
+    replica.start()
+    try:
+        with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url:
+            assert httpx.post(f"{url}/v1/kt/deep_gpcm/events", json=body).status_code == 200
+        _make_replica(replica, redis_process)
+        raw = _sync(replica.url)
+        before = _contents(raw)
+        with serve(Settings(artifacts_dir=art, redis_url=replica.url)) as url, httpx.Client(base_url=url) as http:
+            for method, path, payload in (("POST", "/v1/kt/deep_gpcm/events",
+                                           {**body, "events": [{**body["events"][0], "event_id": "e2"}]}),
+                                          ("DELETE", "/v1/kt/deep_gpcm/students/s", None)):
+                reply = http.request(method, path, json=payload)
+                assert reply.status_code == 503, reply.text
+                problem = reply.json()
+                assert problem["type"] == "urn:nextstep:problem:store-unavailable" and "READONLY" in problem["detail"]
+            assert http.get("/v1/kt/deep_gpcm/students/s").json()["events_total"] == 1
+        assert _contents(raw) == before and len(before) >= 3
+    finally:
+        replica.stop()
+
+
+def test_batch_cost_is_bounded_per_student_in_all_and_in_questions(artifacts, serve):
+    """kt/batch costs a graph call per event: events per student, events in all and predicted questions in all are
+    bounded (413 naming the field and the setting), checked before any work; within them the answer is the offline
+    model's for every event."""
+    art, data = artifacts
+    _, test = load_dataset(data)
+    seq = test.sequences[0]
+    questions, responses = seq.questions.tolist(), seq.responses.tolist()
+    expected = offline_predictions(art / "deep_gpcm" / "v1", questions, responses)
+
+    def student(n: int, predict: int = 0) -> dict:
+        return {"student_id": "x", "events": [{"question_id": questions[t % len(questions)],
+                                               "response": responses[t % len(questions)]} for t in range(n)],
+                "predict_question_ids": [questions[0]] * predict or None}
+
+    settings = Settings(artifacts_dir=art, max_events=len(questions), max_batch_events=2 * len(questions),
+                        max_questions=10)
+    n = len(questions)
+    with serve(settings) as url, httpx.Client(base_url=url) as http:
+        for students, field, setting in (([student(n), student(n + 1)], "students[1].events", ""),
+                                         ([student(n)] * 3, "students", "NEXTSTEP_MAX_BATCH_EVENTS"),
+                                         ([student(1, 6), student(1, 5)], "students[1].predict_question_ids",
+                                          "NEXTSTEP_MAX_QUESTIONS")):
+            reply = http.post("/v1/kt/deep_gpcm/batch", json={"students": students})
+            assert reply.status_code == 413, reply.text
+            assert reply.json()["field"] == field and setting in reply.json()["detail"], reply.text  # ("": the
+            # route's own check, which does not name its setting, answers first)
+        reply = http.post("/v1/kt/deep_gpcm/batch", json={"students": [student(n, 5), student(n, 5)]})
+        assert reply.status_code == 200, reply.text
+        for scored in reply.json()["students"]:
+            got = [p["probabilities"] for p in scored["event_predictions"]]
+            np.testing.assert_allclose(got, expected[:n], atol=1e-5)
+        empty = http.post("/v1/kt/deep_gpcm/batch", json={"students": [
+            {"student_id": "e", "events": [], "predict_question_ids": [questions[0]]}]}).json()["students"][0]
+        np.testing.assert_allclose(empty["predictions"][0]["probabilities"], expected[0], atol=1e-5)

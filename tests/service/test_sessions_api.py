@@ -194,3 +194,20 @@ def test_any_session_id_round_trips_through_write_read_and_delete(rec_artifacts,
                       http.get(f"/v1/sessions/gru4rec/{'x' * 201}"), http.delete(f"/v1/sessions/gru4rec/{'x' * 201}")):
             assert reply.status_code == 422 and reply.json()["field"] == "session_id", reply.text
             assert "x" * 201 not in reply.text
+
+
+def test_batch_cost_is_bounded_per_session_and_in_all(rec_artifacts, serve):
+    _, vocab, _ = load_next_item(rec_artifacts / "gru4rec" / "1")
+    items = [str(i) for i in vocab.ids[:10]]
+    settings = Settings(artifacts_dir=rec_artifacts, max_events=10, max_batch_events=25)
+    with serve(settings) as url, httpx.Client(base_url=url) as http:
+        for sessions, field, setting in (([items, items + items[:1]], "sessions[1].item_ids", ""),
+                                         ([items] * 3, "sessions", "NEXTSTEP_MAX_BATCH_EVENTS")):
+            reply = http.post("/v1/sessions/gru4rec/batch",
+                              json={"sessions": [{"item_ids": s} for s in sessions], "k": 5})
+            assert reply.status_code == 413, reply.text
+            assert reply.json()["field"] == field and setting in reply.json()["detail"], reply.text  # ("": the
+            # route's own check, which does not name its setting, answers first)
+        reply = http.post("/v1/sessions/gru4rec/batch", json={"sessions": [{"item_ids": items}] * 2 + [
+            {"item_ids": items[:5]}], "k": 5})
+        assert reply.status_code == 200 and [s["events"] for s in reply.json()["sessions"]] == [10, 10, 5]

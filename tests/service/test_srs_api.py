@@ -389,7 +389,7 @@ def test_a_knowledge_tracing_model_is_not_served_on_the_srs_routes(srs_model, ar
         assert http.post("/v1/srs/time_aware/predict", json={"user_id": "u", "card_id": "3"}).status_code == 200
 
 
-def test_state_survives_a_restart_and_never_expires_by_default(srs_model, redis_url, serve):
+def test_state_survives_a_restart_and_expires_after_two_idle_years_by_default(srs_model, redis_url, serve):
     art, _ = srs_model
     reviews = review_log(31, n=80)
     query = {"user_id": "kept", "card_id": "card-3", "deck_id": "deck-0", "time": reviews[-1]["time"] + DAY}
@@ -410,11 +410,16 @@ def test_state_survives_a_restart_and_never_expires_by_default(srs_model, redis_
 
     keys = asyncio.run(ttls("*srs:time_aware:*"))
     assert {k.rsplit("}", 1)[1] for k in keys} == {"", ":fields", ":ids", ":ring"}
-    assert set(keys.values()) == {-1}  # no expiry
+    two_years = 730 * 86400 * 1000
+    assert all(two_years - 120_000 < ttl <= two_years for ttl in keys.values()), keys  # every key, on each write
     with serve(Settings(artifacts_dir=art, redis_url=redis_url, srs_ttl_seconds=60)) as url:
         httpx.post(f"{url}/v1/srs/time_aware/reviews", json={"user_id": "kept", "reviews": [
             {"card_id": "card-1", "time": reviews[-1]["time"] + 1, "rating": 3}]}).raise_for_status()
     assert all(50_000 < ttl <= 60_000 for ttl in asyncio.run(ttls("*srs:time_aware:*")).values())
+    with serve(Settings(artifacts_dir=art, redis_url=redis_url, srs_ttl_seconds=0)) as url:  # 0: never expire
+        httpx.post(f"{url}/v1/srs/time_aware/reviews", json={"user_id": "kept", "reviews": [
+            {"card_id": "card-1", "time": reviews[-1]["time"] + 2, "rating": 3}]}).raise_for_status()
+    assert set(asyncio.run(ttls("*srs:time_aware:*")).values()) == {-1}
 
 
 def test_concurrent_reviews_are_all_applied_exactly_once(srs_model, store_url, serve):
@@ -561,3 +566,27 @@ def test_any_user_id_round_trips_through_write_read_and_delete(srs_model, redis_
                       http.delete(f"/v1/srs/time_aware/users/{'x' * 201}")):
             assert reply.status_code == 422 and reply.json()["field"] == "user_id", reply.text
             assert "x" * 201 not in reply.text
+
+
+def test_a_read_only_replica_gives_503_naming_readonly(srs_model, redis_process, serve):
+    """Reviews sent to a replica: 503 naming READONLY, the user's reviews unchanged."""
+    from tests.service.conftest import RedisProcess
+    from tests.service.test_state import _make_replica
+
+    art, _ = srs_model
+    review = {"card_id": "c", "time": T0, "rating": 3}
+    replica = RedisProcess(Path(str(redis_process.workdir) + "-replica"))
+    replica.start()
+    try:
+        with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url:
+            first = {"user_id": "u", "reviews": [review]}
+            httpx.post(f"{url}/v1/srs/time_aware/reviews", json=first).raise_for_status()
+        _make_replica(replica, redis_process)
+        with serve(Settings(artifacts_dir=art, redis_url=replica.url)) as url, httpx.Client(base_url=url) as http:
+            reply = http.post("/v1/srs/time_aware/reviews",
+                              json={"user_id": "u", "reviews": [{**review, "time": T0 + 60, "card_id": "d"}]})
+            assert reply.status_code == 503 and "READONLY" in reply.json()["detail"], reply.text
+            user = http.get("/v1/srs/time_aware/users/u").json()
+            assert user["reviews_total"] == 1 and user["cards"] == 1
+    finally:
+        replica.stop()

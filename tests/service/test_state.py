@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from nextstep.service.errors import StoreUnavailable
+from nextstep.service.resp import pack
 from nextstep.service.state import (
     ABSENT,
     InProcessStore,
@@ -485,5 +486,242 @@ def test_redis_out_of_memory_is_unavailable_and_leaves_the_state_as_it_was(redis
             assert second is not None and await store.get(KEY) == second
         finally:
             await store.close()
+
+    asyncio.run(body())
+
+
+# -- every way Redis can refuse: a 503 naming it, and the state before a refused write is the state after ----------
+
+
+def _sync(url: str):
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=2)
+
+
+def _contents(raw) -> dict:
+    """Every key of a server with its value (hashes as dicts, strings as bytes) and whether it expires."""
+    return {k: (raw.hgetall(k) if raw.type(k) == b"hash" else raw.get(k), raw.pttl(k) > 0) for k in raw.keys("*")}
+
+
+def _wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _make_replica(replica: Any, primary: Any) -> None:
+    """`replica` follows `primary` (REPLICAOF) and has finished its first sync."""
+    raw = _sync(replica.url)
+    raw.replicaof("127.0.0.1", primary.port)
+    _wait_for(lambda: raw.info("replication")["master_link_status"] == "up", "the replica's link")
+    raw.close()
+
+
+@pytest.fixture
+def second_redis(tmp_path) -> Any:
+    from tests.service.conftest import RedisProcess
+
+    server = RedisProcess(tmp_path / "redis-2")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_redis_read_only_replica_refuses_writes_whole_and_still_reads(redis_process: Any, second_redis: Any) -> None:
+    """A replica (what a failover can leave NEXTSTEP_REDIS_URL pointing at) answers reads and refuses every write
+    with READONLY: StoreUnavailable naming it, and nothing written (the state, its replay window and the banks are
+    as the primary wrote them)."""
+    from nextstep.service.banks import RedisBankStore
+
+    async def body() -> None:
+        primary = RedisStore(redis_process.url, ttl_seconds=None)
+        first = await primary.compare_and_set(KEY, 0, b"x", 1, ["e1"], fields={"card": b"a"})
+        await primary.close()
+        _make_replica(second_redis, redis_process)
+        _wait_for(lambda: _sync(second_redis.url).exists(f"nextstep:{{{KEY}}}"), "the key on the replica")
+        store = RedisStore(second_redis.url, ttl_seconds=3600)
+        banks = RedisBankStore(second_redis.url)
+        try:
+            for call in (lambda: store.compare_and_set(KEY, first.version, b"y", 1, ["e2"], fields={"card": b"b"}),
+                         lambda: store.compare_and_set("someone-else", 0, b"y", 1),
+                         lambda: store.delete(KEY),
+                         lambda: banks.publish("space", "v1", {"h_states": b"123"}, b"{}"),
+                         lambda: banks.set_active("space", "v1")):
+                with pytest.raises(StoreUnavailable, match="READONLY .*read-only replica.*NEXTSTEP_REDIS_URL"):
+                    await call()
+            state, seen = await store.read(KEY, ["e1", "e2"], fields=["card"])
+            assert state == first and state.fields == {"card": b"a"} and seen == {"e1"}
+            assert await store.get("someone-else") == ABSENT
+            assert await banks.versions("space") == (None, {})
+            assert _sync(second_redis.url).pttl(f"nextstep:{{{KEY}}}") == -1  # not even the TTL was touched
+        finally:
+            await store.close()
+            await banks.close()
+
+    asyncio.run(body())
+
+
+def test_redis_replica_whose_primary_is_down_is_unavailable(redis_process: Any, second_redis: Any) -> None:
+    """replica-serve-stale-data no and the primary gone: every command is refused with MASTERDOWN (reads too, and
+    the read of companion fields inside MULTI/EXEC), named in the error; back once the primary is."""
+
+    async def body() -> None:
+        _make_replica(second_redis, redis_process)
+        raw = _sync(second_redis.url)
+        raw.config_set("replica-serve-stale-data", "no")
+        redis_process.stop()
+        _wait_for(lambda: raw.info("replication")["master_link_status"] == "down", "the link to go down")
+        store = RedisStore(second_redis.url, ttl_seconds=None)
+        try:
+            for name, call in (("get", lambda: store.get(KEY)),
+                               ("read", lambda: store.read(KEY, ["e1"])),
+                               ("read", lambda: store.read(KEY, ["e1"], fields=["card"])),
+                               ("compare_and_set", lambda: store.compare_and_set(KEY, 0, b"y", 1, ["e2"])),
+                               ("ping", store.ping)):
+                with pytest.raises(StoreUnavailable, match=f"during {name}: MASTERDOWN .*primary is down"):
+                    await call()
+            redis_process.start()
+            _wait_for(lambda: raw.info("replication")["master_link_status"] == "up", "the link to come back")
+            assert await store.get(KEY) == ABSENT
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_redis_loading_its_dataset_is_unavailable_then_serves_what_was_saved(tmp_path) -> None:
+    """A server that is still loading its RDB file at startup answers LOADING (here made to last about a second
+    with the server's own key-load-delay) -> StoreUnavailable naming it; once loaded, the saved state is there."""
+    import shutil
+    import subprocess
+
+    from tests.service.conftest import RedisProcess, _free_port
+
+    source = RedisProcess(tmp_path / "a")
+    source.start()
+    try:
+        async def fill() -> StoredState:
+            store = RedisStore(source.url, ttl_seconds=None)
+            try:
+                written = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
+                await store._call("fill", pack(b"EVAL", b"for i = 1, 1500 do redis.call('SET', 'pad' .. i, i) end",
+                                               b"0"))
+                return written
+            finally:
+                await store.close()
+
+        first = asyncio.run(fill())
+        assert _sync(source.url).save()
+    finally:
+        source.stop()
+    port = _free_port()
+    server = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path / "a"),
+                               "--key-load-delay", "700", "--loading-process-events-interval-bytes", "1024"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        async def body() -> None:
+            store = RedisStore(f"redis://127.0.0.1:{port}/0", ttl_seconds=None)
+            try:
+                for _ in range(100):  # until it accepts connections
+                    try:
+                        await store.get(KEY)
+                    except StoreUnavailable as exc:
+                        if "LOADING" in str(exc):
+                            break
+                    await asyncio.sleep(0.01)
+                else:
+                    pytest.fail("the server never answered LOADING")
+                with pytest.raises(StoreUnavailable, match="during compare_and_set: LOADING .*loading its dataset"):
+                    await store.compare_and_set(KEY, first.version, b"y", 1)
+                for _ in range(400):
+                    try:
+                        state = await store.get(KEY)
+                        break
+                    except StoreUnavailable:
+                        await asyncio.sleep(0.02)
+                assert state == first and await store.seen(KEY, ["e1"]) == {"e1"}
+            finally:
+                await store.close()
+
+        asyncio.run(body())
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_redis_connection_lost_during_a_write_writes_nothing(redis_process: Any) -> None:
+    """The connection dropped while a write waits (held by CLIENT PAUSE WRITE, then CLIENT KILL): StoreUnavailable
+    naming the lost connection, the write never applied, and the same store works again."""
+
+    async def body() -> None:
+        store = RedisStore(redis_process.url, ttl_seconds=None, socket_timeout=2.0)
+        raw = _sync(redis_process.url)
+        try:
+            first = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
+            raw.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+            write = asyncio.ensure_future(store.compare_and_set(KEY, first.version, b"y", 1, ["e2"]))
+            await asyncio.sleep(0.2)
+            assert not write.done()  # held by the pause
+            raw.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            with pytest.raises(StoreUnavailable, match="during compare_and_set: connection"):
+                await write
+            raw.execute_command("CLIENT", "UNPAUSE")
+            state, seen = await store.read(KEY, ["e1", "e2"])
+            assert state == first and seen == {"e1"}
+            assert (await store.compare_and_set(KEY, first.version, b"y", 1, ["e2"])).version == 2
+        finally:
+            await store.close()
+            raw.close()
+
+    asyncio.run(body())
+
+
+def test_redis_timed_out_write_is_applied_whole_or_not_at_all(redis_process: Any) -> None:
+    """A write sent to a hung server (SIGSTOP) times out (StoreUnavailable) with its fate unknown: it may run when
+    the server wakes. The script is atomic, so the state is then either the old one or the new one whole (blob,
+    version, count and event id together), and the event's id makes the client's retry apply it once."""
+
+    async def body() -> None:
+        store = RedisStore(redis_process.url, ttl_seconds=None, socket_timeout=0.2)
+        try:
+            first = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
+            redis_process.pause()
+            with pytest.raises(StoreUnavailable, match="during compare_and_set: no reply within"):
+                await store.compare_and_set(KEY, first.version, b"y", 1, ["e2"])
+            redis_process.resume()
+            state, seen = await store.read(KEY, ["e2"])
+            assert (state == first and seen == set()) or \
+                (state.version == 2 and state.blob == b"y" and state.events == 2 and seen == {"e2"})
+            if not seen:  # the client's retry, as the write loop does it: re-read, skip what was applied
+                state = await store.compare_and_set(KEY, first.version, b"y", 1, ["e2"])
+            assert (await store.get(KEY)).events == 2 and await store.seen(KEY, ["e2"]) == {"e2"}
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_redis_banks_out_of_memory_publish_nothing(redis_process: Any) -> None:
+    """A bank version refused for memory is not half-published: neither its arrays nor its listing."""
+    from nextstep.service.banks import RedisBankStore
+
+    async def body() -> None:
+        banks = RedisBankStore(redis_process.url)
+        raw = _sync(redis_process.url)
+        try:
+            raw.config_set("maxmemory-policy", "noeviction")
+            raw.config_set("maxmemory", 1)
+            with pytest.raises(StoreUnavailable, match="during bank publish: OOM"):
+                await banks.publish("space", "v1", {"h_states": b"1" * 1000}, b"{}")
+            raw.config_set("maxmemory", 0)
+            assert await banks.versions("space") == (None, {}) and raw.keys("*") == []
+        finally:
+            await banks.close()
+            raw.close()
 
     asyncio.run(body())
