@@ -21,6 +21,7 @@ not affected. The cost is one timer per request (about 1.5 us).
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 
 import uvicorn
@@ -29,8 +30,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from .settings import Settings
 
 log = logging.getLogger("nextstep.service")
-_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 29\r\n"
-              b"connection: close\r\n\r\nrequest not received in time\n")
+_PROBLEM = json.dumps({"type": "about:blank", "title": "Request Timeout", "status": 408,
+                       "detail": "the request did not arrive in time (header and body read deadlines)"}).encode()
+_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\n"
+              b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(_PROBLEM), _PROBLEM))
 
 
 class ServerConfig(uvicorn.Config):

@@ -3,6 +3,7 @@ real HTTP against uvicorn on a real socket, no mocks."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -192,6 +193,8 @@ def test_incomplete_requests_are_closed_at_their_deadline_while_others_are_serve
             received, after = _read_until_closed(sock, limit=4.0)
         assert after < 2.5, what
         assert received.startswith(b"HTTP/1.1 408 "), (what, received)
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert b"content-type: application/problem+json" in head and json.loads(body)["status"] == 408, received
 
 
 def test_a_kept_alive_connection_that_stalls_in_its_next_request_is_closed(deadline_server):
