@@ -149,6 +149,11 @@ class ServiceMiddleware:
                             "is served to loopback clients only; set NEXTSTEP_ADMIN_KEYS and send one as X-API-Key",
                        "NEXTSTEP_ADMIN_KEYS", "forbidden")
 
+    async def refuse(self, response, scope, receive, send) -> None:
+        """Answer a request refused before routing (key, role, size, pin), counted under route "refused"."""
+        await response(scope, receive, send)
+        self.metrics.request_done("refused", "", response.status_code, 0.0)
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -158,7 +163,7 @@ class ServiceMiddleware:
             if admin or self.keys or self.admin_keys:
                 refused = self.access(scope, headers.get(b"x-api-key"), admin)
                 if refused is not None:
-                    return await refused(scope, receive, send)
+                    return await self.refuse(refused, scope, receive, send)
         limit = self.settings.max_body_bytes
         length = headers.get(b"content-length")
 
@@ -166,7 +171,7 @@ class ServiceMiddleware:
             return problem(413, f"request body over {limit} bytes", "body", "too-large")
 
         if length is not None and (not length.isdigit() or int(length) > limit):
-            return await too_large()(scope, receive, send)
+            return await self.refuse(too_large(), scope, receive, send)
         if length is None and scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: buffer within the limit
             chunks, size, more = [], 0, True
             while more:
@@ -177,7 +182,7 @@ class ServiceMiddleware:
                 size += len(chunks[-1])
                 more = message.get("more_body", False)
                 if size > limit:
-                    return await too_large()(scope, receive, send)
+                    return await self.refuse(too_large(), scope, receive, send)
             body = b"".join(chunks)
 
             async def receive():  # noqa: F811 - replay the buffered body
@@ -187,7 +192,7 @@ class ServiceMiddleware:
         if pin is not None:  # (one dict lookup on the fast path; the pin's work only when there is one)
             refused = _pin(scope, pin)
             if refused is not None:
-                return await refused(scope, receive, send)
+                return await self.refuse(refused, scope, receive, send)
         status = None
 
         async def send_and_record(message):

@@ -131,6 +131,9 @@ def test_normal_keys_without_admin_keys_leave_the_admin_routes_to_loopback(artif
         assert http.post("/v1/models/reload", headers={"X-API-Key": "k"}).status_code == 200
         reply = http.post("/v1/models/reload", headers={"X-API-Key": "k", **REMOTE})
         assert reply.status_code == 403 and reply.json()["field"] == "NEXTSTEP_ADMIN_KEYS"
+        scrape = http.get("/metrics").text  # refusals are counted, before any route is matched
+        for status in (401, 403):
+            assert f'nextstep_requests_total{{model="",route="refused",status="{status}"}} 1.0' in scrape, status
     with serve(Settings(artifacts_dir=art, admin_keys=["a"])) as url, httpx.Client(base_url=url) as http:
         assert http.post("/v1/kt/deep_gpcm/events", json=EVENTS).status_code == 401  # admin keys alone: all need one
         assert http.post("/v1/kt/deep_gpcm/events", json=EVENTS, headers={"X-API-Key": "a"}).status_code == 200
