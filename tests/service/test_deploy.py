@@ -456,7 +456,8 @@ def test_metric_name_extraction():
 # -- images ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dockerfile", [SERVICE_DOCKERFILE, TRAIN_DOCKERFILE], ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", [SERVICE_DOCKERFILE, TRAIN_DOCKERFILE, DOCKER / "artifacts.Dockerfile"],
+                         ids=lambda p: p.name)
 def test_images_run_as_non_root(dockerfile):
     users = [args for keyword, args in _instructions(dockerfile) if keyword == "USER"]
     assert users, f"{dockerfile.name}: no USER instruction (the image would run as root)"
