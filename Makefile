@@ -9,7 +9,7 @@ DATA   ?= ../shared/data
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-setup:  ## system packages (redis-server, promtool; apt-get as root), .venv with nextstep[train,serve,dev], CPU torch without a GPU
+setup:  ## system packages (redis-server, promtool, haproxy; apt-get as root), .venv with nextstep[train,serve,dev], CPU torch without a GPU
 	PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup.sh
 
 $(BIN)/nextstep:

@@ -3,6 +3,7 @@
 # (versions pinned by constraints.txt) and the torch build that fits the machine.
 #
 #   system packages  redis-server (the tests start a real one), prometheus (its promtool checks docker/prometheus),
+#                    haproxy (tests/service/test_replicas.py runs it in front of three replicas),
 #                    python3.X-venv (Debian's python3 cannot create a venv without it). Installed with apt-get
 #                    when running as root (or with passwordless sudo); otherwise the exact command is printed.
 #   torch            the CPU build unless `nvidia-smi` sees a GPU: from pip's configured sources when they hold it
@@ -38,6 +39,7 @@ apt_install() {  # apt_install PACKAGE...: install with apt-get as root (or pass
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v promtool >/dev/null || need+=(prometheus)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}" || true
 
 # -- 2. the virtual environment, torch, nextstep ---------------------------------------------------------

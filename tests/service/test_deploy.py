@@ -1,8 +1,10 @@
 """The deployment files under docker/ agree with the code: compose references exist, the Prometheus config and
 the dashboard queries are valid (promtool: CI installs the Debian package `prometheus`), the dashboard uses only
-metrics the service exports, the service image holds no torch and no image runs as root.
+metrics the service exports, the service image holds no torch and no image runs as root, the API scales behind
+HAProxy (whose config `haproxy -c` accepts: the Debian package `haproxy`) and only HAProxy is published.
 
-No Docker engine is needed: these are static checks of the files against the package.
+No Docker engine is needed: these are static checks of the files against the package (and the API's health check
+command, run against a real server). tests/service/test_replicas.py runs the HAProxy config for real.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from nextstep.service.settings import Settings
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
+HAPROXY = DOCKER / "haproxy" / "haproxy.cfg"
 DASHBOARDS = DOCKER / "grafana" / "dashboards"
 SERVICE_DOCKERFILE = DOCKER / "service.Dockerfile"
 TRAIN_DOCKERFILE = DOCKER / "train.Dockerfile"
@@ -122,7 +125,7 @@ def _named_volumes(service: dict) -> list[str]:
 def test_compose_references_exist():
     compose = _compose()
     services = compose["services"]
-    assert {"api", "redis", "prometheus", "grafana", "train"} <= set(services)
+    assert {"api", "haproxy", "redis", "prometheus", "grafana", "train"} <= set(services)
     declared_volumes = set(compose.get("volumes") or {})
     checked = 0
     for name, service in services.items():
@@ -145,7 +148,7 @@ def test_compose_references_exist():
             checked += 1
         for volume in _named_volumes(service):
             assert volume in declared_volumes, f"{name}: volume {volume} not declared at the top level"
-    assert checked >= 6
+    assert checked >= 7
 
 
 def test_compose_wiring():
@@ -186,9 +189,12 @@ def test_every_image_tag_is_pinned_to_an_exact_version():
 
 
 def test_the_api_is_published_on_loopback_unless_told_otherwise():
-    (port,) = _compose()["services"]["api"]["ports"]
+    """Through HAProxy: the API containers publish nothing (so `--scale api=N` binds no host port twice)."""
+    services = _compose()["services"]
+    (port,) = services["haproxy"]["ports"]
     assert _interpolate(port, {}) == "127.0.0.1:8000:8000"
     assert _interpolate(port, {"NEXTSTEP_BIND": "0.0.0.0"}) == "0.0.0.0:8000:8000"
+    assert "ports" not in services["api"]
     for name, service in _compose()["services"].items():  # nothing else is published beyond loopback
         for published in service.get("ports", []):
             assert _interpolate(str(published), {}).startswith("127.0.0.1:"), f"{name}: {published}"
@@ -258,10 +264,99 @@ def test_prometheus_config_is_valid():
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "nextstep-api"]
     assert job["scrape_interval"] == "5s"
     assert job.get("metrics_path", "/metrics") == "/metrics"
-    assert job["static_configs"][0]["targets"] == ["api:8000"]
+    # every replica is a target of its own (its counters are its process's): Docker DNS, one A record per container
+    (sd,) = job["dns_sd_configs"]
+    assert (sd["names"], sd["type"], sd["port"]) == (["api"], "A", 8000)
+    assert "static_configs" not in job
+    (haproxy,) = [j for j in config["scrape_configs"] if j["job_name"] == "haproxy"]
+    assert haproxy["static_configs"][0]["targets"] == ["haproxy:8404"]
     # the paths the deployment relies on are routes of the app
     paths = {getattr(route, "path", None) for route in create_app(Settings(redis_url=None)).routes}
-    assert {"/healthz", "/metrics"} <= paths
+    assert {"/healthz", "/readyz", "/metrics"} <= paths
+
+
+# -- several replicas behind HAProxy ---------------------------------------------------------------------------
+
+
+def _haproxy() -> str:
+    path = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if path is None:
+        pytest.fail("haproxy is not on PATH; install it (Debian/Ubuntu: `apt-get install haproxy`)")
+    return path
+
+
+def _haproxy_sections() -> dict[str, list[list[str]]]:
+    """docker/haproxy/haproxy.cfg as {"backend api": [[keyword, args...], ...], ...}, comments dropped."""
+    sections, current = {}, None
+    for line in HAPROXY.read_text().splitlines():
+        words = line.split("#")[0].split()
+        if not words:
+            continue
+        if not line[0].isspace():
+            current = " ".join(words)
+            sections[current] = []
+        else:
+            sections[current].append(words)
+    return sections
+
+
+def test_haproxy_config_is_valid():
+    result = subprocess.run([_haproxy(), "-c", "-f", str(HAPROXY)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_api_scales_behind_haproxy():
+    """`docker compose up --scale api=N`: nothing in the api service is per container (no container name, no host
+    port), HAProxy finds every replica through Docker's DNS and sends traffic to those that answer /readyz."""
+    services = _compose()["services"]
+    api, proxy = services["api"], services["haproxy"]
+    assert "container_name" not in api and "ports" not in api
+    assert [str(p) for p in api["expose"]] == ["8000"]
+    (cmd,) = [_exec_form(args) for keyword, args in _instructions(SERVICE_DOCKERFILE) if keyword == "CMD"]
+    assert build_parser().parse_args(cmd[1:]).port == 8000
+    # HAProxy: the official image reads /usr/local/etc/haproxy/haproxy.cfg; the file is the one tested here
+    assert ("./haproxy/haproxy.cfg", "/usr/local/etc/haproxy/haproxy.cfg") in _bind_mounts(proxy)
+    assert any(v.endswith(":ro") for v in proxy["volumes"])
+    assert proxy["image"].startswith("haproxy:") and "api" in proxy["depends_on"]
+    sections = _haproxy_sections()
+    assert ["bind", ":8000"] in sections["frontend api"]  # the published container port
+    assert ["default_backend", "api"] in sections["frontend api"]
+    backend = sections["backend api"]
+    assert ["balance", "roundrobin"] in backend
+    (template,) = [w for w in backend if w[0] == "server-template"]
+    _, prefix, slots, address, *options = template
+    assert address == "api:8000" and int(slots) >= 3  # the service name and its port; one slot per replica
+    assert options[options.index("resolvers") + 1] == "docker" and options[options.index("init-addr") + 1] == "none"
+    (nameserver,) = [w for w in sections["resolvers docker"] if w[0] == "nameserver"]
+    assert nameserver[2] == "127.0.0.11:53"  # Docker's embedded DNS server
+    # health checks: GET /readyz, 200 only, on every server
+    assert ["option", "httpchk"] in backend
+    (send,) = [w for w in backend if w[:2] == ["http-check", "send"]]
+    assert send[send.index("meth") + 1] == "GET" and send[send.index("uri") + 1] == "/readyz"
+    assert ["http-check", "expect", "status", "200"] in backend
+    (default,) = [w for w in backend if w[0] == "default-server"]
+    assert "check" in default
+    # the stats frontend is where Prometheus scrapes HAProxy, and is not published
+    assert ["bind", ":8404"] in sections["frontend stats"]
+    assert not any("8404" in str(p) for p in proxy["ports"])
+
+
+def test_the_api_health_check_is_readiness(redis_process, artifacts, serve):
+    """The api service's health check asks /readyz: run its command for real (with the port of a test server):
+    healthy while Redis answers, unhealthy while it does not, healthy again after."""
+    api = _compose()["services"]["api"]
+    test = api["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1] == "python" and "/readyz" in test[3]
+    art, _ = artifacts
+    with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url:
+        command = [sys.executable, *test[2:]]
+        command[-1] = command[-1].replace("http://127.0.0.1:8000", url)
+        assert url in command[-1]
+        assert subprocess.run(command, capture_output=True, timeout=10).returncode == 0
+        redis_process.stop()
+        assert subprocess.run(command, capture_output=True, timeout=10).returncode != 0
+        redis_process.start()
+        assert subprocess.run(command, capture_output=True, timeout=10).returncode == 0
 
 
 def test_grafana_provisioning_points_at_the_stack():
@@ -361,7 +456,8 @@ def test_metric_name_extraction():
 # -- images ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dockerfile", [SERVICE_DOCKERFILE, TRAIN_DOCKERFILE], ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", [SERVICE_DOCKERFILE, TRAIN_DOCKERFILE, DOCKER / "artifacts.Dockerfile"],
+                         ids=lambda p: p.name)
 def test_images_run_as_non_root(dockerfile):
     users = [args for keyword, args in _instructions(dockerfile) if keyword == "USER"]
     assert users, f"{dockerfile.name}: no USER instruction (the image would run as root)"
