@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
 
-.PHONY: help setup run demo demo-artifacts test lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
+.PHONY: help setup run demo demo-artifacts test test-cluster lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -24,9 +24,12 @@ demo:  ## train small models on generated data, export them, replay a learner th
 demo-artifacts:  ## rebuild the demo models bundled in nextstep/demo_artifacts (generated data, fixed seeds; ~40 s)
 	OMP_NUM_THREADS=1 $(BIN)/python -m nextstep.demo
 
-test:  ## lint and run the test suite
+test:  ## lint and run the test suite (all but the Redis Cluster and Sentinel tests)
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not cluster"
+
+test-cluster:  ## the state stores on a real Redis Cluster (6 servers) and Sentinel, failovers under load (~2 min)
+	$(BIN)/pytest -m cluster tests/service/test_cluster.py
 
 openapi:  ## regenerate openapi/openapi.json from the app (a test fails when it drifts)
 	$(BIN)/python -m nextstep.service.openapi

@@ -28,6 +28,7 @@ from .errors import KIND, STATUS, StoreUnavailable, problem
 from .kt import KnowledgeTracer
 from .metrics import Metrics
 from .openapi import complete
+from .redis_clients import connect
 from .registry import TASKS, LoadReport, ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
@@ -273,10 +274,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads)
         metrics.set_refused(registry.reload().refused)  # (the registry logs each refusal)
         metrics.set_models(registry.models())
-        store = make_store(settings.redis_url, ttl_seconds=settings.state_ttl_seconds,
+        # one Redis client for the three state stores (its connections pipeline or pool their requests), one for
+        # the banks (megabytes each, a longer timeout); the URL chooses one node, a cluster or Sentinel
+        options = settings.redis_options()
+        redis = connect(settings.redis_url, options) if settings.redis_url else None
+        store = make_store(None, client=redis, ttl_seconds=settings.state_ttl_seconds,
                            max_event_ids=settings.max_event_ids)
         engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
-        banks = Banks(make_bank_store(settings.redis_url), refresh_seconds=settings.bank_refresh_seconds)
+        banks = Banks(make_bank_store(settings.redis_url, options), refresh_seconds=settings.bank_refresh_seconds)
         await banks.prepare(registry.models())  # publish the artifacts' bank versions, project the active ones
         app.state.registry, app.state.store = registry, store
         app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
@@ -284,14 +289,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                            limits=settings.batch_limits(),
                                            on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # sessions expire much sooner than learners: their own store (same Redis, its own TTL)
-        session_store = make_store(settings.redis_url, ttl_seconds=settings.session_ttl_seconds,
+        session_store = make_store(None, client=redis, ttl_seconds=settings.session_ttl_seconds,
                                    max_event_ids=settings.max_event_ids)
         app.state.sessions = SessionRecommender(registry, TimedStore(session_store, metrics), engines,
                                                 cas_retries=settings.cas_retries, limits=settings.batch_limits(),
                                                 cold_start_model=settings.cold_start_model,
                                                 on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # spaced-repetition users keep their reviews for years: their own store and TTL (two years idle by default)
-        srs_store = make_store(settings.redis_url, ttl_seconds=settings.srs_ttl_seconds or None,
+        srs_store = make_store(None, client=redis, ttl_seconds=settings.srs_ttl_seconds or None,
                                max_event_ids=settings.max_event_ids)
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,
                                          cas_retries=settings.cas_retries,
@@ -302,6 +307,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await store.close()
         await session_store.close()
         await srs_store.close()
+        if redis is not None:
+            await redis.close()
 
     # FastAPI's native OpenTelemetry looks for a configured provider on every request (about 5 us) even when
     # there is none; the service's own metrics are Prometheus (/metrics), so it is on only when asked for

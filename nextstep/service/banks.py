@@ -32,15 +32,14 @@ import json
 import logging
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from .errors import StoreUnavailable
+from .redis_clients import RedisOptions, connect
 from .registry import LoadedModel
-from .resp import ReplyError, pack
-from .state import Redis
 
 log = logging.getLogger(__name__)
 PARTS = ("states", "lengths", "summaries", "sizes")  # the files of one head's bank (nextstep/training/banks.py)
@@ -101,61 +100,66 @@ class InProcessBankStore:
 
 
 class RedisBankStore:
-    """Banks in Redis (module docstring), on a connection of their own: a bank is megabytes, and must not
-    hold up the state reads pipelined on the state store's connection; hence also the longer timeout."""
+    """Banks in Redis (module docstring), through a client of their own (redis_clients.py, the same kinds as the
+    state stores'): a bank is megabytes, and must not hold up the state reads pipelined on the state stores'
+    connection; hence also the longer timeout. Every key of one model's banks shares a hash tag (one cluster
+    slot), so a publish is one transaction on a cluster too."""
 
-    def __init__(self, url: str, *, socket_timeout: float = 5.0, key_prefix: str = "nextstep") -> None:
-        self._redis, self._prefix = Redis(url, timeout=socket_timeout), key_prefix
-        self._call = self._redis.call
+    def __init__(self, url: str, *, socket_timeout: float = 5.0, key_prefix: str = "nextstep",
+                 options: RedisOptions | None = None) -> None:
+        options = replace(options or RedisOptions(), socket_timeout=socket_timeout,
+                          connect_timeout=max(socket_timeout, (options or RedisOptions()).connect_timeout))
+        self.client, self._prefix = connect(url, options), key_prefix
+        self._execute = self.client.execute
 
     def _key(self, space: str, what: str) -> str:
         return f"{self._prefix}:{{{space}}}:{what}"
 
     async def close(self) -> None:
-        await self._redis.close()
+        await self.client.close()
 
     async def versions(self, space: str) -> tuple[str | None, dict[str, bytes]]:
-        active, listing = await self._call("bank versions", pack(b"GET", self._key(space, "active")),
-                                           pack(b"HGETALL", self._key(space, "versions")))
+        active, listing = await self._execute("bank versions", (("GET", self._key(space, "active")),
+                                                                ("HGETALL", self._key(space, "versions"))))
         listing = dict(zip(listing[::2], listing[1::2], strict=True)) if isinstance(listing, list) else listing
         return (active.decode() if active is not None else None), {v.decode(): p for v, p in listing.items()}
 
     async def publish(self, space: str, version: str, fields: dict[str, bytes], provenance: bytes) -> None:
         """Write a version if absent: its arrays and its listing entry in one transaction, so a listed version
-        is complete. (Two replicas publishing the same immutable version at once write the same bytes.)"""
+        is complete. (Two replicas publishing the same immutable version at once write the same bytes, so the
+        call may be retried.)"""
         listed = self._key(space, "versions")
-        (exists,) = await self._call("bank publish", pack(b"HEXISTS", listed, version))
+        (exists,) = await self._execute("bank publish", (("HEXISTS", listed, version),))
         if not exists:
             pairs = [part for name, value in fields.items() for part in (name, value)]
-            replies = await self._call("bank publish", pack(b"MULTI"),
-                                       pack(b"HSET", self._key(space, f"bank:{version}"), *pairs),
-                                       pack(b"HSET", listed, version, provenance), pack(b"EXEC"))
-            for reply in replies[-1]:  # (a refused command inside the transaction answers inside EXEC's reply)
-                if isinstance(reply, ReplyError):
-                    self._redis.fail("bank publish", reply)
+            await self._execute("bank publish", (("HSET", self._key(space, f"bank:{version}"), *pairs),
+                                                 ("HSET", listed, version, provenance)), atomic=True, write=True)
 
     async def fetch(self, space: str, version: str, names: list[str]) -> tuple[list[bytes | None], bytes | None]:
         """(the named fields of a version, its provenance); None where absent."""
-        values, provenance = await self._call("bank fetch", pack(b"HMGET", self._key(space, f"bank:{version}"), *names),
-                                              pack(b"HGET", self._key(space, "versions"), version))
+        values, provenance = await self._execute("bank fetch",
+                                                 (("HMGET", self._key(space, f"bank:{version}"), *names),
+                                                  ("HGET", self._key(space, "versions"), version)))
         return values, provenance
 
     async def init_active(self, space: str, default: str | None) -> str | None:
         key = self._key(space, "active")
-        commands = ([pack(b"SET", key, default, b"NX")] if default else []) + [pack(b"GET", key)]
-        active = (await self._call("bank pointer", *commands))[-1]
+        if default:
+            await self._execute("bank pointer", (("SET", key, default, "NX"),), write=True)
+        (active,) = await self._execute("bank pointer", (("GET", key),))
         return active.decode() if active is not None else None
 
     async def active(self, space: str) -> str | None:
-        (active,) = await self._call("bank pointer", pack(b"GET", self._key(space, "active")))
+        (active,) = await self._execute("bank pointer", (("GET", self._key(space, "active")),))
         return active.decode() if active is not None else None
 
     async def set_active(self, space: str, version: str) -> None:
-        await self._call("bank pointer", pack(b"SET", self._key(space, "active"), version))
+        await self._execute("bank pointer", (("SET", self._key(space, "active"), version),), write=True)
 
 
-def make_bank_store(redis_url: str | None) -> InProcessBankStore | RedisBankStore:
-    return RedisBankStore(redis_url) if redis_url else InProcessBankStore()
+def make_bank_store(redis_url: str | None, options: RedisOptions | None = None
+                    ) -> InProcessBankStore | RedisBankStore:
+    return RedisBankStore(redis_url, options=options) if redis_url else InProcessBankStore()
 
 
 def read_version(model: LoadedModel, folder: Path) -> tuple[dict[str, bytes], bytes]:

@@ -12,8 +12,11 @@ bench/service_load.py; this client costs about 0.02 ms. What it does:
   returned as `ReplyError`, not raised, so the caller decides (e.g. NOSCRIPT -> EVAL);
 * a reply that does not come within `timeout` seconds means the server is hung: the connection is
   dropped, every caller waiting on it gets `TimeoutError`, the next call reconnects. Connection failures
-  raise `ConnectionError`; a peer that does not speak RESP raises `ProtocolError`. Nothing is retried
-  here (a retried write could apply twice).
+  raise `ConnectionError` (`NotSent` when no connection could be opened: nothing was sent); a peer that does not
+  speak RESP raises `ProtocolError`. Nothing is retried here (redis_clients.py decides).
+
+It speaks to one node; redis_clients.py builds it from a URL and puts it behind the same interface as redis-py's
+clients (cluster, Sentinel, pools).
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ import collections
 import ssl as _ssl
 
 import hiredis
-from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
 ReplyError = hiredis.ReplyError
 
 
 class ProtocolError(ConnectionError):
     """The peer's bytes are not RESP: not a Redis server."""
+
+
+class NotSent(ConnectionError):
+    """No connection could be opened (or set up): nothing was sent, so even a write may be tried again."""
 
 
 def pack(*args: bytes | str | int | float) -> bytes:
@@ -71,8 +77,8 @@ class _Protocol(asyncio.Protocol):
                 return
             if reply is False:
                 return
-            if not waiters:
-                self._fail(ProtocolError("a reply nobody asked for"))
+            if not waiters:  # an error before any command is the server refusing the connection (maxclients)
+                self._fail(reply if isinstance(reply, ReplyError) else ProtocolError("a reply nobody asked for"))
                 return
             future, _ = waiters.popleft()
             if not future.done():  # the caller may have been cancelled
@@ -130,24 +136,13 @@ class _Protocol(asyncio.Protocol):
 class RespClient:
     """`await client.call(pack(...), pack(...))` -> the replies, in order."""
 
-    def __init__(self, url: str, *, timeout: float, connect_timeout: float) -> None:
-        params = parse_url(url)
-        self._path = params.get("path")
-        self._host, self._port = params.get("host", "localhost"), int(params.get("port", 6379))
-        self._ssl = None
-        cls = params.get("connection_class")
-        if cls is SSLConnection:
-            self._ssl = _ssl.create_default_context()
-            if params.get("ssl_cert_reqs") in ("none", "CERT_NONE"):
-                self._ssl.check_hostname, self._ssl.verify_mode = False, _ssl.CERT_NONE
-        elif cls not in (None, UnixDomainSocketConnection):
-            raise ValueError(f"unsupported Redis URL scheme in {url!r}")
-        self._setup = []  # AUTH and SELECT, sent first on every connection
-        if params.get("password") is not None:
-            user = params.get("username")
-            self._setup.append(pack("AUTH", user, params["password"]) if user else pack("AUTH", params["password"]))
-        if int(params.get("db", 0) or 0):
-            self._setup.append(pack("SELECT", int(params["db"])))
+    def __init__(self, *, host: str | None = None, port: int | None = None, path: str | None = None,
+                 ssl: _ssl.SSLContext | None = None, setup: list[bytes] = (), timeout: float,
+                 connect_timeout: float) -> None:
+        """A TCP (`host`, `port`; TLS with `ssl`) or unix socket (`path`) connection; `setup`: commands (AUTH,
+        SELECT) sent first on every connection. redis_clients.RespClient builds these from a URL."""
+        self._path, self._host, self._port, self._ssl = path, host, port, ssl
+        self._setup = list(setup)
         self._timeout, self._connect_timeout = timeout, connect_timeout
         self._proto: _Protocol | None = None
         self._connecting: asyncio.Future | None = None
@@ -186,7 +181,10 @@ class RespClient:
         return proto
 
     async def call(self, *commands: bytes) -> list:
-        proto = await self._connection()
+        try:
+            proto = await self._connection()
+        except (OSError, TimeoutError) as exc:
+            raise NotSent(str(exc) or type(exc).__name__) from exc
         futures = proto.send(b"".join(commands) if len(commands) > 1 else commands[0], len(commands))
         try:
             return [await f for f in futures]

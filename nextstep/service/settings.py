@@ -48,6 +48,17 @@ class Settings(BaseSettings):
 
     artifacts_dir: Path = Path("artifacts")  # <dir>/<model>/<version>/manifest.json
     redis_url: str | None = None  # unset: the in-process store (state lives and dies with the process)
+    # How the service talks to Redis (redis_clients.py; a query parameter of the URL of the same meaning wins).
+    # client: resp (the service's own pipelined client, one node), redis-py, or auto (resp for one node without
+    # wait_replicas, else redis-py; cluster and Sentinel URLs always take redis-py). docs/decisions.md, "Redis clients".
+    redis_client: str = Field(default="auto", pattern="^(auto|resp|redis-py)$")
+    redis_timeout_seconds: float = Field(default=0.5, gt=0)  # a reply later than this: the server is hung (503)
+    redis_connect_timeout_seconds: float = Field(default=0.5, gt=0)
+    redis_pool_size: int = Field(default=64, ge=1)  # redis-py: connections per node
+    redis_retries: int = Field(default=1, ge=0)  # retries of reads after a connection failure or timeout
+    # durability: a write is acknowledged once this many replicas have it (WAIT), else a 503 after the timeout
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    redis_wait_timeout_ms: int = Field(default=100, ge=1)
     state_ttl_seconds: float | None = Field(default=180 * 24 * 3600, gt=0)  # idle states expire
     session_ttl_seconds: float | None = Field(default=1800, gt=0)  # next-item sessions: idle timeout
     # spaced-repetition users: idle expiry, refreshed by every review they record; 0 = never. Two years: a user who
@@ -77,6 +88,14 @@ class Settings(BaseSettings):
     cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
     bank_refresh_seconds: float = Field(default=1.0, ge=0)  # SimAKT: how stale a replica's active bank version may be
     opentelemetry: bool = False  # FastAPI's native OpenTelemetry (needs a provider); /metrics is ours
+
+    def redis_options(self):
+        from .redis_clients import RedisOptions
+
+        return RedisOptions(client=self.redis_client, socket_timeout=self.redis_timeout_seconds,
+                            connect_timeout=self.redis_connect_timeout_seconds, pool_size=self.redis_pool_size,
+                            retries=self.redis_retries, wait_replicas=self.redis_wait_replicas,
+                            wait_timeout_ms=self.redis_wait_timeout_ms)
 
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.max_events, self.max_batch_events, self.max_questions)

@@ -30,14 +30,10 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
-import redis.exceptions as rexc
-
-from .errors import StoreUnavailable
-from .resp import ReplyError, RespClient, pack
+from .redis_clients import Client, RedisOptions, connect, is_noscript
 
 DEFAULT_MAX_EVENT_IDS = 10_000
 
@@ -289,34 +285,7 @@ end
 return {version, events}
 """
 
-# Error replies meaning "Redis cannot serve us now", each with what it means for the operator. The write is refused
-# whole in every case (Redis checks them before the command, or the script's first write, runs), so nothing is
-# half-written. Any other error reply (e.g. WRONGTYPE) is a bug and propagates as redis.exceptions.ResponseError.
-# Connection failures, hung servers (no reply within socket_timeout) and peers that do not speak RESP become
-# StoreUnavailable too.
-_UNAVAILABLE_REPLIES = {
-    "LOADING": "the server is loading its dataset from disk",
-    "READONLY": "the server is a read-only replica (after a failover?): NEXTSTEP_REDIS_URL must name the primary",
-    "MASTERDOWN": "the server is a replica whose primary is down (replica-serve-stale-data no)",
-    "BUSY": "the server is busy running a script",
-    "NOAUTH": "authentication needed: put the password in NEXTSTEP_REDIS_URL",
-    "WRONGPASS": "the password in NEXTSTEP_REDIS_URL is refused",
-    "NOPERM": "the Redis user lacks a permission the service needs",
-    "CLUSTERDOWN": "the cluster is down",
-    "TRYAGAIN": "the cluster is moving this key",
-    "OOM": "the server is out of memory (maxmemory with a no-eviction policy)",
-    "MISCONF": "the server refuses writes because it cannot persist to disk",
-    "NOREPLICAS": "not enough replicas acknowledge writes (min-replicas-to-write)",
-    "ERR max number of clients reached": "the server has reached maxclients",
-}
-_UNAVAILABLE_PREFIXES = tuple(_UNAVAILABLE_REPLIES)
-_UNAVAILABLE = (ConnectionError, TimeoutError, OSError)
 _FIELDS = (b"version", b"events", b"updated", b"blob")
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
 
 
 def _fingerprint(event_id: str) -> bytes:
@@ -342,42 +311,6 @@ def _state(reply: list) -> StoredState:
     return StoredState(int(version), int(events), float(updated), blob)
 
 
-class Redis:
-    """One Redis connection (`resp.RespClient`: the commands of concurrent callers are pipelined) with the
-    store's error mapping: connectivity failures and "cannot serve" replies -> StoreUnavailable naming the
-    server and the operation; any other error reply -> redis.exceptions.ResponseError (NOSCRIPT is returned,
-    for `RedisStore._eval`). Every call completes or raises within about `2 * timeout` seconds; nothing is
-    retried. The connection is re-opened on the next call after a failure."""
-
-    def __init__(self, url: str, *, timeout: float) -> None:
-        self.where = _redact(url)
-        self._client = RespClient(url, timeout=timeout, connect_timeout=timeout)
-
-    async def call(self, what: str, *commands: bytes) -> list:
-        """Send commands in one write; the replies, in order."""
-        try:
-            replies = await self._client.call(*commands)
-        except _UNAVAILABLE as exc:
-            reason = str(exc) or type(exc).__name__
-            raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {reason}") from exc
-        for reply in replies:
-            if isinstance(reply, ReplyError) and not str(reply).startswith("NOSCRIPT"):
-                self.fail(what, reply)
-        return replies
-
-    def fail(self, what: str, reply: ReplyError):
-        """Raise for an error reply: StoreUnavailable naming the reply and what it means, when Redis cannot serve
-        now; redis.exceptions.ResponseError for any other (a bug)."""
-        text = str(reply)
-        if text.startswith(_UNAVAILABLE_PREFIXES):
-            meaning = next(v for k, v in _UNAVAILABLE_REPLIES.items() if text.startswith(k))
-            raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {text} ({meaning})")
-        raise rexc.ResponseError(text)
-
-    async def close(self) -> None:
-        await self._client.close()
-
-
 class RedisStore:
     """State in Redis: a HASH per key (version/events/updated/blob, and `ids`: how many event ids were
     ever recorded), a HASH `<key>:fields` of its companion fields (only where some were written), and the
@@ -389,23 +322,24 @@ class RedisStore:
 
     Redis keys are `<key_prefix>:{<key>}`, `<key_prefix>:{<key>}:ids`, `<key_prefix>:{<key>}:ring` and
     `<key_prefix>:{<key>}:fields`:
-    the braces are a Redis Cluster hash tag, putting the keys of the CAS script in one slot, and they also
-    keep a caller key ending in ":ids" from colliding with another key's window.
+    the braces are a Redis Cluster hash tag, putting the keys of one operation in one slot (one node), and they
+    also keep a caller key ending in ":ids" from colliding with another key's window.
 
-    The client is `resp.RespClient`: one connection shared by all callers, so the commands of concurrent
-    requests are pipelined (docs/decisions.md). Every operation either completes or raises
-    `StoreUnavailable` within about `2 * socket_timeout` seconds (connect, then the reply); nothing is
-    retried (a retried CAS could be applied twice). The connection is re-opened on the next call after a
-    failure, so the same object works again once Redis is back.
+    The client (redis_clients.py) is chosen by the URL: one node, a cluster or a Sentinel-watched primary. Every
+    operation either completes or raises `StoreUnavailable` within about `2 * socket_timeout` seconds per try
+    (connect, then the reply); reads are retried after a connection failure, the compare-and-set only when it
+    was certainly not sent (docs/decisions.md). A store given a `client` shares it (and does not close it).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | None = None,
         *,
         ttl_seconds: float | None,
         max_event_ids: int = DEFAULT_MAX_EVENT_IDS,
-        socket_timeout: float = 0.5,
+        socket_timeout: float | None = None,  # shorthand for options.socket_timeout and connect_timeout
+        options: RedisOptions | None = None,
+        client: Client | None = None,
         key_prefix: str = "nextstep",
         clock: Callable[[], float] = time.time,  # `updated` comes from here, passed to the script
     ) -> None:
@@ -414,8 +348,15 @@ class RedisStore:
         self._max_ids = max_event_ids
         self._prefix = key_prefix
         self._clock = clock
-        self._redis = Redis(url, timeout=socket_timeout)
-        self._call = self._redis.call
+        if client is None:
+            options = options or RedisOptions()
+            if socket_timeout is not None:
+                options = replace(options, socket_timeout=socket_timeout, connect_timeout=socket_timeout)
+            client, self._owned = connect(url, options), True
+        else:
+            self._owned = False
+        self.client = client
+        self._execute = client.execute
         self._scripts = {name: (hashlib.sha1(lua.encode()).hexdigest(), lua)
                          for name, lua in (("cas", _CAS_LUA),)}
 
@@ -424,28 +365,31 @@ class RedisStore:
         state = f"{self._prefix}:{{{key}}}"
         return state, f"{state}:ids", f"{state}:ring", f"{state}:fields"
 
+    async def _call(self, what: str, *commands: tuple) -> list:
+        """Read-only (or idempotent) commands in one write; their replies."""
+        return await self._execute(what, commands)
+
     async def get(self, key: str) -> StoredState:
         state_key = self._keys(key)[0]
-        (reply,) = await self._call("get", pack(b"HMGET", state_key, *_FIELDS))
+        (reply,) = await self._execute("get", (("HMGET", state_key, *_FIELDS),))
         return _state(reply)
 
-    def _script(self, name: str, keys: tuple[str, ...], args: Sequence) -> bytes:
-        sha, _ = self._scripts[name]
-        return pack(b"EVALSHA", sha, len(keys), *keys, *args)
-
-    async def _eval(self, what: str, name: str, keys: tuple[str, ...], args: Sequence, *before: bytes) -> list:
-        """`before` commands, then the script, in one write; NOSCRIPT (a restarted or flushed server) -> EVAL,
-        which loads it again."""
-        replies = await self._call(what, *before, self._script(name, keys, args))
-        if isinstance(replies[-1], ReplyError):
-            (replies[-1],) = await self._call(what, pack(b"EVAL", self._scripts[name][1], len(keys), *keys, *args))
-        return replies
+    async def _eval(self, what: str, name: str, keys: tuple[str, ...], args: Sequence) -> object:
+        """The script by its digest; NOSCRIPT (a restarted or flushed server) -> EVAL, which loads it again. A write:
+        never retried once sent (the client's rule), and acknowledged by `wait_replicas` replicas where asked."""
+        sha, lua = self._scripts[name]
+        (reply,) = await self._execute(what, (("EVALSHA", sha, len(keys), *keys, *args),), idempotent=False,
+                                       write=True)
+        if is_noscript(reply):
+            (reply,) = await self._execute(what, (("EVAL", lua, len(keys), *keys, *args),), idempotent=False,
+                                           write=True)
+        return reply
 
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
         if not event_ids:
             return set()
         fingerprints = [_fingerprint(i) for i in event_ids]
-        (buckets,) = await self._call("seen", pack(b"HMGET", self._keys(key)[1], *(f[:1] for f in fingerprints)))
+        (buckets,) = await self._execute("seen", (("HMGET", self._keys(key)[1], *(f[:1] for f in fingerprints)),))
         return _in_window(event_ids, fingerprints, buckets)
 
     async def read(self, key: str, event_ids: Sequence[str] = (), fields: Sequence[str] = ()
@@ -454,11 +398,11 @@ class RedisStore:
         if fields:
             return await self._read_fields(state_key, ids_key, fields_key, event_ids, fields)
         if not event_ids:
-            (reply,) = await self._call("read", pack(b"HMGET", state_key, *_FIELDS))
+            (reply,) = await self._execute("read", (("HMGET", state_key, *_FIELDS),))
             return _state(reply), set()
         fingerprints = [_fingerprint(i) for i in event_ids]
-        reply, buckets = await self._call("read", pack(b"HMGET", state_key, *_FIELDS),  # one round trip
-                                          pack(b"HMGET", ids_key, *(f[:1] for f in fingerprints)))
+        reply, buckets = await self._execute("read", (("HMGET", state_key, *_FIELDS),  # one round trip
+                                                      ("HMGET", ids_key, *(f[:1] for f in fingerprints))))
         return _state(reply), _in_window(event_ids, fingerprints, buckets)
 
     async def _read_fields(self, state_key: str, ids_key: str, fields_key: str, event_ids: Sequence[str],
@@ -466,14 +410,11 @@ class RedisStore:
         """The state, the seen ids and the companion fields in one MULTI/EXEC: one round trip (the commands go
         in one write), and one point in time, so the fields always belong to the version read."""
         fingerprints = [_fingerprint(i) for i in event_ids]
-        commands = [pack(b"MULTI"), pack(b"HMGET", state_key, *_FIELDS)]
+        commands = [("HMGET", state_key, *_FIELDS)]
         if fingerprints:
-            commands.append(pack(b"HMGET", ids_key, *(f[:1] for f in fingerprints)))
-        commands += [pack(b"HMGET", fields_key, *fields), pack(b"EXEC")]
-        replies = (await self._call("read", *commands))[-1]
-        for reply in replies:  # errors inside a transaction come back inside EXEC's reply
-            if isinstance(reply, ReplyError):
-                self._redis.fail("read", reply)
+            commands.append(("HMGET", ids_key, *(f[:1] for f in fingerprints)))
+        commands.append(("HMGET", fields_key, *fields))
+        replies = await self._execute("read", commands, atomic=True)
         state, values = _state(replies[0]), replies[-1]
         seen = _in_window(event_ids, fingerprints, replies[1]) if fingerprints else set()
         if state.version == 0:
@@ -489,27 +430,30 @@ class RedisStore:
         pairs = [part for name, value in (fields or {}).items() for part in (str(name), bytes(value))]
         args = (expected_version, blob, added_events, repr(now), self._ttl_ms, self._max_ids, len(pairs) // 2,
                 *pairs, *(_fingerprint(i) for i in event_ids))
-        (reply,) = await self._eval("compare_and_set", "cas", self._keys(key), args)
+        reply = await self._eval("compare_and_set", "cas", self._keys(key), args)
         if reply is None:
             return None
         version, events = reply
         return StoredState(int(version), int(events), now, bytes(blob))
 
     async def delete(self, key: str) -> bool:
-        (removed,) = await self._call("delete", pack(b"DEL", *self._keys(key)))
+        (removed,) = await self._execute("delete", (("DEL", *self._keys(key)),), write=True)
         return removed > 0
 
     async def ping(self) -> None:
-        await self._call("ping", pack(b"PING"))
+        await self._execute("ping", (("PING",),))
 
     async def close(self) -> None:
-        await self._redis.close()
+        if self._owned:
+            await self.client.close()
 
 
 def make_store(
-    redis_url: str | None, *, ttl_seconds: float | None, max_event_ids: int = DEFAULT_MAX_EVENT_IDS
+    redis_url: str | None, *, ttl_seconds: float | None, max_event_ids: int = DEFAULT_MAX_EVENT_IDS,
+    options: RedisOptions | None = None, client: Client | None = None,
 ) -> StateStore:
-    """`RedisStore` when a URL is configured, else the embedded `InProcessStore`."""
-    if redis_url:
-        return RedisStore(redis_url, ttl_seconds=ttl_seconds, max_event_ids=max_event_ids)
+    """`RedisStore` when a URL (or a client) is given, else the embedded `InProcessStore`."""
+    if redis_url or client is not None:
+        return RedisStore(redis_url, ttl_seconds=ttl_seconds, max_event_ids=max_event_ids, options=options,
+                          client=client)
     return InProcessStore(ttl_seconds=ttl_seconds, max_event_ids=max_event_ids)

@@ -3,6 +3,9 @@
 * `redis_server`  -- session-wide server; yields its URL.
 * `redis_url`     -- that URL, with the database flushed before the test.
 * `redis_process` -- a private server for one test that may stop/start or pause/resume it (outages).
+* `redis_cluster` -- a session-wide Redis Cluster: 3 primaries, 3 replicas (`RedisClusterProcesses`; a test that
+                     breaks one makes its own with `cluster_factory`).
+* `sentinels`      -- one primary, one replica and three sentinels watching them (`SentinelProcesses`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def _command(port: int, command: bytes) -> bytes:
 class RedisProcess:
     """One redis-server on a fixed port: no persistence, loopback only; can be stopped and restarted."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, extra: list[str] | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not on PATH; install it (e.g. `apt-get install redis-server`)")
@@ -51,13 +54,19 @@ class RedisProcess:
         self.workdir = workdir
         self.port = port or _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.extra = list(extra or [])  # more redis-server arguments (cluster mode, replicaof)
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None
 
     def start(self, timeout: float = 5.0) -> None:
         """Start the server and wait until it answers PING."""
         assert self._proc is None, "already running"
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = [self.binary, "--save", "", "--appendonly", "no", "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv = [self.binary, "--save", "", "--appendonly", "no", "--port", str(self.port), "--bind", "127.0.0.1",
+                *self.extra]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 -- owned by the child process
         self._proc = subprocess.Popen(argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -96,6 +105,13 @@ class RedisProcess:
             self._proc.wait()
         self._proc = None
 
+    def kill(self) -> None:
+        """A crash: SIGKILL, no shutdown."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
     def flush(self) -> None:
         assert _command(self.port, b"FLUSHALL").startswith(b"+OK")
 
@@ -132,6 +148,201 @@ def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.stop()
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(100):
+        port = _free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    pytest.fail("no free port pair for a cluster node")
+
+
+def _wait(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class RedisClusterProcesses:
+    """A Redis Cluster on loopback: `primaries` x (1 + `replicas`) redis-server processes with --cluster-enabled yes,
+    joined by `redis-cli --cluster create`; a short cluster-node-timeout (1 s) so that a failover takes seconds."""
+
+    def __init__(self, workdir: Path, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+        self.workdir, self.replicas, self.node_timeout_ms = workdir, replicas, node_timeout_ms
+        self.nodes = {}
+        for _ in range(primaries * (1 + replicas)):
+            port = _free_cluster_port()
+            self.nodes[port] = RedisProcess(workdir / str(port), port, extra=[
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(node_timeout_ms)])
+        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in list(self.nodes)[:primaries])
+
+    def start(self) -> None:
+        for node in self.nodes.values():
+            node.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            pytest.fail("redis-cli is not on PATH; install it (e.g. `apt-get install redis-tools`)")
+        done = subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.nodes),
+                               "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            pytest.fail(f"redis-cli --cluster create failed:\n{done.stdout}\n{done.stderr}")
+        self.wait_ok()
+
+    def info(self, port: int) -> dict:
+        reply = _raw(port, "CLUSTER INFO").decode()
+        return dict(line.split(":", 1) for line in reply.split("\r\n") if ":" in line)
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Every running node sees the cluster ok with all its nodes' replication links up."""
+        def ok() -> bool:
+            return all(self.info(p)["cluster_state"] == "ok" for p, n in self.nodes.items() if n.running) and \
+                all(b"master_link_status:up" in _raw(p, "INFO replication") for p in self.replica_ports())
+        _wait(ok, "the cluster to be ok", timeout)
+
+    def roles(self) -> dict[int, str]:
+        return {p: ("primary" if b"role:master" in _raw(p, "INFO replication") else "replica")
+                for p, n in self.nodes.items() if n.running}
+
+    def primary_ports(self) -> list[int]:
+        return [p for p, r in self.roles().items() if r == "primary"]
+
+    def replica_ports(self) -> list[int]:
+        return [p for p, r in self.roles().items() if r == "replica"]
+
+    def port_of(self, key: str) -> int:
+        """The primary serving a key's slot (the others answer MOVED)."""
+        return next(p for p in self.primary_ports() if not _raw(p, f"EXISTS {key}").startswith(b"-MOVED"))
+
+    def flush(self) -> None:
+        for port in self.primary_ports():
+            assert _raw(port, "FLUSHALL").startswith(b"+OK")
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+
+def _raw(port: int, command: str) -> bytes:
+    """One inline command, the whole reply (for small replies)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2.0) as sock:
+        sock.sendall(command.encode() + b"\r\n")
+        data = sock.recv(65536)
+        if data.startswith(b"$"):  # a bulk string: read it whole
+            size = int(data[1:data.index(b"\r\n")])
+            while len(data) < data.index(b"\r\n") + 2 + size + 2:
+                data += sock.recv(65536)
+        return data
+
+
+@pytest.fixture(scope="session")
+def cluster_factory(tmp_path_factory):
+    """`with cluster_factory() as cluster:` a private, started cluster, torn down after."""
+    made = []
+
+    @contextmanager
+    def factory(**kwargs):
+        cluster = RedisClusterProcesses(tmp_path_factory.mktemp("cluster"), **kwargs)
+        made.append(cluster)
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+
+    yield factory
+    for cluster in made:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def session_cluster(cluster_factory) -> Iterator[RedisClusterProcesses]:
+    with cluster_factory() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster(session_cluster: RedisClusterProcesses) -> RedisClusterProcesses:
+    """The session cluster, flushed; its `url` is `redis+cluster://` with the three first nodes."""
+    session_cluster.flush()
+    return session_cluster
+
+
+class SentinelProcesses:
+    """One primary, one replica and three sentinels (redis-server --sentinel) watching them as `mymaster`
+    (down after 1 s, quorum 2)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.primary = RedisProcess(workdir / "primary")
+        self.replica = RedisProcess(workdir / "replica", extra=["--replicaof", "127.0.0.1", "0"])
+        self.sentinel_ports = [_free_port() for _ in range(3)]
+        self._procs: list[subprocess.Popen] = []
+        self.url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports) + "/mymaster"
+
+    def start(self) -> None:
+        self.primary.start()
+        self.replica.extra[-1] = str(self.primary.port)
+        self.replica.start()
+        _wait(lambda: b"master_link_status:up" in _raw(self.replica.port, "INFO replication"), "the replica")
+        for port in self.sentinel_ports:
+            folder = self.workdir / f"sentinel-{port}"
+            folder.mkdir(parents=True)
+            conf = folder / "sentinel.conf"
+            conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
+                            f"sentinel monitor mymaster 127.0.0.1 {self.primary.port} 2\n"
+                            "sentinel down-after-milliseconds mymaster 1000\n"
+                            "sentinel failover-timeout mymaster 5000\n")
+            log = open(folder / "sentinel.log", "wb")  # noqa: SIM115 -- owned by the child process
+            self._procs.append(subprocess.Popen([shutil.which("redis-server"), str(conf), "--sentinel"],
+                                                cwd=folder, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        for port in self.sentinel_ports:  # each sentinel knows the replica and the other sentinels
+            _wait(lambda p=port: b"num-other-sentinels\r\n$1\r\n2" in _raw(p, "SENTINEL MASTER mymaster")
+                  or b"num-other-sentinels\r\n:2" in _raw(p, "SENTINEL MASTER mymaster"), "the sentinels")
+
+    def primary_port(self) -> int:
+        reply = _raw(self.sentinel_ports[0], "SENTINEL GET-MASTER-ADDR-BY-NAME mymaster")
+        return int(reply.split(b"\r\n")[-2])
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            proc.terminate()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+        self.replica.stop()
+        self.primary.stop()
+
+
+@pytest.fixture
+def sentinels(tmp_path: Path) -> Iterator[SentinelProcesses]:
+    group = SentinelProcesses(tmp_path / "sentinel")
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
 
 
 # -- a served model: a tiny deep_gpcm trained for real, and the app under uvicorn ---------------------------

@@ -19,7 +19,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from nextstep.service.errors import StoreUnavailable
-from nextstep.service.resp import pack
 from nextstep.service.state import (
     ABSENT,
     InProcessStore,
@@ -33,10 +32,24 @@ KEY = "kt:deep_gpcm:20261122T1900:student-42"
 Opener = Callable[..., contextlib.AbstractAsyncContextManager[StateStore]]
 
 
-@pytest.fixture(params=["memory", "redis"])
+CLIENTS = ("resp", "redis-py")  # the clients of one node (redis_clients.py); the cluster's run in test_cluster.py
+
+
+def _as(url: str, client: str) -> str:
+    """The URL with the client chosen by its query parameter."""
+    return f"{url}{'&' if '?' in url else '?'}client={client}"
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request: pytest.FixtureRequest) -> str:
+    """Each Redis-specific test runs with each client of one node."""
+    return request.param
+
+
+@pytest.fixture(params=["memory", *CLIENTS])
 def open_store(request: pytest.FixtureRequest) -> Opener:
     """`async with open_store(ttl_seconds=..., ...) as store:` -- a fresh store of the parametrised kind."""
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = _as(request.getfixturevalue("redis_url"), request.param) if request.param != "memory" else None
 
     @contextlib.asynccontextmanager
     async def opener(**settings: Any) -> AsyncIterator[StateStore]:
@@ -251,9 +264,9 @@ def test_no_lost_updates_under_concurrency(open_store: Opener) -> None:
 # ---- Redis specifics -----------------------------------------------------------------------------
 
 
-def test_redis_key_layout_and_ttl(redis_url: str) -> None:
+def test_redis_key_layout_and_ttl(redis_url: str, client: str) -> None:
     async def body() -> None:
-        store = RedisStore(redis_url, ttl_seconds=60, key_prefix="ns", clock=lambda: 1234.5)
+        store = RedisStore(_as(redis_url, client), ttl_seconds=60, key_prefix="ns", clock=lambda: 1234.5)
         raw = aioredis.Redis.from_url(redis_url)
         try:
             await store.compare_and_set(KEY, 0, b"blob", 2, ["a", "b"])
@@ -282,7 +295,7 @@ def test_redis_key_layout_and_ttl(redis_url: str) -> None:
             assert 59_000 < await raw.pttl(f"{state_key}:fields") <= 60_000
             window += (f"{state_key}:fields",)
             # ttl_seconds=None: no expiry, and a write removes an expiry set under an older setting
-            forever = RedisStore(redis_url, ttl_seconds=None, key_prefix="ns")
+            forever = RedisStore(_as(redis_url, client), ttl_seconds=None, key_prefix="ns")
             await forever.compare_and_set(KEY, 2, b"blob", 1, ["c"])
             assert [await raw.pttl(k) for k in window] == [-1, -1, -1, -1]
             assert await forever.delete(KEY) and not await raw.exists(*window)
@@ -312,9 +325,9 @@ async def _assert_unavailable_promptly(store: RedisStore, limit: float = 2.0) ->
         assert time.monotonic() - started < limit, f"{name} took too long to fail"
 
 
-def test_redis_outage_raises_promptly_and_the_same_store_recovers(redis_process: Any) -> None:
+def test_redis_outage_raises_promptly_and_the_same_store_recovers(redis_process: Any, client: str) -> None:
     async def body() -> None:
-        store = RedisStore(redis_process.url, ttl_seconds=None)
+        store = RedisStore(_as(redis_process.url, client), ttl_seconds=None)
         try:
             assert await store.compare_and_set(KEY, 0, b"x", 1, ["e1"]) is not None
             redis_process.stop()  # pooled connections are now dead, new ones are refused
@@ -330,9 +343,9 @@ def test_redis_outage_raises_promptly_and_the_same_store_recovers(redis_process:
     asyncio.run(body())
 
 
-def test_redis_hung_server_times_out_and_the_same_store_recovers(redis_process: Any) -> None:
+def test_redis_hung_server_times_out_and_the_same_store_recovers(redis_process: Any, client: str) -> None:
     async def body() -> None:
-        store = RedisStore(redis_process.url, ttl_seconds=None, socket_timeout=0.2)
+        store = RedisStore(_as(redis_process.url, client), ttl_seconds=None, socket_timeout=0.2)
         try:
             await store.ping()
             redis_process.pause()  # accepts TCP connections but never answers: only timeouts save us
@@ -346,7 +359,7 @@ def test_redis_hung_server_times_out_and_the_same_store_recovers(redis_process: 
     asyncio.run(body())
 
 
-def test_make_store_and_settings(redis_url: str) -> None:
+def test_make_store_and_settings(redis_url: str, client: str) -> None:
     async def body() -> None:
         embedded = make_store(None, ttl_seconds=None)
         remote = make_store(redis_url, ttl_seconds=3600, max_event_ids=100)
@@ -360,14 +373,16 @@ def test_make_store_and_settings(redis_url: str) -> None:
         with pytest.raises(ValueError):
             InProcessStore(**bad)
         with pytest.raises(ValueError):
-            RedisStore(redis_url, **bad)
+            RedisStore(_as(redis_url, client), **bad)
 
 
-def test_redis_concurrent_callers_share_the_connection_and_each_gets_its_own_reply(redis_url: str) -> None:
+def test_redis_concurrent_callers_share_the_connection_and_each_gets_its_own_reply(
+        redis_url: str, client: str,
+) -> None:
     """Commands of concurrent callers are pipelined on one connection; replies must reach the right caller."""
 
     async def body() -> None:
-        store = RedisStore(redis_url, ttl_seconds=None)
+        store = RedisStore(_as(redis_url, client), ttl_seconds=None)
         try:
             keys = [f"{KEY}-{i}" for i in range(300)]
             written = await asyncio.gather(*(store.compare_and_set(k, 0, k.encode(), i, [f"id-{i}"])
@@ -382,7 +397,7 @@ def test_redis_concurrent_callers_share_the_connection_and_each_gets_its_own_rep
     asyncio.run(body())
 
 
-def test_redis_url_pointing_at_something_else_is_unavailable() -> None:
+def test_redis_url_pointing_at_something_else_is_unavailable(client: str) -> None:
     """A peer that does not speak RESP (here: an HTTP-ish server) -> StoreUnavailable, promptly."""
 
     async def body() -> None:
@@ -394,7 +409,7 @@ def test_redis_url_pointing_at_something_else_is_unavailable() -> None:
 
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        store = RedisStore(f"redis://127.0.0.1:{port}/0", ttl_seconds=None, socket_timeout=0.5)
+        store = RedisStore(_as(f"redis://127.0.0.1:{port}/0", client), ttl_seconds=None, socket_timeout=0.5)
         try:
             started = time.monotonic()
             with pytest.raises(StoreUnavailable, match="unavailable during get"):
@@ -408,11 +423,11 @@ def test_redis_url_pointing_at_something_else_is_unavailable() -> None:
     asyncio.run(body())
 
 
-def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str) -> None:
+def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str, client: str) -> None:
     """The ring wraps over the oldest and the buckets follow it; a smaller max_event_ids keeps the newest."""
 
     async def body() -> None:
-        store = RedisStore(redis_url, ttl_seconds=None, max_event_ids=4, key_prefix="ring")
+        store = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=4, key_prefix="ring")
         raw = aioredis.Redis.from_url(redis_url)
         try:
             ids = [f"event-{i}" for i in range(10)]
@@ -425,7 +440,7 @@ def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str) -> None:
 
             assert await raw.strlen(ring) == 4 * 8 and await bucketed() == 4
             assert await store.seen(KEY, ids) == set(ids[2:6])
-            smaller = RedisStore(redis_url, ttl_seconds=None, max_event_ids=2, key_prefix="ring")
+            smaller = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=2, key_prefix="ring")
             await smaller.compare_and_set(KEY, 6, b"x", 1, [ids[6]])
             assert await raw.strlen(ring) == 2 * 8 and await bucketed() == 2
             assert await smaller.seen(KEY, ids) == {ids[5], ids[6]}
@@ -443,12 +458,12 @@ def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str) -> None:
     asyncio.run(body())
 
 
-def test_redis_replay_window_at_scale_remembers_exactly_the_newest(redis_url: str) -> None:
+def test_redis_replay_window_at_scale_remembers_exactly_the_newest(redis_url: str, client: str) -> None:
     """Many ids through a 300-id window, a few per write: exactly the newest 300 are seen, and the buckets hold
     exactly the ring's fingerprints (nothing leaks as the ring wraps)."""
 
     async def body() -> None:
-        store = RedisStore(redis_url, ttl_seconds=None, max_event_ids=300, key_prefix="scale")
+        store = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=300, key_prefix="scale")
         raw = aioredis.Redis.from_url(redis_url)
         try:
             ids = [f"id-{i}" for i in range(1_000)]
@@ -466,13 +481,13 @@ def test_redis_replay_window_at_scale_remembers_exactly_the_newest(redis_url: st
     asyncio.run(body())
 
 
-def test_redis_out_of_memory_is_unavailable_and_leaves_the_state_as_it_was(redis_process: Any) -> None:
+def test_redis_out_of_memory_is_unavailable_and_leaves_the_state_as_it_was(redis_process: Any, client: str) -> None:
     """maxmemory reached with noeviction: a write is refused whole (StoreUnavailable naming OOM, a 503 in the
     API), reads still answer, and once memory is back the same store writes again from the state it had."""
     from tests.service.conftest import _command
 
     async def body() -> None:
-        store = RedisStore(redis_process.url, ttl_seconds=None)
+        store = RedisStore(_as(redis_process.url, client), ttl_seconds=None)
         try:
             first = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
             assert first is not None
@@ -531,20 +546,22 @@ def second_redis(tmp_path) -> Any:
         server.stop()
 
 
-def test_redis_read_only_replica_refuses_writes_whole_and_still_reads(redis_process: Any, second_redis: Any) -> None:
+def test_redis_read_only_replica_refuses_writes_whole_and_still_reads(
+        redis_process: Any, second_redis: Any, client: str,
+) -> None:
     """A replica (what a failover can leave NEXTSTEP_REDIS_URL pointing at) answers reads and refuses every write
     with READONLY: StoreUnavailable naming it, and nothing written (the state, its replay window and the banks are
     as the primary wrote them)."""
     from nextstep.service.banks import RedisBankStore
 
     async def body() -> None:
-        primary = RedisStore(redis_process.url, ttl_seconds=None)
+        primary = RedisStore(_as(redis_process.url, client), ttl_seconds=None)
         first = await primary.compare_and_set(KEY, 0, b"x", 1, ["e1"], fields={"card": b"a"})
         await primary.close()
         _make_replica(second_redis, redis_process)
         _wait_for(lambda: _sync(second_redis.url).exists(f"nextstep:{{{KEY}}}"), "the key on the replica")
-        store = RedisStore(second_redis.url, ttl_seconds=3600)
-        banks = RedisBankStore(second_redis.url)
+        store = RedisStore(_as(second_redis.url, client), ttl_seconds=3600)
+        banks = RedisBankStore(_as(second_redis.url, client))
         try:
             for call in (lambda: store.compare_and_set(KEY, first.version, b"y", 1, ["e2"], fields={"card": b"b"}),
                          lambda: store.compare_and_set("someone-else", 0, b"y", 1),
@@ -565,7 +582,9 @@ def test_redis_read_only_replica_refuses_writes_whole_and_still_reads(redis_proc
     asyncio.run(body())
 
 
-def test_redis_replica_whose_primary_is_down_is_unavailable(redis_process: Any, second_redis: Any) -> None:
+def test_redis_replica_whose_primary_is_down_is_unavailable(
+        redis_process: Any, second_redis: Any, client: str,
+) -> None:
     """replica-serve-stale-data no and the primary gone: every command is refused with MASTERDOWN (reads too, and
     the read of companion fields inside MULTI/EXEC), named in the error; back once the primary is."""
 
@@ -575,7 +594,7 @@ def test_redis_replica_whose_primary_is_down_is_unavailable(redis_process: Any, 
         raw.config_set("replica-serve-stale-data", "no")
         redis_process.stop()
         _wait_for(lambda: raw.info("replication")["master_link_status"] == "down", "the link to go down")
-        store = RedisStore(second_redis.url, ttl_seconds=None)
+        store = RedisStore(_as(second_redis.url, client), ttl_seconds=None)
         try:
             for name, call in (("get", lambda: store.get(KEY)),
                                ("read", lambda: store.read(KEY, ["e1"])),
@@ -593,7 +612,7 @@ def test_redis_replica_whose_primary_is_down_is_unavailable(redis_process: Any, 
     asyncio.run(body())
 
 
-def test_redis_loading_its_dataset_is_unavailable_then_serves_what_was_saved(tmp_path) -> None:
+def test_redis_loading_its_dataset_is_unavailable_then_serves_what_was_saved(tmp_path, client: str) -> None:
     """A server that is still loading its RDB file at startup answers LOADING (here made to last about a second
     with the server's own key-load-delay) -> StoreUnavailable naming it; once loaded, the saved state is there."""
     import shutil
@@ -605,11 +624,10 @@ def test_redis_loading_its_dataset_is_unavailable_then_serves_what_was_saved(tmp
     source.start()
     try:
         async def fill() -> StoredState:
-            store = RedisStore(source.url, ttl_seconds=None)
+            store = RedisStore(_as(source.url, client), ttl_seconds=None)
             try:
                 written = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
-                await store._call("fill", pack(b"EVAL", b"for i = 1, 1500 do redis.call('SET', 'pad' .. i, i) end",
-                                               b"0"))
+                await store._call("fill", ("EVAL", "for i = 1, 1500 do redis.call('SET', 'pad' .. i, i) end", 0))
                 return written
             finally:
                 await store.close()
@@ -625,7 +643,7 @@ def test_redis_loading_its_dataset_is_unavailable_then_serves_what_was_saved(tmp
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         async def body() -> None:
-            store = RedisStore(f"redis://127.0.0.1:{port}/0", ttl_seconds=None)
+            store = RedisStore(_as(f"redis://127.0.0.1:{port}/0", client), ttl_seconds=None)
             try:
                 for _ in range(100):  # until it accepts connections
                     try:
@@ -654,12 +672,12 @@ def test_redis_loading_its_dataset_is_unavailable_then_serves_what_was_saved(tmp
         server.wait(timeout=10)
 
 
-def test_redis_connection_lost_during_a_write_writes_nothing(redis_process: Any) -> None:
+def test_redis_connection_lost_during_a_write_writes_nothing(redis_process: Any, client: str) -> None:
     """The connection dropped while a write waits (held by CLIENT PAUSE WRITE, then CLIENT KILL): StoreUnavailable
     naming the lost connection, the write never applied, and the same store works again."""
 
     async def body() -> None:
-        store = RedisStore(redis_process.url, ttl_seconds=None, socket_timeout=2.0)
+        store = RedisStore(_as(redis_process.url, client), ttl_seconds=None, socket_timeout=2.0)
         raw = _sync(redis_process.url)
         try:
             first = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
@@ -681,13 +699,13 @@ def test_redis_connection_lost_during_a_write_writes_nothing(redis_process: Any)
     asyncio.run(body())
 
 
-def test_redis_timed_out_write_is_applied_whole_or_not_at_all(redis_process: Any) -> None:
+def test_redis_timed_out_write_is_applied_whole_or_not_at_all(redis_process: Any, client: str) -> None:
     """A write sent to a hung server (SIGSTOP) times out (StoreUnavailable) with its fate unknown: it may run when
     the server wakes. The script is atomic, so the state is then either the old one or the new one whole (blob,
     version, count and event id together), and the event's id makes the client's retry apply it once."""
 
     async def body() -> None:
-        store = RedisStore(redis_process.url, ttl_seconds=None, socket_timeout=0.2)
+        store = RedisStore(_as(redis_process.url, client), ttl_seconds=None, socket_timeout=0.2)
         try:
             first = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
             redis_process.pause()
@@ -706,12 +724,12 @@ def test_redis_timed_out_write_is_applied_whole_or_not_at_all(redis_process: Any
     asyncio.run(body())
 
 
-def test_redis_banks_out_of_memory_publish_nothing(redis_process: Any) -> None:
+def test_redis_banks_out_of_memory_publish_nothing(redis_process: Any, client: str) -> None:
     """A bank version refused for memory is not half-published: neither its arrays nor its listing."""
     from nextstep.service.banks import RedisBankStore
 
     async def body() -> None:
-        banks = RedisBankStore(redis_process.url)
+        banks = RedisBankStore(_as(redis_process.url, client))
         raw = _sync(redis_process.url)
         try:
             raw.config_set("maxmemory-policy", "noeviction")
@@ -723,5 +741,65 @@ def test_redis_banks_out_of_memory_publish_nothing(redis_process: Any) -> None:
         finally:
             await banks.close()
             raw.close()
+
+    asyncio.run(body())
+
+
+def test_redis_url_chooses_the_client() -> None:
+    """resp for one node by default; redis-py when asked, for WAIT, a cluster or Sentinel; unknown parameters and
+    TLS parameters on a plain URL are errors, not ignored."""
+    from nextstep.service.redis_clients import ClusterClient, PoolClient, RedisOptions, RespClient, connect, parse_url
+
+    assert isinstance(connect("redis://127.0.0.1:1/0"), RespClient)
+    assert isinstance(connect("redis://127.0.0.1:1/0?client=redis-py"), PoolClient)
+    assert isinstance(connect("redis://127.0.0.1:1", RedisOptions(client="redis-py")), PoolClient)
+    assert isinstance(connect("redis://127.0.0.1:1/0?wait_replicas=1"), PoolClient)
+    assert isinstance(connect("redis+cluster://127.0.0.1:1,127.0.0.1:2"), ClusterClient)
+    assert isinstance(connect("redis+sentinel://127.0.0.1:1,127.0.0.1:2/primary"), PoolClient)
+    target = parse_url("rediss+sentinel://u:p%40ss@a:1,b/mymaster/2?ssl_ca_certs=/ca.pem&ssl_check_hostname=false"
+                       "&socket_timeout=0.25&retries=3&sentinel_password=s")
+    assert (target.kind, target.tls, target.hosts, target.service, target.db) == \
+        ("sentinel", True, (("a", 1), ("b", 26379)), "mymaster", 2)
+    assert (target.username, target.password, target.sentinel) == ("u", "p@ss", {"sentinel_password": "s"})
+    assert target.ssl == {"ssl_ca_certs": "/ca.pem", "ssl_check_hostname": False}
+    assert (target.options.socket_timeout, target.options.retries) == (0.25, 3)
+    assert target.where == "rediss+sentinel://a:1,b:26379/mymaster/2"  # no credentials in messages
+    for bad in ("redis://h/0?ssl_ca_certs=/ca.pem", "redis://h/0?sockettimeout=1", "redis://a,b/0", "http://h",
+                "redis+sentinel://h", "redis+cluster://h/3", "redis+cluster://h?client=resp",
+                "rediss://h?ssl_cert_reqs=maybe", "redis://h?retries=x"):
+        with pytest.raises(ValueError):
+            connect(bad)
+
+
+@pytest.mark.parametrize("refusal", ["NOREPLICAS", "maxclients"])
+def test_redis_other_refusals_are_unavailable(redis_process: Any, client: str, refusal: str) -> None:
+    """min-replicas-to-write without replicas refuses writes (NOREPLICAS); a server at maxclients refuses new
+    connections: both a StoreUnavailable naming them, nothing written, and the same store works once they pass."""
+
+    async def body() -> None:
+        raw = _sync(redis_process.url)
+        store = RedisStore(_as(redis_process.url, client), ttl_seconds=None)
+        try:
+            if refusal == "NOREPLICAS":
+                first = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
+                raw.config_set("min-replicas-to-write", 1)
+                with pytest.raises(StoreUnavailable, match="during compare_and_set: NOREPLICAS .*replicas"):
+                    await store.compare_and_set(KEY, 1, b"y", 1, ["e2"])
+                assert await store.get(KEY) == first
+                raw.config_set("min-replicas-to-write", 0)
+            else:
+                raw.ping()
+                raw.config_set("maxclients", 1)  # the raw connection is the one
+                with pytest.raises(StoreUnavailable, match="max number of clients reached"):
+                    await store.get(KEY)
+                raw.config_set("maxclients", 100)
+                assert await store.get(KEY) == ABSENT
+            assert (await store.compare_and_set(KEY, await _version(store), b"z", 1, ["e3"])) is not None
+        finally:
+            await store.close()
+            raw.close()
+
+    async def _version(store) -> int:
+        return (await store.get(KEY)).version
 
     asyncio.run(body())
