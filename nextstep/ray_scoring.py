@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")  # read when ray.data is imported: no per-run INFO lines
@@ -150,6 +151,8 @@ def score(model: LoadedModel, files: list[Path], input_format: str, output: Path
     ds = ds.map_batches(_ScoreBatch, fn_constructor_args=(str(model.path), input_format, output_format),
                         batch_size=batch_size, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=workers),
                         num_cpus=1)
+    # (fewer input blocks than workers, e.g. one small file: some workers idle, which Ray warns about at length)
+    warnings.filterwarnings("ignore", message="The minimum number of concurrent actors", category=UserWarning)
     partial = output.with_name(f".{output.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     sink = _PartFiles(str(partial.resolve()), output_format)
