@@ -312,7 +312,8 @@ def _score_ray(args, model, files: list[Path], input_format: str, output_format:
                                  batch_size=args.batch_size)
     except scoring.ScoringError as exc:
         raise SystemExit(f"{args.input}: {exc}" if str(exc).startswith("student ") else f"score: {exc}") from None
-    print(f"scored {done['students']} students with {args.model} on Ray ({done['workers']} workers, "
+    workers = f"{done['workers']} worker{'s' if done['workers'] != 1 else ''}"
+    print(f"scored {done['students']} students with {args.model} on Ray ({workers}, "
           f"{done['seconds']:.1f} s after a {done['startup_seconds']:.1f} s start) into {args.output}",
           file=sys.stderr)
     return 0
@@ -412,9 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     score = sub.add_parser("score", help="score whole histories (JSONL, Parquet or CSV) into JSONL or Parquet")
-    score.add_argument("input", help="a .jsonl file (student_id, events, predict_question_ids), a .parquet file (the "
+    score.add_argument("input", help="a JSONL file (student_id, events, predict_question_ids), a .parquet file (the "
                                      "same columns), a .csv file (student_id, question_id, response in time order), "
-                                     "or a directory or glob of .jsonl or .parquet parts")
+                                     "a directory of .jsonl / .ndjson / .parquet parts, or a glob")
     score.add_argument("--model", required=True, help="a knowledge-tracing model (NAME or NAME@VERSION)")
     score.add_argument("--artifacts", default="artifacts", help="artifacts directory (default ./artifacts)")
     score.add_argument("--output", help="JSONL or Parquet file (default: JSONL on stdout); with --engine ray, a "

@@ -58,7 +58,7 @@ class _ScoreBatch:
             paths = batch.column("path").to_pylist()
             rows = batch.drop_columns(["path"]).to_pylist()
             for path, row in zip(paths, rows, strict=True):
-                yield path, next(scoring.parse_rows([row], path))
+                yield path, scoring.parse_record(row, path)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         results = []

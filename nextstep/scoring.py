@@ -31,7 +31,12 @@ from .service.runtime import Engines
 from .service.state import InProcessStore
 
 Student = tuple[str, list[Event], list[str] | None]
-FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+PART_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}  # what a directory's parts may be
+
+
+def file_format(path: Path) -> str:
+    """csv or parquet by the suffix; anything else is read as JSONL (as `nextstep score` always has)."""
+    return {".csv": "csv", ".parquet": "parquet"}.get(path.suffix.lower(), "jsonl")
 
 
 class ScoringError(Exception):
@@ -42,26 +47,23 @@ class ScoringError(Exception):
 
 def input_files(spec: str) -> tuple[list[Path], str]:
     """(the files to read, in name order; their format: jsonl, parquet or csv) for a file, a directory (its
-    *.jsonl / *.ndjson / *.json / *.parquet files; hidden ones skipped) or a glob. Files of mixed formats, or
-    none, are a ScoringError."""
+    *.jsonl / *.ndjson / *.parquet files; hidden ones skipped) or a glob. Files of mixed formats, several CSV
+    files, or none at all are a ScoringError."""
     path = Path(spec)
     if path.is_file():
         files = [path]
     elif path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                       and FORMATS.get(p.suffix.lower()) in ("jsonl", "parquet"))
+                       and p.suffix.lower() in PART_SUFFIXES)
         if not files:
-            raise ScoringError(f"no .jsonl or .parquet files in the directory {spec}")
+            raise ScoringError(f"no .jsonl, .ndjson or .parquet files in the directory {spec}")
     elif glob.has_magic(spec):
         files = sorted(Path(p) for p in glob.glob(spec) if Path(p).is_file())
         if not files:
             raise ScoringError(f"no files match {spec}")
     else:
         raise ScoringError(f"no input file {spec}")
-    formats = {FORMATS.get(p.suffix.lower()) for p in files}
-    if None in formats:
-        odd = next(p for p in files if FORMATS.get(p.suffix.lower()) is None)
-        raise ScoringError(f"{odd}: not a .jsonl, .parquet or .csv file")
+    formats = {file_format(p) for p in files}
     if len(formats) > 1:
         raise ScoringError(f"{spec}: files of several formats ({', '.join(sorted(formats))}); give one at a time")
     fmt = formats.pop()
@@ -95,13 +97,18 @@ def parse_line(line: str, where: str) -> Student | None:
         raise ScoringError(f"{where}: {RECORD}: {exc}") from None
 
 
+def parse_record(record, where: str) -> Student:
+    """A Parquet row's (as a dict) student; a ScoringError naming `where` otherwise."""
+    try:
+        return parse_student(record)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ScoringError(f"{where}: {RECORD}: {exc}") from None
+
+
 def parse_rows(rows: Iterable[dict], where: str, start: int = 0) -> Iterator[Student]:
     """Students of Parquet rows (as dicts); a ScoringError naming `where` and the row's position (from `start`)."""
     for i, row in enumerate(rows, start=start):
-        try:
-            yield parse_student(row)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ScoringError(f"{where}: row {i}: {RECORD}: {exc}") from None
+        yield parse_record(row, f"{where}: row {i}")
 
 
 def _read_csv(path: Path) -> Iterator[Student]:

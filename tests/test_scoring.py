@@ -93,6 +93,15 @@ def test_single_process_reads_parts_in_order_and_scores_every_student(single, re
     assert with_predictions and all(len(r["predictions"]) == 3 for r in with_predictions)
 
 
+def test_single_process_reads_a_file_of_any_other_suffix_as_jsonl(tmp_path, single, capsys):
+    parts, by_id = single
+    text = tmp_path / "histories.txt"
+    text.write_text((parts / "part-1.jsonl").read_text())
+    _score(str(text))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and lines == [by_id[str(json.loads(line)["student_id"])] for line in lines]
+
+
 def test_single_process_parquet_in_and_out_hold_the_same_values(tmp_path, single):
     pq = pytest.importorskip("pyarrow.parquet")
     pa = pytest.importorskip("pyarrow")
@@ -120,11 +129,12 @@ def ray_local():
     ray.shutdown()
 
 
-def test_ray_jsonl_parts_are_the_single_process_lines(ray_local, single, tmp_path):
+def test_ray_jsonl_parts_are_the_single_process_lines(ray_local, single, tmp_path, capsys):
     parts, by_id = single
     out = tmp_path / "scored"
     # small batches: several batches per file (2 CPUs: one scoring worker, one for reading and writing)
     _score(str(parts), "--engine", "ray", "--batch-size", "4", "--output", str(out))
+    assert f"scored {len(by_id)} students with deep_gpcm on Ray (1 worker," in capsys.readouterr().err
     lines = _lines(out)
     assert sorted(lines) == sorted(by_id.values())  # byte for byte, each student once
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
