@@ -68,8 +68,7 @@ class _ScoreBatch:
             except scoring.ScoringError as exc:
                 raise scoring.ScoringError(f"{path}: {exc}") from None
         if self.output_format == "jsonl":
-            return pa.table({"line": pa.array([scoring.to_line(r) for r in results], pa.string()),
-                             "events": pa.array([r["events"] for r in results], pa.int64())})
+            return pa.table({"line": pa.array([scoring.to_line(r) for r in results], pa.string())})
         return scoring.to_table(results, self.schema)
 
 

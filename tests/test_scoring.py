@@ -124,7 +124,8 @@ def test_single_process_parquet_in_and_out_hold_the_same_values(tmp_path, single
 def ray_local():
     ray = pytest.importorskip("ray")
     pytest.importorskip("pyarrow")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # a small object store: the tests move kilobytes, and CI containers may have a small /dev/shm
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 2**20)
     yield ray
     ray.shutdown()
 
