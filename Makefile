@@ -4,12 +4,12 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
 
-.PHONY: help setup run demo demo-artifacts test test-cluster lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
+.PHONY: help setup run demo demo-artifacts test test-cluster test-ray lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-setup:  ## system packages (redis-server, promtool, haproxy; apt-get as root), .venv with nextstep[train,serve,dev], CPU torch without a GPU
+setup:  ## system packages (redis-server, promtool, haproxy; apt-get as root), .venv with nextstep[train,serve,dev,ray], CPU torch without a GPU
 	PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup.sh
 
 $(BIN)/nextstep:
@@ -30,6 +30,10 @@ test:  ## lint and run the test suite (all but the Redis Cluster and Sentinel te
 
 test-cluster:  ## the state stores on a real Redis Cluster (6 servers) and Sentinel, failovers under load (~2 min)
 	$(BIN)/pytest -m cluster tests/service/test_cluster.py
+
+test-ray:  ## the Ray Data scoring tests alone (local Ray, 2 CPUs; ~20 s); fails, not skips, without the ray extra
+	@$(BIN)/python -c "import ray, pyarrow" 2>/dev/null || { echo "test-ray needs the ray extra: make setup, or $(BIN)/pip install -c constraints.txt -e '.[ray]'"; exit 1; }
+	$(BIN)/pytest tests/test_scoring.py
 
 openapi:  ## regenerate openapi/openapi.json from the app (a test fails when it drifts)
 	$(BIN)/python -m nextstep.service.openapi

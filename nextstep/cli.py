@@ -13,6 +13,7 @@
 """
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -224,96 +225,97 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _read_students(path: Path):
-    """Students from JSONL (one {"student_id", "events": [{"question_id", "response"}], "predict_question_ids"?}
-    per line) or CSV (columns student_id, question_id, response; rows in time order)."""
-    import csv
-
-    from .service.kt import Event
-
-    if path.suffix.lower() == ".csv":
-        students: dict[str, list] = {}
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = {"student_id", "question_id", "response"} - set(reader.fieldnames or [])
-            if missing:
-                raise SystemExit(f"{path}: missing columns {sorted(missing)}")
-            for line, row in enumerate(reader, start=2):
-                try:
-                    students.setdefault(row["student_id"], []).append(
-                        Event(row["question_id"], int(row["response"])))
-                except ValueError:
-                    raise SystemExit(f"{path}:{line}: expected an integer response, got {row['response']!r}") from None
-        yield from ((sid, events, None) for sid, events in students.items())
-        return
-    with path.open() as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                events = [Event(str(e["question_id"]), int(e["response"]), e.get("event_id"))
-                          for e in record["events"]]
-                predict = [str(q) for q in record.get("predict_question_ids") or []] or None
-                yield str(record["student_id"]), events, predict
-            except (ValueError, KeyError, TypeError) as exc:
-                raise SystemExit(f"{path}:{line_no}: expected a JSON object with student_id and events "
-                                 f"[{{question_id, response}}]: {exc}") from None
-
-
 def cmd_score(args) -> int:
-    """Score whole histories offline through the exported graphs (the batch route without HTTP)."""
+    """Score whole histories offline through the exported graphs (the batch route without HTTP): in this process
+    (the default), or on Ray Data with --engine ray. Both run nextstep/scoring.py's Scorer."""
     require("onnxruntime", "serve", "nextstep score")
-    import asyncio
+    from . import scoring
+    from .service.errors import UnknownModel
 
-    from tqdm import tqdm
-
-    from .service.errors import InvalidInput, UnknownModel
-    from .service.kt import KnowledgeTracer
-    from .service.registry import ModelRegistry
-    from .service.runtime import Engines
-    from .service.state import InProcessStore
-
-    registry = ModelRegistry(Path(args.artifacts))
-    errors = registry.load()
-    if errors:
-        print(f"skipped broken artifacts: {errors}", file=sys.stderr)
+    if args.engine == "ray":
+        require("ray", "ray", "nextstep score --engine ray")
     try:  # before any output is opened: a wrong name leaves no file behind
-        registry.get(args.model, task=KnowledgeTracer.TASK)
+        model, errors = scoring.resolve(args.artifacts, args.model)
     except UnknownModel as exc:
         raise SystemExit(f"score: {exc} (under {args.artifacts})") from None
-    if not Path(args.input).is_file():
-        raise SystemExit(f"score: no input file {args.input}")
-    tracer = KnowledgeTracer(registry, InProcessStore(ttl_seconds=None), Engines(max_batch=1, max_wait_ms=0))
+    if errors:
+        print(f"skipped broken artifacts: {errors}", file=sys.stderr)
+    try:
+        files, input_format = scoring.input_files(args.input)
+    except scoring.ScoringError as exc:
+        raise SystemExit(f"score: {exc}") from None
+    output_format = args.output_format or ("parquet" if args.output and args.output.endswith(".parquet")
+                                           else "jsonl")
+    if "parquet" in (input_format, output_format):
+        require("pyarrow", "ray", f"nextstep score with Parquet {'input' if input_format == 'parquet' else 'output'}")
+    if args.engine == "ray":
+        return _score_ray(args, model, files, input_format, output_format)
+    if output_format == "parquet" and not args.output:
+        raise SystemExit("score: Parquet output needs --output FILE")
+    return _score_here(args, model, files, input_format, output_format)
+
+
+def _score_here(args, model, files: list[Path], input_format: str, output_format: str) -> int:
+    from tqdm import tqdm
+
+    from . import scoring
+
+    scorer = scoring.Scorer(model)
     output = Path(args.output) if args.output else None
     # written next to the output and renamed over it at the end: a failure leaves no partial or empty file
     partial = output.with_name(f".{output.name}.partial") if output else None
-    out = partial.open("w") if partial else sys.stdout
-
-    async def run() -> int:
-        n = 0
-        students = _read_students(Path(args.input))
-        # a bar on a terminal only: in a log file, tqdm's carriage-return updates are noise
-        for student in tqdm(students, desc="students", unit="", disable=args.quiet or not sys.stderr.isatty()):
-            try:
-                result = await tracer.score_sequences(args.model, [student])
-            except InvalidInput as exc:
-                raise SystemExit(f"{args.input}: student {student[0]!r}: {exc}") from None
-            out.write(json.dumps(result["students"][0]) + "\n")
-            n += 1
-        return n
-
+    n = 0
     try:
-        n = asyncio.run(run())
+        students = scoring.read_students(files, input_format)
+        # a bar on a terminal only: in a log file, tqdm's carriage-return updates are noise
+        students = tqdm(students, desc="students", unit="", disable=args.quiet or not sys.stderr.isatty())
+        if output_format == "parquet":
+            import pyarrow.parquet as pq
+
+            schema, chunk = scoring.result_schema(model), []
+            with pq.ParquetWriter(partial, schema) as writer:
+                for student in students:
+                    chunk.append(scorer.score(student))
+                    if len(chunk) == 1024:
+                        writer.write_table(scoring.to_table(chunk, schema))
+                        n, chunk = n + len(chunk), []
+                writer.write_table(scoring.to_table(chunk, schema))
+                n += len(chunk)
+        else:
+            with partial.open("w") if partial else contextlib.nullcontext(sys.stdout) as out:
+                for student in students:
+                    out.write(scoring.to_line(scorer.score(student)) + "\n")
+                    n += 1
+    except scoring.ScoringError as exc:
+        if partial:
+            partial.unlink(missing_ok=True)
+        raise SystemExit(f"{args.input}: {exc}" if str(exc).startswith("student ") else f"score: {exc}") from None
     except BaseException:
         if partial:
-            out.close()
             partial.unlink(missing_ok=True)
         raise
+    finally:
+        scorer.close()
     if partial:
-        out.close()
         partial.replace(output)
     print(f"scored {n} students with {args.model}", file=sys.stderr)
+    return 0
+
+
+def _score_ray(args, model, files: list[Path], input_format: str, output_format: str) -> int:
+    from . import ray_scoring, scoring
+
+    if not args.output:
+        raise SystemExit("score: --engine ray writes a directory of part files: give it with --output DIR")
+    try:
+        done = ray_scoring.score(model, files, input_format, Path(args.output), output_format, workers=args.workers,
+                                 batch_size=args.batch_size)
+    except scoring.ScoringError as exc:
+        raise SystemExit(f"{args.input}: {exc}" if str(exc).startswith("student ") else f"score: {exc}") from None
+    workers = f"{done['workers']} worker{'s' if done['workers'] != 1 else ''}"
+    print(f"scored {done['students']} students with {args.model} on Ray ({workers}, "
+          f"{done['seconds']:.1f} s after a {done['startup_seconds']:.1f} s start) into {args.output}",
+          file=sys.stderr)
     return 0
 
 
@@ -410,12 +412,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action="store_true", help="log every request (costs ~0.2 ms each)")
     serve.set_defaults(func=cmd_serve)
 
-    score = sub.add_parser("score", help="score whole histories from a JSONL or CSV file into JSONL")
-    score.add_argument("input", help=".jsonl (student_id, events, predict_question_ids) or .csv "
-                                     "(student_id, question_id, response in time order)")
-    score.add_argument("--model", required=True)
+    score = sub.add_parser("score", help="score whole histories (JSONL, Parquet or CSV) into JSONL or Parquet")
+    score.add_argument("input", help="a JSONL file (student_id, events, predict_question_ids), a .parquet file (the "
+                                     "same columns), a .csv file (student_id, question_id, response in time order), "
+                                     "a directory of .jsonl / .ndjson / .parquet parts, or a glob")
+    score.add_argument("--model", required=True, help="a knowledge-tracing model (NAME or NAME@VERSION)")
     score.add_argument("--artifacts", default="artifacts", help="artifacts directory (default ./artifacts)")
-    score.add_argument("--output", help="JSONL output (default stdout)")
+    score.add_argument("--output", help="JSONL or Parquet file (default: JSONL on stdout); with --engine ray, a "
+                                        "directory of part files")
+    score.add_argument("--output-format", choices=["jsonl", "parquet"],
+                       help="default: parquet when --output ends in .parquet, else jsonl")
+    score.add_argument("--engine", choices=["local", "ray"], default="local",
+                       help="local: this process (default); ray: Ray Data, one worker per CPU (the 'ray' extra; "
+                            "a local Ray instance, or the cluster RAY_ADDRESS names)")
+    score.add_argument("--workers", type=int, help="ray: scoring workers, a CPU each (default: one per CPU of this "
+                                                   "machine; on a cluster, its CPUs less one, left for reading)")
+    score.add_argument("--batch-size", type=int, default=64, help="ray: students per batch a worker scores")
     score.add_argument("--quiet", action="store_true")
     score.set_defaults(func=cmd_score)
 
