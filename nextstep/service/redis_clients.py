@@ -309,6 +309,9 @@ class Client:
                     await asyncio.sleep(min(0.05 * 2 ** (attempt - 1), 0.5))
                     continue
                 reason = _failure(exc, self.options.socket_timeout)
+                if self.target.tls and "reset by peer" in reason.lower():  # TLS 1.3: a refused client certificate
+                    reason += (" (over TLS this is how a server that refuses the client certificate, or its "
+                               "absence, often answers: check ssl_certfile/ssl_keyfile)")  # can come as a reset
                 raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {reason}") from exc
         for reply in replies:
             if is_error(reply) and not is_noscript(reply):
