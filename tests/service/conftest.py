@@ -403,3 +403,16 @@ def artifact_tree(tmp_path_factory) -> Path:
     path = artifacts / "deep_gpcm" / "2" / "manifest.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z", "version": "2"}))
     return artifacts
+
+
+# ids as apps make them: slashes, spaces, percent signs, query and fragment marks, dot segments, non-ASCII, the
+# longest allowed; in a path each is percent-encoded (dots too: clients drop "." and ".." segments)
+ODD_IDS = ["org/42", "org%2F42", "a b", "50%", "?x=1#y&z", "/lead", "trail/", "a//b", ".", "..", "ünï/çødé ✓",
+           "x" * 200]
+
+
+def encoded(entity_id: str) -> str:
+    """An id as a path segment: percent-encoded, dots too."""
+    from urllib.parse import quote
+
+    return quote(entity_id, safe="").replace(".", "%2E")

@@ -13,6 +13,7 @@ import torch
 from nextstep.service.settings import Settings
 from nextstep.training.data import load_dataset
 from nextstep.training.run import load_model
+from tests.service.conftest import ODD_IDS, encoded
 
 
 @pytest.fixture(params=["in-process", "redis"])
@@ -273,16 +274,7 @@ def test_events_fast_path_answers_like_the_route(artifacts, serve):
         assert f'nextstep_requests_total{{model="",{route},status="404"}} 1.0' in metrics
 
 
-# ids as apps make them: slashes, spaces, percent signs, query and fragment marks, dot segments, non-ASCII, the
-# longest allowed; in a path each is percent-encoded (dots too: clients drop "." and ".." segments)
-ODD_IDS = ["org/42", "org%2F42", "a b", "50%", "?x=1#y&z", "/lead", "trail/", "a//b", ".", "..", "ünï/çødé ✓",
-           "x" * 200]
 
-
-def encoded(entity_id: str) -> str:
-    from urllib.parse import quote
-
-    return quote(entity_id, safe="").replace(".", "%2E")
 
 
 def test_any_id_round_trips_through_write_read_and_delete(artifacts, redis_url, serve):

@@ -12,6 +12,7 @@ from nextstep.service.settings import Settings
 from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
 from nextstep.training.next_item_run import load_next_item, train_next_item
 from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
+from tests.service.conftest import ODD_IDS, encoded
 
 
 @pytest.fixture(scope="session")
@@ -162,30 +163,23 @@ def test_seen_items_are_kept_most_recent_first_once_each_and_ids_are_strict(rec_
         assert http.get("/v1/sessions/gru4rec/" + "x" * 201).status_code == 422
 
 
-ODD_IDS = ["org/42", "org%2F42", "a b", "50%", "?x=1#y&z", "/lead", "trail/", "a//b", ".", "..", "events",
-           "ünï/çødé ✓", "x" * 200]
 
-
-def encoded(entity_id: str) -> str:
-    from urllib.parse import quote
-
-    return quote(entity_id, safe="").replace(".", "%2E")
 
 
 def test_any_session_id_round_trips_through_write_read_and_delete(rec_artifacts, redis_url, serve):
     _, vocab, _ = load_next_item(rec_artifacts / "gru4rec" / "1")
     item = str(vocab.ids[0])
     with serve(Settings(artifacts_dir=rec_artifacts, redis_url=redis_url)) as url, httpx.Client(base_url=url) as http:
-        for n, sid in enumerate(ODD_IDS):
+        for n, sid in enumerate([*ODD_IDS, "events"]):
             written = http.post("/v1/sessions/gru4rec/events",
                                 json={"session_id": sid, "events": [{"item_id": item}] * (n % 3 + 1)})
             assert written.status_code == 200 and written.json()["session_id"] == sid, written.text
         assert http.get("/v1/sessions/gru4rec/org/42").json()["events_total"] == 1  # a "/" left as it is
-        for n, sid in enumerate(ODD_IDS):
+        for n, sid in enumerate([*ODD_IDS, "events"]):
             read = http.get(f"/v1/sessions/gru4rec/{encoded(sid)}")
             assert read.status_code == 200, (sid, read.text)
             assert read.json()["session_id"] == sid and read.json()["events_total"] == n % 3 + 1, (sid, read.json())
-        for sid in ODD_IDS:
+        for sid in [*ODD_IDS, "events"]:
             gone = http.delete(f"/v1/sessions/gru4rec/{encoded(sid)}")
             assert gone.status_code == 200 and gone.json() == {"session_id": sid, "deleted": True}, (sid, gone.text)
             assert http.get(f"/v1/sessions/gru4rec/{encoded(sid)}").json()["exists"] is False, sid

@@ -29,6 +29,7 @@ from nextstep.service.state import RedisStore
 from nextstep.training.reviews import ReviewLog
 from nextstep.training.time_aware_export import INPUTS, export_time_aware
 from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
+from tests.service.conftest import ODD_IDS, encoded
 
 SIZE, CARD_SIZE = 32, 4  # small windows, so a few hundred reviews exercise the card-history rule
 CONFIG = TimeAwareConfig(d_model=16, n_layers=1, ffn_dim=32, t2v_dim=4, window=SIZE, card_window=CARD_SIZE)
@@ -535,14 +536,7 @@ def test_no_server_errors_on_the_srs_routes(case, srs_url):
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
 
 
-ODD_IDS = ["org/42", "org%2F42", "a b", "50%", "?x=1#y&z", "/lead", "trail/", "a//b", ".", "..",
-           "ünï/çødé ✓", "x" * 200]
 
-
-def encoded(entity_id: str) -> str:
-    from urllib.parse import quote
-
-    return quote(entity_id, safe="").replace(".", "%2E")
 
 
 def test_any_user_id_round_trips_through_write_read_and_delete(srs_model, redis_url, serve):
