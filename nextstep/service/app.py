@@ -25,6 +25,7 @@ from starlette.middleware.errors import ServerErrorMiddleware
 
 from .banks import Banks, make_bank_store
 from .errors import KIND, STATUS, StoreUnavailable, problem
+from .fleet import FleetReloads
 from .kt import KnowledgeTracer
 from .metrics import Metrics
 from .openapi import complete
@@ -244,6 +245,19 @@ class Service(FastAPI):
         return ServerErrorMiddleware(app, handler=last_resort, debug=self.debug)
 
 
+async def reload_models(app: FastAPI) -> LoadReport:
+    """Rescan the artifacts directory (in a worker thread), update the metrics, prepare the banks: what
+    `POST /v1/models/reload` does, and what every other replica does when it sees the reload generation move
+    (fleet.py)."""
+    registry, metrics = app.state.registry, app.state.metrics
+    report: LoadReport = await asyncio.to_thread(registry.reload)
+    metrics.set_models(registry.models())
+    metrics.set_refused(registry.report.refused)  # (the registry's newest: reloads may overlap)
+    metrics.reloads.labels("refused" if report.refused else "ok").inc()
+    await app.state.tracer.banks.prepare(registry.models())
+    return report
+
+
 class TimedStore:
     """The state store with each operation's latency recorded."""
 
@@ -301,7 +315,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,
                                          cas_retries=settings.cas_retries,
                                          on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
+        # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
+        app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)
+        await app.state.fleet.start(lambda: reload_models(app))
         yield
+        await app.state.fleet.close()
         await engines.close()
         await banks.close()
         await store.close()
@@ -416,19 +434,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "offset": offset, "limit": limit, "ids": m.ids[offset:end],
                 "next_offset": end if end < len(m.ids) else None}
 
-    @app.post("/v1/models/reload", tags=["system"], summary="Rescan the artifacts directory (409: artifacts refused)",
+    @app.post("/v1/models/reload", tags=["system"],
+              summary="Rescan the artifacts directory, here and (through Redis) on every replica (409: refused)",
               responses={409: {"description": "artifacts refused: each named with its reason; what served before "
                                               "keeps serving (the other artifacts were loaded)",
                                "content": {"application/problem+json": {}}}})
     async def reload(request: Request):
         registry = request.app.state.registry
-        report: LoadReport = await asyncio.to_thread(registry.reload)
-        metrics.set_models(registry.models())
-        metrics.set_refused(registry.report.refused)  # (the registry's newest: reloads may overlap)
-        metrics.reloads.labels("refused" if report.refused else "ok").inc()
-        await request.app.state.tracer.banks.prepare(registry.models())
+        report = await reload_models(request.app)
+        # the other replicas on this Redis follow within NEXTSTEP_RELOAD_REFRESH_SECONDS; null: not told
+        # (no Redis, or it failed: the log says so)
+        generation = await request.app.state.fleet.announce()
         answer = {"models": [f"{m.name}/{m.version}" for m in registry.models()], "serving": report.serving,
-                  "withdrawn": list(report.withdrawn), "refused": [r.as_dict() for r in report.refused]}
+                  "withdrawn": list(report.withdrawn), "refused": [r.as_dict() for r in report.refused],
+                  "fleet_generation": generation}
         if not report.refused:
             return {**answer, "errors": {}}
         named = "; ".join(f"{r.model}/{r.version}: {r.reason.removeprefix(r.path + ': ')} ({r.outcome})"

@@ -31,7 +31,8 @@ class Metrics:
         self.artifacts_refused = Gauge("nextstep_artifacts_refused", "artifact directories the last (re)load "
                                        "refused (1 each); kept=true: that version keeps serving the object "
                                        "loaded before", ["model", "version", "kept"], registry=r)
-        self.reloads = Counter("nextstep_reloads_total", "POST /v1/models/reload by outcome (ok: nothing refused)",
+        self.reloads = Counter("nextstep_reloads_total", "reloads by outcome (ok: nothing refused): POST "
+                               "/v1/models/reload, and those run when another replica's reload moved the generation",
                                ["outcome"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
         self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request

@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     body_timeout_seconds: float = Field(default=30.0, gt=0)  # and its body within this after them (server.py)
     cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
     bank_refresh_seconds: float = Field(default=1.0, ge=0)  # SimAKT: how stale a replica's active bank version may be
+    # a reload on one replica reaches every replica sharing the Redis within this (plus one reload's work): each
+    # reads the reload generation this often (fleet.py)
+    reload_refresh_seconds: float = Field(default=2.0, gt=0)
     opentelemetry: bool = False  # FastAPI's native OpenTelemetry (needs a provider); /metrics is ours
 
     def redis_options(self):

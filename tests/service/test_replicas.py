@@ -7,7 +7,8 @@ What is checked: many writers on one learner through the balancer lose no update
 once whichever replica receives it; every replica served its share, counted twice (each replica's /metrics and
 HAProxy's per-server statistics agree request for request); a replica killed under load costs no event (clients
 retry with the same event ids) and is taken out and back by the health checks; a reload through the balancer reaches
-one replica only.
+every replica within NEXTSTEP_RELOAD_REFRESH_SECONDS (the reload generation in Redis), and a replica reloaded by its
+own address serves the new set at once.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO / "docker" / "haproxy" / "haproxy.cfg"
 EVENTS_ROUTE = "/v1/kt/{model}/events"
 N_REPLICAS = 3
+RELOAD_REFRESH = 1.0  # NEXTSTEP_RELOAD_REFRESH_SECONDS of the replicas
 
 
 def _haproxy() -> str:
@@ -91,6 +93,7 @@ class Replica:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NEXTSTEP_")}
         env.update(NEXTSTEP_REDIS_URL=self.redis_url, NEXTSTEP_ARTIFACTS_DIR=str(self.artifacts),
+                   NEXTSTEP_RELOAD_REFRESH_SECONDS=str(RELOAD_REFRESH),
                    PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         argv = [sys.executable, "-m", "nextstep.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         with open(self.log, "ab") as log:
@@ -333,22 +336,52 @@ def test_a_replica_killed_under_load_loses_no_event_and_comes_back(fleet):
     assert httpx.get(f"{fleet.url}/v1/kt/deep_gpcm/students/survivor").json()["events_total"] == total + 9
 
 
-def test_a_reload_through_the_balancer_reaches_one_replica(fleet):
-    """Reloads are per process: through the balancer a reload lands on one replica. Reloading each replica by its
-    own address is what brings the whole fleet to the new version (deploy/kubernetes/README.md, docker/README.md)."""
-    artifacts = fleet.replicas[0].artifacts
-    new = artifacts / "deep_gpcm" / "v2"
+def _add_version(artifacts: Path, version: str) -> None:
+    """deep_gpcm/<version>: a copy of v1 marked newer."""
+    new = artifacts / "deep_gpcm" / version
     shutil.copytree(artifacts / "deep_gpcm" / "v1", new)
     manifest = json.loads((new / "manifest.json").read_text())
-    (new / "manifest.json").write_text(json.dumps({**manifest, "version": "v2", "created": "2999-01-01T00:00:00Z"}))
+    (new / "manifest.json").write_text(json.dumps({**manifest, "version": version,
+                                                   "created": f"2999-01-0{version[-1]}T00:00:00Z"}))
 
-    def versions(url: str) -> set[str]:
-        return {m["version"] for m in httpx.get(f"{url}/v1/models").json()["models"]}
 
+def _versions(url: str) -> set[str]:
+    return {m["version"] for m in httpx.get(f"{url}/v1/models", timeout=5).json()["models"]}
+
+
+def test_a_reload_through_the_balancer_reaches_every_replica(fleet):
+    """One reload through the balancer lands on one replica, which bumps the reload generation in Redis; every other
+    replica sees it move within NEXTSTEP_RELOAD_REFRESH_SECONDS and reloads itself (asked directly, each lists the new
+    version). A replica reloaded by its own address still serves the new set as soon as it answers."""
+    artifacts = fleet.replicas[0].artifacts
+    _add_version(artifacts, "v2")
     reply = httpx.post(f"{fleet.url}/v1/models/reload", timeout=30)
     assert reply.status_code == 200, reply.text
-    assert [("v2" in versions(r.url)) for r in fleet.replicas].count(True) == 1
+    told = reply.json()["fleet_generation"]
+    assert isinstance(told, int) and told >= 1, reply.text
+    answered = time.monotonic()
+    reached = {}
+    # the interval, plus a reload's own work (a rescan and a session build on two busy cores)
+    deadline = answered + RELOAD_REFRESH + 10
+    while len(reached) < N_REPLICAS and time.monotonic() < deadline:
+        for r in fleet.replicas:
+            if r.name not in reached and "v2" in _versions(r.url):
+                reached[r.name] = time.monotonic() - answered
+        time.sleep(0.05)
+    assert sorted(reached) == [r.name for r in fleet.replicas], reached
+    print(f"reload reached the replicas after {reached} s (refresh {RELOAD_REFRESH} s)")
+    for _ in range(2 * N_REPLICAS):  # every answer through the balancer lists it
+        assert _versions(fleet.url) == {"v1", "v2"}
+
+    # a direct reload of each replica: that replica serves the new version in its answer, without waiting
+    _add_version(artifacts, "v3")
+    generations = []
     for r in fleet.replicas:
-        assert httpx.post(f"{r.url}/v1/models/reload", timeout=30).status_code == 200
-    for _ in range(2 * N_REPLICAS):  # now every answer through the balancer lists it
-        assert versions(fleet.url) == {"v1", "v2"}
+        reply = httpx.post(f"{r.url}/v1/models/reload", timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert "deep_gpcm/v3" in reply.json()["models"]
+        assert "v3" in _versions(r.url)
+        generations.append(reply.json()["fleet_generation"])
+    assert generations == [told + 1, told + 2, told + 3]
+    for _ in range(2 * N_REPLICAS):
+        assert _versions(fleet.url) == {"v1", "v2", "v3"}
