@@ -36,7 +36,7 @@ test-ray:  ## the Ray Data scoring tests alone (local Ray, 2 CPUs; ~20 s); fails
 	$(BIN)/pytest tests/test_scoring.py
 
 openapi:  ## regenerate openapi/openapi.json from the app (a test fails when it drifts)
-	$(BIN)/python -m nextstep.service.openapi
+	$(BIN)/nextstep openapi
 
 lint:  ## ruff only
 	$(BIN)/ruff check .

@@ -5,6 +5,7 @@
     export       export an artifact's weights again through its family's exporter
     banks build  rebuild a SimAKT artifact's memory banks from training students
     serve        serve the artifacts over HTTP
+    openapi      write the service's OpenAPI document (openapi/openapi.json)
     score        score whole histories offline through the exported graphs
     import-anki  write an Anki collection's reviews as a review-log CSV
     demo         train small models on generated data and replay a learner through ONNX Runtime
@@ -194,6 +195,19 @@ def cmd_demo(args) -> int:
         print(f"{'':15s} after {history}: P(response to {vocab[3]}) = {[round(float(p), 3) for p in probs[0, 0]]}, "
               f"theta {theta[0, 0]:.2f}, alpha {alpha[0, 0]:.2f}, beta {[round(float(b), 2) for b in beta[0, 0]]}")
     print(f"artifacts in {work / 'artifacts'}")
+    return 0
+
+
+def cmd_openapi(args) -> int:
+    """Write the service's OpenAPI document (openapi/openapi.json is committed; a test fails when it drifts)."""
+    require("fastapi", "serve", "nextstep openapi")
+    from .service.app import create_app
+    from .service.openapi import render
+
+    path = Path(args.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(create_app()))
+    print(f"wrote {path}")
     return 0
 
 
@@ -411,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1, help="worker processes (they share state through Redis)")
     serve.add_argument("--access-log", action="store_true", help="log every request (costs ~0.2 ms each)")
     serve.set_defaults(func=cmd_serve)
+
+    openapi = sub.add_parser("openapi", help="write the service's OpenAPI document")
+    openapi.add_argument("path", nargs="?", default="openapi/openapi.json")
+    openapi.set_defaults(func=cmd_openapi)
 
     score = sub.add_parser("score", help="score whole histories (JSONL, Parquet or CSV) into JSONL or Parquet")
     score.add_argument("input", help="a JSONL file (student_id, events, predict_question_ids), a .parquet file (the "

@@ -1,7 +1,7 @@
 """The service's OpenAPI document: FastAPI's, completed with what FastAPI does not know of the service.
 
     complete(doc, open_paths) -> doc     (app.py serves the completed document at /openapi.json)
-    python -m nextstep.service.openapi [PATH]     writes it (default openapi/openapi.json)
+    render(app) -> str                   the document as committed (`nextstep openapi [PATH]`, `make openapi`)
 
 Completed: every error answer is a `Problem` (application/problem+json) in place of FastAPI's validation-error
 schemas; every route outside `open_paths` declares the `X-API-Key` security scheme and its 401; every route that
@@ -10,13 +10,10 @@ takes a body declares 413 (over the size limit), 415 (not application/json) and 
 """
 
 import json
-import sys
-from pathlib import Path
 
 from .errors import Problem
 from .routes.common import PROBLEMS
 
-DEFAULT_PATH = Path("openapi/openapi.json")
 SCHEME = "ApiKey"
 PROBLEM_CONTENT = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 # statuses of routes that do not declare them (app.py's system routes)
@@ -54,22 +51,6 @@ def complete(doc: dict, open_paths: set[str]) -> dict:
     return doc
 
 
-def document() -> dict:
-    from .app import create_app  # (app.py imports this module)
-
-    return create_app().openapi()
-
-
-def render() -> str:
-    return json.dumps(document(), indent=2, sort_keys=True) + "\n"
-
-
-def main() -> None:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render())
-    print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()
+def render(app) -> str:
+    """The app's OpenAPI document as committed in openapi/openapi.json (`nextstep openapi` writes it)."""
+    return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
