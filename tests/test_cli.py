@@ -16,6 +16,7 @@ import pytest
 from nextstep.cli import main
 from nextstep.demo import BUNDLED
 from nextstep.training.synthetic import write_gpcm_dataset
+from tests.cli_script import RUN_CLI, hide
 
 ORDINAL_KEYS = {"categorical_accuracy", "ordinal_accuracy", "qwk", "mae", "nll"}
 SMALL_MODEL = {"model": {"memory_size": 8, "key_dim": 8, "value_dim": 16, "summary_dim": 8}}
@@ -157,15 +158,7 @@ def test_binary_data_gets_an_auc(tmp_path):
 # -- faults a user meets first: a wrong model name, no torch, progress in a log file ---------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
-HIDE_TORCH = """
-import sys
-class NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
-sys.meta_path.insert(0, NoTorch())
-"""
-RUN_CLI = "import sys\nfrom nextstep.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+HIDE_TORCH = hide("torch")
 
 
 def _cli(argv: list[str], *, without_torch: bool = False, **kwargs) -> subprocess.CompletedProcess:

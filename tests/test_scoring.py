@@ -15,6 +15,7 @@ import pytest
 
 from nextstep.cli import main
 from nextstep.demo import BUNDLED
+from tests.cli_script import cli_without
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = [str(q) for q in json.loads((BUNDLED / "deep_gpcm" / "demo" / "vocab_questions.json").read_text())["ids"]]
@@ -183,17 +184,7 @@ def test_ray_failure_names_the_student_and_keeps_the_previous_output(ray_local, 
 
 # -- without the extra -------------------------------------------------------------------------------------------
 
-HIDE_RAY = """
-import sys
-class NoRay:
-    def find_spec(self, name, path=None, target=None):
-        if name == "ray" or name.startswith("ray."):
-            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
-sys.meta_path.insert(0, NoRay())
-import sys
-from nextstep.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+HIDE_RAY = cli_without("ray")
 
 
 def test_engine_ray_without_the_extra_is_one_line_naming_it(tmp_path):

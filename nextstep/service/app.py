@@ -92,6 +92,10 @@ def _matches(given: bytes, keys: list[bytes]) -> bool:
     return found
 
 
+def _too_large(limit: int) -> JSONResponse:
+    return problem(413, f"request body over {limit} bytes", "body", "too-large")
+
+
 def _field(loc) -> str | None:
     """A validation error's location as one field name: ("body", "events", 0, "response") -> events[0].response;
     ("body",), the body as a whole -> body."""
@@ -168,12 +172,8 @@ class ServiceMiddleware:
                     return await self.refuse(refused, scope, receive, send)
         limit = self.settings.max_body_bytes
         length = headers.get(b"content-length")
-
-        def too_large():  # (built only when needed: this runs on every request)
-            return problem(413, f"request body over {limit} bytes", "body", "too-large")
-
         if length is not None and (not length.isdigit() or int(length) > limit):
-            return await self.refuse(too_large(), scope, receive, send)
+            return await self.refuse(_too_large(limit), scope, receive, send)
         if length is None and scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: buffer within the limit
             chunks, size, more = [], 0, True
             while more:
@@ -184,7 +184,7 @@ class ServiceMiddleware:
                 size += len(chunks[-1])
                 more = message.get("more_body", False)
                 if size > limit:
-                    return await self.refuse(too_large(), scope, receive, send)
+                    return await self.refuse(_too_large(limit), scope, receive, send)
             body = b"".join(chunks)
 
             async def receive():  # noqa: F811 - replay the buffered body

@@ -21,6 +21,7 @@ import pytest
 from nextstep import demo
 from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
+from tests.cli_script import cli_without
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -28,16 +29,7 @@ HEALTHZ_PROMISE_S = 30.0  # the README's promise for `make run`; the measured ti
 TASK_OF = {"kt": "knowledge_tracing", "sessions": "next_item", "srs": "srs"}
 
 # runs `nextstep` with torch unimportable: serving the demo must not need it
-WITHOUT_TORCH = """
-import sys
-class NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
-sys.meta_path.insert(0, NoTorch())
-from nextstep.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+WITHOUT_TORCH = cli_without("torch")
 
 
 def readme_examples() -> dict[str, tuple[str, dict]]:
