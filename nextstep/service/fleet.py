@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from .redis_clients import Client
@@ -36,7 +35,6 @@ class FleetReloads:
         self.client, self.refresh = client, refresh_seconds
         self.key = f"{key_prefix}:{{fleet}}:reload-generation"
         self.seen: int | None = None  # the generation this process's models correspond to; None: not read yet
-        self.checked = 0.0  # time.monotonic() of the last successful read
         self._task: asyncio.Task | None = None
 
     async def _read(self) -> int:
@@ -49,7 +47,6 @@ class FleetReloads:
             return
         try:
             self.seen = await self._read()
-            self.checked = time.monotonic()
         except Exception:  # the first successful check below adopts the generation, reloading once to be sure
             log.exception("reload generation not read at startup; following it from the next check")
         self._task = asyncio.create_task(self._follow(reload), name="nextstep-fleet-reloads")
@@ -72,7 +69,6 @@ class FleetReloads:
     async def check(self, reload: Callable[[], Awaitable[object]]) -> bool:
         """One check: reload if the generation moved. Whether it reloaded. Raises what the read raises."""
         generation = await self._read()
-        self.checked = time.monotonic()
         if generation == self.seen:
             return False
         log.info("reload generation %s -> %s: reloading the models", self.seen, generation)
