@@ -34,18 +34,23 @@ non-negative "drops" at fixed times from 5 minutes to a year, and terms of the q
 recall as time passes (scheduler days since, time since the user's last review) or only fall away (same day,
 reviews today), each with a weight >= 0. Every correction starts at nothing, so an untrained model is FSRS-6;
 after training, `blend` (fitted on held-out reviews, with a prior towards 0) mixes the network's curve with
-FSRS-6's own, so a user with few reviews gets FSRS-6 and one with many gets what the network learned. The query
-state never sees the query's time, so the curve is monotone by construction, and `schedule` inverts it for a
-desired retention. A card with no review in the window has no curve: its recall does not depend on time.
+FSRS-6's own, so a user with few reviews gets FSRS-6 and one with many gets what the network learned. The user's
+drift adds one more term, the same at every elapsed time: `drift_gain` times a recency-weighted mean of FSRS-6's
+errors on the user's earlier scored reviews (`drift_offset`; docs/decisions.md), so a user who lately recalls more
+(or less) than FSRS-6 expects gets a curve shifted up (or down). The query state never sees the query's time, so
+the curve is monotone by construction, and `schedule` inverts it for a desired retention. A card with no review
+in the window has no curve: its recall does not depend on time.
 CORAL rating head: P(rating > k) = sigmoid(s - b_k) with s = logit P(recall) and b_1 = 0 < b_2 < b_3; with
 `adaptive_gaps` (the default) the gaps are predicted from the state, still positive, so the probabilities stay
 rank-consistent while the Hard/Good/Easy split can differ from what the recall alone implies. A duration head predicts
 log(1 + seconds) from the state and the recall logit.
 
-The streaming contract (streaming.py): the state is a window of raw reviews; `step` appends one; `readout`
-answers a batch of windows with one query each (the serving path: only the query row is computed); `forward`
-predicts every review of a sequence at once with causal masks (the seed's training view). The two agree
-whenever the window holds all earlier reviews, which a test checks.
+The streaming contract (streaming.py): the state is a window of raw reviews and the user's drift sums (m, w);
+`step` adds FSRS-6's error on a review to the sums (`drift_update`) and appends it; `readout` answers a batch of
+states with one query each (the serving path: only the query row is computed), and also answers FSRS-6's own
+recall and whether the protocol scores the review (what `drift_update` needs); `forward` predicts every review of
+a sequence at once with causal masks (the seed's training view), the drift sums included. The two agree whenever
+the window holds all earlier reviews, which a test checks.
 """
 
 from __future__ import annotations
@@ -81,6 +86,12 @@ class TimeAwareConfig:
     # CORAL gaps b_1 - b_2, b_2 - b_3 predicted from the state (still ordered) instead of constant (the seed);
     # constant gaps tie the Hard/Good/Easy split to the recall score (docs/decisions.md)
     adaptive_gaps: bool = True
+    # the user's drift (docs/decisions.md): an exponentially weighted mean of FSRS-6's recent errors on the user's
+    # scored reviews, each review's weight halving every `drift_halflife` scored reviews after it, shrunk towards 0
+    # by `drift_prior` pseudo-reviews; `drift_gain` (fitted on held-out reviews) turns it into a recall logit offset
+    drift_halflife: float = 10.0
+    drift_prior: float = 2.0
+    drift_gain: float = 4.0  # the gain before calibration fits it, and the value calibration's prior pulls towards
 
     @property
     def n_heads(self) -> int:
@@ -109,6 +120,10 @@ class Query(NamedTuple):
     card: torch.Tensor  # (B, Q) int64
     deck: torch.Tensor  # (B, Q) int64
     time: torch.Tensor  # (B, Q) float64
+    drift: torch.Tensor | None = None  # (B, Q, 2) float32: the user's drift sums (m, w) before the query; None: 0
+
+
+DRIFT_DTYPE = "float32"
 
 
 class Prediction(NamedTuple):
@@ -116,6 +131,8 @@ class Prediction(NamedTuple):
     recall: torch.Tensor  # (...) P(rating > 1)
     log_duration: torch.Tensor  # (...) predicted log(1 + seconds)
     threshold_logits: torch.Tensor  # (..., 3) s + b_k, for the CORAL loss
+    fsrs_recall: torch.Tensor  # (...) FSRS-6's own P(recall) (no network, no drift): the drift's reference
+    scored: torch.Tensor  # (...) bool: the card was last reviewed on an earlier scheduler day (the drift counts it)
 
 
 class Time2Vec(nn.Module):
@@ -259,6 +276,9 @@ class TimeAwareTransformer(nn.Module):
         # how much of the network's curve to trust against FSRS-6's own (recall logit = FSRS-6 + blend * (network -
         # FSRS-6)): 1 while training, then fitted on held-out reviews with a pull towards 0 (time_aware_loop)
         self.register_buffer("blend", torch.tensor(1.0))
+        # logit offset per unit of drift (see `drift_offset`): cfg.drift_gain while training, then fitted on held-out
+        # reviews with a pull towards it (time_aware_loop.calibrate)
+        self.register_buffer("drift_gain", torch.tensor(float(cfg.drift_gain)))
         self.duration = nn.Sequential(nn.Linear(d + 1, d), nn.GELU(), nn.Linear(d, 1))
         with torch.no_grad():
             self.duration[-1].bias.fill_(2.0)  # log(1 + ~7 s)
@@ -352,8 +372,9 @@ class TimeAwareTransformer(nn.Module):
         for layer in self.layers:
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
-        return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag, "visible": visible,
-                   "row_day": row_day, "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
+        drift = self.drift_offset(q.drift) if q.drift is not None else torch.zeros_like(elapsed, dtype=torch.float32)
+        return x, {"drift": drift, "elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
+                   "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
                    "time_weight": F.softplus(self.time_head(x))}
 
     def _fsrs_state(self, rating: torch.Tensor, row_day: torch.Tensor, same_card: torch.Tensor,
@@ -433,7 +454,29 @@ class TimeAwareTransformer(nn.Module):
         network = (self._curve_logit(ctx["curve"], days, elapsed) - (weight[..., :n] * rising).sum(-1)
                    + (weight[..., n:] * falling).sum(-1))
         base = _logit_of_log(fsrs.log_retrievability(self.fsrs_w[20], ctx["fsrs_s"], days).double()).float()  # FSRS-6
-        return base + self.blend * (network - base)  # blend in [0, 1]: two non-increasing curves, mixed
+        # blend in [0, 1]: two non-increasing curves, mixed; the drift offset does not depend on the query's time
+        return base + self.blend * (network - base) + ctx["drift"]
+
+    def drift_offset(self, drift: torch.Tensor) -> torch.Tensor:
+        """The recall logit offset of the user's drift sums (..., 2) = (m, w): m the weighted sum of FSRS-6's errors
+        (y - P(recall)) on the user's scored reviews so far, w the sum of their weights (each halves every
+        `drift_halflife` scored reviews after it): gain * m / (w + drift_prior), a weighted mean shrunk towards 0."""
+        return self.drift_gain * drift[..., 0] / (drift[..., 1] + self.cfg.drift_prior)
+
+    def _fsrs_now(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(FSRS-6's own P(recall) `elapsed` days after the card's last review, 0 for a card without one; whether
+        the protocol scores such a review: the card's last review was on an earlier scheduler day)."""
+        _, days = self._days(ctx, elapsed)
+        p = torch.exp(fsrs.log_retrievability(self.fsrs_w[20], ctx["fsrs_s"], days).double()).float()
+        return torch.where(ctx["seen"], p, 0.0), ctx["seen"] & (days > 0)
+
+    def drift_update(self, drift: torch.Tensor, pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
+        """The drift sums (B, 2) after a review with this rating that `pred` answered (before it was made)."""
+        a = 0.5 ** (1.0 / self.cfg.drift_halflife)
+        error = (rating > 1).float() - pred.fsrs_recall
+        m = torch.where(pred.scored, a * drift[:, 0] + error, drift[:, 0])
+        w = torch.where(pred.scored, a * drift[:, 1] + 1.0, drift[:, 1])
+        return torch.stack([m, w], dim=-1)
 
     def _heads(self, x: torch.Tensor, ctx: dict, elapsed: torch.Tensor) -> Prediction:
         recall_logit = torch.where(ctx["seen"], self._recall_logit(ctx, elapsed),
@@ -450,31 +493,40 @@ class TimeAwareTransformer(nn.Module):
         cum = torch.cat([one, above, zero], dim=-1)
         probs = (cum[..., :-1] - cum[..., 1:]).clamp(min=0)
         log_duration = self.duration(torch.cat([x, s], dim=-1)).squeeze(-1)  # answer time may depend on recall
-        return Prediction(probs, above[..., 0], log_duration, tl)
+        return Prediction(probs, above[..., 0], log_duration, tl, *self._fsrs_now(ctx, elapsed))
 
     # ---- the streaming contract (streaming.py) ------------------------------------------------------
     # The state is a window of the user's latest reviews (each field (B, H), left-padded, in time order); the
     # service keeps raw reviews and picks each query's window with review_window.select, which `step` equals
     # while the card's own reviews are among the latest H.
+    # The state is the window's seven fields and the user's drift sums (B, 2).
     def state_spec(self) -> list[dict]:
         H = self.cfg.window
-        return [{"name": f"hist_{name}", "shape": [H], "dtype": dtype, "init": "empty window"}
-                for name, dtype in zip(Window._fields, WINDOW_DTYPES, strict=True)]
+        return [*({"name": f"hist_{name}", "shape": [H], "dtype": dtype, "init": "empty window"}
+                  for name, dtype in zip(Window._fields, WINDOW_DTYPES, strict=True)),
+                {"name": "drift", "shape": [2], "dtype": DRIFT_DTYPE, "init": "zeros"}]
 
-    def init_state(self, batch: int) -> Window:
+    def init_state(self, batch: int) -> tuple:
         H = self.cfg.window
-        return Window(*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES))
+        return (*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES), torch.zeros(batch, 2))
 
-    def step(self, state, card, deck, time, rating, duration, review_state) -> Window:
-        """Append one review (each field (B,)) as the newest row; a full window drops its oldest."""
+    def step(self, state, card, deck, time, rating, duration, review_state) -> tuple:
+        """Append one review (each field (B,)) as the newest row (a full window drops its oldest), after adding
+        FSRS-6's error on it to the drift when the protocol scores it (`drift_update`)."""
+        pred = self.readout(state, card, deck, time)
         new = (card, deck, time, rating, duration, review_state, torch.ones_like(card, dtype=torch.bool))
-        return Window(*(torch.cat([old[:, 1:], row.to(old.dtype).unsqueeze(1)], 1)
-                        for old, row in zip(state, new, strict=True)))
+        return (*(torch.cat([old[:, 1:], row.to(old.dtype).unsqueeze(1)], 1)
+                  for old, row in zip(state[:7], new, strict=True)), self.drift_update(state[7], pred, rating))
+
+    @staticmethod
+    def _split(state) -> tuple[Window, torch.Tensor | None]:
+        """(the window, the drift sums (B, 1, 2) or None) of a state; a bare Window has no drift."""
+        return Window(*state[:7]), (state[7].unsqueeze(1) if len(state) > 7 else None)
 
     def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
-        """One query per window: (B, H) rows, query (B,) -> outputs (B, ...). The serving path."""
-        w = Window(*state)
-        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
+        """One query per state: (B, H) rows and (B, 2) drift, query (B,) -> outputs (B, ...). The serving path."""
+        w, drift = self._split(state)
+        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift)
         pred = self._core(w, q, w.valid.unsqueeze(1))
         return Prediction(*(t.squeeze(1) for t in pred))
 
@@ -488,8 +540,8 @@ class TimeAwareTransformer(nn.Module):
         many steps made the exported graph slow to build). A card without a review in the window is due now, and
         so is one already at or below the retention; one still above it after 10^6 days waits that long. Lower
         retention, later due, for every card."""
-        w = Window(*state)
-        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
+        w, drift = self._split(state)
+        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift)
         x, ctx = self._encode(w, q, w.valid.unsqueeze(1))
         elapsed, seen = ctx["elapsed"], ctx["seen"]
         scale, shift = self.calibration[0].double(), self.calibration[1].double()
@@ -510,11 +562,23 @@ class TimeAwareTransformer(nn.Module):
         return pred.recall.squeeze(1), torch.log1p(days).squeeze(1), expected_duration(pred.log_duration.squeeze(1))
 
     def forward(self, w: Window) -> Prediction:
-        """Teacher-forced: every row of (B, T) sequences predicted from the rows before it: outputs (B, T, ...)."""
-        T = w.card.shape[1]
+        """Teacher-forced: every row of (B, T) sequences predicted from the rows before it, each user's drift
+        starting at zero before the first: outputs (B, T, ...)."""
+        B, T = w.card.shape
         causal = torch.ones(T, T, dtype=torch.bool, device=w.card.device).tril(-1)  # [i, j]: j < i
-        pred = self._core(w, Query(w.card, w.deck, w.time), causal.unsqueeze(0).expand(w.card.shape[0], T, T))
-        return pred
+        x, ctx = self._encode(w, Query(w.card, w.deck, w.time), causal.unsqueeze(0).expand(B, T, T))
+        p, scored = self._fsrs_now(ctx, ctx["elapsed"])
+        scored = scored & w.valid
+        # row j's weight at query i: a^(scored rows after j and before i), for scored j < i
+        a = 0.5 ** (1.0 / self.cfg.drift_halflife)
+        n = torch.cumsum(scored.float(), -1)  # scored rows up to and including each row
+        after = (n - scored.float()).unsqueeze(-1) - n.unsqueeze(-2)  # [i, j]: scored rows in j+1 .. i-1
+        weight = torch.where(causal & scored.unsqueeze(-2), torch.pow(torch.full_like(after, a), after.clamp(min=0)),
+                             0.0)
+        error = ((w.rating > 1).float() - p).unsqueeze(-1)
+        drift = torch.cat([weight @ error, weight.sum(-1, keepdim=True)], -1)  # (B, T, 2)
+        ctx["drift"] = self.drift_offset(drift)
+        return self._heads(x, ctx, ctx["elapsed"])
 
 
 def expected_duration(log_duration: torch.Tensor) -> torch.Tensor:

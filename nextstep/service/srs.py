@@ -10,8 +10,9 @@ State per user, under `srs:<model>:<schema>:<user>` (the schema hash covers the 
 window sizes, not the model version: the reviews are data, and a new version reading windows of the same
 sizes goes on from them; see schema_hash):
 
-* the blob: the number of distinct cards reviewed (int64) followed by the user's last `size` reviews (the
-  recent block), oldest first;
+* the blob: a header, the number of distinct cards reviewed (int64) and the user's drift sums (m, w) (two
+  float64, TimeAwareTransformer.drift_update), followed by the user's last `size` reviews (the recent block),
+  oldest first;
 * a companion field per card id (state.py's `fields`): that card's last `card_size` reviews.
 
 Each stored review is a fixed 38-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
@@ -19,6 +20,13 @@ the review count is the next one), the card and deck as int64, the time, the dur
 A request reads the blob and only the fields of the cards it names, in one round trip, and writes them
 back with one compare-and-set, so the cost of a request does not grow with the number of cards a user has.
 The review count is the store's event counter.
+
+Drift. Each recorded review the protocol scores (its card last reviewed on an earlier scheduler day) adds
+FSRS-6's error on it to the user's drift sums: the predict graph answers every new review from its window
+just before it (one batched call per request) with FSRS-6's own recall (`fsrs_recall`) and whether it is
+`scored`; predict and schedule then feed the sums (the graph's `drift` input). The sums are computed under the
+FSRS-6 parameters of the version that recorded the review; a new version goes on from them (they estimate the
+same thing: how far the user is from FSRS-6 lately).
 
 Ids. The graph only compares card and deck ids for equality, so the service maps its string ids to int64
 with a stable hash (`id_hash`: the first 8 bytes of BLAKE2b, as a signed little-endian integer). Two ids
@@ -56,20 +64,20 @@ from .state import StoredState
 
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1")])  # packed: 38 bytes
-_HEADER = np.dtype("<i8")  # distinct cards reviewed
+HEADER = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards reviewed, drift sums (m, w)
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a big schedule goes in several calls, so
 # that requests queued meanwhile (the calls share one ONNX Runtime thread) wait for one call, not all of them
 # what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
 INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
-          "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "card": "int64",
-          "deck": "int64", "time": "float64"}
-OUTPUTS = ("rating_probs", "recall", "duration_s")
+          "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "drift": "float32",
+          "card": "int64", "deck": "int64", "time": "float64"}
+OUTPUTS = ("rating_probs", "recall", "duration_s", "fsrs_recall", "scored")
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
 # The layout of the reviews stored per user (below): part of the state key's schema hash together with the
 # window sizes. Change it whenever this module changes how it stores reviews.
-STATE_LAYOUT = "srs-reviews-v1: card count, recent block and per-card fields of rows (seq i8, card i8, " \
-    "deck i8, time f8, duration f4, rating i1, state i1); ids as signed BLAKE2b-64"
+STATE_LAYOUT = "srs-reviews-v2: card count (i8) and drift sums (2 f8), recent block and per-card fields of rows " \
+    "(seq i8, card i8, deck i8, time f8, duration f4, rating i1, state i1); ids as signed BLAKE2b-64"
 _PAD = {"card": 0, "deck": 0, "time": 0.0, "rating": 1, "duration": 0.0, "state": -1}  # as the export's parity check
 
 
@@ -86,7 +94,8 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
     if wrong:
         raise fail(f"predict graph takes {wrong}, which the service does not feed (it feeds {INPUTS})")
     if not set(OUTPUTS) <= set(outputs):
-        raise fail(f"predict graph outputs {outputs}, the service needs {list(OUTPUTS)}")
+        raise fail(f"predict graph outputs {outputs}, the service needs {list(OUTPUTS)} (re-export with this "
+                   "version)")
     inputs, outputs = graphs["schedule"]
     wrong = [(n, t) for n, t in inputs if ONNX_DTYPES.get(t) != {**INPUTS, "retention": "float32"}.get(n)]
     if wrong or list(outputs) != list(SCHEDULE_OUTPUTS):
@@ -99,7 +108,16 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
         raise fail(f"manifest window {w!r} is not {{size, card_size}} as integers") from None
     if window[0] < 1 or window[1] < 0:
         raise fail(f"manifest window {w!r}: size must be >= 1 and card_size >= 0")
+    halflife = (manifest.get("drift") or {}).get("halflife_scored_reviews")
+    if not isinstance(halflife, (int, float)) or isinstance(halflife, bool) or not 0 < halflife < math.inf:
+        raise fail(f"manifest drift.halflife_scored_reviews {halflife!r} is not a positive number (re-export "
+                   "with this version)")
     return {"window": window, "schema": schema_hash(name, *window)}
+
+
+def drift_decay(model: LoadedModel) -> float:
+    """How much of the drift sums is left after one more scored review (the manifest's half-life)."""
+    return 0.5 ** (1.0 / float(model.manifest["drift"]["halflife_scored_reviews"]))
 
 
 # no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
@@ -133,12 +151,14 @@ class Review:
 
 @dataclass
 class History:
-    """What one read returns for a user: the recent block, the fields read, the card count, the stored state."""
+    """What one read returns for a user: the recent block, the fields read, the card count, the drift sums, the
+    stored state."""
 
     stored: StoredState
     recent: np.ndarray  # ROW, oldest first, at most `size`
     cards: dict[str, np.ndarray]  # card id -> ROW, that card's last `card_size` reviews (only the cards read)
     n_cards: int
+    drift: np.ndarray  # (2,) float64: (m, w)
 
     @property
     def count(self) -> int:  # reviews so far = the next sequence number
@@ -159,14 +179,20 @@ def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
 
 def _decode(stored: StoredState) -> History:
     if stored.blob is None:
-        return History(stored, np.zeros(0, dtype=ROW), {}, 0)
-    n_cards = int(np.frombuffer(stored.blob, dtype=_HEADER, count=1)[0])
+        return History(stored, np.zeros(0, dtype=ROW), {}, 0, np.zeros(2))
+    if len(stored.blob) < HEADER.itemsize:
+        raise ValueError(f"stored reviews of {len(stored.blob)} bytes are shorter than their {HEADER.itemsize}-byte "
+                         "header")
+    header = np.frombuffer(stored.blob, dtype=HEADER, count=1)[0]
     cards = {card: _rows(value) for card, value in stored.fields.items()}
-    return History(stored, _rows(stored.blob, _HEADER.itemsize), cards, n_cards)
+    return History(stored, _rows(stored.blob, HEADER.itemsize), cards, int(header["cards"]),
+                   np.array(header["drift"], dtype=np.float64))
 
 
-def _encode(recent: np.ndarray, n_cards: int) -> bytes:
-    return np.array(n_cards, dtype=_HEADER).tobytes() + np.ascontiguousarray(recent, dtype=ROW).tobytes()
+def _encode(recent: np.ndarray, n_cards: int, drift: np.ndarray) -> bytes:
+    header = np.zeros(1, dtype=HEADER)
+    header["cards"], header["drift"] = n_cards, drift
+    return header.tobytes() + np.ascontiguousarray(recent, dtype=ROW).tobytes()
 
 
 def window(model: LoadedModel, history: History, card_id: str) -> np.ndarray:
@@ -190,8 +216,9 @@ def _width(rows: int, size: int) -> int:
     return max(1, min(size, 1 << max(3, (max(rows, 1) - 1).bit_length())))
 
 
-def history_feeds(windows: Sequence[np.ndarray], width: int) -> dict[str, np.ndarray]:
-    """The graph's hist_* inputs for these windows, each left-padded (hist_valid False) to `width` columns."""
+def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray) -> dict[str, np.ndarray]:
+    """The graph's hist_* inputs for these windows, each left-padded (hist_valid False) to `width` columns, and the
+    user's drift sums (2,) for every window."""
     out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype)
            for name, fill, dtype in (("card", 0, np.int64), ("deck", 0, np.int64), ("time", 0.0, np.float64),
                                      ("rating", 1, np.int64), ("duration", 0.0, np.float32),
@@ -202,6 +229,7 @@ def history_feeds(windows: Sequence[np.ndarray], width: int) -> dict[str, np.nda
             for name in _PAD:
                 out[f"hist_{name}"][i, width - len(w):] = w[name]
             out["hist_valid"][i, width - len(w):] = True
+    out["drift"] = np.tile(np.asarray(drift, dtype=np.float32), (len(windows), 1))
     return out
 
 
@@ -265,7 +293,7 @@ class SpacedRepetition(StatefulTask):
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
                       at: float) -> dict:
         rows = window(model, history, card_id)
-        hist = history_feeds([rows], _width(len(rows), model.window[0]))
+        hist = history_feeds([rows], _width(len(rows), model.window[0]), history.drift)
         out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([id_hash(card_id)]),
                               np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
@@ -273,6 +301,20 @@ class SpacedRepetition(StatefulTask):
                 "p_rating": {str(k + 1): p for k, p in enumerate(probs)}, "p_recall": float(out["recall"][0]),
                 "expected_duration_s": float(out["duration_s"][0]), "history_used": len(rows),
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
+
+    async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
+                     new: np.ndarray) -> np.ndarray:
+        """The drift sums after the new reviews (ROW), each answered from its window by one batched predict call:
+        FSRS-6's error on every scored one, in order (TimeAwareTransformer.drift_update)."""
+        if not len(new):
+            return drift
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift)
+        out = await self._run(model, hist, np.arange(len(new)), new["card"], new["deck"], new["time"])
+        a, (m, w) = drift_decay(model), drift
+        for y, p, scored in zip(new["rating"] > 1, out["fsrs_recall"], out["scored"], strict=True):
+            if scored:
+                m, w = a * m + float(y) - float(p), a * w + 1.0
+        return np.array([m, w])
 
     @staticmethod
     def _query_time(history: History, at: float | None, field: str) -> float:
@@ -307,11 +349,14 @@ class SpacedRepetition(StatefulTask):
                 raise InvalidInput(f"reviews[{i}].time", f"{reviews[i].time!r} is before the user's last stored "
                                                          f"review at {last!r}: reviews must be in time order")
             new = _new_rows([reviews[i] for i in fresh], history.count)
-            recent = np.concatenate([history.recent, new])[-size:]
             touched: dict[str, np.ndarray] = {}
             n_cards = history.n_cards
+            windows = []  # each new review's window, before it (for FSRS-6's error on it: the drift)
             for j, i in enumerate(fresh):
                 card = reviews[i].card_id
+                before = History(history.stored, np.concatenate([history.recent, new[:j]])[-size:],
+                                 {**history.cards, **touched}, n_cards, history.drift)
+                windows.append(window(model, before, card))
                 if card not in touched:
                     old = history.cards.get(card)
                     if old is None:
@@ -320,7 +365,9 @@ class SpacedRepetition(StatefulTask):
                     touched[card] = old
                 touched[card] = np.concatenate([touched[card], new[j:j + 1]])[-card_size:] if card_size \
                     else touched[card][:0]
-            after = History(history.stored, recent, {**history.cards, **touched}, n_cards)
+            recent = np.concatenate([history.recent, new])[-size:]
+            drift = await self._drift(model, history.drift, windows, new)
+            after = History(history.stored, recent, {**history.cards, **touched}, n_cards, drift)
             at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
 
             async def answer(written: StoredState) -> dict:
@@ -331,7 +378,7 @@ class SpacedRepetition(StatefulTask):
                         "prediction": await self._answer(model, after, predict[0], predict[1], at)
                         if predict is not None else None}
 
-            return Change(_encode(recent, n_cards) if fresh else None, answer, len(fresh),
+            return Change(_encode(recent, n_cards, drift) if fresh else None, answer, len(fresh),
                           {card: rows.tobytes() for card, rows in touched.items()})
 
         return await self.write(model, self.key(model, user_id), f"user {user_id!r}", [r.event_id for r in reviews],
@@ -375,7 +422,7 @@ class SpacedRepetition(StatefulTask):
         history = await self._read(self.key(model, user_id), [c for c, _ in cards])
         now = self._query_time(history, now, "now")
         windows = [window(model, history, card) for card, _ in cards]
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]))
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift)
         n = len(cards)
         card_ids = np.array([id_hash(c) for c, _ in cards], dtype=np.int64)
         deck_ids = np.array([id_hash(d) for _, d in cards], dtype=np.int64)

@@ -32,10 +32,12 @@ from .time_aware_loop import TimeAwareTrainConfig
 from .time_aware_run import cross_validate, model_config, tuning_split
 
 # the settings leave-one-collection-out chooses among (TimeAwareTrainConfig overrides)
-CANDIDATES = {
-    "lr2e-3_prior20": {"lr": 2e-3, "blend_prior": 20.0},
-    "lr5e-4_prior20": {"lr": 5e-4, "blend_prior": 20.0},
-    "lr5e-4_prior5": {"lr": 5e-4, "blend_prior": 5.0},
+CANDIDATES = {  # the drift's gain before calibration, and the weight of the prior that holds it there
+    "nodrift": {"model": {"drift_gain": 0.0}, "drift_gain_prior": 1e9},
+    "g4_p0.3": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 0.3},
+    "g4_p3": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 3.0},
+    "g2_p0.3": {"model": {"drift_gain": 2.0}, "drift_gain_prior": 0.3},
+    "g4_p0.03": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 0.03},
 }
 
 

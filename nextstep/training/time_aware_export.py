@@ -1,8 +1,12 @@
 """The time-aware transformer through the export harness (export.py): the `predict` readout over a window.
 
-    predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid,
-            card, deck, time) -> rating_probs (B, 4), recall (B,), duration_s (B,)
-    schedule(hist_*, card, deck, time, retention) -> recall (B,), log_wait_days (B,), duration_s (B,)
+    predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid, drift,
+            card, deck, time) -> rating_probs (B, 4), recall (B,), duration_s (B,), fsrs_recall (B,), scored (B,)
+    schedule(hist_*, drift, card, deck, time, retention) -> recall (B,), log_wait_days (B,), duration_s (B,)
+
+`drift` (B, 2) float32 is the user's drift sums (TimeAwareTransformer.drift_offset): after each review, the
+service adds FSRS-6's error on it, rating > 1 minus the `fsrs_recall` that predict answered for it just before,
+when `scored` (TimeAwareTransformer.drift_update; the manifest's `drift` gives the constants).
 
 `schedule` is the forgetting curve's inverse (TimeAwareTransformer.schedule): for each card, how long from `time`
 until P(recall) falls to `retention` (log(1 + days); 0: due now), with the recall and answer time at that moment.
@@ -30,7 +34,8 @@ from ..models.time_aware import TimeAwareTransformer, Window, expected_duration
 from .export import Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
-          "card", "deck", "time")
+          "drift", "card", "deck", "time")
+N_STATE = 8  # the window's seven fields and the drift
 
 
 MONOTONE_POINTS = 64  # elapsed times per query in the export's monotonicity check, 1 minute to 10 years
@@ -46,7 +51,8 @@ class TimeAwareExporter(Exporter):
 
     def answer(self, state, card, deck, time):
         p = self.model.readout(state, card, deck, time)
-        return {"rating_probs": p.rating_probs, "recall": p.recall, "duration_s": expected_duration(p.log_duration)}
+        return {"rating_probs": p.rating_probs, "recall": p.recall, "duration_s": expected_duration(p.log_duration),
+                "fsrs_recall": p.fsrs_recall, "scored": p.scored}
 
     def walk(self, sequence):
         for t in range(sequence[0].shape[1]):
@@ -67,7 +73,7 @@ class TimeAwareExporter(Exporter):
         retention = torch.linspace(0.5, 0.97, readout.example[-1].shape[0], dtype=torch.float32)
         return [*graphs, Graph("schedule", "extra", [*INPUTS, "retention"], ["recall", "log_wait_days", "duration_s"],
                                (*readout.example, retention), [*readout.dynamic, batch],
-                               fn=lambda *inputs: self.model.schedule(inputs[:7], *inputs[7:]))]
+                               fn=lambda *inputs: self.model.schedule(inputs[:N_STATE], *inputs[N_STATE:]))]
 
     def properties(self, sessions, sequence):
         predict = sessions["predict"]
@@ -81,6 +87,7 @@ class TimeAwareExporter(Exporter):
                 rows = [x[b, :t].numpy() for x in sequence]  # the t reviews before the query, all valid
                 feeds = dict(zip(INPUTS[:7], [np.repeat(r[None], len(offsets), 0) for r in rows[:6]]
                                  + [np.ones((len(offsets), t), dtype=bool)], strict=True))
+                feeds["drift"] = np.tile(np.array([[-1.0, 4.0]], dtype=np.float32), (len(offsets), 1))
                 feeds.update(card=np.full(len(offsets), sequence[0][b, t].item()),
                              deck=np.full(len(offsets), sequence[1][b, t].item()),
                              time=rows[2][-1] + offsets)
@@ -98,7 +105,12 @@ class TimeAwareExporter(Exporter):
         return {"window": {"size": m.cfg.window, "card_size": m.cfg.card_window},
                 "fsrs6": {"parameters": [round(float(x), 6) for x in m.fsrs_w], "blend": round(float(m.blend), 6),
                           "about": "the FSRS-6 curve the network corrects; recall logit = FSRS-6 + blend * "
-                                   "(network - FSRS-6)"}}
+                                   "(network - FSRS-6) + drift offset"},
+                "drift": {"halflife_scored_reviews": m.cfg.drift_halflife, "prior_reviews": m.cfg.drift_prior,
+                          "gain": round(float(m.drift_gain), 6),
+                          "about": "drift (m, w): FSRS-6's errors y - fsrs_recall on the user's scored reviews, "
+                                   "m <- a m + error, w <- a w + 1 with a = 0.5^(1 / halflife); recall logit offset "
+                                   "gain * m / (w + prior)"}}
 
 
 def export_time_aware(model: TimeAwareTransformer, out_dir: Path, *, manifest: dict, sequence: Window) -> dict:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss, expected_duration
+from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, coral_loss, expected_duration
 from ..review_window import user_windows
 from .loop import train_epochs
 from .reviews import ReviewLog
@@ -37,6 +37,9 @@ class TimeAwareTrainConfig:
     device: str = "cpu"  # e.g. "cuda" for sweeps; the reported figures are CPU runs
     calibrate: bool = True  # fit the curve's blend with FSRS-6 and the thresholds' (scale, shift) on validation
     blend_prior: float = 20.0  # calibrate: the prior, in reviews, that the network's curve adds nothing to FSRS-6's
+    # calibrate: the weight of the prior that the drift's gain is the model's configured one (drift_gain): a penalty
+    # drift_gain_prior * (gain - drift_gain)^2 next to the summed CORAL loss
+    drift_gain_prior: float = 0.03
     # early stopping watches the validation reviews the protocol scores (the card last seen on an earlier day),
     # not the same-day learning steps, which dominate small collections and pull the curve away from FSRS-6
     valid_scored: bool = True
@@ -63,19 +66,42 @@ class ReviewTensors:
             win = user_windows(log.card[lo:hi], window, card_window)
             parts.append(np.where(win >= 0, win + lo, -1))
         self.windows = torch.from_numpy(np.concatenate(parts) if parts else np.zeros((0, window), np.int64))
+        self.drift = torch.zeros(len(log), 2)  # each review's drift sums before it (set_drift)
 
-    def batch(self, rows: torch.Tensor, device: str = "cpu") -> tuple[Window, torch.Tensor, torch.Tensor, torch.Tensor]:
+    @torch.no_grad()
+    def set_drift(self, model: TimeAwareTransformer, batch: int = 4096) -> None:
+        """Every review's drift sums (m, w) before it under `model`'s FSRS-6 parameters: each user's reviews in time
+        order, each answered from its window as the service answers it, then added by `drift_update`."""
+        p, scored = torch.zeros(len(self.card)), torch.zeros(len(self.card), dtype=torch.bool)
+        for lo in range(0, len(self.card), batch):
+            rows = torch.arange(lo, min(lo + batch, len(self.card)))
+            w, card, deck, t = self.batch(rows)
+            pred = model.readout(w, card, deck, t)  # the window alone: FSRS-6's outputs do not read the drift
+            p[rows], scored[rows] = pred.fsrs_recall, pred.scored
+        a = 0.5 ** (1.0 / model.cfg.drift_halflife)
+        error = ((self.rating > 1).float() - p).numpy().astype(np.float64)
+        scored = scored.numpy()
+        out = np.zeros((len(self.card), 2))
+        for u in range(self.log.n_users):
+            m = n = 0.0
+            for i in range(int(self.log.offsets[u]), int(self.log.offsets[u + 1])):
+                out[i] = m, n
+                if scored[i]:
+                    m, n = a * m + error[i], a * n + 1.0
+        self.drift = torch.from_numpy(out).float()
+
+    def batch(self, rows: torch.Tensor, device: str = "cpu") -> tuple[tuple, torch.Tensor, torch.Tensor, torch.Tensor]:
         idx = self.windows[rows]
         valid = idx >= 0
         # trim columns that are padding in every window of the batch
         first = int(valid.any(0).nonzero()[0]) if bool(valid.any()) else idx.shape[1] - 1
         idx, valid = idx[:, first:], valid[:, first:]
         at = idx.clamp(min=0)
-        w = Window(self.card[at], self.deck[at], self.time[at], self.rating[at], self.duration[at], self.state[at],
-                   valid)
-        out = (w, self.card[rows], self.deck[rows], self.time[rows])
+        state = (self.card[at], self.deck[at], self.time[at], self.rating[at], self.duration[at], self.state[at], valid,
+                 self.drift[rows])
+        out = (state, self.card[rows], self.deck[rows], self.time[rows])
         if device != "cpu":
-            out = (Window(*(x.to(device) for x in w)), *(x.to(device) for x in out[1:]))
+            out = (tuple(x.to(device) for x in state), *(x.to(device) for x in out[1:]))
         return out
 
 
@@ -129,6 +155,7 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     watched = watched if len(watched) else valid_rows
     model = TimeAwareTransformer(cfg)
     model.fsrs_w.copy_(torch.tensor(fit_fsrs6(rt.log, np.sort(rows))))  # the curve the network corrects
+    rt.set_drift(model)  # FSRS-6's errors under these parameters (the drift the rest of the fit reads)
     model.to(tcfg.device)
     opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
     start = time.perf_counter()
@@ -145,7 +172,8 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
                            if len(valid_rows) else None,
                            monitor=monitor, patience=tcfg.patience, progress=False, report=log_progress)
     model.cpu().eval()
-    calibration = calibrate(model, rt, valid_rows, blend_prior=tcfg.blend_prior) if tcfg.calibrate else None
+    calibration = calibrate(model, rt, valid_rows, blend_prior=tcfg.blend_prior,
+                            drift_gain_prior=tcfg.drift_gain_prior) if tcfg.calibrate else None
     best = [row for row in history if row["best"]][-1][monitor]
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
                    "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
@@ -159,8 +187,14 @@ def _predictions(model, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024):
 
 
 def _threshold_logits(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, blend: float) -> torch.Tensor:
+    """The threshold logits at this blend, without the drift (gain 0)."""
     model.blend.fill_(blend)
-    return torch.cat([p.threshold_logits for p in _predictions(model, rt, rows)]).double()
+    gain = float(model.drift_gain)
+    model.drift_gain.fill_(0.0)
+    try:
+        return torch.cat([p.threshold_logits for p in _predictions(model, rt, rows)]).double()
+    finally:
+        model.drift_gain.fill_(gain)
 
 
 def _fit(params: list[torch.Tensor], loss_fn) -> None:
@@ -176,48 +210,54 @@ def _fit(params: list[torch.Tensor], loss_fn) -> None:
 
 
 def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int = 200,
-              blend_prior: float = 20.0, min_blend_rows: int = 20) -> dict:
+              blend_prior: float = 20.0, min_blend_rows: int = 20, drift_gain_prior: float = 0.03) -> dict:
     """Fit, on held-out reviews the protocol would score (card last seen on an earlier day):
 
-    - `blend`, how much of the network's curve to trust against FSRS-6's own: the CORAL loss of the mix, summed
-      over the reviews, plus `blend_prior` * blend^2, a prior worth that many reviews that the network adds
-      nothing; 0 (FSRS-6's curve) with fewer than `min_blend_rows` reviews. Little data, little trust.
+    - `blend`, how much of the network's curve to trust against FSRS-6's own, and the drift's gain: the CORAL loss
+      of the mix, summed over the reviews, plus `blend_prior` * blend^2, a prior worth that many reviews that the
+      network adds nothing, plus `drift_gain_prior` * (gain - the configured gain)^2; blend 0 (FSRS-6's curve) and
+      the configured gain with fewer than `min_blend_rows` reviews. Little data, little trust.
     - then (scale, shift) of the three threshold logits (Platt scaling): the model's own thresholds come from
       early-stopped training and drift with the seed; two parameters fitted on the latest reviews before the test
       block correct the overall level and spread. Left at the identity with fewer than `min_rows` reviews.
     """
     rows = rows[rt.log.elapsed_days[rows] > 0]
     model.calibration.copy_(torch.tensor([1.0, 0.0]))
+    prior_gain = float(model.cfg.drift_gain)
+    model.drift_gain.fill_(prior_gain)
     if len(rows) < min_blend_rows:
         model.blend.fill_(0.0)
-        return {"blend": 0.0, "platt": None, "rows": int(len(rows))}
+        return {"blend": 0.0, "drift_gain": prior_gain, "platt": None, "rows": int(len(rows))}
     target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
     network, fsrs = _threshold_logits(model, rt, rows, 1.0), _threshold_logits(model, rt, rows, 0.0)
+    drift = (rt.drift[rows, 0] / (rt.drift[rows, 1] + model.cfg.drift_prior)).double().unsqueeze(-1)
     raw = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    gain = torch.full((1,), prior_gain, dtype=torch.float64, requires_grad=True)
 
     def mixed():
         a = torch.sigmoid(raw - 2.0)  # starts at 0.12
-        return fsrs + a * (network - fsrs), a
+        return fsrs + a * (network - fsrs) + gain.clamp(min=0) * drift, a
 
     def blend_loss():
         logits, a = mixed()
         bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum")
-        return bce + blend_prior * a.square().sum()
+        return bce + blend_prior * a.square().sum() + drift_gain_prior * (gain - prior_gain).square().sum()
 
-    _fit([raw], blend_loss)
+    _fit([raw, gain], blend_loss)
     with torch.no_grad():
         logits, a = mixed()
-    blend = float(a)
+    blend, fitted_gain = float(a), max(float(gain.detach()), 0.0)
     model.blend.fill_(blend)
+    model.drift_gain.fill_(fitted_gain)
     if len(rows) < min_rows:
-        return {"blend": blend, "platt": None, "rows": int(len(rows))}
+        return {"blend": blend, "drift_gain": fitted_gain, "platt": None, "rows": int(len(rows))}
     log_scale = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     shift = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     _fit([log_scale, shift], lambda: torch.nn.functional.binary_cross_entropy_with_logits(
         logits * log_scale.exp() + shift, target))
     scale, offset = float(log_scale.detach().exp()), float(shift.detach())
     model.calibration.copy_(torch.tensor([scale, offset]))
-    return {"blend": blend, "platt": [scale, offset], "rows": int(len(rows))}
+    return {"blend": blend, "drift_gain": fitted_gain, "platt": [scale, offset], "rows": int(len(rows))}
 
 
 @torch.no_grad()

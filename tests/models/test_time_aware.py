@@ -44,11 +44,35 @@ def test_last_row_serving_equals_full_sequence(model):
     seq = _sequences()
     full = model(seq)
     assert full.rating_probs.shape == (B, T, 4)
+    drift = torch.zeros(B, 2)
     for i in range(T):
-        last = model.readout(prefix_window(seq, i), seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        last = model.readout((*prefix_window(seq, i), drift), seq.card[:, i], seq.deck[:, i], seq.time[:, i])
         torch.testing.assert_close(last.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
         torch.testing.assert_close(last.log_duration, full.log_duration[:, i], atol=1e-5, rtol=0)
         torch.testing.assert_close(last.recall, 1 - last.rating_probs[:, 0], atol=1e-6, rtol=0)
+        drift = model.drift_update(drift, last, seq.rating[:, i])
+    assert float(drift[:, 1].min()) > 0  # every user's drift counted scored reviews, so the test compared it
+
+
+def test_drift_is_fsrs6s_recent_error_and_moves_recall_the_same_way(model):
+    """The drift sums are FSRS-6's errors on scored reviews, each weight halving every `drift_halflife` scored
+    reviews; a user recalling more than FSRS-6 expects gets a higher P(recall) at every elapsed time."""
+    seq = _sequences(3)
+    state = model.init_state(B)
+    a = 0.5 ** (1 / model.cfg.drift_halflife)
+    m, w = torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
+    for i in range(T):
+        p = model.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        y = (seq.rating[:, i] > 1).double()
+        m = torch.where(p.scored, a * m + y - p.fsrs_recall.double(), m)
+        w = torch.where(p.scored, a * w + 1, w)
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+        torch.testing.assert_close(state[7].double(), torch.stack([m, w], -1), atol=1e-5, rtol=0)
+    later = seq.time[:, -1] + torch.tensor([3.0, 10.0, 40.0], dtype=torch.float64) * 86400
+    card, deck = seq.card[:, -1], seq.deck[:, -1]
+    up = (*state[:7], torch.tensor([[2.0, 3.0]] * B))
+    down = (*state[:7], torch.tensor([[-2.0, 3.0]] * B))
+    assert bool((model.readout(up, card, deck, later).recall > model.readout(down, card, deck, later).recall).all())
 
 
 def test_stepping_reviews_into_the_window_state_equals_full_sequence(model):

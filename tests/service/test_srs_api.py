@@ -24,7 +24,7 @@ from nextstep.models.time_aware import TimeAwareConfig, Window
 from nextstep.review_window import select
 from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
-from nextstep.service.srs import ROW, id_hash
+from nextstep.service.srs import HEADER, ROW, id_hash
 from nextstep.service.state import RedisStore
 from nextstep.training.reviews import ReviewLog
 from nextstep.training.time_aware_export import INPUTS, export_time_aware
@@ -119,35 +119,58 @@ def onnx_session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at) -> tuple[dict, np.ndarray]:
-    """The exported graph on the window review_window.select picks from the raw log (no padding), for a
-    query at `at` (a time, or an array of times: one row each)."""
-    n = len(reviews)
-    card_seq = np.array([i for i, r in enumerate(reviews) if r["card_id"] == card], dtype=np.int64)
+def _window(log, reviews: list[dict], n: int, card: str) -> tuple[list[np.ndarray], np.ndarray]:
+    """The window (hist_* rows, unpadded) review_window.select picks after reviews[:n] for a query on `card`."""
+    card_seq = np.array([i for i, r in enumerate(reviews[:n]) if r["card_id"] == card], dtype=np.int64)
     seqs = select(card_seq, n, SIZE, CARD_SIZE)
-    log = as_log(reviews)
     if len(seqs):
-        hist = [log.card[seqs], log.deck[seqs], log.time[seqs], log.rating[seqs], log.duration[seqs],
-                log.state[seqs], np.ones(len(seqs), dtype=bool)]
-    else:  # an empty window: one padding row
-        hist = [np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.ones(1, np.int64),
-                np.zeros(1, np.float32), np.full(1, -1, np.int64), np.zeros(1, dtype=bool)]
-    times = np.atleast_1d(np.asarray(at, dtype=np.float64))
+        return [log.card[seqs], log.deck[seqs], log.time[seqs], log.rating[seqs], log.duration[seqs],
+                log.state[seqs], np.ones(len(seqs), dtype=bool)], seqs
+    return [np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.ones(1, np.int64),  # one padding row
+            np.zeros(1, np.float32), np.full(1, -1, np.int64), np.zeros(1, dtype=bool)], seqs
+
+
+def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: np.ndarray) -> list[np.ndarray]:
     b = len(times)
-    feeds = [np.repeat(h[None], b, axis=0) for h in hist] + [np.full(b, id_hash(card)), np.full(b, id_hash(deck)),
+    feeds = [np.repeat(h[None], b, axis=0) for h in hist] + [np.tile(np.float32(drift), (b, 1)),
+                                                             np.full(b, id_hash(card)), np.full(b, id_hash(deck)),
                                                              times]
-    probs, recall, duration = onnx_session(art / "time_aware" / "1" / "predict.onnx").run(
-        None, dict(zip(INPUTS, feeds, strict=True)))
+    return onnx_session(art / "time_aware" / "1" / "predict.onnx").run(None, dict(zip(INPUTS, feeds, strict=True)))
+
+
+def onnx_drift(art: Path, reviews: list[dict]) -> list[float]:
+    """The drift sums after `reviews`, stepped here: the graph answers each review from its window before it, and
+    FSRS-6's error on it (rating > 1 minus fsrs_recall) is added when it is scored."""
+    manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
+    a = 0.5 ** (1 / manifest["drift"]["halflife_scored_reviews"])
+    log, m, w = as_log(reviews), 0.0, 0.0
+    for i, r in enumerate(reviews):
+        hist, _ = _window(log, reviews, i, r["card_id"])
+        out = _run(art, hist, [m, w], r["card_id"], r.get("deck_id", ""), np.array([r["time"]]))
+        fsrs_recall, scored = out[3][0], out[4][0]
+        if scored:
+            m, w = a * m + float(r["rating"] > 1) - float(fsrs_recall), a * w + 1
+    return [m, w]
+
+
+def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at) -> tuple[dict, np.ndarray]:
+    """The exported graph on the window review_window.select picks from the raw log (no padding), with the drift
+    stepped over the log (onnx_drift), for a query at `at` (a time, or an array of times: one row each)."""
+    hist, seqs = _window(as_log(reviews), reviews, len(reviews), card)
+    probs, recall, duration, _, _ = _run(art, hist, onnx_drift(art, reviews), card, deck,
+                                         np.atleast_1d(np.asarray(at, dtype=np.float64)))
     if np.ndim(at) == 0:
         probs, recall, duration = probs[0], recall[0], duration[0]
     return {"probs": probs, "recall": recall, "duration": duration}, seqs
 
 
 def offline_eager(model, reviews: list[dict], card: str, deck: str, at: float) -> dict:
-    """The PyTorch model through the training code's own windows (ReviewTensors: user_windows), the query
-    appended to the log as its last review."""
+    """The PyTorch model through the training code's own windows and drift (ReviewTensors: user_windows,
+    set_drift), the query appended to the log as its last review."""
     log = as_log(reviews, {"card_id": card, "deck_id": deck, "time": at})
-    out = predict(model, ReviewTensors(log, SIZE, CARD_SIZE), np.array([len(reviews)]))
+    rt = ReviewTensors(log, SIZE, CARD_SIZE)
+    rt.set_drift(model)
+    out = predict(model, rt, np.array([len(reviews)]))
     return {"probs": out["rating_probs"][0], "recall": out["recall"][0], "duration": out["duration_s"][0]}
 
 
@@ -187,6 +210,8 @@ def test_served_predictions_equal_the_offline_model(srs_model, store_url, serve)
             assert abs(sum(got["p_rating"].values()) - 1) < 1e-5
             older_rows_used |= bool(len(seqs)) and int(seqs[0]) < len(reviews) - SIZE
         assert older_rows_used, "no query used the card's rows from before the recent block"
+        manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
+        assert onnx_drift(art, reviews)[1] > 1 and manifest["drift"]["gain"] > 0  # the drift was in play
         # an unknown user: an empty window, the model's prior
         fresh = http.post("/v1/srs/time_aware/predict", json={"user_id": "nobody", "card_id": "c", "time": T0}).json()
         check_answer(fresh, offline_onnx(art, [], "c", "", T0)[0])
@@ -480,7 +505,7 @@ def test_concurrent_reviews_are_all_applied_exactly_once(srs_model, store_url, s
                 await store.close()
 
         state, _ = asyncio.run(stored())
-        recent = np.frombuffer(state.blob, dtype=ROW, offset=8)
+        recent = np.frombuffer(state.blob, dtype=ROW, offset=HEADER.itemsize)
         assert recent["seq"].tolist() == list(range(total - SIZE, total))
         seqs = [np.frombuffer(v, dtype=ROW)["seq"] for v in state.fields.values()]
         assert [len(s) for s in seqs] == [min(CARD_SIZE, cards.count(int(k.split("-")[1]))) for k in state.fields]

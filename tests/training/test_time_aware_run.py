@@ -149,22 +149,28 @@ def test_calibration_blends_with_fsrs6_and_is_a_positive_affine_map_fitted_on_he
     held = np.arange(len(log) // 2, len(log))
     held = held[log.elapsed_days[held] > 0]
     w, card, deck, t = rt.batch(torch.from_numpy(held))
+    drift = model.drift_offset(w[7]).unsqueeze(-1) / model.drift_gain  # per unit of gain
+    assert float(drift.abs().max()) > 0.01  # the drift is in play
     with torch.no_grad():
+        model.drift_gain.fill_(0.0)
         network = model.readout(w, card, deck, t)
         model.blend.fill_(0.0)
         fsrs = model.readout(w, card, deck, t)
         result = calibrate(model, rt, held, blend_prior=20.0)
         after = model.readout(w, card, deck, t)
-    a, (scale, shift) = result["blend"], result["platt"]
+    a, gain, (scale, shift) = result["blend"], result["drift_gain"], result["platt"]
     assert 0 <= a <= 1 and float(model.blend) == pytest.approx(a, abs=1e-7) and scale > 0
-    mixed = fsrs.threshold_logits + a * (network.threshold_logits - fsrs.threshold_logits)
+    assert gain >= 0 and float(model.drift_gain) == pytest.approx(gain, abs=1e-6)
+    mixed = fsrs.threshold_logits + a * (network.threshold_logits - fsrs.threshold_logits) + gain * drift
     torch.testing.assert_close(after.threshold_logits, mixed * scale + shift, atol=1e-4, rtol=1e-4)
     assert (after.threshold_logits[:, :-1] >= after.threshold_logits[:, 1:]).all()  # still ordered
     rating = rt.rating[torch.from_numpy(held)]
     assert coral_loss(after, rating) <= coral_loss(fsrs, rating) + 1e-6  # fitted on exactly these rows
     with torch.no_grad():  # a stronger prior trusts the network less; too few reviews: FSRS-6's curve, no Platt
         assert calibrate(model, rt, held, blend_prior=1e6)["blend"] < a + 1e-9
-        assert calibrate(model, rt, held[:10]) == {"blend": 0.0, "platt": None, "rows": 10}
+        assert calibrate(model, rt, held, drift_gain_prior=1e9)["drift_gain"] == pytest.approx(cfg.drift_gain)
+        assert calibrate(model, rt, held[:10]) == {"blend": 0.0, "drift_gain": cfg.drift_gain, "platt": None,
+                                                   "rows": 10}
     assert float(model.blend) == 0.0 and model.calibration.tolist() == [1.0, 0.0]
 
 
