@@ -38,6 +38,9 @@ CANDIDATES = {  # the drift's gain before calibration, and the weight of the pri
     "g4_p3": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 3.0},
     "g2_p0.3": {"model": {"drift_gain": 2.0}, "drift_gain_prior": 0.3},
     "g4_p0.03": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 0.03},
+    # without Platt's shift and scale fitted on the latest training reviews (the drift follows the level instead)
+    "g4_p0.03_noplatt": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 0.03, "platt": False},
+    "g2_p0.3_noplatt": {"model": {"drift_gain": 2.0}, "drift_gain_prior": 0.3, "platt": False},
 }
 
 

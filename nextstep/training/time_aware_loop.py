@@ -40,6 +40,8 @@ class TimeAwareTrainConfig:
     # calibrate: the weight of the prior that the drift's gain is the model's configured one (drift_gain): a penalty
     # drift_gain_prior * (gain - drift_gain)^2 next to the summed CORAL loss
     drift_gain_prior: float = 0.03
+    # calibrate: also fit Platt's (scale, shift) of the threshold logits on the validation reviews (with at least 200)
+    platt: bool = True
     # early stopping watches the validation reviews the protocol scores (the card last seen on an earlier day),
     # not the same-day learning steps, which dominate small collections and pull the curve away from FSRS-6
     valid_scored: bool = True
@@ -173,7 +175,8 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
                            monitor=monitor, patience=tcfg.patience, progress=False, report=log_progress)
     model.cpu().eval()
     calibration = calibrate(model, rt, valid_rows, blend_prior=tcfg.blend_prior,
-                            drift_gain_prior=tcfg.drift_gain_prior) if tcfg.calibrate else None
+                            drift_gain_prior=tcfg.drift_gain_prior,
+                            min_rows=200 if tcfg.platt else None) if tcfg.calibrate else None
     best = [row for row in history if row["best"]][-1][monitor]
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
                    "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
@@ -209,7 +212,7 @@ def _fit(params: list[torch.Tensor], loss_fn) -> None:
     opt.step(closure)
 
 
-def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int = 200,
+def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int | None = 200,
               blend_prior: float = 20.0, min_blend_rows: int = 20, drift_gain_prior: float = 0.03) -> dict:
     """Fit, on held-out reviews the protocol would score (card last seen on an earlier day):
 
@@ -219,7 +222,8 @@ def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, 
       the configured gain with fewer than `min_blend_rows` reviews. Little data, little trust.
     - then (scale, shift) of the three threshold logits (Platt scaling): the model's own thresholds come from
       early-stopped training and drift with the seed; two parameters fitted on the latest reviews before the test
-      block correct the overall level and spread. Left at the identity with fewer than `min_rows` reviews.
+      block correct the overall level and spread. Left at the identity with fewer than `min_rows` reviews, or
+      when `min_rows` is None.
     """
     rows = rows[rt.log.elapsed_days[rows] > 0]
     model.calibration.copy_(torch.tensor([1.0, 0.0]))
@@ -249,7 +253,7 @@ def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, 
     blend, fitted_gain = float(a), max(float(gain.detach()), 0.0)
     model.blend.fill_(blend)
     model.drift_gain.fill_(fitted_gain)
-    if len(rows) < min_rows:
+    if min_rows is None or len(rows) < min_rows:
         return {"blend": blend, "drift_gain": fitted_gain, "platt": None, "rows": int(len(rows))}
     log_scale = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     shift = torch.zeros(1, dtype=torch.float64, requires_grad=True)
