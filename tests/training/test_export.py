@@ -43,8 +43,10 @@ def test_manifest_describes_the_artifact(exported):
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == json.loads(json.dumps(manifest))  # the returned manifest is the one written
     assert manifest["name"] == f"tiny-{name}" and manifest["version"] == "1"  # caller's fields kept
-    assert manifest["family"] == name == model.family
-    assert manifest["model_config"] == asdict(TINY)
+    assert manifest["family"] == model.family == name.removesuffix("_bayes")  # deep_gpcm_bayes: a deep_gpcm
+    assert manifest["model_config"] == asdict(model.cfg)
+    assert {k: v for k, v in manifest["model_config"].items() if k not in ("ability", "irt_init")} == {
+        k: v for k, v in asdict(TINY).items() if k not in ("ability", "irt_init")}  # what the class resolves
 
     spec = manifest["state"]
     assert [s["name"] for s in spec] == [s["name"] for s in model.state_spec()]
@@ -60,8 +62,11 @@ def test_manifest_describes_the_artifact(exported):
         assert list(value.shape) == s["shape"], s
         assert value.dtype == np.dtype(s["dtype"]), s
         np.testing.assert_array_equal(value, tensor[0].numpy())
-    learned = model.memory.init_value_memory.detach().numpy()
-    np.testing.assert_array_equal(np.load(out / spec[0]["file"]), learned)
+    if name.endswith("_bayes"):  # no evidence yet
+        np.testing.assert_array_equal(np.load(out / spec[0]["file"]), np.zeros(spec[0]["shape"], np.float32))
+    else:
+        learned = model.memory.init_value_memory.detach().numpy()
+        np.testing.assert_array_equal(np.load(out / spec[0]["file"]), learned)
 
     graphs = manifest["graphs"]
     for graph in ("step", "predict"):
@@ -86,7 +91,7 @@ def test_manifest_describes_the_artifact(exported):
 def test_weights_reload_to_the_same_model(exported):
     name, model, out, _ = exported
     loaded, vocab, manifest = load_model(out)
-    assert type(loaded) is type(model) and manifest["family"] == name
+    assert type(loaded) is type(model) and manifest["family"] == name.removesuffix("_bayes")
     assert vocab.ids == VOCAB["ids"] and vocab.encode(np.array([100, 117, 5])).tolist() == [2, 19, 1]
     q, r = random_batch(2, 6, seed=3)
     with torch.no_grad():
