@@ -66,6 +66,9 @@ class GPCMConfig:
     ability: str | None = None
     grid_size: int = 61  # "bayes": theta grid points on [-grid_limit, grid_limit]
     grid_limit: float = 4.5
+    # "bayes": None keeps all evidence (a fixed ability, the GPCM generator's assumption); a value in (0, 1) is the
+    # initial share of a slot's old evidence kept per write, then learned (an ability that drifts)
+    evidence_keep: float | None = None
     # warm start: item parameters from a joint-MAP GPCM fit on the fitting students before training
     # (`warm_start`); None: on with the Bayes ability, off with the memory one
     irt_init: bool | None = None
@@ -259,6 +262,11 @@ class BayesGPCM(DeepGPCM):
             self.query = nn.Linear(cfg.key_dim, cfg.key_dim)
         self.head = ItemParameters(cfg.key_dim, cfg.n_cats, cfg.ordered_thresholds)
         self.grid = AbilityGrid(cfg.grid_size, cfg.grid_limit)
+        if cfg.evidence_keep is not None:
+            self.keep_logit = nn.Parameter(torch.logit(torch.tensor(float(cfg.evidence_keep))))
+
+    def _keep(self) -> torch.Tensor | None:
+        return torch.sigmoid(self.keep_logit) if self.cfg.evidence_keep is not None else None
 
     def _address(self, keys: torch.Tensor) -> torch.Tensor:
         """(..., dk) -> (..., N) slot weights (DKVMN addressing)."""
@@ -285,7 +293,7 @@ class BayesGPCM(DeepGPCM):
         keys = self.question_embed(question)  # (B, dk)
         _, _, item_lp = self._items(keys)  # (B, G, K)
         ll = item_lp.gather(-1, response.view(-1, 1, 1).expand(-1, item_lp.shape[1], 1)).squeeze(-1)  # (B, G)
-        return (self.grid.add_evidence(state[0], self._address(keys), ll),)
+        return (self.grid.add_evidence(state[0], self._address(keys), ll, self._keep()),)
 
     def readout(self, state, questions):
         keys = self.question_embed(questions)  # (B, M, dk)
@@ -298,11 +306,11 @@ class BayesGPCM(DeepGPCM):
         alpha, beta, item_lp = self._items(keys)  # (B, T, G, K)
         ll = item_lp.gather(-1, responses[..., None, None].expand(*responses.shape, item_lp.shape[2], 1))
         ll = ll.squeeze(-1)  # (B, T, G)
-        memory = self.init_state(questions.shape[0])[0]
+        memory, keep = self.init_state(questions.shape[0])[0], self._keep()
         evidence = []
         for t in range(questions.shape[1]):  # the same recursion as step, so the two agree to the last bit
             evidence.append(torch.bmm(weights[:, t:t + 1], memory))  # (B, 1, G)
-            memory = self.grid.add_evidence(memory, weights[:, t], ll[:, t])
+            memory = self.grid.add_evidence(memory, weights[:, t], ll[:, t], keep)
         return self._predict(torch.cat(evidence, 1), alpha, beta, item_lp)
 
 

@@ -150,3 +150,18 @@ def test_an_artifact_from_before_the_bayes_ability_restores_as_the_memory_read_o
         assert torch.equal(old.eval()(q, r).log_probs, loaded.eval()(q, r).log_probs)
     new = deep_gpcm(GPCMConfig(n_questions=10, n_cats=K, key_dim=8))  # a new artifact says what it is
     assert type(restore("deep_gpcm", asdict(new.cfg), new.state_dict())) is BayesGPCM
+
+
+def test_fading_evidence_scales_a_written_slot_s_old_evidence_by_the_keep_share():
+    torch.manual_seed(0)
+    model = BayesGPCM(GPCMConfig(n_questions=10, n_cats=K, memory_size=1, key_dim=8, evidence_keep=0.8)).eval()
+    q, r = torch.tensor([3, 6]), torch.tensor([3, 0])
+    with torch.no_grad():
+        assert torch.sigmoid(model.keep_logit).item() == pytest.approx(0.8)
+        lls = [model._items(model.question_embed(q[t:t + 1]))[2][0, :, r[t]] for t in range(2)]
+        state = model.init_state(1)
+        for t in range(2):
+            state = model.step(state, q[t:t + 1], r[t:t + 1])
+    first = lls[0] - lls[0].max()
+    expected = 0.8 * first + lls[1]
+    torch.testing.assert_close(state[0][0, 0], (expected - expected.max()).clamp(min=-FLOOR))

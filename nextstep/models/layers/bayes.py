@@ -39,10 +39,16 @@ class AbilityGrid(nn.Module):
         return torch.log_softmax(logits, -1)
 
     @staticmethod
-    def add_evidence(memory: torch.Tensor, weights: torch.Tensor, log_lik: torch.Tensor) -> torch.Tensor:
+    def add_evidence(memory: torch.Tensor, weights: torch.Tensor, log_lik: torch.Tensor,
+                     keep: torch.Tensor | None = None) -> torch.Tensor:
         """memory (B, N, G) evidence, weights (B, N) slot weights, log_lik (B, G) of the response -> the new
-        memory, shifted so each slot's maximum is 0 and floored at -FLOOR."""
-        memory = memory + weights.unsqueeze(-1) * log_lik.unsqueeze(1)
+        memory, shifted so each slot's maximum is 0 and floored at -FLOOR. keep (a scalar in (0, 1]): a slot's
+        old evidence is first scaled by 1 - w (1 - keep), so evidence fades as the slot is written (ability
+        that drifts: learning); None keeps all of it (a fixed ability)."""
+        w = weights.unsqueeze(-1)  # (B, N, 1)
+        if keep is not None:
+            memory = memory * (1 - w * (1 - keep))
+        memory = memory + w * log_lik.unsqueeze(1)
         return (memory - memory.max(-1, keepdim=True).values).clamp(min=-FLOOR)
 
     def predict(self, evidence: torch.Tensor, item_log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
