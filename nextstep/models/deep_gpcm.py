@@ -10,6 +10,9 @@ After the response is seen, the interaction (q_t, r_t) is embedded and written i
 
 Variants
 - DeepGPCM: linear-decay ordinal embedding of (q, r) written straight into memory.
+- BayesGPCM (deep_gpcm with ability "bayes", its default for ordinal data): the memory holds, per concept, the
+  log-likelihood of the responses over a grid of abilities; theta and the prediction come from that posterior.
+  Item parameters can start from a fitted IRT model (`warm_start`, irt_init).
 - AttentionGPCM: learnable-decay embedding refined by causal windowed self-attention before writing.
 - CORALGPCM: DeepGPCM whose GPCM probabilities are blended with CORAL probabilities built on global
   ordered thresholds tau (section 5).
@@ -149,7 +152,7 @@ class DeepGPCM(nn.Module):
         alpha, beta = fit_gpcm([q for q, _ in sequences], [r for _, r in sequences], self.cfg.n_questions,
                                self.cfg.n_cats)
         rows = torch.arange(1, self.cfg.n_questions)  # every row but padding
-        head = self.head
+        head = self.head  # IRTHead or, for BayesGPCM, ItemParameters: both have .thresholds and .discrimination
         item_alpha = isinstance(head, ItemParameters) or self.cfg.item_discrimination
         error = solve_item_embeddings(self.question_embed, rows, head.thresholds, torch.from_numpy(beta[1:]),
                                       head.discrimination if item_alpha else None,
