@@ -7,9 +7,10 @@
   beat it in expectation; a trained model should come close.
 - oracle: also knows the learner's true theta.
 - fitted IRT: a plain GPCM fitted on the training file (joint MAP: per-student theta with an N(0, 1)
-  prior, per-item log-alpha and ordered thresholds, L-BFGS), then the same online Bayesian ability
-  inference as `bayes` with the fitted items. The strongest honest baseline here: it is the model that
-  generated the data, so a neural knowledge tracer should approach it, not beat it.
+  prior, per-item log-alpha and ordered thresholds, L-BFGS; `nextstep.models.layers.irt.fit_gpcm`, which also
+  warm-starts deep_gpcm), then the same online Bayesian ability inference as `bayes` with the fitted items.
+  The strongest honest baseline here: it is the model that generated the data, so a neural knowledge tracer
+  should approach it, not beat it.
 - item majority: the most frequent response per item in the training file (for the no-model floor).
 Prints the metrics of each on the test file, as `nextstep train` reports them.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nextstep.models.layers.irt import fit_gpcm
 from nextstep.training.data import load_dataset
 from nextstep.training.metrics import ordinal_metrics
 from nextstep.training.synthetic import gpcm_probs
@@ -41,39 +43,6 @@ def bayes_predictions(sequences, alpha, beta, grid=GRID):
     return np.array(probs), np.array(targets)
 
 
-def fit_gpcm(sequences, n_items: int, n_cats: int) -> tuple[np.ndarray, np.ndarray]:
-    """Joint MAP fit of a GPCM on training sequences -> alpha (Q,), ordered beta (Q, K-1)."""
-    import torch
-    import torch.nn.functional as F
-
-    from nextstep.models.layers.ordinal import gpcm_logits
-
-    student = torch.from_numpy(np.concatenate([np.full(len(s), i) for i, s in enumerate(sequences)]))
-    item = torch.from_numpy(np.concatenate([s.questions for s in sequences]))
-    resp = torch.from_numpy(np.concatenate([s.responses for s in sequences]))
-    theta = torch.zeros(len(sequences), requires_grad=True)
-    log_alpha = torch.zeros(n_items, requires_grad=True)
-    first = torch.zeros(n_items, 1, requires_grad=True)
-    gaps = torch.zeros(n_items, n_cats - 2, requires_grad=True)
-    params = [theta, log_alpha, first, gaps]
-    opt = torch.optim.LBFGS(params, max_iter=500, line_search_fn="strong_wolfe")
-
-    def beta():
-        return torch.cat([first, F.softplus(gaps)], 1).cumsum(1)
-
-    def closure():
-        opt.zero_grad()
-        logp = torch.log_softmax(gpcm_logits(theta[student], log_alpha.exp()[item], beta()[item]), -1)
-        # priors: theta ~ N(0, 1), log alpha ~ N(0, 0.3^2)
-        loss = -logp[torch.arange(len(resp)), resp].sum() + 0.5 * (theta**2).sum() + 0.5 * (log_alpha**2).sum() / 0.09
-        loss.backward()
-        return loss
-
-    for _ in range(3):
-        opt.step(closure)
-    return log_alpha.exp().detach().numpy(), beta().detach().numpy()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data/kt/deepgpcm_synthetic_500_200_4"))
@@ -92,7 +61,8 @@ def main() -> None:
               for i, s in enumerate(test.sequences)]
     rows["oracle (true items and ability)"] = (np.concatenate(oracle),
                                                np.concatenate([s.responses for s in test.sequences]))
-    fitted_alpha, fitted_beta = fit_gpcm(train.sequences, len(alpha), K)
+    fitted_alpha, fitted_beta = fit_gpcm([s.questions for s in train.sequences], [s.responses for s in train.sequences],
+                                         len(alpha), K)
     rows["fitted IRT (train file) + online ability"] = bayes_predictions(test.sequences, fitted_alpha, fitted_beta)
     counts = np.zeros((len(alpha), K))
     for s in train.sequences:

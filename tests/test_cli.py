@@ -71,7 +71,7 @@ def test_train_writes_an_artifact_with_test_metrics_and_a_report(trained):
     report = out / "report"
     metrics = json.loads((report / "metrics.json").read_text())
     assert metrics["test"] == test
-    assert [h["epoch"] for h in metrics["history"]] == [1, 2, 3]
+    assert [h["epoch"] for h in metrics["history"]] == [0, 1, 2, 3]  # 0: the warm start (ordinal data)
     for png in ("learning_curves.png", "confusion_matrix.png", "calibration.png"):
         content = (report / png).read_bytes()
         assert content.startswith(b"\x89PNG\r\n\x1a\n") and len(content) > 1000, png
@@ -236,7 +236,7 @@ def test_training_progress_in_a_log_file_is_one_line_per_epoch(tmp_path):
     assert result.returncode == 0, text
     assert "\r" not in text
     epochs = [line for line in text.splitlines() if line.startswith("epoch")]
-    assert [int(line.split()[1]) for line in epochs] == [1, 2, 3], text
+    assert [int(line.split()[1]) for line in epochs] == [0, 1, 2, 3], text  # 0: the warm start
     assert all("valid_nll" in line and "targets/s" in line for line in epochs)
 
 

@@ -10,6 +10,9 @@ After the response is seen, the interaction (q_t, r_t) is embedded and written i
 
 Variants
 - DeepGPCM: linear-decay ordinal embedding of (q, r) written straight into memory.
+- BayesGPCM (deep_gpcm with ability "bayes", its default for ordinal data): the memory holds, per concept, the
+  log-likelihood of the responses over a grid of abilities; theta and the prediction come from that posterior.
+  Item parameters can start from a fitted IRT model (`warm_start`, irt_init).
 - AttentionGPCM: learnable-decay embedding refined by causal windowed self-attention before writing.
 - CORALGPCM: DeepGPCM whose GPCM probabilities are blended with CORAL probabilities built on global
   ordered thresholds tau (section 5).
@@ -19,15 +22,26 @@ state; readout(state, q) -> outputs. forward(q, r) is the teacher-forced full-se
 its output at t is what readout gives after stepping through (q_1, r_1) .. (q_{t-1}, r_{t-1}).
 """
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
 from .layers.attention import CausalRefinement
+from .layers.bayes import AbilityGrid
+from .layers.irt import fit_gpcm
 from .layers.memory import DKVMN
-from .layers.ordinal import CORALBlend, IRTHead, OrdinalResponseEmbedding, gpcm_logits
+from .layers.ordinal import (
+    CORALBlend,
+    IRTHead,
+    ItemParameters,
+    OrdinalResponseEmbedding,
+    gpcm_logits,
+    solve_item_embeddings,
+)
 
 
 @dataclass
@@ -36,10 +50,11 @@ class GPCMConfig:
     n_cats: int = 4  # K ordinal categories (2 for right/wrong)
     # Sizes tuned on validation splits (docs/results.md); the seed's defaults were N=50, d_k=50,
     # d_v=200, which fit no better here and cost 5x the time (bench/step_latency.py --sizes seed).
-    memory_size: int = 20  # N concepts in the key/value memory
+    # None: by the data (ORDINAL_DEFAULTS for K > 2, BINARY_DEFAULTS for K = 2)
+    memory_size: int | None = None  # N concepts in the key/value memory
     key_dim: int = 20  # d_k question embedding size
     value_dim: int = 50  # d_v memory slot size
-    erase_bias: float = -3.0  # initial erase-gate bias: sigmoid(-3) = 0.05, start by remembering
+    erase_bias: float | None = None  # initial erase-gate bias: sigmoid(-3) = 0.05, start by remembering
     summary_dim: int = 50  # width of the summary layer feeding the IRT head
     dropout: float = 0.0  # on the summary layer (early stopping regularises enough here)
     ability_scale: float = 1.0  # theta multiplier (seed: ability_scale)
@@ -48,11 +63,36 @@ class GPCMConfig:
     # beta stays interpretable (Spearman with the true difficulty 0.92 vs 0.68 on the synthetic set)
     question_in_summary: bool = False
     item_discrimination: bool = False  # alpha from the question alone (IRT) instead of [summary; question]
+    # deep_gpcm only. ability "memory": theta read from the DKVMN value memory; "bayes": each memory slot holds
+    # the log-likelihood of the evidence over a grid of theta values, theta the posterior mean (BayesGPCM).
+    # None: "bayes" for ordinal data, "memory" for binary (the deep_gpcm family's builder decides, `deep_gpcm`)
+    ability: str | None = None
+    grid_size: int = 61  # "bayes": theta grid points on [-grid_limit, grid_limit]
+    grid_limit: float = 4.5
+    # "bayes": None keeps all evidence (a fixed ability, the GPCM generator's assumption); a value in (0, 1) is the
+    # initial share of a slot's old evidence kept per write, then learned (an ability that drifts)
+    evidence_keep: float | None = None
+    # warm start: item parameters from a joint-MAP GPCM fit on the fitting students before training
+    # (`warm_start`); None: on with the Bayes ability, off with the memory one
+    irt_init: bool | None = None
     # AttentionGPCM only
     embed_dim: int = 64  # interaction embedding size before the value projection
     n_heads: int = 4
     n_cycles: int = 2
     window: int = 64  # attention span W: how many past interactions each position can see
+
+    def __post_init__(self):
+        for name, value in (ORDINAL_DEFAULTS if self.n_cats > 2 else BINARY_DEFAULTS).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.ability not in (None, "memory", "bayes"):
+            raise ValueError(f"ability must be 'memory' or 'bayes', got {self.ability!r}")
+
+
+# Data-dependent defaults, chosen on validation students (docs/results.md): ordinal data (the GPCM synthetic set)
+# fit best with one memory slot (one latent trait) that forgets little; binary ASSISTments with 20 concepts.
+ORDINAL_DEFAULTS = {"memory_size": 1, "erase_bias": -6.0}
+BINARY_DEFAULTS = {"memory_size": 20, "erase_bias": -3.0}
 
 
 class GPCMOutput(NamedTuple):
@@ -67,9 +107,11 @@ class DeepGPCM(nn.Module):
     family = "deep_gpcm"
     task = "knowledge_tracing"
 
+    ability = "memory"  # what cfg.ability None means for this class (BayesGPCM: "bayes")
+
     def __init__(self, cfg: GPCMConfig):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg = _resolve(cfg, self.ability)
         self.question_embed = nn.Embedding(cfg.n_questions, cfg.key_dim, padding_idx=0)
         self.memory = DKVMN(cfg.memory_size, cfg.key_dim, cfg.value_dim, cfg.erase_bias)
         self.head = IRTHead(cfg.value_dim, cfg.key_dim, cfg.summary_dim, cfg.n_cats, dropout=cfg.dropout,
@@ -97,6 +139,26 @@ class DeepGPCM(nn.Module):
     def _output(self, read: torch.Tensor, keys: torch.Tensor) -> GPCMOutput:
         theta, alpha, beta = self.head(read, keys)
         return GPCMOutput(torch.log_softmax(gpcm_logits(theta, alpha, beta), dim=-1), theta, alpha, beta)
+
+    # -- warm start ------------------------------------------------------------------------------------
+    def warm_start(self, sequences: list[tuple[np.ndarray, np.ndarray]]) -> dict | None:
+        """With cfg.irt_init: fit a GPCM (joint MAP, layers/irt.py) on these (question indices, responses)
+        sequences, the run's fitting students, and set the question embeddings so that the item heads give the
+        fitted thresholds (and discriminations, where alpha depends on the item alone). Called once before
+        training; returns what the manifest records, None without irt_init."""
+        if not self.cfg.irt_init:
+            return None
+        started = time.perf_counter()
+        alpha, beta = fit_gpcm([q for q, _ in sequences], [r for _, r in sequences], self.cfg.n_questions,
+                               self.cfg.n_cats)
+        rows = torch.arange(1, self.cfg.n_questions)  # every row but padding
+        head = self.head  # IRTHead or, for BayesGPCM, ItemParameters: both have .thresholds and .discrimination
+        item_alpha = isinstance(head, ItemParameters) or self.cfg.item_discrimination
+        error = solve_item_embeddings(self.question_embed, rows, head.thresholds, torch.from_numpy(beta[1:]),
+                                      head.discrimination if item_alpha else None,
+                                      torch.from_numpy(alpha[1:]) if item_alpha else None)
+        return {"irt_init": {"items": len(rows), "alpha": item_alpha, "max_error": error,
+                             "seconds": round(time.perf_counter() - started, 1)}}
 
     # -- streaming API ---------------------------------------------------------------------------------
     def state_spec(self) -> list[dict]:
@@ -178,4 +240,107 @@ class CORALGPCM(DeepGPCM):
         return GPCMOutput(log_probs, theta, alpha, beta, cum_logits)
 
 
-MODELS: dict[str, type[DeepGPCM]] = {m.family: m for m in (DeepGPCM, AttentionGPCM, CORALGPCM)}
+class BayesGPCM(DeepGPCM):
+    """deep_gpcm with ability "bayes" (the default for ordinal data): theta tracked by a Bayes filter.
+
+    The item side is DeepGPCM's (question embedding -> alpha, ordered beta, the item alone); the learner side is
+    no longer a learned value memory but, per DKVMN concept slot, the summed log-likelihood of the responses seen
+    over a fixed grid of abilities (layers/bayes.py). The prediction is the posterior predictive, theta the
+    posterior mean: for one slot and fixed items exactly the Bayes-optimal causal predictor, so training fits the
+    item parameters by their marginal likelihood. With memory_size > 1 the key memory addresses the slots as in
+    DKVMN. value_dim, summary_dim, erase_bias and dropout do not apply. The state keeps the name value_memory:
+    (N, grid_size) evidence, zeros at the start, kept within [-FLOOR, 0] of each slot's best grid point
+    (AbilityGrid.add_evidence) so that float32 rounding stays small.
+    """
+
+    ability = "bayes"
+
+    def __init__(self, cfg: GPCMConfig):
+        nn.Module.__init__(self)
+        self.cfg = cfg = _resolve(cfg, self.ability)
+        self.question_embed = nn.Embedding(cfg.n_questions, cfg.key_dim, padding_idx=0)
+        if cfg.memory_size > 1:  # one slot needs no addressing
+            self.key_memory = nn.Parameter(torch.empty(cfg.memory_size, cfg.key_dim))
+            nn.init.kaiming_normal_(self.key_memory)
+            self.query = nn.Linear(cfg.key_dim, cfg.key_dim)
+        self.head = ItemParameters(cfg.key_dim, cfg.n_cats, cfg.ordered_thresholds)
+        self.grid = AbilityGrid(cfg.grid_size, cfg.grid_limit)
+        if cfg.evidence_keep is not None:
+            self.keep_logit = nn.Parameter(torch.logit(torch.tensor(float(cfg.evidence_keep))))
+
+    def _keep(self) -> torch.Tensor | None:
+        return torch.sigmoid(self.keep_logit) if self.cfg.evidence_keep is not None else None
+
+    def _address(self, keys: torch.Tensor) -> torch.Tensor:
+        """(..., dk) -> (..., N) slot weights (DKVMN addressing)."""
+        if self.cfg.memory_size == 1:
+            return torch.ones_like(keys[..., :1])
+        return torch.softmax(torch.tanh(self.query(keys)) @ self.key_memory.t(), dim=-1)
+
+    def _items(self, keys: torch.Tensor):
+        alpha, beta = self.head(keys)
+        return alpha, beta, self.grid.item_log_probs(alpha, beta)  # (...), (..., K-1), (..., G, K)
+
+    def _predict(self, evidence, alpha, beta, item_lp) -> GPCMOutput:
+        log_probs, theta = self.grid.predict(evidence, item_lp)
+        return GPCMOutput(log_probs, theta, alpha, beta)
+
+    def state_spec(self) -> list[dict]:
+        return [{"name": "value_memory", "shape": [self.cfg.memory_size, self.cfg.grid_size], "dtype": "float32",
+                 "init": "zeros (no evidence: the prior)"}]
+
+    def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(batch, self.cfg.memory_size, self.cfg.grid_size, device=self.grid.grid.device),)
+
+    def step(self, state, question, response):
+        keys = self.question_embed(question)  # (B, dk)
+        _, _, item_lp = self._items(keys)  # (B, G, K)
+        ll = item_lp.gather(-1, response.view(-1, 1, 1).expand(-1, item_lp.shape[1], 1)).squeeze(-1)  # (B, G)
+        return (self.grid.add_evidence(state[0], self._address(keys), ll, self._keep()),)
+
+    def readout(self, state, questions):
+        keys = self.question_embed(questions)  # (B, M, dk)
+        evidence = torch.bmm(self._address(keys), state[0])  # (B, M, G)
+        return self._predict(evidence, *self._items(keys))
+
+    def forward(self, questions, responses):
+        keys = self.question_embed(questions)  # (B, T, dk)
+        weights = self._address(keys)  # (B, T, N)
+        alpha, beta, item_lp = self._items(keys)  # (B, T, G, K)
+        ll = item_lp.gather(-1, responses[..., None, None].expand(*responses.shape, item_lp.shape[2], 1))
+        ll = ll.squeeze(-1)  # (B, T, G)
+        memory, keep = self.init_state(questions.shape[0])[0], self._keep()
+        evidence = []
+        for t in range(questions.shape[1]):  # the same recursion as step, so the two agree to the last bit
+            evidence.append(torch.bmm(weights[:, t:t + 1], memory))  # (B, 1, G)
+            memory = self.grid.add_evidence(memory, weights[:, t], ll[:, t], keep)
+        return self._predict(torch.cat(evidence, 1), alpha, beta, item_lp)
+
+
+def _resolve(cfg: GPCMConfig, ability: str) -> GPCMConfig:
+    """The config a class builds from: ability None -> the class's own; irt_init None -> on with "bayes"."""
+    if cfg.ability not in (None, ability):
+        raise ValueError(f"ability {cfg.ability!r}: {ability!r} is the only one this model class has"
+                         + (" (build deep_gpcm through `deep_gpcm(cfg)`)" if cfg.ability == "bayes" else ""))
+    return replace(cfg, ability=ability, irt_init=(ability == "bayes") if cfg.irt_init is None else cfg.irt_init)
+
+
+def deep_gpcm(cfg: GPCMConfig) -> DeepGPCM:
+    """The deep_gpcm family's model (its registry entry): the Bayes ability filter for ordinal data (K > 2) or
+    when cfg.ability says "bayes", the DKVMN memory read-out otherwise."""
+    ability = cfg.ability or ("bayes" if cfg.n_cats > 2 else "memory")
+    return (BayesGPCM if ability == "bayes" else DeepGPCM)(replace(cfg, ability=ability))
+
+
+def restore(name: str, config: dict, weights: dict) -> DeepGPCM:
+    """The deep_gpcm model of an artifact's weights.pt (its registry restorer). A config written before the Bayes
+    ability existed has no "ability" key and was a memory read-out, whatever its K."""
+    if "ability" not in config:
+        config = {**config, "ability": "memory"}
+    model = deep_gpcm(GPCMConfig(**config))
+    model.load_state_dict(weights)
+    return model
+
+
+MODELS: dict[str, type[DeepGPCM]] = {"deep_gpcm": DeepGPCM, "deep_gpcm_bayes": BayesGPCM,
+                                     "attention_gpcm": AttentionGPCM, "coral_gpcm": CORALGPCM}

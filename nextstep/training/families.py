@@ -29,7 +29,7 @@ PARTS = ("reader", "batcher", "loss", "metrics")
 class Family:
     name: str
     task: str  # knowledge_tracing | next_item | srs: which service routes answer it
-    model: str  # "module:Class" of the nn.Module
+    model: str  # "module:Class" of the nn.Module, or "module:function" building one from its config
     config: str  # "module:Class" of its config dataclass
     train_config: str  # "module:Class" of the training config dataclass
     train: str  # "module:function": (data, out, *, cfg, **options) -> manifest; `named`: the name comes first
@@ -79,14 +79,15 @@ class Family:
         return {f.name for f in fields(self.resolve(what))}
 
 
-def _kt(name: str, model: str, config: str, help: str) -> Family:
+def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None) -> Family:
     return Family(name, "knowledge_tracing", model, config, "nextstep.training.loop:TrainConfig",
                   f"{KT_RUN}:train_model", "nextstep.training.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
                   reader="nextstep.training.data:load_dataset", batcher="nextstep.training.loop:batches",
                   # (TrainConfig.loss, n_cats) -> the loss; its CORAL term takes a model's cumulative logits if any
                   loss="nextstep.training.losses:CombinedLoss.from_spec",
                   metrics="nextstep.training.metrics:ordinal_metrics",
-                  train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"})
+                  train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"},
+                  restorer=restorer)
 
 
 def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, batcher: str | None,
@@ -109,7 +110,8 @@ def _counts(name: str, model: str, help: str) -> Family:
 GPCM = "nextstep.models.deep_gpcm"
 COUNTS = "nextstep.training.next_item_run:CountConfig"
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    _kt("deep_gpcm", f"{GPCM}:DeepGPCM", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output"),
+    _kt("deep_gpcm", f"{GPCM}:deep_gpcm", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output",
+        restorer=f"{GPCM}:restore"),
     _kt("attention_gpcm", f"{GPCM}:AttentionGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM with attention-refined writes"),
     _kt("coral_gpcm", f"{GPCM}:CORALGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM blended with CORAL thresholds"),
     _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)"),

@@ -97,9 +97,11 @@ def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len
 
 
 def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, batcher: Callable, loss: Callable,
-        metrics: Callable, checkpoint: Path | None = None, progress: bool = True, log: bool = True) -> list[dict]:
+        metrics: Callable, checkpoint: Path | None = None, progress: bool = True, log: bool = True,
+        validate_start: bool = False) -> list[dict]:
     """Train with Adam, halving the learning rate and stopping early on validation `cfg.monitor`; leaves the
     best weights loaded (and saved to `checkpoint`). Returns the per-epoch history (see `train_epochs`).
+    `validate_start`: the starting weights (a warm start) compete with the epochs' (history row 0).
 
     The family's parts (families.py): `batcher(seqs, batch_size, rng)` as `batches`, `loss(cfg.loss, n_cats)`
     the loss module, `metrics(probs, targets)` the validation metrics."""
@@ -124,7 +126,8 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, 
                         monitor=f"valid_{cfg.monitor}", lower_is_better=MONITORS[cfg.monitor], patience=cfg.patience,
                         lr_schedule=torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5,
                                                                                patience=cfg.lr_patience),
-                        checkpoint=checkpoint, progress=progress, report=print_row if log else None)
+                        checkpoint=checkpoint, progress=progress, report=print_row if log else None,
+                        validate_start=validate_start)
 
 
 # ----------------------------------------------------------------------------- the shared loop
@@ -135,7 +138,7 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
                  lower_is_better: bool = True, patience: int | None = None, min_delta: float = 1e-5,
                  lr_schedule=None, max_seconds: float | None = None, checkpoint: Path | None = None,
                  before_epoch: Callable[[int], dict | None] | None = None, progress: bool = True,
-                 report: Callable[[dict], None] | None = None) -> list[dict]:
+                 report: Callable[[dict], None] | None = None, validate_start: bool = False) -> list[dict]:
     """Train `model` for up to `epochs` epochs; return one history row per epoch.
 
     Each epoch: `before_epoch(epoch)` (e.g. a curriculum stage; the dict it returns goes into the row),
@@ -155,10 +158,19 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
     an improvement of more than `min_delta`. Without one, training runs every epoch and keeps the last
     weights. `max_seconds`: no epoch is started that would, at the mean epoch time so far, end past it.
     `progress`: a bar per epoch, only when stderr is a terminal; `report(row)` after every epoch (e.g.
-    `print_row`, one line per epoch, readable in a log file)."""
+    `print_row`, one line per epoch, readable in a log file).
+    `validate_start` (with `validate` and a `monitor`): the starting weights are validated first (row 0: epoch 0,
+    valid_*, best) and kept unless an epoch beats them, for a model that starts from a warm start."""
     sign = 1.0 if lower_is_better else -1.0
     history, best, best_state, stale = [], math.inf, None, 0
     started = time.perf_counter()
+    if validate_start and validate is not None and monitor is not None:
+        row = {"epoch": 0, **{f"valid_{name}": value for name, value in validate().items()}}
+        row.update(targets=0, seconds=time.perf_counter() - started, targets_per_second=0.0, best=True)
+        history.append(row)
+        best, best_state = sign * row[monitor], {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if report is not None:
+            report(row)
     bar = progress and sys.stderr.isatty()
     for epoch in range(1, epochs + 1):
         t0 = time.perf_counter()

@@ -25,7 +25,7 @@ def write_report(out_dir: Path, metrics: dict, history: list[dict], test_probs: 
 def _learning_curves(path: Path, history: list[dict]) -> None:
     epochs = [h["epoch"] for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(epochs, [h["train_loss"] for h in history], label="train loss")
+    left.plot(epochs, [h.get("train_loss", np.nan) for h in history], label="train loss")  # none at epoch 0
     left.plot(epochs, [h["valid_nll"] for h in history], label="validation NLL")
     left.set_xlabel("epoch")
     left.legend()

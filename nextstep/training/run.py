@@ -66,14 +66,18 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     vocab = Vocabulary.build(np.concatenate([s.questions for s in fit_ds.sequences]))
     torch.manual_seed(cfg.seed)
     model = entry.build({"n_questions": len(vocab), "n_cats": train_ds.n_cats, **cfg.model})
+    # a model may start from what the fitting students alone say (Deep-GPCM: item parameters of a fitted IRT model)
+    warm_start = getattr(model, "warm_start", None)
+    warm = warm_start(encode(fit_ds, vocab)) if warm_start is not None else None
     out_dir.mkdir(parents=True, exist_ok=True)
     history = fit(model, encode(fit_ds, vocab), encode(valid_ds, vocab), cfg, batcher=batcher, loss=loss,
-                  metrics=score, checkpoint=out_dir / "checkpoint.pt", progress=progress, log=log)
+                  metrics=score, checkpoint=out_dir / "checkpoint.pt", progress=progress, log=log,
+                  validate_start=warm is not None)
     train_seconds = time.perf_counter() - started
 
     test_enc = encode(test_ds, vocab)
     test_pred = predict_sequences(model, test_enc, max_len=cfg.eval_max_len, batcher=batcher)
-    best_epoch = [h for h in history if h["best"]][-1]  # the epoch whose weights fit() kept
+    best_epoch = [h for h in history if h["best"]][-1]  # the epoch whose weights fit() kept (0: the warm start)
     metrics = {"test": {**score(test_pred["probs"], test_pred["targets"]), **unknown_share(test_enc)},
                "valid": {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}}
     truth = data_dir / "true_irt_parameters.json"
@@ -94,8 +98,9 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
         "responses": {"n_cats": train_ds.n_cats},
         "metrics": metrics,
         "train_config": asdict(cfg),
-        "training": {"epochs_run": len(history), "best_epoch": best_epoch["epoch"],
-                     "seconds": round(train_seconds, 1), "torch": torch.__version__},
+        "training": {"epochs_run": sum(h["epoch"] > 0 for h in history), "best_epoch": best_epoch["epoch"],
+                     "seconds": round(train_seconds, 1), "torch": torch.__version__,
+                     **({"warm_start": warm} if warm else {})},
         "report": "report/",
     }
     manifest = export_artifact(model, out_dir, manifest=manifest, vocab_json=vocab.to_json(),

@@ -12,12 +12,16 @@ TINY = {"n_questions": 20, "memory_size": 8, "key_dim": 8, "value_dim": 16, "sum
 K = 4
 FIELDS = ("log_probs", "theta", "alpha", "beta")
 
-pytestmark = pytest.mark.parametrize("name", sorted(MODELS))
+# every class, and the settings that add a part: the Bayes ability with fading evidence (a learned keep share)
+CASES = {**{name: (cls, {}) for name, cls in MODELS.items()},
+         "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], {"evidence_keep": 0.9})}
+pytestmark = pytest.mark.parametrize("name", sorted(CASES))
 
 
 def make(name: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    return MODELS[name](GPCMConfig(**{**TINY, **overrides})).eval()
+    cls, settings = CASES[name]
+    return cls(GPCMConfig(**{**TINY, **settings, **overrides})).eval()
 
 
 def sequences(B: int, T: int, seed: int = 1, n_questions: int = TINY["n_questions"]):

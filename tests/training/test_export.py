@@ -3,7 +3,7 @@ and ONNX Runtime compute the same streaming model when started from the exported
 
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import onnxruntime as ort
@@ -26,11 +26,16 @@ def random_batch(B: int, T: int, seed: int):
     return torch.randint(2, TINY.n_questions, (B, T), generator=g), torch.randint(0, K, (B, T), generator=g)
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+CASES = {**{name: (cls, TINY) for name, cls in MODELS.items()},  # and the Bayes ability with fading evidence
+         "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], replace(TINY, evidence_keep=0.9))}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
 def exported(request, tmp_path_factory):
     name = request.param
     torch.manual_seed(0)
-    model = MODELS[name](TINY).eval()
+    cls, cfg = CASES[name]
+    model = cls(cfg).eval()
     out = tmp_path_factory.mktemp(name)
     q, r = random_batch(4, 9, seed=0)
     manifest = export_artifact(model, out, manifest={"name": f"tiny-{name}", "version": "1"},
@@ -43,8 +48,10 @@ def test_manifest_describes_the_artifact(exported):
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == json.loads(json.dumps(manifest))  # the returned manifest is the one written
     assert manifest["name"] == f"tiny-{name}" and manifest["version"] == "1"  # caller's fields kept
-    assert manifest["family"] == name == model.family
-    assert manifest["model_config"] == asdict(TINY)
+    assert manifest["family"] == model.family == name.split("_bayes")[0]  # deep_gpcm_bayes: a deep_gpcm
+    assert manifest["model_config"] == asdict(model.cfg)
+    assert {k: v for k, v in manifest["model_config"].items() if k not in ("ability", "irt_init")} == {
+        k: v for k, v in asdict(CASES[name][1]).items() if k not in ("ability", "irt_init")}  # class resolves those
 
     spec = manifest["state"]
     assert [s["name"] for s in spec] == [s["name"] for s in model.state_spec()]
@@ -60,8 +67,11 @@ def test_manifest_describes_the_artifact(exported):
         assert list(value.shape) == s["shape"], s
         assert value.dtype == np.dtype(s["dtype"]), s
         np.testing.assert_array_equal(value, tensor[0].numpy())
-    learned = model.memory.init_value_memory.detach().numpy()
-    np.testing.assert_array_equal(np.load(out / spec[0]["file"]), learned)
+    if "_bayes" in name:  # no evidence yet
+        np.testing.assert_array_equal(np.load(out / spec[0]["file"]), np.zeros(spec[0]["shape"], np.float32))
+    else:
+        learned = model.memory.init_value_memory.detach().numpy()
+        np.testing.assert_array_equal(np.load(out / spec[0]["file"]), learned)
 
     graphs = manifest["graphs"]
     for graph in ("step", "predict"):
@@ -86,7 +96,7 @@ def test_manifest_describes_the_artifact(exported):
 def test_weights_reload_to_the_same_model(exported):
     name, model, out, _ = exported
     loaded, vocab, manifest = load_model(out)
-    assert type(loaded) is type(model) and manifest["family"] == name
+    assert type(loaded) is type(model) and manifest["family"] == name.split("_bayes")[0]
     assert vocab.ids == VOCAB["ids"] and vocab.encode(np.array([100, 117, 5])).tolist() == [2, 19, 1]
     q, r = random_batch(2, 6, seed=3)
     with torch.no_grad():

@@ -173,3 +173,21 @@ def test_models_without_irt_outputs_train_and_evaluate():
     pred = predict_sequences(model, seqs[30:])
     assert set(pred) == {"probs", "targets", "questions"}
     assert len(pred["probs"]) == sum(len(q) for q, _ in seqs[30:])
+
+
+@pytest.mark.parametrize("values, best_epoch, rows", [
+    ([1.0, 2.0, 1.5, 3.0, 0.5], 0, 4),  # the start is never beaten: its weights come back, 3 stale epochs end it
+    ([3.0, 2.0, 2.5, 2.1, 2.2, 2.3], 1, 5),  # an epoch beats the start
+])
+def test_validate_start_lets_the_starting_weights_compete(values, best_epoch, rows):
+    model, batches, step = regression()
+    seen = []
+    history = train_epochs(model, 5, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                           validate=scripted(values, model, seen), monitor="valid_score", patience=3,
+                           validate_start=True)
+    assert [row["epoch"] for row in history] == list(range(rows))
+    assert history[0]["valid_score"] == values[0] and history[0]["best"] and "train_loss" not in history[0]
+    assert [row["epoch"] for row in history if row["best"]][-1] == best_epoch
+    for name, value in model.state_dict().items():  # seen[0]: the weights before any step
+        torch.testing.assert_close(value, seen[best_epoch][name], rtol=0, atol=0)
+    assert not torch.equal(seen[0]["weight"], seen[1]["weight"])  # training did move them

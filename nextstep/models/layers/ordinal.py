@@ -163,3 +163,49 @@ class CORALBlend(nn.Module):
         w = self.blend_weight(beta).unsqueeze(-1)
         blended = (1 - w) * gpcm_log_probs.exp() + w * coral.clamp(min=0)
         return torch.log(blended.clamp(min=1e-12)), cum_logits
+
+
+def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))  # log(exp(x) - 1), stable for large x
+
+
+class ItemParameters(nn.Module):
+    """IRT item parameters from the question embedding alone: alpha = softplus(w . k_t + b) > 0 and ordered
+    thresholds beta (Thresholds). What the Bayes ability filter needs: nothing here sees the learner."""
+
+    def __init__(self, key_dim: int, n_cats: int, ordered_thresholds: bool = True):
+        super().__init__()
+        self.discrimination = nn.Linear(key_dim, 1)
+        self.thresholds = Thresholds(key_dim, n_cats - 1, ordered_thresholds)
+
+    def forward(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys (..., dk) -> alpha (...), beta (..., K-1)."""
+        return F.softplus(self.discrimination(keys)).squeeze(-1), self.thresholds(keys)
+
+
+@torch.no_grad()
+def solve_item_embeddings(embedding: nn.Embedding, rows: torch.Tensor, thresholds: Thresholds,
+                          beta: torch.Tensor, discrimination: nn.Linear | None = None,
+                          alpha: torch.Tensor | None = None) -> float:
+    """Set the question embeddings of `rows` so that the (linear) item heads give the target beta (R, K-1) and,
+    with a discrimination head, alpha (R,): the heads' pre-activations are linear in the embedding, so the
+    least-squares (minimum-norm) solution hits them exactly whenever dk >= the number of targets.
+    Returns the largest error of the result (0 up to rounding)."""
+    targets, weights, biases = [], [thresholds.linear.weight], [thresholds.linear.bias]
+    if thresholds.ordered:
+        gaps = (beta[:, 1:] - beta[:, :-1]).clamp(min=1e-4)
+        targets.append(torch.cat([beta[:, :1], _inverse_softplus(gaps)], 1))
+    else:
+        targets.append(beta)
+    if discrimination is not None:
+        targets.append(_inverse_softplus(alpha.clamp(min=1e-4)).unsqueeze(1))
+        weights.append(discrimination.weight)
+        biases.append(discrimination.bias)
+    target = torch.cat(targets, 1).to(embedding.weight.dtype)  # (R, n)
+    W, b = torch.cat(weights, 0), torch.cat(biases, 0)  # (n, dk), (n,)
+    embedding.weight[rows] = torch.linalg.lstsq(W, (target - b).T).solution.T  # (R, dk)
+    keys = embedding.weight[rows]
+    error = (thresholds(keys) - beta).abs().max()
+    if discrimination is not None:
+        error = torch.maximum(error, (F.softplus(discrimination(keys)).squeeze(-1) - alpha).abs().max())
+    return float(error)

@@ -1,0 +1,167 @@
+"""deep_gpcm's Bayes ability filter (BayesGPCM), its data-dependent defaults and the IRT warm start.
+
+Streaming parity, no-leak, batch independence and gradients of BayesGPCM are in test_deep_gpcm.py (its MODELS
+entry "deep_gpcm_bayes"); export parity in tests/training/test_export.py. Here: that one slot is the exact
+Bayes filter, which family builds what, and that the warm start puts the fitted items into the model."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from nextstep.models.deep_gpcm import CORALGPCM, AttentionGPCM, BayesGPCM, DeepGPCM, GPCMConfig, deep_gpcm
+from nextstep.models.layers.bayes import FLOOR
+from nextstep.models.layers.irt import fit_gpcm
+from nextstep.models.layers.ordinal import solve_item_embeddings
+from nextstep.training.synthetic import generate_gpcm, gpcm_probs
+
+K = 4
+
+
+def exact_filter(grid, alpha, beta, questions, responses):
+    """Posterior predictive and posterior mean of theta in float64, with no floor: (T, K), (T,)."""
+    log_post = -0.5 * grid**2
+    probs, means = [], []
+    for q, r in zip(questions, responses, strict=True):
+        p = gpcm_probs(grid, np.full_like(grid, alpha[q]), np.repeat(beta[q][None], len(grid), 0))  # (G, K)
+        w = np.exp(log_post - log_post.max())
+        w /= w.sum()
+        probs.append(w @ p)
+        means.append(w @ grid)
+        log_post = log_post + np.log(p[:, r])
+    return np.array(probs), np.array(means)
+
+
+def test_one_slot_is_the_exact_bayes_filter():
+    torch.manual_seed(0)
+    Q, T = 12, 300
+    model = BayesGPCM(GPCMConfig(n_questions=Q, n_cats=K, memory_size=1, key_dim=8)).eval()
+    rng = np.random.default_rng(0)
+    alpha = rng.uniform(1.5, 3.0, Q)  # sharp items: the extreme grid points fall to the floor
+    beta = np.sort(rng.normal(0, 1, (Q, K - 1)), 1)
+    rows = torch.arange(1, Q)
+    solve_item_embeddings(model.question_embed, rows, model.head.thresholds, torch.tensor(beta[1:]),
+                          model.head.discrimination, torch.tensor(alpha[1:]))
+    with torch.no_grad():  # the model's own item parameters (float32) are what the reference uses
+        a, b = model.head(model.question_embed.weight)
+    q = torch.from_numpy(rng.integers(2, Q, (2, T)))
+    r = torch.from_numpy(rng.integers(0, K, (2, T)))
+    with torch.no_grad():
+        out = model(q, r)
+        state = model.init_state(2)
+        for t in range(T):
+            state = model.step(state, q[:, t], r[:, t])
+    grid = model.grid.grid.double().numpy()
+    for i in range(2):
+        probs, means = exact_filter(grid, a.double().numpy(), b.double().numpy(), q[i].numpy(), r[i].numpy())
+        np.testing.assert_allclose(out.log_probs[i].exp().numpy(), probs, atol=2e-5, rtol=0)
+        np.testing.assert_allclose(out.theta[i].numpy(), means, atol=2e-5, rtol=0)
+    assert torch.allclose(out.alpha, a[q]) and torch.allclose(out.beta, b[q])
+    # the stored evidence is relative to each slot's best point and floored, and the floor was reached
+    assert state[0].max(-1).values.abs().max() == 0
+    assert state[0].min() == -FLOOR
+
+
+def test_several_slots_weight_the_evidence_by_the_addressing():
+    torch.manual_seed(0)
+    model = BayesGPCM(GPCMConfig(n_questions=10, n_cats=K, memory_size=3, key_dim=8)).eval()
+    q, r = torch.tensor([[4]]), torch.tensor([[2]])
+    with torch.no_grad():
+        state = model.step(model.init_state(1), q[:, 0], r[:, 0])
+        w = model._address(model.question_embed(q[:, 0]))  # (1, 3)
+        _, _, item_lp = model._items(model.question_embed(q[:, 0]))
+        ll = item_lp[0, :, 2]
+        expected = w[0, :, None] * ll
+        expected = (expected - expected.max(-1, keepdim=True).values).clamp(min=-FLOOR)
+    torch.testing.assert_close(state[0][0], expected)
+    assert torch.allclose(w.sum(-1), torch.ones(1)) and (w > 0).all() and not torch.allclose(w, w[:, :1])
+
+
+@pytest.mark.parametrize("n_cats, cls, memory_size, irt_init", [(4, BayesGPCM, 1, True), (2, DeepGPCM, 20, False)])
+def test_deep_gpcm_defaults_follow_the_data(n_cats, cls, memory_size, irt_init):
+    model = deep_gpcm(GPCMConfig(n_questions=10, n_cats=n_cats))
+    assert type(model) is cls and model.family == "deep_gpcm"
+    assert model.cfg.ability == ("bayes" if n_cats > 2 else "memory")
+    assert (model.cfg.memory_size, model.cfg.irt_init) == (memory_size, irt_init)
+    assert model.cfg.erase_bias == (-6.0 if n_cats > 2 else -3.0)
+
+
+def test_settings_given_win_over_the_data_defaults():
+    model = deep_gpcm(GPCMConfig(n_questions=10, n_cats=4, ability="memory", memory_size=5))
+    assert type(model) is DeepGPCM and model.cfg.memory_size == 5 and model.cfg.irt_init is False
+    model = deep_gpcm(GPCMConfig(n_questions=10, n_cats=2, ability="bayes", irt_init=False))
+    assert type(model) is BayesGPCM and model.cfg.irt_init is False and model.cfg.memory_size == 20
+    for cls in (AttentionGPCM, CORALGPCM):  # the Bayes ability is deep_gpcm's alone
+        assert cls(GPCMConfig(n_questions=10, n_cats=4)).cfg.ability == "memory"
+        with pytest.raises(ValueError, match="ability 'bayes'"):
+            cls(GPCMConfig(n_questions=10, n_cats=4, ability="bayes"))
+    with pytest.raises(ValueError, match="ability must be"):
+        GPCMConfig(n_questions=10, ability="filter")
+
+
+def small_data(seed: int = 0):
+    data = generate_gpcm(n_students=120, n_questions=15, n_cats=K, seq_len_range=(40, 60), seed=seed)
+    # vocabulary indices as a run encodes them: question id q -> q + 2 (0 padding, 1 unknown)
+    return data, [(s.questions + 2, s.responses) for s in data["train"]]
+
+
+@pytest.mark.parametrize("ability", ["bayes", "memory"])
+def test_warm_start_puts_the_fitted_items_into_the_model(ability):
+    data, seqs = small_data()
+    Q = data["n_questions"] + 2
+    torch.manual_seed(0)
+    cfg = GPCMConfig(n_questions=Q, n_cats=K, ability=ability, irt_init=True, item_discrimination=True, key_dim=8)
+    model = deep_gpcm(cfg)
+    info = model.warm_start(seqs)["irt_init"]
+    alpha, beta = fit_gpcm([q for q, _ in seqs], [r for _, r in seqs], Q, K)
+    with torch.no_grad():
+        keys = model.question_embed(torch.arange(2, Q))
+        got_beta = model.head.thresholds(keys).numpy()
+        got_alpha = torch.nn.functional.softplus(model.head.discrimination(keys)).squeeze(-1).numpy()
+    np.testing.assert_allclose(got_beta, beta[2:], atol=1e-4)
+    np.testing.assert_allclose(got_alpha, alpha[2:], atol=1e-4)
+    assert info["alpha"] is True and info["items"] == Q - 1 and info["max_error"] < 1e-4
+    # and the fit found the generating items (this is what makes the warm start worth having)
+    assert spearmanr(got_beta.mean(1), data["beta"].mean(1))[0] > 0.9
+
+
+def test_without_irt_init_the_warm_start_does_nothing():
+    _, seqs = small_data()
+    torch.manual_seed(0)
+    model = deep_gpcm(GPCMConfig(n_questions=17, n_cats=K, irt_init=False))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert model.warm_start(seqs) is None
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_an_artifact_from_before_the_bayes_ability_restores_as_the_memory_read_out():
+    from dataclasses import asdict
+
+    from nextstep.training.families import restore
+
+    torch.manual_seed(0)
+    old = DeepGPCM(GPCMConfig(n_questions=10, n_cats=K, memory_size=4, erase_bias=-6.0, key_dim=8))
+    config = {k: v for k, v in asdict(old.cfg).items() if k not in ("ability", "grid_size", "grid_limit", "irt_init")}
+    loaded = restore("deep_gpcm", config, old.state_dict())
+    assert type(loaded) is DeepGPCM and loaded.cfg.ability == "memory"
+    q, r = torch.tensor([[2, 5, 7]]), torch.tensor([[1, 3, 0]])
+    with torch.no_grad():
+        assert torch.equal(old.eval()(q, r).log_probs, loaded.eval()(q, r).log_probs)
+    new = deep_gpcm(GPCMConfig(n_questions=10, n_cats=K, key_dim=8))  # a new artifact says what it is
+    assert type(restore("deep_gpcm", asdict(new.cfg), new.state_dict())) is BayesGPCM
+
+
+def test_fading_evidence_scales_a_written_slot_s_old_evidence_by_the_keep_share():
+    torch.manual_seed(0)
+    model = BayesGPCM(GPCMConfig(n_questions=10, n_cats=K, memory_size=1, key_dim=8, evidence_keep=0.8)).eval()
+    q, r = torch.tensor([3, 6]), torch.tensor([3, 0])
+    with torch.no_grad():
+        assert torch.sigmoid(model.keep_logit).item() == pytest.approx(0.8)
+        lls = [model._items(model.question_embed(q[t:t + 1]))[2][0, :, r[t]] for t in range(2)]
+        state = model.init_state(1)
+        for t in range(2):
+            state = model.step(state, q[t:t + 1], r[t:t + 1])
+    first = lls[0] - lls[0].max()
+    expected = 0.8 * first + lls[1]
+    torch.testing.assert_close(state[0][0, 0], (expected - expected.max()).clamp(min=-FLOOR))
