@@ -56,7 +56,7 @@ forward(items (B, T)) computes the same quantities for every prefix at once (row
 only); it equals stepping, which the tests check.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -75,11 +75,13 @@ class MRNConfig:
     beta: float = 1.0  # weight of the final match m2
     temperature: float = 0.2  # tau (chosen on the rsc15_100k validation split)
     repeat: float = 0.0  # gamma, the repeat channel; 0 is the seed's model
+    repeat_learned: bool = False  # one learned gamma_l per window position l (initial value: repeat), summed
     use_context: bool = False  # the context vector as one more derivation path
     use_bias: bool = True  # learned item bias b_j
     sigma: float = 1.0  # width of the surrogate kernel (in units of Z_m; 1.0 beat 0.5 on validation)
     init_spread: float = 1.0  # E ~ U[0, m * init_spread)
     seed: int = 0  # A, B and the embeddings
+    heads: dict = field(default_factory=dict)  # plug-in heads added to the score: {name in HEADS: options}
 
     def __post_init__(self):
         if self.n_items < 3:
@@ -93,6 +95,9 @@ class MRNConfig:
             raise ValueError(f"parallel (K={self.parallel}) cannot exceed history (L={self.history})")
         if self.temperature <= 0 or self.sigma <= 0:
             raise ValueError("temperature and sigma must be positive")
+        unknown = set(self.heads) - set(HEADS)
+        if unknown:
+            raise ValueError(f"unknown MRN heads {sorted(unknown)}; expected some of {sorted(HEADS)}")
 
 
 def ste(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
@@ -121,6 +126,8 @@ class MRN(NextItemModel):
         blocked = torch.zeros(cfg.n_items)
         blocked[:RESERVED] = float("-inf")
         self.register_buffer("blocked", blocked)
+        self.gamma = nn.Parameter(torch.full((cfg.history,), float(cfg.repeat))) if cfg.repeat_learned else None
+        self.heads = nn.ModuleDict({name: HEADS[name](cfg, **options) for name, options in cfg.heads.items()})
         self.k_active, self.l_active = cfg.parallel, cfg.history  # the curriculum lowers these in training
 
     # ---- discrete states, codes, matches -------------------------------------------------------------
@@ -187,10 +194,16 @@ class MRN(NextItemModel):
                 _, cls = torch.unique(self.E.detach().round().remainder(self.cfg.modulus), dim=0, return_inverse=True)
                 rows = torch.cat([items.new_zeros(B, L_act - 1), items], 1)
                 rows = torch.stack([rows[:, L_act - 1 - l:L_act - 1 - l + T] for l in range(L_act)], 2)  # (B, T, L)
-                seen = torch.arange(L_act) <= torch.arange(T).view(T, 1)  # (T, L): t - l >= 0
-                marks = xs.new_zeros(B, T, int(cls.max()) + 1)
-                marks.scatter_add_(2, cls[rows], seen.to(xs.dtype).expand(B, T, L_act))
-                hits = (marks.gather(2, cls.expand(B, T, -1)) > 0).to(xs.dtype)  # (B, T, V) in {0, 1}
+                seen = (torch.arange(L_act) <= torch.arange(T).view(T, 1)).to(xs.dtype)  # (T, L): t - l >= 0
+            if self.gamma is not None:  # sum over the window of gamma_l for each position whose class is j's
+                marks = xs.new_zeros(B, T, int(cls.max()) + 1).scatter_add(
+                    2, cls[rows], (seen * self.gamma[:L_act]).expand(B, T, L_act))
+                hits = marks.gather(2, cls.expand(B, T, -1))
+            else:
+                with torch.no_grad():
+                    marks = xs.new_zeros(B, T, int(cls.max()) + 1)
+                    marks.scatter_add_(2, cls[rows], seen.expand(B, T, L_act))
+                    hits = (marks.gather(2, cls.expand(B, T, -1)) > 0).to(xs.dtype)  # (B, T, V) in {0, 1}
         return self._score(history, torch.stack(contexts, 1), count, hits)
 
     # ---- the derivation, over any leading shape ------------------------------------------------------
@@ -224,8 +237,47 @@ class MRN(NextItemModel):
             if hits is None:
                 with torch.no_grad():
                     seen = torch.arange(L, device=count.device) < count.unsqueeze(-1)  # (..., L)
-                    same = (self.code(history[..., :L, :]) @ CX.detach().t()) == n  # (..., L, V)
-                    hits = (same & seen.unsqueeze(-1)).any(-2).to(S.dtype)
-            S = S + cfg.repeat * hits
+                    same = (self.code(history[..., :L, :].detach()) @ CX.detach().t()) == n  # (..., L, V)
+                    marks = (same & seen.unsqueeze(-1)).to(S.dtype)
+                hits = (marks * self.gamma[:L].unsqueeze(-1)).sum(-2) if self.gamma is not None else marks.amax(-2)
+            S = S + (hits if self.gamma is not None else cfg.repeat * hits)
         out = S / cfg.temperature  # rows 0/1 get a finite score too; readout() and ranking skip them
+        for head in self.heads.values():
+            out = out + head(self.code, history, context, count, CX)
         return out if self.bias is None else out + self.bias
+
+
+# ---- plug-in heads ---------------------------------------------------------------------------------------
+# A head adds a learned term to every item's score: head(code, history (..., L, n), context (..., n), count (...),
+# CX (V, n m) the items' codes) -> (..., V), with code the model's MRN.code (states -> one-hot codes, with the
+# surrogate gradient in training). It sees only the streaming state, so stepping and the full pass
+# agree and nothing after position t reaches row t. `heads` in MRNConfig names them with their options.
+
+
+class TransitionHead(nn.Module):
+    """A learned match between the current state x_t and every item's state x_j:
+
+        T_j = <C(x_t) U, C(x_j) W> / sqrt(d)        (0 before the first event)
+
+    with C the one-hot code of Z_m^n (n m columns) and U, W in R^{(n m) x d}. The exact match is the special
+    case U W^T = I (match(x_t, x_j)), and match((x_t + h) mod m, x_j) is U W^T = the permutation shifting each
+    coordinate's value by h_i; a learned U W^T of rank d lets each (coordinate, value) of the current state
+    vote for (coordinate, value) pairs of the next one, which is what a first-order Markov chain counts, here
+    over the discrete states. Gradients reach E through the codes' surrogate, as in the derivation."""
+
+    def __init__(self, cfg: MRNConfig, rank: int = 64, init: float = 0.1):
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"rank must be at least 1, got {rank}")
+        g = torch.Generator().manual_seed(cfg.seed + 1)
+        width = cfg.dim * cfg.modulus
+        self.U = nn.Parameter(torch.randn(width, rank, generator=g) * init)
+        self.W = nn.Parameter(torch.randn(width, rank, generator=g) * init)
+        self.scale = rank ** -0.5
+
+    def forward(self, code, history, context, count, CX):
+        query = code(history[..., 0, :]) @ self.U
+        return (query @ (CX @ self.W).t()) * self.scale * (count > 0).unsqueeze(-1).to(CX.dtype)
+
+
+HEADS: dict[str, type[nn.Module]] = {"transition": TransitionHead}
