@@ -36,11 +36,16 @@ Scores after x_t (the current state), over every item row j
     Repeat channel (an addition to the seed; weight gamma, 0 turns it off): R_j = 1 if
     match(H_t[l], x_j) = n for some l < min(L, count), i.e. x_j equals one of the last L states (an item
     clicked in the last L events, or one whose state collides with it exactly), else 0. An indicator: it
-    carries no gradient.
+    carries no gradient. With repeat_learned the channel is a learned weight per window position instead,
+    summed over the positions whose state equals x_j: gamma * R_j becomes sum_{l < min(L, count)} gamma_l
+    1(x_j = H_t[l]) (gamma_l starts at `repeat`; an item clicked twice in the window collects both).
         S_j = beta * sum_p w_p m2_pj / n + gamma * R_j
-        score_j = S_j / tau + b_j,          P(j) = softmax over rows j >= 2 of score_j
+        score_j = S_j / tau + sum_h head_h(state)_j + b_j,          P(j) = softmax over rows j >= 2 of score_j
     b_j is a learned per-item bias (use_bias; it breaks the many ties of integer matches and carries
-    popularity). Before any event (count = 0) score_j = b_j. Rows 0 and 1 are never recommended.
+    popularity). head_h are the plug-in heads named in `heads` (HEADS at the end of this file; none by
+    default): each adds a learned term computed from the streaming state and the items' codes, e.g. the
+    transition head's learned match between the current state and x_j. Before any event (count = 0)
+    score_j = b_j. Rows 0 and 1 are never recommended.
 
 Measured (rsc15_100k; tuned on *_train_tr / *_train_valid, 4 epochs unless said; Recall@20 / MRR@20):
     n=32 m=8 tau=0.2 sigma=1.0, no repeat channel      0.182 / 0.081
@@ -255,28 +260,35 @@ class MRN(NextItemModel):
 
 
 class TransitionHead(nn.Module):
-    """A learned match between the current state x_t and every item's state x_j:
+    """A learned match between the current states and every item's state x_j:
 
-        T_j = <C(x_t) U, C(x_j) W> / sqrt(d)        (0 before the first event)
+        q   = sum_{l < w, l < count} a_l C(H_t[l]) U          (a_0 = 1 and the others 0 at the start)
+        T_j = <q, C(x_j) W> / sqrt(d)                         (0 before the first event)
 
-    with C the one-hot code of Z_m^n (n m columns) and U, W in R^{(n m) x d}. The exact match is the special
-    case U W^T = I (match(x_t, x_j)), and match((x_t + h) mod m, x_j) is U W^T = the permutation shifting each
+    with C the one-hot code of Z_m^n (n m columns), U, W in R^{(n m) x d} and a_l learned window weights
+    (w = `window` most recent states; w = 1: the last state only). The exact match is the special case
+    U W^T = I (match(x_t, x_j)), and match((x_t + h) mod m, x_j) is U W^T = the permutation shifting each
     coordinate's value by h_i; a learned U W^T of rank d lets each (coordinate, value) of the current state
     vote for (coordinate, value) pairs of the next one, which is what a first-order Markov chain counts, here
     over the discrete states. Gradients reach E through the codes' surrogate, as in the derivation."""
 
-    def __init__(self, cfg: MRNConfig, rank: int = 64, init: float = 0.1):
+    def __init__(self, cfg: MRNConfig, rank: int = 64, init: float = 0.1, window: int = 1):
         super().__init__()
-        if rank < 1:
-            raise ValueError(f"rank must be at least 1, got {rank}")
+        if rank < 1 or not 1 <= window <= cfg.history:
+            raise ValueError(f"rank must be at least 1 and window in [1, history], got {rank}, {window}")
         g = torch.Generator().manual_seed(cfg.seed + 1)
         width = cfg.dim * cfg.modulus
         self.U = nn.Parameter(torch.randn(width, rank, generator=g) * init)
         self.W = nn.Parameter(torch.randn(width, rank, generator=g) * init)
-        self.scale = rank ** -0.5
+        self.a = nn.Parameter(torch.eye(1, window).squeeze(0)) if window > 1 else None
+        self.window, self.scale = window, rank ** -0.5
 
     def forward(self, code, history, context, count, CX):
-        query = code(history[..., 0, :]) @ self.U
+        if self.a is None:
+            query = code(history[..., 0, :]) @ self.U
+        else:
+            seen = (torch.arange(self.window, device=count.device) < count.unsqueeze(-1)).to(CX.dtype)
+            query = ((seen * self.a).unsqueeze(-1) * code(history[..., :self.window, :])).sum(-2) @ self.U
         return (query @ (CX @ self.W).t()) * self.scale * (count > 0).unsqueeze(-1).to(CX.dtype)
 
 

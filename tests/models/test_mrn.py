@@ -7,7 +7,7 @@ from nextstep.models.mrn import MRN, MRNConfig
 from nextstep.training.sessions import zipf_sessions
 
 ALL_ON = dict(dim=8, modulus=5, history=4, parallel=2, alpha=2.0, repeat=0.5, use_context=True)
-HEADS_ON = dict(ALL_ON, repeat_learned=True, heads={"transition": {"rank": 6, "init": 0.5}})
+HEADS_ON = dict(ALL_ON, repeat_learned=True, heads={"transition": {"rank": 6, "init": 0.5, "window": 3}})
 
 
 def sessions(n=6, n_items=40, length=7, seed=0):
@@ -73,6 +73,9 @@ def randomised(model):
             model.gamma.copy_(torch.rand(model.gamma.shape, generator=g) * 2 - 0.5)
         if model.bias is not None:
             model.bias.copy_(torch.randn(model.bias.shape, generator=g))
+        for head in model.heads.values():
+            if getattr(head, "a", None) is not None:
+                head.a.copy_(torch.randn(head.a.shape, generator=g))
     return model
 
 
@@ -126,7 +129,7 @@ def test_heads_learn_and_change_the_scores():
     loss = torch.nn.functional.cross_entropy(scores[:, :-1].flatten(0, 1), items[:, 1:].flatten())
     loss.backward()
     head = model.heads["transition"]
-    for p in (head.U, head.W, model.gamma):
+    for p in (head.U, head.W, head.a, model.gamma):
         assert p.grad is not None and p.grad.abs().sum() > 0
     with torch.no_grad():  # the head's term is its own: without it the scores differ, and by exactly its value
         state = model.init_state(len(items))
