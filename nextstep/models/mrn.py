@@ -54,8 +54,16 @@ Measured (rsc15_100k; tuned on *_train_tr / *_train_valid, 4 epochs unless said;
     gamma=1.0 (tau 0.2) or gamma=0.5 with tau 0.1       0.397 / 0.277, 0.393 / 0.279   (gamma=2.0: 0.367 / 0.268;
         n=64: 0.400 / 0.279 at 2.5x the time; 8 epochs: 0.396 / 0.280)
     test, configs/mrn_rsc15.json (8 epochs, 231 s):     0.393 / 0.281; popularity 0.089 / 0.026, Markov 0.591 /
-        0.343, GRU4Rec ~0.67 / 0.36. MRN is well below Markov: the derivation alone is only about twice
-        popularity, and most of its score comes from the repeat channel (36% of rsc15 targets are repeats).
+        0.343, GRU4Rec ~0.67 / 0.36. The derivation alone is only about twice popularity; with the item bias
+        no ties remain at the target (tie group 1), and scoring that model without its derivation loses
+        only 0.008 Recall@20: the repeat channel and the bias carry it.
+    Issue 18 (validation Markov: 0.525 / 0.312), 12 epochs unless said:
+        + transition head rank 64 (4 epochs) / rank 128       0.462 / 0.297, 0.510 / 0.289   (n=64 m=16 with
+            rank 128, 8 epochs: 0.371 / 0.203 at twice the time)
+        + repeat_learned                                    0.537 / 0.277   (transition window 8: 0.521 / 0.303)
+        + lr_final 0.1: configs/mrn_rsc15_transition.json   0.582 / 0.330   (window 8: 0.586 / 0.328;
+                                                                             16 epochs: 0.585 / 0.320)
+        The ablations of that configuration and its test figures (3 seeds) are in docs/results.md.
 
 forward(items (B, T)) computes the same quantities for every prefix at once (row t sees items[:, :t+1]
 only); it equals stepping, which the tests check.
