@@ -64,3 +64,13 @@ def test_train_next_item_end_to_end_with_export_parity(tmp_path):
     model, vocab, _ = load_next_item(out)
     assert isinstance(model, MRN) and model.cfg.use_context and model.cfg.dim == 16
     assert list(model.heads) == ["transition"] and model.gamma is not None  # the heads come back from the artifact
+
+
+def test_every_mrn_config_file_builds_its_model():
+    from pathlib import Path
+    paths = sorted((Path(__file__).parents[2] / "configs").glob("mrn_*.json"))
+    assert len(paths) >= 2
+    for path in paths:
+        cfg = MRNTrainConfig(**json.loads(path.read_text()))
+        model = MRN(MRNConfig(n_items=50, **cfg.model))
+        assert set(model.heads) == set(cfg.model.get("heads", {})), path.name
