@@ -36,11 +36,16 @@ Scores after x_t (the current state), over every item row j
     Repeat channel (an addition to the seed; weight gamma, 0 turns it off): R_j = 1 if
     match(H_t[l], x_j) = n for some l < min(L, count), i.e. x_j equals one of the last L states (an item
     clicked in the last L events, or one whose state collides with it exactly), else 0. An indicator: it
-    carries no gradient.
+    carries no gradient. With repeat_learned the channel is a learned weight per window position instead,
+    summed over the positions whose state equals x_j: gamma * R_j becomes sum_{l < min(L, count)} gamma_l
+    1(x_j = H_t[l]) (gamma_l starts at `repeat`; an item clicked twice in the window collects both).
         S_j = beta * sum_p w_p m2_pj / n + gamma * R_j
-        score_j = S_j / tau + b_j,          P(j) = softmax over rows j >= 2 of score_j
+        score_j = S_j / tau + sum_h head_h(state)_j + b_j,          P(j) = softmax over rows j >= 2 of score_j
     b_j is a learned per-item bias (use_bias; it breaks the many ties of integer matches and carries
-    popularity). Before any event (count = 0) score_j = b_j. Rows 0 and 1 are never recommended.
+    popularity). head_h are the plug-in heads named in `heads` (HEADS at the end of this file; none by
+    default): each adds a learned term computed from the streaming state and the items' codes, e.g. the
+    transition head's learned match between the current state and x_j. Before any event (count = 0)
+    score_j = b_j. Rows 0 and 1 are never recommended.
 
 Measured (rsc15_100k; tuned on *_train_tr / *_train_valid, 4 epochs unless said; Recall@20 / MRR@20):
     n=32 m=8 tau=0.2 sigma=1.0, no repeat channel      0.182 / 0.081
@@ -49,14 +54,22 @@ Measured (rsc15_100k; tuned on *_train_tr / *_train_valid, 4 epochs unless said;
     gamma=1.0 (tau 0.2) or gamma=0.5 with tau 0.1       0.397 / 0.277, 0.393 / 0.279   (gamma=2.0: 0.367 / 0.268;
         n=64: 0.400 / 0.279 at 2.5x the time; 8 epochs: 0.396 / 0.280)
     test, configs/mrn_rsc15.json (8 epochs, 231 s):     0.393 / 0.281; popularity 0.089 / 0.026, Markov 0.591 /
-        0.343, GRU4Rec ~0.67 / 0.36. MRN is well below Markov: the derivation alone is only about twice
-        popularity, and most of its score comes from the repeat channel (36% of rsc15 targets are repeats).
+        0.343, GRU4Rec ~0.67 / 0.36. The derivation alone is only about twice popularity; with the item bias
+        no ties remain at the target (tie group 1), and scoring that model without its derivation loses
+        only 0.008 Recall@20: the repeat channel and the bias carry it.
+    Issue 18 (validation Markov: 0.525 / 0.312), 12 epochs unless said:
+        + transition head rank 64 (4 epochs) / rank 128       0.462 / 0.297, 0.510 / 0.289   (n=64 m=16 with
+            rank 128, 8 epochs: 0.371 / 0.203 at twice the time)
+        + repeat_learned                                    0.537 / 0.277   (transition window 8: 0.521 / 0.303)
+        + lr_final 0.1: configs/mrn_rsc15_transition.json   0.582 / 0.330   (window 8: 0.586 / 0.328;
+                                                                             16 epochs: 0.585 / 0.320)
+        The ablations of that configuration and its test figures (3 seeds) are in docs/results.md.
 
 forward(items (B, T)) computes the same quantities for every prefix at once (row t sees items[:, :t+1]
 only); it equals stepping, which the tests check.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -75,11 +88,13 @@ class MRNConfig:
     beta: float = 1.0  # weight of the final match m2
     temperature: float = 0.2  # tau (chosen on the rsc15_100k validation split)
     repeat: float = 0.0  # gamma, the repeat channel; 0 is the seed's model
+    repeat_learned: bool = False  # one learned gamma_l per window position l (initial value: repeat), summed
     use_context: bool = False  # the context vector as one more derivation path
     use_bias: bool = True  # learned item bias b_j
     sigma: float = 1.0  # width of the surrogate kernel (in units of Z_m; 1.0 beat 0.5 on validation)
     init_spread: float = 1.0  # E ~ U[0, m * init_spread)
     seed: int = 0  # A, B and the embeddings
+    heads: dict = field(default_factory=dict)  # plug-in heads added to the score: {name in HEADS: options}
 
     def __post_init__(self):
         if self.n_items < 3:
@@ -93,6 +108,9 @@ class MRNConfig:
             raise ValueError(f"parallel (K={self.parallel}) cannot exceed history (L={self.history})")
         if self.temperature <= 0 or self.sigma <= 0:
             raise ValueError("temperature and sigma must be positive")
+        unknown = set(self.heads) - set(HEADS)
+        if unknown:
+            raise ValueError(f"unknown MRN heads {sorted(unknown)}; expected some of {sorted(HEADS)}")
 
 
 def ste(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
@@ -121,6 +139,8 @@ class MRN(NextItemModel):
         blocked = torch.zeros(cfg.n_items)
         blocked[:RESERVED] = float("-inf")
         self.register_buffer("blocked", blocked)
+        self.gamma = nn.Parameter(torch.full((cfg.history,), float(cfg.repeat))) if cfg.repeat_learned else None
+        self.heads = nn.ModuleDict({name: HEADS[name](cfg, **options) for name, options in cfg.heads.items()})
         self.k_active, self.l_active = cfg.parallel, cfg.history  # the curriculum lowers these in training
 
     # ---- discrete states, codes, matches -------------------------------------------------------------
@@ -187,10 +207,16 @@ class MRN(NextItemModel):
                 _, cls = torch.unique(self.E.detach().round().remainder(self.cfg.modulus), dim=0, return_inverse=True)
                 rows = torch.cat([items.new_zeros(B, L_act - 1), items], 1)
                 rows = torch.stack([rows[:, L_act - 1 - l:L_act - 1 - l + T] for l in range(L_act)], 2)  # (B, T, L)
-                seen = torch.arange(L_act) <= torch.arange(T).view(T, 1)  # (T, L): t - l >= 0
-                marks = xs.new_zeros(B, T, int(cls.max()) + 1)
-                marks.scatter_add_(2, cls[rows], seen.to(xs.dtype).expand(B, T, L_act))
-                hits = (marks.gather(2, cls.expand(B, T, -1)) > 0).to(xs.dtype)  # (B, T, V) in {0, 1}
+                seen = (torch.arange(L_act) <= torch.arange(T).view(T, 1)).to(xs.dtype)  # (T, L): t - l >= 0
+            if self.gamma is not None:  # sum over the window of gamma_l for each position whose class is j's
+                marks = xs.new_zeros(B, T, int(cls.max()) + 1).scatter_add(
+                    2, cls[rows], (seen * self.gamma[:L_act]).expand(B, T, L_act))
+                hits = marks.gather(2, cls.expand(B, T, -1))
+            else:
+                with torch.no_grad():
+                    marks = xs.new_zeros(B, T, int(cls.max()) + 1)
+                    marks.scatter_add_(2, cls[rows], seen.expand(B, T, L_act))
+                    hits = (marks.gather(2, cls.expand(B, T, -1)) > 0).to(xs.dtype)  # (B, T, V) in {0, 1}
         return self._score(history, torch.stack(contexts, 1), count, hits)
 
     # ---- the derivation, over any leading shape ------------------------------------------------------
@@ -224,8 +250,54 @@ class MRN(NextItemModel):
             if hits is None:
                 with torch.no_grad():
                     seen = torch.arange(L, device=count.device) < count.unsqueeze(-1)  # (..., L)
-                    same = (self.code(history[..., :L, :]) @ CX.detach().t()) == n  # (..., L, V)
-                    hits = (same & seen.unsqueeze(-1)).any(-2).to(S.dtype)
-            S = S + cfg.repeat * hits
+                    same = (self.code(history[..., :L, :].detach()) @ CX.detach().t()) == n  # (..., L, V)
+                    marks = (same & seen.unsqueeze(-1)).to(S.dtype)
+                hits = (marks * self.gamma[:L].unsqueeze(-1)).sum(-2) if self.gamma is not None else marks.amax(-2)
+            S = S + (hits if self.gamma is not None else cfg.repeat * hits)
         out = S / cfg.temperature  # rows 0/1 get a finite score too; readout() and ranking skip them
+        for head in self.heads.values():
+            out = out + head(self.code, history, context, count, CX)
         return out if self.bias is None else out + self.bias
+
+
+# ---- plug-in heads ---------------------------------------------------------------------------------------
+# A head adds a learned term to every item's score: head(code, history (..., L, n), context (..., n), count (...),
+# CX (V, n m) the items' codes) -> (..., V), with code the model's MRN.code (states -> one-hot codes, with the
+# surrogate gradient in training). It sees only the streaming state, so stepping and the full pass
+# agree and nothing after position t reaches row t. `heads` in MRNConfig names them with their options.
+
+
+class TransitionHead(nn.Module):
+    """A learned match between the current states and every item's state x_j:
+
+        q   = sum_{l < w, l < count} a_l C(H_t[l]) U          (a_0 = 1 and the others 0 at the start)
+        T_j = <q, C(x_j) W> / sqrt(d)                         (0 before the first event)
+
+    with C the one-hot code of Z_m^n (n m columns), U, W in R^{(n m) x d} and a_l learned window weights
+    (w = `window` most recent states; w = 1: the last state only). The exact match is the special case
+    U W^T = I (match(x_t, x_j)), and match((x_t + h) mod m, x_j) is U W^T = the permutation shifting each
+    coordinate's value by h_i; a learned U W^T of rank d lets each (coordinate, value) of the current state
+    vote for (coordinate, value) pairs of the next one, which is what a first-order Markov chain counts, here
+    over the discrete states. Gradients reach E through the codes' surrogate, as in the derivation."""
+
+    def __init__(self, cfg: MRNConfig, rank: int = 64, init: float = 0.1, window: int = 1):
+        super().__init__()
+        if rank < 1 or not 1 <= window <= cfg.history:
+            raise ValueError(f"rank must be at least 1 and window in [1, history], got {rank}, {window}")
+        g = torch.Generator().manual_seed(cfg.seed + 1)
+        width = cfg.dim * cfg.modulus
+        self.U = nn.Parameter(torch.randn(width, rank, generator=g) * init)
+        self.W = nn.Parameter(torch.randn(width, rank, generator=g) * init)
+        self.a = nn.Parameter(torch.eye(1, window).squeeze(0)) if window > 1 else None
+        self.window, self.scale = window, rank ** -0.5
+
+    def forward(self, code, history, context, count, CX):
+        if self.a is None:
+            query = code(history[..., 0, :]) @ self.U
+        else:
+            seen = (torch.arange(self.window, device=count.device) < count.unsqueeze(-1)).to(CX.dtype)
+            query = ((seen * self.a).unsqueeze(-1) * code(history[..., :self.window, :])).sum(-2) @ self.U
+        return (query @ (CX @ self.W).t()) * self.scale * (count > 0).unsqueeze(-1).to(CX.dtype)
+
+
+HEADS: dict[str, type[nn.Module]] = {"transition": TransitionHead}

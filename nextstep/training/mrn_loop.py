@@ -12,7 +12,8 @@ rows j >= 2 (no sampling: one (positions, V) product per path is cheap enough), 
 of the contrastive term taken over all items too. The L2 term is normalised by the number of rows V,
 so lambda_l2 is a per-item weight. Gradients reach the embeddings E through the straight-through
 estimators of round/mod and the Gaussian surrogate of the exact match (see models/mrn.py).
-Losses are averaged over positions; Adam.
+Losses are averaged over positions; Adam, its learning rate falling linearly from lr to lr * lr_final
+over the epochs.
 
 Curriculum over K and L (seed section 5.5): `curriculum` lists stages [epochs, K, L]; they run first,
 in order, with the model's active K and L capped at the stage's values; the remaining epochs (of
@@ -35,6 +36,7 @@ class MRNTrainConfig:
     epochs: int = 8
     batch_size: int = 1024  # target positions per mini-batch (sessions are grouped to about this many)
     lr: float = 0.05
+    lr_final: float = 1.0  # the last epoch's learning rate as a fraction of lr, linear in between (1: constant)
     lambda_contrastive: float = 0.0
     margin: float = 1.0
     lambda_l2: float = 0.0
@@ -47,7 +49,7 @@ class MRNTrainConfig:
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("lr", "lambda_contrastive", "margin", "lambda_l2"):
+        for name in ("lr", "lr_final", "lambda_contrastive", "margin", "lambda_l2"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         self.curriculum = [list(map(int, stage)) for stage in self.curriculum]
@@ -114,6 +116,9 @@ def fit_mrn(model: MRN, train: SessionData, cfg: MRNTrainConfig, progress: bool 
     def stage(epoch: int) -> dict:
         K, L = schedule[epoch - 1] if epoch <= len(schedule) else full
         model.k_active, model.l_active = min(K, full[0]), min(L, full[1])
+        done = (epoch - 1) / max(cfg.epochs - 1, 1)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * (1.0 - done * (1.0 - cfg.lr_final))
         return {"K": model.k_active, "L": model.l_active}
 
     def step(sessions):

@@ -7,6 +7,7 @@ from nextstep.models.mrn import MRN, MRNConfig
 from nextstep.training.sessions import zipf_sessions
 
 ALL_ON = dict(dim=8, modulus=5, history=4, parallel=2, alpha=2.0, repeat=0.5, use_context=True)
+HEADS_ON = dict(ALL_ON, repeat_learned=True, heads={"transition": {"rank": 6, "init": 0.5, "window": 3}})
 
 
 def sessions(n=6, n_items=40, length=7, seed=0):
@@ -64,9 +65,23 @@ def test_match_is_exact_symmetric_and_bounded():
     assert torch.allclose(q.grad, -x.grad)
 
 
-@pytest.mark.parametrize("options", [dict(dim=8, modulus=5, history=4, parallel=2), ALL_ON])
+def randomised(model):
+    """Learned parts away from their initial values, so that a wrong index or window shows in the scores."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        if model.gamma is not None:
+            model.gamma.copy_(torch.rand(model.gamma.shape, generator=g) * 2 - 0.5)
+        if model.bias is not None:
+            model.bias.copy_(torch.randn(model.bias.shape, generator=g))
+        for head in model.heads.values():
+            if getattr(head, "a", None) is not None:
+                head.a.copy_(torch.randn(head.a.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("options", [dict(dim=8, modulus=5, history=4, parallel=2), ALL_ON, HEADS_ON])
 def test_stepping_equals_forward(options):
-    model = MRN(MRNConfig(n_items=40, **options)).eval()
+    model = randomised(MRN(MRNConfig(n_items=40, **options))).eval()
     items = sessions()
     with torch.no_grad():
         full = model(items)
@@ -78,8 +93,9 @@ def test_stepping_equals_forward(options):
     assert state[0].shape == (len(items), 4, 8) and state[1].shape == (len(items), 8)
 
 
-def test_no_future_leak():
-    model = MRN(MRNConfig(n_items=40, **ALL_ON)).eval()
+@pytest.mark.parametrize("options", [ALL_ON, HEADS_ON])
+def test_no_future_leak(options):
+    model = randomised(MRN(MRNConfig(n_items=40, **options))).eval()
     items = sessions()
     with torch.no_grad():
         base = model(items)
@@ -106,7 +122,51 @@ def test_repeat_channel_marks_window_items():
         assert bump[5] == 0.0  # clicked before the window
 
 
+def test_heads_learn_and_change_the_scores():
+    model = MRN(MRNConfig(n_items=40, **HEADS_ON)).train()
+    items = sessions()
+    scores = model(items)
+    loss = torch.nn.functional.cross_entropy(scores[:, :-1].flatten(0, 1), items[:, 1:].flatten())
+    loss.backward()
+    head = model.heads["transition"]
+    for p in (head.U, head.W, head.a, model.gamma):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    with torch.no_grad():  # the head's term is its own: without it the scores differ, and by exactly its value
+        state = model.init_state(len(items))
+        for t in range(3):
+            state = model.step(state, items[:, t])
+        with_head = model.scores(state)
+        term = head(model.code, *state, model.code(model.states()))
+        heads, model.heads = model.heads, torch.nn.ModuleDict()
+        without = model.scores(state)
+        model.heads = heads
+    assert term.abs().max() > 0 and torch.allclose(with_head - without, term, atol=1e-5)
+    with torch.no_grad():  # before any event the head adds nothing
+        first = model.scores(model.init_state(2))
+    assert torch.equal(first, model.bias.expand(2, -1))
+
+
+def test_learned_repeat_weights_each_window_position():
+    model = MRN(MRNConfig(n_items=40, dim=16, modulus=8, history=3, parallel=1, repeat=1.0, repeat_learned=True,
+                          use_bias=False)).eval()
+    with torch.no_grad():
+        model.gamma.copy_(torch.tensor([0.5, 2.0, 3.0]))
+        states = model.states()
+    items = torch.tensor([[5, 9, 11, 9]])  # window after the last click: 9 (l=0), 11 (l=1), 9 (l=2)
+    assert len({tuple(states[j].tolist()) for j in (5, 9, 11)}) == 3  # no state collision among the three
+    with torch.no_grad():
+        state = model.init_state(1)
+        for t in range(4):
+            state = model.step(state, items[:, t])
+        bump = model.scores(state)
+        model.cfg.repeat, model.gamma = 0.0, None
+        bump = (bump - model.scores(state))[0] * model.cfg.temperature
+    assert torch.allclose(bump[[9, 11, 5]], torch.tensor([0.5 + 3.0, 2.0, 0.0]))  # 5 left the window
+
+
 def test_config_validation():
+    with pytest.raises(ValueError):
+        MRNConfig(n_items=10, heads={"nonsense": {}})
     with pytest.raises(ValueError):
         MRNConfig(n_items=10, history=2, parallel=3)
     with pytest.raises(ValueError):

@@ -35,9 +35,10 @@ def test_training_lowers_the_loss_and_beats_popularity():
     train, test = train.encode(vocab, drop_unknown=False), test.encode(vocab)
     model = MRN(MRNConfig(n_items=len(vocab), **SMALL))
     cfg = MRNTrainConfig(epochs=8, batch_size=128, curriculum=[[1, 1, 2]], lambda_contrastive=0.1,
-                         lambda_l2=1e-4)
+                         lambda_l2=1e-4, lr_final=0.3)
     history = fit_mrn(model, train, cfg, progress=False, log=False)
     assert history[-1]["train_nll"] < history[0]["train_nll"]
+    assert [round(row["lr"], 6) for row in history] == [round(cfg.lr * (1 - 0.7 * e / 7), 6) for e in range(8)]
     assert (history[0]["K"], history[0]["L"]) == (1, 2) and (history[-1]["K"], history[-1]["L"]) == (2, 4)
     assert (model.k_active, model.l_active) == (2, 4)  # restored after the curriculum
     mrn = evaluate_sessions(model, test)
@@ -53,7 +54,8 @@ def test_train_next_item_end_to_end_with_export_parity(tmp_path):
     write_gru4rec_tsv(train, data / "gen_train_full.txt")
     write_gru4rec_tsv(test, data / "gen_test.txt")
     cfg = MRNTrainConfig(epochs=2, batch_size=128, curriculum=[[1, 1, 2]],
-                         model=dict(SMALL, use_context=True, alpha=1.0))
+                         model=dict(SMALL, use_context=True, alpha=1.0, repeat_learned=True,
+                                    heads={"transition": {"rank": 8, "window": 2}}))
     out = tmp_path / "artifact"
     manifest = train_next_item("mrn", data, out, cfg=cfg, progress=False, log=False, top_k=20)
     assert manifest["parity"]["passed"] and manifest["family"] == "mrn"
@@ -61,3 +63,14 @@ def test_train_next_item_end_to_end_with_export_parity(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["metrics"]["test"]["n_targets"] > 0
     model, vocab, _ = load_next_item(out)
     assert isinstance(model, MRN) and model.cfg.use_context and model.cfg.dim == 16
+    assert list(model.heads) == ["transition"] and model.gamma is not None  # the heads come back from the artifact
+
+
+def test_every_mrn_config_file_builds_its_model():
+    from pathlib import Path
+    paths = sorted((Path(__file__).parents[2] / "configs").glob("mrn_*.json"))
+    assert len(paths) >= 2
+    for path in paths:
+        cfg = MRNTrainConfig(**json.loads(path.read_text()))
+        model = MRN(MRNConfig(n_items=50, **cfg.model))
+        assert set(model.heads) == set(cfg.model.get("heads", {})), path.name
