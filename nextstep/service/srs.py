@@ -309,7 +309,8 @@ class SpacedRepetition(StatefulTask):
         if not len(new):
             return drift
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift)
-        out = await self._run(model, hist, np.arange(len(new)), new["card"], new["deck"], new["time"])
+        out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
+                                                                   ("card", "deck", "time")))
         a, (m, w) = drift_decay(model), drift
         for y, p, scored in zip(new["rating"] > 1, out["fsrs_recall"], out["scored"], strict=True):
             if scored:
