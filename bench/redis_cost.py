@@ -138,18 +138,30 @@ def post_get(http: httpx.Client, path: str) -> dict:
     return r.json()
 
 
+def metered_rounds(meter: Meter, rounds: int, one_round) -> dict:
+    """Run `one_round(t)` for t = 0 .. rounds - 1 (each returns its request count) and meter the last quarter, by
+    then every entity's state is at its full size."""
+    measured_from, measured = rounds * 3 // 4, 0
+    for t in range(rounds):
+        if t == measured_from:
+            meter.start()
+        done = one_round(t)
+        measured += done if t >= measured_from else 0
+    return meter.stop(measured)
+
+
 def kt(http, meter: Meter, n: int, events: int = 200, long_events: int = 10_000) -> dict:
     questions = ids(http, "deep_gpcm")
     baseline = meter.r.info("memory")["used_memory"]
-    measured_from = events * 3 // 4
-    for t in range(events):
-        if t == measured_from:
-            meter.start()
+
+    def one_round(t: int) -> int:
         for s in range(n):
             q = questions[(s * 7 + t * 13) % len(questions)]
             post(http, "/v1/kt/deep_gpcm/events", {"student_id": f"learner-{s}", "events": [
                 {"question_id": q, "response": (s + t) % 4, "event_id": f"e-{s}-{t}"}]})
-    writes = meter.stop(n * (events - measured_from))
+        return n
+
+    writes = metered_rounds(meter, events, one_round)
     memory = meter.memory("nextstep:{kt:deep_gpcm:*", n, baseline)
     meter.start()
     for s in range(n):
@@ -169,34 +181,32 @@ def kt(http, meter: Meter, n: int, events: int = 200, long_events: int = 10_000)
 def sessions(http, meter: Meter, n: int, clicks: int = 10) -> dict:
     items = ids(http, "gru4rec")
     baseline = meter.r.info("memory")["used_memory"]
-    count, measured_from, measured = 0, clicks * 3 // 4, 0
     sessions = [f"visit-{s}" for s in range(n * 10)]
-    for t in range(clicks):
-        if t == measured_from:
-            meter.start()
+
+    def one_round(t: int) -> int:
         for i, s in enumerate(sessions):
             post(http, "/v1/sessions/gru4rec/events", {"session_id": s, "recommend_k": 20, "events": [
                 {"item_id": items[(i * 31 + t * 7) % len(items)], "event_id": f"c-{t}"}]})
-            count += 1
-            measured += t >= measured_from
-    writes = meter.stop(measured)
+        return len(sessions)
+
+    writes = metered_rounds(meter, clicks, one_round)
     memory = meter.memory("nextstep:{sess:gru4rec:*", len(sessions), baseline)
     return {"entity": f"a session after {clicks} clicks", "write": writes, "memory": memory}
 
 
 def flashcards(http, meter: Meter, n: int, reviews: int = 300, cards: int = 60) -> dict:
     baseline = meter.r.info("memory")["used_memory"]
-    measured_from = reviews * 3 // 4
-    for t in range(reviews):
-        if t == measured_from:
-            meter.start()
+
+    def one_round(t: int) -> int:
         for u in range(n):
             card = (t * 7 + u) % cards
             when = T0 + 3600 * 6 * t + 60 * u  # a review every 6 hours, each card about every 15 days
             post(http, "/v1/srs/time_aware/reviews", {"user_id": f"user-{u}", "reviews": [
                 {"card_id": f"c-{card}", "deck_id": f"d-{card % 5}", "time": when, "rating": 1 + (t + u) % 4,
                  "duration": 4.0 + (t % 9), "event_id": f"r-{t}"}]})
-    writes = meter.stop(n * (reviews - measured_from))
+        return n
+
+    writes = metered_rounds(meter, reviews, one_round)
     memory = meter.memory("nextstep:{srs:time_aware:*", n, baseline)
     meter.start()
     for u in range(n):

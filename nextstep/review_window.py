@@ -10,6 +10,9 @@ other cards since. So the window is
 in time order. Reviews are named by their sequence number within the user's log (0, 1, ...). This module
 is numpy only: the training code builds every query's window with it, and the service selects the
 same rows from what it keeps in Redis (the user's last `size` reviews and each card's last `card_size`).
+
+The user's drift sums (TimeAwareTransformer.drift_offset) are the model's other state, and `drift_sums` is
+their one recurrence for training and the service alike (the model's own `drift_update` is its tensor form).
 """
 
 from __future__ import annotations
@@ -48,4 +51,23 @@ def user_windows(card: np.ndarray, size: int, card_size: int) -> np.ndarray:
         if len(rows):
             out[i, size - len(rows):] = rows
         history.append(i)
+    return out
+
+
+def drift_decay(halflife: float) -> float:
+    """The share of the drift sums left after one more scored review: a review's weight halves every `halflife`."""
+    return 0.5 ** (1.0 / halflife)
+
+
+def drift_sums(errors: np.ndarray, scored: np.ndarray, halflife: float, start=(0.0, 0.0)) -> np.ndarray:
+    """(n + 1, 2) float64: the drift sums (m, w) before each of n reviews in time order and after the last, from
+    `start`: at a scored review m <- a m + error, w <- a w + 1 (a = drift_decay(halflife)); others leave them."""
+    a = drift_decay(halflife)
+    m, w = (float(x) for x in start)
+    out = np.empty((len(errors) + 1, 2))
+    for i, (error, counted) in enumerate(zip(errors, scored, strict=True)):
+        out[i] = m, w
+        if counted:
+            m, w = a * m + float(error), a * w + 1.0
+    out[-1] = m, w
     return out

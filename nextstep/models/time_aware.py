@@ -63,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..review_window import drift_decay
 from . import fsrs
 
 N_STATES = 5  # 0 new, 1 learning, 2 review, 3 relearning, 4 unknown
@@ -461,7 +462,11 @@ class TimeAwareTransformer(nn.Module):
         """The recall logit offset of the user's drift sums (..., 2) = (m, w): m the weighted sum of FSRS-6's errors
         (y - P(recall)) on the user's scored reviews so far, w the sum of their weights (each halves every
         `drift_halflife` scored reviews after it): gain * m / (w + drift_prior), a weighted mean shrunk towards 0."""
-        return self.drift_gain * drift[..., 0] / (drift[..., 1] + self.cfg.drift_prior)
+        return self.drift_gain * self.drift_mean(drift)
+
+    def drift_mean(self, drift: torch.Tensor) -> torch.Tensor:
+        """The drift sums' weighted mean error shrunk towards 0: m / (w + drift_prior) (the offset per unit of gain)."""
+        return drift[..., 0] / (drift[..., 1] + self.cfg.drift_prior)
 
     def _fsrs_now(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(FSRS-6's own P(recall) `elapsed` days after the card's last review, 0 for a card without one; whether
@@ -472,7 +477,7 @@ class TimeAwareTransformer(nn.Module):
 
     def drift_update(self, drift: torch.Tensor, pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
         """The drift sums (B, 2) after a review with this rating that `pred` answered (before it was made)."""
-        a = 0.5 ** (1.0 / self.cfg.drift_halflife)
+        a = drift_decay(self.cfg.drift_halflife)
         error = (rating > 1).float() - pred.fsrs_recall
         m = torch.where(pred.scored, a * drift[:, 0] + error, drift[:, 0])
         w = torch.where(pred.scored, a * drift[:, 1] + 1.0, drift[:, 1])
@@ -570,7 +575,7 @@ class TimeAwareTransformer(nn.Module):
         p, scored = self._fsrs_now(ctx, ctx["elapsed"])
         scored = scored & w.valid
         # row j's weight at query i: a^(scored rows after j and before i), for scored j < i
-        a = 0.5 ** (1.0 / self.cfg.drift_halflife)
+        a = drift_decay(self.cfg.drift_halflife)
         n = torch.cumsum(scored.float(), -1)  # scored rows up to and including each row
         after = (n - scored.float()).unsqueeze(-1) - n.unsqueeze(-2)  # [i, j]: scored rows in j+1 .. i-1
         weight = torch.where(causal & scored.unsqueeze(-2), torch.pow(torch.full_like(after, a), after.clamp(min=0)),

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..review_window import select
+from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
 from .errors import InvalidInput
 from .registry import ONNX_DTYPES, LoadedModel, TaskSpec, register_task
@@ -114,10 +114,6 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
                    "with this version)")
     return {"window": window, "schema": schema_hash(name, *window)}
 
-
-def drift_decay(model: LoadedModel) -> float:
-    """How much of the drift sums is left after one more scored review (the manifest's half-life)."""
-    return 0.5 ** (1.0 / float(model.manifest["drift"]["halflife_scored_reviews"]))
 
 
 # no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
@@ -311,11 +307,9 @@ class SpacedRepetition(StatefulTask):
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                    ("card", "deck", "time")))
-        a, (m, w) = drift_decay(model), drift
-        for y, p, scored in zip(new["rating"] > 1, out["fsrs_recall"], out["scored"], strict=True):
-            if scored:
-                m, w = a * m + float(y) - float(p), a * w + 1.0
-        return np.array([m, w])
+        errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
+        return drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]),
+                          drift)[-1]
 
     @staticmethod
     def _query_time(history: History, at: float | None, field: str) -> float:

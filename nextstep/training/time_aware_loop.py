@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, coral_loss, expected_duration
-from ..review_window import user_windows
+from ..review_window import drift_sums, user_windows
 from .loop import train_epochs
 from .reviews import ReviewLog
 from .srs_eval import fit_fsrs6
@@ -73,24 +73,19 @@ class ReviewTensors:
     @torch.no_grad()
     def set_drift(self, model: TimeAwareTransformer, batch: int = 4096) -> None:
         """Every review's drift sums (m, w) before it under `model`'s FSRS-6 parameters: each user's reviews in time
-        order, each answered from its window as the service answers it, then added by `drift_update`."""
+        order, each answered from its window as the service answers it, then added up by `drift_sums`."""
         p, scored = torch.zeros(len(self.card)), torch.zeros(len(self.card), dtype=torch.bool)
         for lo in range(0, len(self.card), batch):
             rows = torch.arange(lo, min(lo + batch, len(self.card)))
             w, card, deck, t = self.batch(rows)
             pred = model.readout(w, card, deck, t)  # the window alone: FSRS-6's outputs do not read the drift
             p[rows], scored[rows] = pred.fsrs_recall, pred.scored
-        a = 0.5 ** (1.0 / model.cfg.drift_halflife)
         error = ((self.rating > 1).float() - p).numpy().astype(np.float64)
         scored = scored.numpy()
-        out = np.zeros((len(self.card), 2))
-        for u in range(self.log.n_users):
-            m = n = 0.0
-            for i in range(int(self.log.offsets[u]), int(self.log.offsets[u + 1])):
-                out[i] = m, n
-                if scored[i]:
-                    m, n = a * m + error[i], a * n + 1.0
-        self.drift = torch.from_numpy(out).float()
+        bounds = self.log.offsets.astype(np.int64)
+        self.drift = torch.from_numpy(np.concatenate(
+            [drift_sums(error[lo:hi], scored[lo:hi], model.cfg.drift_halflife)[:-1]
+             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)] or [np.zeros((0, 2))])).float()
 
     def batch(self, rows: torch.Tensor, device: str = "cpu") -> tuple[tuple, torch.Tensor, torch.Tensor, torch.Tensor]:
         idx = self.windows[rows]
@@ -234,7 +229,7 @@ def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, 
         return {"blend": 0.0, "drift_gain": prior_gain, "platt": None, "rows": int(len(rows))}
     target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
     network, fsrs = _threshold_logits(model, rt, rows, 1.0), _threshold_logits(model, rt, rows, 0.0)
-    drift = (rt.drift[rows, 0] / (rt.drift[rows, 1] + model.cfg.drift_prior)).double().unsqueeze(-1)
+    drift = model.drift_mean(rt.drift[rows]).double().unsqueeze(-1)
     raw = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     gain = torch.full((1,), prior_gain, dtype=torch.float64, requires_grad=True)
 

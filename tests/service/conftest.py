@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 
@@ -97,12 +99,7 @@ class RedisProcess:
         if self._proc is None:
             return
         self._proc.send_signal(signal.SIGCONT)  # a paused server would not act on SIGTERM
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        stop_process(self._proc)
         self._proc = None
 
     def kill(self) -> None:
@@ -416,3 +413,29 @@ def encoded(entity_id: str) -> str:
     from urllib.parse import quote
 
     return quote(entity_id, safe="").replace(".", "%2E")
+
+
+def add_model_version(artifacts: Path, version: str) -> None:
+    """deep_gpcm/<version>: a copy of deep_gpcm/v1 marked newer (created in the year 2999)."""
+    new = artifacts / "deep_gpcm" / version
+    shutil.copytree(artifacts / "deep_gpcm" / "v1", new)
+    manifest = json.loads((new / "manifest.json").read_text())
+    (new / "manifest.json").write_text(json.dumps({**manifest, "version": version,
+                                                   "created": f"2999-01-0{version[-1]}T00:00:00Z"}))
+
+
+def served_versions(url: str) -> set[str]:
+    """The model versions a running service lists on /v1/models."""
+    reply = httpx.get(f"{url}/v1/models", timeout=5)
+    assert reply.status_code == 200, reply.text
+    return {m["version"] for m in reply.json()["models"]}
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 5 s; wait for the exit."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

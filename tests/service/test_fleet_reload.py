@@ -2,7 +2,6 @@
 trained deep_gpcm artifact; no mocks. tests/service/test_replicas.py checks the same through HAProxy with three
 `nextstep serve` processes."""
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ import httpx
 import pytest
 
 from nextstep.service.settings import Settings
+from tests.service.conftest import add_model_version, served_versions
 
 REFRESH = 0.5
 
@@ -21,20 +21,6 @@ def root(artifacts, tmp_path) -> Path:
     art, _ = artifacts
     shutil.copytree(art, tmp_path / "artifacts", ignore=shutil.ignore_patterns("*.pt", "report"))
     return tmp_path / "artifacts"
-
-
-def add_version(root: Path, version: str) -> None:
-    new = root / "deep_gpcm" / version
-    shutil.copytree(root / "deep_gpcm" / "v1", new)
-    manifest = json.loads((new / "manifest.json").read_text())
-    (new / "manifest.json").write_text(json.dumps({**manifest, "version": version,
-                                                   "created": f"2999-01-0{version[-1]}T00:00:00Z"}))
-
-
-def versions(url: str) -> set[str]:
-    reply = httpx.get(f"{url}/v1/models", timeout=5)
-    assert reply.status_code == 200, reply.text
-    return {m["version"] for m in reply.json()["models"]}
 
 
 def wait_for(predicate, timeout: float, what: str) -> float:
@@ -48,13 +34,13 @@ def wait_for(predicate, timeout: float, what: str) -> float:
 def test_a_reload_on_one_app_reaches_the_other_within_the_interval(root, redis_url, serve):
     settings = Settings(artifacts_dir=root, redis_url=redis_url, reload_refresh_seconds=REFRESH)
     with serve(settings) as a, serve(settings) as b:
-        assert versions(a) == versions(b) == {"v1"}
-        add_version(root, "v2")
+        assert served_versions(a) == served_versions(b) == {"v1"}
+        add_model_version(root, "v2")
         reply = httpx.post(f"{a}/v1/models/reload", timeout=30)
         assert reply.status_code == 200, reply.text
         assert reply.json()["fleet_generation"] == 1 and "deep_gpcm/v2" in reply.json()["models"]
-        assert versions(a) == {"v1", "v2"}  # the app that reloaded: at once
-        took = wait_for(lambda: versions(b) == {"v1", "v2"}, REFRESH + 5, "the other app reloaded")
+        assert served_versions(a) == {"v1", "v2"}  # the app that reloaded: at once
+        took = wait_for(lambda: served_versions(b) == {"v1", "v2"}, REFRESH + 5, "the other app reloaded")
         print(f"the other app served v2 {took:.2f} s after the reload answered (refresh {REFRESH} s)")
         # the other app reloaded once, the first one did not reload again (its own INCR was the next generation)
         time.sleep(2 * REFRESH)
@@ -66,7 +52,7 @@ def test_a_reload_on_one_app_reaches_the_other_within_the_interval(root, redis_u
         reply = httpx.post(f"{b}/v1/models/reload", timeout=30)
         assert reply.status_code == 409 and reply.json()["fleet_generation"] == 2, reply.text
         wait_for(lambda: _reloads(a, "refused") == 1, REFRESH + 5, "the first app followed the second reload")
-        assert versions(a) == {"v1", "v2"}
+        assert served_versions(a) == {"v1", "v2"}
 
 
 def _reloads(url: str, outcome: str = "ok") -> int:
@@ -81,22 +67,22 @@ def test_redis_down_fails_no_request_and_the_checks_go_on(root, redis_process, s
     with serve(settings) as a, serve(settings) as b:
         redis_process.stop()
         time.sleep(3 * REFRESH)  # several failed checks, logged
-        assert versions(b) == {"v1"}  # requests that need no Redis answer as before
-        add_version(root, "v2")
+        assert served_versions(b) == {"v1"}  # requests that need no Redis answer as before
+        add_model_version(root, "v2")
         reply = httpx.post(f"{a}/v1/models/reload", timeout=30)
         assert reply.status_code == 200, reply.text  # reloaded here; the fleet could not be told
-        assert reply.json()["fleet_generation"] is None and versions(a) == {"v1", "v2"}
-        assert versions(b) == {"v1"}
+        assert reply.json()["fleet_generation"] is None and served_versions(a) == {"v1", "v2"}
+        assert served_versions(b) == {"v1"}
         redis_process.start()  # empty: the generation reads 0, as seen before it went down; a reload tells it again
-        add_version(root, "v3")
+        add_model_version(root, "v3")
         reply = httpx.post(f"{a}/v1/models/reload", timeout=30)
         assert reply.status_code == 200 and reply.json()["fleet_generation"] == 1, reply.text
-        wait_for(lambda: versions(b) == {"v1", "v2", "v3"}, REFRESH + 5, "the checks went on after the outage")
+        wait_for(lambda: served_versions(b) == {"v1", "v2", "v3"}, REFRESH + 5, "the checks went on after the outage")
 
 
 def test_without_redis_a_reload_is_this_process_only(root, serve):
     with serve(Settings(artifacts_dir=root)) as a:
-        add_version(root, "v2")
+        add_model_version(root, "v2")
         reply = httpx.post(f"{a}/v1/models/reload", timeout=30)
         assert reply.status_code == 200 and reply.json()["fleet_generation"] is None, reply.text
-        assert versions(a) == {"v1", "v2"}
+        assert served_versions(a) == {"v1", "v2"}

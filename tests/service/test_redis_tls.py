@@ -23,7 +23,7 @@ from nextstep import demo
 from nextstep.service.errors import StoreUnavailable
 from nextstep.service.settings import Settings
 from nextstep.service.state import make_store
-from tests.service.conftest import _free_port
+from tests.service.conftest import _free_port, stop_process
 
 CLIENTS = ("resp", "redis-py")
 KEY = "kt:deep_gpcm:tls:learner"
@@ -81,12 +81,7 @@ class TlsRedis:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import json
 import os
 import re
 import shutil
@@ -30,6 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.service.conftest import add_model_version, served_versions
 
 REPO = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO / "docker" / "haproxy" / "haproxy.cfg"
@@ -336,25 +337,12 @@ def test_a_replica_killed_under_load_loses_no_event_and_comes_back(fleet):
     assert httpx.get(f"{fleet.url}/v1/kt/deep_gpcm/students/survivor").json()["events_total"] == total + 9
 
 
-def _add_version(artifacts: Path, version: str) -> None:
-    """deep_gpcm/<version>: a copy of v1 marked newer."""
-    new = artifacts / "deep_gpcm" / version
-    shutil.copytree(artifacts / "deep_gpcm" / "v1", new)
-    manifest = json.loads((new / "manifest.json").read_text())
-    (new / "manifest.json").write_text(json.dumps({**manifest, "version": version,
-                                                   "created": f"2999-01-0{version[-1]}T00:00:00Z"}))
-
-
-def _versions(url: str) -> set[str]:
-    return {m["version"] for m in httpx.get(f"{url}/v1/models", timeout=5).json()["models"]}
-
-
 def test_a_reload_through_the_balancer_reaches_every_replica(fleet):
     """One reload through the balancer lands on one replica, which bumps the reload generation in Redis; every other
     replica sees it move within NEXTSTEP_RELOAD_REFRESH_SECONDS and reloads itself (asked directly, each lists the new
     version). A replica reloaded by its own address still serves the new set as soon as it answers."""
     artifacts = fleet.replicas[0].artifacts
-    _add_version(artifacts, "v2")
+    add_model_version(artifacts, "v2")
     reply = httpx.post(f"{fleet.url}/v1/models/reload", timeout=30)
     assert reply.status_code == 200, reply.text
     told = reply.json()["fleet_generation"]
@@ -365,23 +353,23 @@ def test_a_reload_through_the_balancer_reaches_every_replica(fleet):
     deadline = answered + RELOAD_REFRESH + 10
     while len(reached) < N_REPLICAS and time.monotonic() < deadline:
         for r in fleet.replicas:
-            if r.name not in reached and "v2" in _versions(r.url):
+            if r.name not in reached and "v2" in served_versions(r.url):
                 reached[r.name] = time.monotonic() - answered
         time.sleep(0.05)
     assert sorted(reached) == [r.name for r in fleet.replicas], reached
     print(f"reload reached the replicas after {reached} s (refresh {RELOAD_REFRESH} s)")
     for _ in range(2 * N_REPLICAS):  # every answer through the balancer lists it
-        assert _versions(fleet.url) == {"v1", "v2"}
+        assert served_versions(fleet.url) == {"v1", "v2"}
 
     # a direct reload of each replica: that replica serves the new version in its answer, without waiting
-    _add_version(artifacts, "v3")
+    add_model_version(artifacts, "v3")
     generations = []
     for r in fleet.replicas:
         reply = httpx.post(f"{r.url}/v1/models/reload", timeout=30)
         assert reply.status_code == 200, reply.text
         assert "deep_gpcm/v3" in reply.json()["models"]
-        assert "v3" in _versions(r.url)
+        assert "v3" in served_versions(r.url)
         generations.append(reply.json()["fleet_generation"])
     assert generations == [told + 1, told + 2, told + 3]
     for _ in range(2 * N_REPLICAS):
-        assert _versions(fleet.url) == {"v1", "v2", "v3"}
+        assert served_versions(fleet.url) == {"v1", "v2", "v3"}
