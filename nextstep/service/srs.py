@@ -349,8 +349,9 @@ class SpacedRepetition(StatefulTask):
             windows = []  # each new review's window, before it (for FSRS-6's error on it: the drift)
             for j, i in enumerate(fresh):
                 card = reviews[i].card_id
+                own = touched.get(card, history.cards.get(card))  # the card's rows so far: all `window` reads
                 before = History(history.stored, np.concatenate([history.recent, new[:j]])[-size:],
-                                 {**history.cards, **touched}, n_cards, history.drift)
+                                 {} if own is None else {card: own}, n_cards, history.drift)
                 windows.append(window(model, before, card))
                 if card not in touched:
                     old = history.cards.get(card)
