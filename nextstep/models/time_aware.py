@@ -37,16 +37,20 @@ after training, `blend` (fitted on held-out reviews, with a prior towards 0) mix
 FSRS-6's own, so a user with few reviews gets FSRS-6 and one with many gets what the network learned. The user's
 drift adds one more term, the same at every elapsed time: `drift_gain` times a recency-weighted mean of FSRS-6's
 errors on the user's earlier scored reviews (`drift_offset`; docs/decisions.md), so a user who lately recalls more
-(or less) than FSRS-6 expects gets a curve shifted up (or down). The query state never sees the query's time, so
-the curve is monotone by construction, and `schedule` inverts it for a desired retention. A card with no review
-in the window has no curve: its recall does not depend on time.
+(or less) than FSRS-6 expects gets a curve shifted up (or down); and the deck's drift one more, `deck_drift_gain`
+times the same mean over the window's scored rows of the query's deck (`deck_drift_sums`: each row carries
+FSRS-6's error on it), for a deck that is going better or worse than the user's others. The query state never
+sees the query's time, so the curve is monotone by construction, and `schedule` inverts it for a desired
+retention. A card with no review in the window has no curve: its recall does not depend on time.
 CORAL rating head: P(rating > k) = sigmoid(s - b_k) with s = logit P(recall) and b_1 = 0 < b_2 < b_3; with
 `adaptive_gaps` (the default) the gaps are predicted from the state, still positive, so the probabilities stay
 rank-consistent while the Hard/Good/Easy split can differ from what the recall alone implies. A duration head predicts
-log(1 + seconds) from the state and the recall logit.
+log(1 + seconds) from the state and the recall logit, shifted after training (`duration_shift`) so that the
+answer time it gives is the held-out answer times' median.
 
-The streaming contract (streaming.py): the state is a window of raw reviews and the user's drift sums (m, w);
-`step` adds FSRS-6's error on a review to the sums (`drift_update`) and appends it; `readout` answers a batch of
+The streaming contract (streaming.py): the state is a window of raw reviews, each with FSRS-6's error on it, and
+the user's drift sums (m, w); `step` adds FSRS-6's error on a review to the sums (`drift_update`) and appends the
+review with it (`row_error`); `readout` answers a batch of
 states with one query each (the serving path: only the query row is computed), and also answers FSRS-6's own
 recall and whether the protocol scores the review (what `drift_update` needs); `forward` predicts every review of
 a sequence at once with causal masks (the seed's training view), the drift sums included. The two agree whenever
@@ -93,6 +97,9 @@ class TimeAwareConfig:
     drift_halflife: float = 10.0
     drift_prior: float = 2.0
     drift_gain: float = 4.0  # the gain before calibration fits it, and the value calibration's prior pulls towards
+    # the deck's drift: the same mean over the window's scored rows of the query's deck (each row carries FSRS-6's
+    # error on it, `Window.error`), a row's weight halving every `drift_halflife` such rows after it; its own gain
+    deck_drift_gain: float = 1.0
 
     @property
     def n_heads(self) -> int:
@@ -112,9 +119,12 @@ class Window(NamedTuple):
     duration: torch.Tensor  # float32 seconds, NaN when unknown
     state: torch.Tensor  # int64 0..3, -1 unknown
     valid: torch.Tensor  # bool
+    # float32 FSRS-6's error on each row when it was recorded (rating > 1 minus its fsrs_recall), NaN where the
+    # protocol does not score it; None: no errors known (the deck's drift is 0)
+    error: torch.Tensor | None = None
 
 
-WINDOW_DTYPES = ("int64", "int64", "float64", "int64", "float32", "int64", "bool")  # Window's fields, in order
+WINDOW_DTYPES = ("int64", "int64", "float64", "int64", "float32", "int64", "bool", "float32")  # Window's fields
 
 
 class Query(NamedTuple):
@@ -280,6 +290,10 @@ class TimeAwareTransformer(nn.Module):
         # logit offset per unit of drift (see `drift_offset`): cfg.drift_gain while training, then fitted on held-out
         # reviews with a pull towards it (time_aware_loop.calibrate)
         self.register_buffer("drift_gain", torch.tensor(float(cfg.drift_gain)))
+        self.register_buffer("deck_drift_gain", torch.tensor(float(cfg.deck_drift_gain)))  # the same, for the deck
+        # added to the duration head's log(1 + seconds): 0 while training, then fitted on held-out reviews so that the
+        # predicted answer time is their median (time_aware_loop.calibrate)
+        self.register_buffer("duration_shift", torch.tensor(0.0))
         self.duration = nn.Sequential(nn.Linear(d + 1, d), nn.GELU(), nn.Linear(d, 1))
         with torch.no_grad():
             self.duration[-1].bias.fill_(2.0)  # log(1 + ~7 s)
@@ -373,7 +387,9 @@ class TimeAwareTransformer(nn.Module):
         for layer in self.layers:
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
-        drift = self.drift_offset(q.drift) if q.drift is not None else torch.zeros_like(elapsed, dtype=torch.float32)
+        drift = self.deck_drift_gain * self.drift_mean(self.deck_drift_sums(w, q.deck, visible))
+        if q.drift is not None:
+            drift = drift + self.drift_offset(q.drift)
         return x, {"drift": drift, "elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
                    "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
                    "time_weight": F.softplus(self.time_head(x))}
@@ -468,6 +484,18 @@ class TimeAwareTransformer(nn.Module):
         """The drift sums' weighted mean error shrunk towards 0: m / (w + drift_prior) (the offset per unit of gain)."""
         return drift[..., 0] / (drift[..., 1] + self.cfg.drift_prior)
 
+    def deck_drift_sums(self, w: Window, deck: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """(B, Q, 2): the deck's drift sums (m, w) for queries of `deck` (B, Q) over the rows each sees (B, Q, H):
+        the rows of that deck with an error (scored), each weighted a^(such rows after it), a = drift_decay."""
+        if w.error is None:
+            return torch.zeros(*deck.shape, 2, device=deck.device)
+        known = ~torch.isnan(w.error)
+        counted = (visible & (w.deck.unsqueeze(1) == deck.unsqueeze(-1)) & known.unsqueeze(1)).float()
+        after = torch.flip(torch.cumsum(torch.flip(counted, [-1]), -1), [-1]) - counted
+        weight = counted * torch.exp(after * math.log(drift_decay(self.cfg.drift_halflife)))
+        error = torch.where(known, w.error, 0.0).unsqueeze(1)
+        return torch.stack([(weight * error).sum(-1), weight.sum(-1)], -1)
+
     def _fsrs_now(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(FSRS-6's own P(recall) `elapsed` days after the card's last review, 0 for a card without one; whether
         the protocol scores such a review: the card's last review was on an earlier scheduler day)."""
@@ -497,14 +525,16 @@ class TimeAwareTransformer(nn.Module):
         zero = torch.zeros_like(above[..., :1])
         cum = torch.cat([one, above, zero], dim=-1)
         probs = (cum[..., :-1] - cum[..., 1:]).clamp(min=0)
-        log_duration = self.duration(torch.cat([x, s], dim=-1)).squeeze(-1)  # answer time may depend on recall
+        # answer time may depend on recall
+        log_duration = self.duration(torch.cat([x, s], dim=-1)).squeeze(-1) + self.duration_shift
         return Prediction(probs, above[..., 0], log_duration, tl, *self._fsrs_now(ctx, elapsed))
 
     # ---- the streaming contract (streaming.py) ------------------------------------------------------
     # The state is a window of the user's latest reviews (each field (B, H), left-padded, in time order); the
     # service keeps raw reviews and picks each query's window with review_window.select, which `step` equals
     # while the card's own reviews are among the latest H.
-    # The state is the window's seven fields and the user's drift sums (B, 2).
+    # The state is the window's eight fields (the seven raw ones and each row's FSRS-6 error) and the user's drift
+    # sums (B, 2).
     def state_spec(self) -> list[dict]:
         H = self.cfg.window
         return [*({"name": f"hist_{name}", "shape": [H], "dtype": dtype, "init": "empty window"}
@@ -515,21 +545,31 @@ class TimeAwareTransformer(nn.Module):
         H = self.cfg.window
         return (*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES), torch.zeros(batch, 2))
 
+    @staticmethod
+    def row_error(pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
+        """FSRS-6's error on a review that `pred` answered (before it was made): rating > 1 minus its recall, NaN
+        where the protocol does not score it (the window's `error` field; the drift sums add the same)."""
+        return torch.where(pred.scored, (rating > 1).float() - pred.fsrs_recall, math.nan)
+
     def step(self, state, card, deck, time, rating, duration, review_state) -> tuple:
-        """Append one review (each field (B,)) as the newest row (a full window drops its oldest), after adding
-        FSRS-6's error on it to the drift when the protocol scores it (`drift_update`)."""
+        """Append one review (each field (B,)) as the newest row, with FSRS-6's error on it (a full window drops its
+        oldest), after adding that error to the drift when the protocol scores it (`drift_update`)."""
         pred = self.readout(state, card, deck, time)
-        new = (card, deck, time, rating, duration, review_state, torch.ones_like(card, dtype=torch.bool))
+        new = (card, deck, time, rating, duration, review_state, torch.ones_like(card, dtype=torch.bool),
+               self.row_error(pred, rating))
         return (*(torch.cat([old[:, 1:], row.to(old.dtype).unsqueeze(1)], 1)
-                  for old, row in zip(state[:7], new, strict=True)), self.drift_update(state[7], pred, rating))
+                  for old, row in zip(state[:8], new, strict=True)), self.drift_update(state[8], pred, rating))
 
     @staticmethod
     def _split(state) -> tuple[Window, torch.Tensor | None]:
         """(the window, the drift sums (B, 1, 2) or None) of a state; a bare Window has no drift."""
-        return Window(*state[:7]), (state[7].unsqueeze(1) if len(state) > 7 else None)
+        if isinstance(state, Window):
+            return state, None
+        return Window(*state[:8]), state[8].unsqueeze(1)
 
     def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
-        """One query per state: (B, H) rows and (B, 2) drift, query (B,) -> outputs (B, ...). The serving path."""
+        """One query per state: (B, H) rows and (B, 2) drift (or a bare Window: no drift), query (B,) -> outputs
+        (B, ...). The serving path."""
         w, drift = self._split(state)
         q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift)
         pred = self._core(w, q, w.valid.unsqueeze(1))
@@ -582,7 +622,9 @@ class TimeAwareTransformer(nn.Module):
                              0.0)
         error = ((w.rating > 1).float() - p).unsqueeze(-1)
         drift = torch.cat([weight @ error, weight.sum(-1, keepdim=True)], -1)  # (B, T, 2)
-        ctx["drift"] = self.drift_offset(drift)
+        rows = w._replace(error=torch.where(scored, error.squeeze(-1), math.nan))  # each row's error, as stepping
+        deck = self.deck_drift_sums(rows, w.deck, causal.unsqueeze(0) & w.valid.unsqueeze(1))
+        ctx["drift"] = self.drift_offset(drift) + self.deck_drift_gain * self.drift_mean(deck)
         return self._heads(x, ctx, ctx["elapsed"])
 
 

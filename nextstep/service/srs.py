@@ -15,8 +15,9 @@ sizes goes on from them; see schema_hash):
   oldest first;
 * a companion field per card id (state.py's `fields`): that card's last `card_size` reviews.
 
-Each stored review is a fixed 38-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
-the review count is the next one), the card and deck as int64, the time, the duration, rating and state.
+Each stored review is a fixed 42-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
+the review count is the next one), the card and deck as int64, the time, the duration, rating and state, and
+FSRS-6's error on it (below).
 A request reads the blob and only the fields of the cards it names, in one round trip, and writes them
 back with one compare-and-set, so the cost of a request does not grow with the number of cards a user has.
 The review count is the store's event counter.
@@ -24,7 +25,9 @@ The review count is the store's event counter.
 Drift. Each recorded review the protocol scores (its card last reviewed on an earlier scheduler day) adds
 FSRS-6's error on it to the user's drift sums: the predict graph answers every new review from its window
 just before it (one batched call per request) with FSRS-6's own recall (`fsrs_recall`) and whether it is
-`scored`; predict and schedule then feed the sums (the graph's `drift` input). The sums are computed under the
+`scored`; predict and schedule then feed the sums (the graph's `drift` input). Each review also keeps its own
+error (NaN when not scored), which the graph reads back with the window (`hist_error`): the deck's drift is the
+same mean over the window's reviews of the query's deck. The sums and errors are computed under the
 FSRS-6 parameters of the version that recorded the review; a new version goes on from them (they estimate the
 same thing: how far the user is from FSRS-6 lately).
 
@@ -63,22 +66,24 @@ from .registry import ONNX_DTYPES, LoadedModel, TaskSpec, register_task
 from .state import StoredState
 
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
-                ("rating", "i1"), ("state", "i1")])  # packed: 38 bytes
+                ("rating", "i1"), ("state", "i1"), ("error", "<f4")])  # packed: 42 bytes
 HEADER = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards reviewed, drift sums (m, w)
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a big schedule goes in several calls, so
 # that requests queued meanwhile (the calls share one ONNX Runtime thread) wait for one call, not all of them
 # what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
 INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
-          "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "drift": "float32",
+          "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "hist_error": "float32",
+          "drift": "float32",
           "card": "int64", "deck": "int64", "time": "float64"}
 OUTPUTS = ("rating_probs", "recall", "duration_s", "fsrs_recall", "scored")
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
 # The layout of the reviews stored per user (below): part of the state key's schema hash together with the
 # window sizes. Change it whenever this module changes how it stores reviews.
-STATE_LAYOUT = "srs-reviews-v2: card count (i8) and drift sums (2 f8), recent block and per-card fields of rows " \
-    "(seq i8, card i8, deck i8, time f8, duration f4, rating i1, state i1); ids as signed BLAKE2b-64"
-_PAD = {"card": 0, "deck": 0, "time": 0.0, "rating": 1, "duration": 0.0, "state": -1}  # as the export's parity check
+STATE_LAYOUT = "srs-reviews-v3: card count (i8) and drift sums (2 f8), recent block and per-card fields of rows " \
+    "(seq i8, card i8, deck i8, time f8, duration f4, rating i1, state i1, error f4); ids as signed BLAKE2b-64"
+_PAD = {"card": (0, np.int64), "deck": (0, np.int64), "time": (0.0, np.float64), "rating": (1, np.int64),
+        "duration": (0.0, np.float32), "state": (-1, np.int64), "error": (np.nan, np.float32)}  # the hist_* inputs
 
 
 def schema_hash(name: str, size: int, card_size: int) -> str:
@@ -215,10 +220,7 @@ def _width(rows: int, size: int) -> int:
 def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray) -> dict[str, np.ndarray]:
     """The graph's hist_* inputs for these windows, each left-padded (hist_valid False) to `width` columns, and the
     user's drift sums (2,) for every window."""
-    out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype)
-           for name, fill, dtype in (("card", 0, np.int64), ("deck", 0, np.int64), ("time", 0.0, np.float64),
-                                     ("rating", 1, np.int64), ("duration", 0.0, np.float32),
-                                     ("state", -1, np.int64))}
+    out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype) for name, (fill, dtype) in _PAD.items()}
     out["hist_valid"] = np.zeros((len(windows), width), dtype=bool)
     for i, w in enumerate(windows):
         if len(w):
@@ -238,6 +240,7 @@ def _new_rows(reviews: Sequence[Review], first_seq: int) -> np.ndarray:
     rows["duration"] = [np.nan if r.duration is None else r.duration for r in reviews]
     rows["rating"] = [r.rating for r in reviews]
     rows["state"] = [-1 if r.state is None else r.state for r in reviews]
+    rows["error"] = np.nan  # until `_drift` knows it
     return rows
 
 
@@ -299,17 +302,17 @@ class SpacedRepetition(StatefulTask):
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
     async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
-                     new: np.ndarray) -> np.ndarray:
-        """The drift sums after the new reviews (ROW), each answered from its window by one batched predict call:
-        FSRS-6's error on every scored one, in order (TimeAwareTransformer.drift_update)."""
+                     new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored), each
+        answered from its window by one batched predict call (TimeAwareTransformer.drift_update, row_error)."""
         if not len(new):
-            return drift
+            return drift, np.zeros(0, dtype=np.float32)
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                    ("card", "deck", "time")))
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
-        return drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]),
-                          drift)[-1]
+        sums = drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]), drift)
+        return sums[-1], np.where(out["scored"], errors, np.nan).astype(np.float32)
 
     @staticmethod
     def _query_time(history: History, at: float | None, field: str) -> float:
@@ -361,8 +364,12 @@ class SpacedRepetition(StatefulTask):
                     touched[card] = old
                 touched[card] = np.concatenate([touched[card], new[j:j + 1]])[-card_size:] if card_size \
                     else touched[card][:0]
+            drift, new["error"] = await self._drift(model, history.drift, windows, new)
+            for rows in touched.values():  # the copies of the new rows in their cards' fields get the errors too
+                mine = rows["seq"] >= history.count
+                if mine.any():
+                    rows["error"][mine] = new["error"][rows["seq"][mine] - history.count]
             recent = np.concatenate([history.recent, new])[-size:]
-            drift = await self._drift(model, history.drift, windows, new)
             after = History(history.stored, recent, {**history.cards, **touched}, n_cards, drift)
             at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
 

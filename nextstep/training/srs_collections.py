@@ -7,7 +7,8 @@ settings chosen leave-one-collection-out, so that no collection's figures come f
    OUT/imported/NAME.csv and read back from there; AnkiMath (answer times capped at 500 s, as its data README
    says) and the py-fsrs log are read as they are.
 2. Tuning: every candidate setting (CANDIDATES) on every collection's tuning split (time_aware_run.tuning_split:
-   fit on the first half, score the fourth sixth; the protocol's last two test blocks are never looked at),
+   score the second, third and fourth sixths, each fitted on the reviews before it; the protocol's last two test
+   blocks are never looked at),
    as the ratio of its log loss to FSRS-6's on the same split.
 3. For each collection, the candidate with the lowest mean ratio over the *other* collections is its setting.
 4. Evaluation: each collection under the srs-benchmark protocol (5 time-ordered folds) with its setting, for
@@ -31,16 +32,24 @@ from .srs_eval import evaluate_baselines
 from .time_aware_loop import TimeAwareTrainConfig
 from .time_aware_run import cross_validate, model_config, tuning_split
 
-# the settings leave-one-collection-out chooses among (TimeAwareTrainConfig overrides)
-CANDIDATES = {  # the drift's gain before calibration, and the weight of the prior that holds it there
-    "nodrift": {"model": {"drift_gain": 0.0}, "drift_gain_prior": 1e9},
-    "g4_p0.3": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 0.3},
-    "g4_p3": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 3.0},
-    "g2_p0.3": {"model": {"drift_gain": 2.0}, "drift_gain_prior": 0.3},
-    "g4_p0.03": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 0.03},
-    # without Platt's shift and scale fitted on the latest training reviews (the drift follows the level instead)
-    "g4_p0.03_noplatt": {"model": {"drift_gain": 4.0}, "drift_gain_prior": 0.03, "platt": False},
-    "g2_p0.3_noplatt": {"model": {"drift_gain": 2.0}, "drift_gain_prior": 0.3, "platt": False},
+def _candidate(gain: float, deck_gain: float, prior: float, platt: bool) -> dict:
+    """The drifts' gains before calibration (the user's, the deck's), the weight of the prior that holds them there,
+    and whether calibration also fits Platt's scale and shift on the latest training reviews."""
+    return {"model": {"drift_gain": gain, "deck_drift_gain": deck_gain}, "drift_gain_prior": prior, "platt": platt}
+
+
+# the settings leave-one-collection-out chooses among (TimeAwareTrainConfig overrides), in the order they were added
+CANDIDATES = {
+    "g4_p0.03": _candidate(4.0, 0.0, 0.03, True),
+    "g3_d2_p0.03": _candidate(3.0, 2.0, 0.03, True),
+    "g2_d3_p0.03": _candidate(2.0, 3.0, 0.03, True),
+    "g3_d2_p0.03_noplatt": _candidate(3.0, 2.0, 0.03, False),
+    "g4_p0.03_noplatt": _candidate(4.0, 0.0, 0.03, False),
+    "g4_p0.3_noplatt": _candidate(4.0, 0.0, 0.3, False),
+    "g4_p3_noplatt": _candidate(4.0, 0.0, 3.0, False),
+    "g3_d2_p3_noplatt": _candidate(3.0, 2.0, 3.0, False),
+    "g3_d2_p0.3_noplatt": _candidate(3.0, 2.0, 0.3, False),
+    "g4_d1_p0.3_noplatt": _candidate(4.0, 1.0, 0.3, False),
 }
 
 

@@ -1,12 +1,13 @@
 """The time-aware transformer through the export harness (export.py): the `predict` readout over a window.
 
-    predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid, drift,
+    predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid, hist_error, drift,
             card, deck, time) -> rating_probs (B, 4), recall (B,), duration_s (B,), fsrs_recall (B,), scored (B,)
     schedule(hist_*, drift, card, deck, time, retention) -> recall (B,), log_wait_days (B,), duration_s (B,)
 
 `drift` (B, 2) float32 is the user's drift sums (TimeAwareTransformer.drift_offset): after each review, the
 service adds FSRS-6's error on it, rating > 1 minus the `fsrs_recall` that predict answered for it just before,
-when `scored` (TimeAwareTransformer.drift_update; the manifest's `drift` gives the constants).
+when `scored` (TimeAwareTransformer.drift_update; the manifest's `drift` gives the constants). The same error is
+stored with the review and comes back as its `hist_error` (NaN when not `scored`): the deck's drift reads it.
 
 `schedule` is the forgetting curve's inverse (TimeAwareTransformer.schedule): for each card, how long from `time`
 until P(recall) falls to `retention` (log(1 + days); 0: due now), with the recall and answer time at that moment.
@@ -34,8 +35,8 @@ from ..models.time_aware import TimeAwareTransformer, Window, expected_duration
 from .export import Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
-          "drift", "card", "deck", "time")
-N_STATE = 8  # the window's seven fields and the drift
+          "hist_error", "drift", "card", "deck", "time")
+N_STATE = 9  # the window's eight fields and the drift
 
 
 MONOTONE_POINTS = 64  # elapsed times per query in the export's monotonicity check, 1 minute to 10 years
@@ -85,8 +86,10 @@ class TimeAwareExporter(Exporter):
         for b in range(B):
             for t in range(1, T):
                 rows = [x[b, :t].numpy() for x in sequence]  # the t reviews before the query, all valid
-                feeds = dict(zip(INPUTS[:7], [np.repeat(r[None], len(offsets), 0) for r in rows[:6]]
-                                 + [np.ones((len(offsets), t), dtype=bool)], strict=True))
+                feeds = dict(zip(INPUTS[:8], [np.repeat(r[None], len(offsets), 0) for r in rows[:6]]
+                                 + [np.ones((len(offsets), t), dtype=bool),
+                                    np.tile(np.float32([-0.3, np.nan, 0.2])[np.arange(t) % 3], (len(offsets), 1))],
+                                 strict=True))
                 feeds["drift"] = np.tile(np.array([[-1.0, 4.0]], dtype=np.float32), (len(offsets), 1))
                 feeds.update(card=np.full(len(offsets), sequence[0][b, t].item()),
                              deck=np.full(len(offsets), sequence[1][b, t].item()),
@@ -98,7 +101,7 @@ class TimeAwareExporter(Exporter):
 
     def dims(self, dim):
         history = dim("history")  # the window's rows: one axis shared by every hist_* input
-        return {name: {1: history} for name in INPUTS[:7]}
+        return {name: {1: history} for name in INPUTS[:8]}
 
     def manifest(self):
         m = self.model
@@ -108,15 +111,18 @@ class TimeAwareExporter(Exporter):
                                    "(network - FSRS-6) + drift offset"},
                 "drift": {"halflife_scored_reviews": m.cfg.drift_halflife, "prior_reviews": m.cfg.drift_prior,
                           "gain": round(float(m.drift_gain), 6),
+                          "deck_gain": round(float(m.deck_drift_gain), 6),
                           "about": "drift (m, w): FSRS-6's errors y - fsrs_recall on the user's scored reviews, "
                                    "m <- a m + error, w <- a w + 1 with a = 0.5^(1 / halflife); recall logit offset "
-                                   "gain * m / (w + prior)"}}
+                                   "gain * m / (w + prior), plus deck_gain times the same mean over the window's "
+                                   "rows of the query's deck with an error (hist_error)"}}
 
 
 def export_time_aware(model: TimeAwareTransformer, out_dir: Path, *, manifest: dict, sequence: Window) -> dict:
     """sequence: (B >= 2, T) real reviews, each row's earlier reviews all before it (T is cut to the window)."""
     T = min(sequence.card.shape[1], model.cfg.window)
-    return export(TimeAwareExporter(model), out_dir, manifest=manifest, sequence=tuple(x[:, :T] for x in sequence))
+    return export(TimeAwareExporter(model), out_dir, manifest=manifest,
+                  sequence=tuple(x[:, :T] for x in sequence[:7]))  # raw reviews: stepping adds their errors
 
 
 

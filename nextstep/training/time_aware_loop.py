@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, coral_loss, expected_duration
+from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss, expected_duration
 from ..review_window import drift_sums, user_windows
 from .loop import train_epochs
 from .reviews import ReviewLog
-from .srs_eval import fit_fsrs6
+from .srs_eval import duration_mask, fit_fsrs6
 
 
 @dataclass
@@ -37,11 +37,12 @@ class TimeAwareTrainConfig:
     device: str = "cpu"  # e.g. "cuda" for sweeps; the reported figures are CPU runs
     calibrate: bool = True  # fit the curve's blend with FSRS-6 and the thresholds' (scale, shift) on validation
     blend_prior: float = 20.0  # calibrate: the prior, in reviews, that the network's curve adds nothing to FSRS-6's
-    # calibrate: the weight of the prior that the drift's gain is the model's configured one (drift_gain): a penalty
-    # drift_gain_prior * (gain - drift_gain)^2 next to the summed CORAL loss
-    drift_gain_prior: float = 0.03
-    # calibrate: also fit Platt's (scale, shift) of the threshold logits on the validation reviews (with at least 200)
-    platt: bool = True
+    # calibrate: the weight of the prior that the drifts' gains are the model's configured ones (drift_gain,
+    # deck_drift_gain): a penalty drift_gain_prior * (gain - configured)^2 each, next to the summed CORAL loss
+    drift_gain_prior: float = 0.3
+    # calibrate: also fit Platt's (scale, shift) of the threshold logits on the validation reviews (with at least
+    # 200); off by default: fitted on the latest training reviews it fixes a level that the drifts follow better
+    platt: bool = False
     # early stopping watches the validation reviews the protocol scores (the card last seen on an earlier day),
     # not the same-day learning steps, which dominate small collections and pull the curve away from FSRS-6
     valid_scored: bool = True
@@ -69,18 +70,21 @@ class ReviewTensors:
             parts.append(np.where(win >= 0, win + lo, -1))
         self.windows = torch.from_numpy(np.concatenate(parts) if parts else np.zeros((0, window), np.int64))
         self.drift = torch.zeros(len(log), 2)  # each review's drift sums before it (set_drift)
+        self.error = torch.full((len(log),), math.nan)  # FSRS-6's error on each review, NaN unscored (set_drift)
 
     @torch.no_grad()
     def set_drift(self, model: TimeAwareTransformer, batch: int = 4096) -> None:
-        """Every review's drift sums (m, w) before it under `model`'s FSRS-6 parameters: each user's reviews in time
-        order, each answered from its window as the service answers it, then added up by `drift_sums`."""
+        """Every review's FSRS-6 error (the window's `error` field) and drift sums (m, w) before it under `model`'s
+        FSRS-6 parameters: each user's reviews in time order, each answered from its window as the service answers
+        it, then added up by `drift_sums`."""
         p, scored = torch.zeros(len(self.card)), torch.zeros(len(self.card), dtype=torch.bool)
         for lo in range(0, len(self.card), batch):
             rows = torch.arange(lo, min(lo + batch, len(self.card)))
             w, card, deck, t = self.batch(rows)
-            pred = model.readout(w, card, deck, t)  # the window alone: FSRS-6's outputs do not read the drift
+            pred = model.readout(Window(*w[:7]), card, deck, t)  # raw rows: FSRS-6's outputs read no drift
             p[rows], scored[rows] = pred.fsrs_recall, pred.scored
         error = ((self.rating > 1).float() - p).numpy().astype(np.float64)
+        self.error = torch.from_numpy(np.where(scored.numpy(), error, np.nan).astype(np.float32))
         scored = scored.numpy()
         bounds = self.log.offsets.astype(np.int64)
         self.drift = torch.from_numpy(np.concatenate(
@@ -95,7 +99,7 @@ class ReviewTensors:
         idx, valid = idx[:, first:], valid[:, first:]
         at = idx.clamp(min=0)
         state = (self.card[at], self.deck[at], self.time[at], self.rating[at], self.duration[at], self.state[at], valid,
-                 self.drift[rows])
+                 self.error[at], self.drift[rows])
         out = (state, self.card[rows], self.deck[rows], self.time[rows])
         if device != "cpu":
             out = (tuple(x.to(device) for x in state), *(x.to(device) for x in out[1:]))
@@ -184,15 +188,18 @@ def _predictions(model, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024):
         yield model.readout(*rt.batch(torch.from_numpy(rows[lo:lo + batch])))
 
 
-def _threshold_logits(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, blend: float) -> torch.Tensor:
-    """The threshold logits at this blend, without the drift (gain 0)."""
+def _threshold_logits(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, blend: float,
+                      gains: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
+    """The threshold logits at this blend and these (user, deck) drift gains (default: without the drift)."""
     model.blend.fill_(blend)
-    gain = float(model.drift_gain)
-    model.drift_gain.fill_(0.0)
+    kept = float(model.drift_gain), float(model.deck_drift_gain)
+    model.drift_gain.fill_(gains[0])
+    model.deck_drift_gain.fill_(gains[1])
     try:
         return torch.cat([p.threshold_logits for p in _predictions(model, rt, rows)]).double()
     finally:
-        model.drift_gain.fill_(gain)
+        model.drift_gain.fill_(kept[0])
+        model.deck_drift_gain.fill_(kept[1])
 
 
 def _fit(params: list[torch.Tensor], loss_fn) -> None:
@@ -208,34 +215,61 @@ def _fit(params: list[torch.Tensor], loss_fn) -> None:
 
 
 def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int | None = 200,
-              blend_prior: float = 20.0, min_blend_rows: int = 20, drift_gain_prior: float = 0.03) -> dict:
+              blend_prior: float = 20.0, min_blend_rows: int = 20, drift_gain_prior: float = 0.3) -> dict:
     """Fit, on held-out reviews the protocol would score (card last seen on an earlier day):
 
-    - `blend`, how much of the network's curve to trust against FSRS-6's own, and the drift's gain: the CORAL loss
-      of the mix, summed over the reviews, plus `blend_prior` * blend^2, a prior worth that many reviews that the
-      network adds nothing, plus `drift_gain_prior` * (gain - the configured gain)^2; blend 0 (FSRS-6's curve) and
-      the configured gain with fewer than `min_blend_rows` reviews. Little data, little trust.
+    - `blend`, how much of the network's curve to trust against FSRS-6's own, and the gains of the user's and the
+      deck's drift: the CORAL loss of the mix, summed over the reviews, plus `blend_prior` * blend^2, a prior worth
+      that many reviews that the network adds nothing, plus `drift_gain_prior` * (gain - the configured gain)^2 for
+      each gain; blend 0 (FSRS-6's curve) and the configured gains with fewer than `min_blend_rows` reviews. Little
+      data, little trust.
     - then (scale, shift) of the three threshold logits (Platt scaling): the model's own thresholds come from
       early-stopped training and drift with the seed; two parameters fitted on the latest reviews before the test
       block correct the overall level and spread. Left at the identity with fewer than `min_rows` reviews, or
       when `min_rows` is None.
+    - and the answer time's `duration_shift` (`_duration_shift`).
     """
     rows = rows[rt.log.elapsed_days[rows] > 0]
+    result = _calibrate_recall(model, rt, rows, min_rows, blend_prior, min_blend_rows, drift_gain_prior)
+    return {**result, "duration_shift": _duration_shift(model, rt, rows, min_blend_rows)}
+
+
+def _duration_shift(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int) -> float:
+    """The shift of log(1 + seconds) that makes the predicted answer time the median of the held-out ones: the
+    median of (log(1 + seconds) - prediction) over the reviews whose answer time the protocol scores. The head is
+    fitted by squared error in log space (a mean there), while answer times are skewed and judged by their
+    absolute error, which the median minimises. 0 with fewer than `min_rows` such reviews."""
+    model.duration_shift.fill_(0.0)
+    known = rows[duration_mask(rt.log)[rows]]
+    if len(known) < min_rows:
+        return 0.0
+    predicted = torch.cat([p.log_duration for p in _predictions(model, rt, known)]).double().numpy()
+    shift = float(np.median(np.log1p(rt.duration[known].double().clamp(min=0).numpy()) - predicted))
+    model.duration_shift.fill_(shift)
+    return shift
+
+
+def _calibrate_recall(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, min_rows: int | None,
+                      blend_prior: float, min_blend_rows: int, drift_gain_prior: float) -> dict:
+    """`calibrate`'s blend, drifts' gains and Platt on the scored held-out `rows`."""
     model.calibration.copy_(torch.tensor([1.0, 0.0]))
-    prior_gain = float(model.cfg.drift_gain)
-    model.drift_gain.fill_(prior_gain)
+    prior_gain = torch.tensor([model.cfg.drift_gain, model.cfg.deck_drift_gain], dtype=torch.float64)
+    model.drift_gain.fill_(float(prior_gain[0]))
+    model.deck_drift_gain.fill_(float(prior_gain[1]))
     if len(rows) < min_blend_rows:
         model.blend.fill_(0.0)
-        return {"blend": 0.0, "drift_gain": prior_gain, "platt": None, "rows": int(len(rows))}
+        return {"blend": 0.0, "drift_gain": prior_gain.tolist(), "platt": None, "rows": int(len(rows))}
     target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
     network, fsrs = _threshold_logits(model, rt, rows, 1.0), _threshold_logits(model, rt, rows, 0.0)
-    drift = model.drift_mean(rt.drift[rows]).double().unsqueeze(-1)
+    # each drift's logit offset per unit of gain (the offsets add to every threshold logit alike)
+    drift = torch.stack([_threshold_logits(model, rt, rows, 0.0, g)[:, 0] - fsrs[:, 0] for g in ((1.0, 0.0),
+                                                                                                 (0.0, 1.0))], -1)
     raw = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    gain = torch.full((1,), prior_gain, dtype=torch.float64, requires_grad=True)
+    gain = prior_gain.clone().requires_grad_(True)
 
     def mixed():
         a = torch.sigmoid(raw - 2.0)  # starts at 0.12
-        return fsrs + a * (network - fsrs) + gain.clamp(min=0) * drift, a
+        return fsrs + a * (network - fsrs) + (drift @ gain.clamp(min=0)).unsqueeze(-1), a
 
     def blend_loss():
         logits, a = mixed()
@@ -245,9 +279,10 @@ def calibrate(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, 
     _fit([raw, gain], blend_loss)
     with torch.no_grad():
         logits, a = mixed()
-    blend, fitted_gain = float(a), max(float(gain.detach()), 0.0)
+    blend, fitted_gain = float(a), gain.detach().clamp(min=0).tolist()
     model.blend.fill_(blend)
-    model.drift_gain.fill_(fitted_gain)
+    model.drift_gain.fill_(fitted_gain[0])
+    model.deck_drift_gain.fill_(fitted_gain[1])
     if min_rows is None or len(rows) < min_rows:
         return {"blend": blend, "drift_gain": fitted_gain, "platt": None, "rows": int(len(rows))}
     log_scale = torch.zeros(1, dtype=torch.float64, requires_grad=True)

@@ -16,22 +16,27 @@ def _sequences(seed=0, b=B, t=T, n_cards=4) -> Window:
     time = 1.7e9 + torch.cumsum(torch.rand(b, t, generator=g, dtype=torch.float64) * 86400 * 2, 1)
     duration = torch.rand(b, t, generator=g) * 20
     duration[0, 2] = float("nan")  # unknown durations are an input, not an error
+    error = torch.rand(b, t, generator=g) - 0.5  # FSRS-6's errors as a window carries them, NaN where unscored
+    error[torch.rand(b, t, generator=g) < 0.3] = float("nan")
     return Window(card, card % 2, time, torch.randint(1, 5, (b, t), generator=g), duration,
-                  torch.randint(-1, 4, (b, t), generator=g), torch.ones(b, t, dtype=torch.bool))
+                  torch.randint(-1, 4, (b, t), generator=g), torch.ones(b, t, dtype=torch.bool), error)
 
 
-def prefix_window(sequence: Window, i: int) -> Window:
-    """Rows 0..i-1 of (B, T) sequences as windows left-padded to T (what a query at row i sees)."""
+def prefix_window(sequence: Window, i: int, error: torch.Tensor | None = None) -> Window:
+    """Rows 0..i-1 of (B, T) sequences as windows left-padded to T (what a query at row i sees), with each row's
+    FSRS-6 error from `error` (B, T) (default: the sequence's own)."""
     B, T = sequence.card.shape
-    fills = (0, 0, 0.0, 1, 0.0, -1, False)
+    error = sequence.error if error is None else error
+    fills = (0, 0, 0.0, 1, 0.0, -1, False, float("nan"))
     return Window(*(torch.cat([torch.full((B, T - i), f, dtype=x.dtype), x[:, :i]], dim=1)
-                    for x, f in zip(sequence, fills, strict=True)))
+                    for x, f in zip((*sequence[:7], error), fills, strict=True)))
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1))
+    m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1,
+                                             deck_drift_gain=3.0))
     with torch.no_grad():  # make every head and bias matter (an untrained model's curve is FSRS-6's alone)
         for layer in m.layers:
             layer.attn.decay_w.fill_(1.5)
@@ -44,14 +49,17 @@ def test_last_row_serving_equals_full_sequence(model):
     seq = _sequences()
     full = model(seq)
     assert full.rating_probs.shape == (B, T, 4)
-    drift = torch.zeros(B, 2)
+    drift, error = torch.zeros(B, 2), torch.full((B, T), float("nan"))
     for i in range(T):
-        last = model.readout((*prefix_window(seq, i), drift), seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        last = model.readout((*prefix_window(seq, i, error), drift), seq.card[:, i], seq.deck[:, i], seq.time[:, i])
         torch.testing.assert_close(last.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
         torch.testing.assert_close(last.log_duration, full.log_duration[:, i], atol=1e-5, rtol=0)
         torch.testing.assert_close(last.recall, 1 - last.rating_probs[:, 0], atol=1e-6, rtol=0)
         drift = model.drift_update(drift, last, seq.rating[:, i])
+        error[:, i] = model.row_error(last, seq.rating[:, i])
     assert float(drift[:, 1].min()) > 0  # every user's drift counted scored reviews, so the test compared it
+    # and some decks' rows had errors before a later query of the same deck, so the deck's drift was compared too
+    assert bool((~torch.isnan(error[:, :-1]) & (seq.deck[:, :-1] == seq.deck[:, -1:])).any())
 
 
 def test_drift_is_fsrs6s_recent_error_and_moves_recall_the_same_way(model):
@@ -67,11 +75,11 @@ def test_drift_is_fsrs6s_recent_error_and_moves_recall_the_same_way(model):
         m = torch.where(p.scored, a * m + y - p.fsrs_recall.double(), m)
         w = torch.where(p.scored, a * w + 1, w)
         state = model.step(state, *(field[:, i] for field in seq[:6]))
-        torch.testing.assert_close(state[7].double(), torch.stack([m, w], -1), atol=1e-5, rtol=0)
+        torch.testing.assert_close(state[8].double(), torch.stack([m, w], -1), atol=1e-5, rtol=0)
     later = seq.time[:, -1] + torch.tensor([3.0, 10.0, 40.0], dtype=torch.float64) * 86400
     card, deck = seq.card[:, -1], seq.deck[:, -1]
-    up = (*state[:7], torch.tensor([[2.0, 3.0]] * B))
-    down = (*state[:7], torch.tensor([[-2.0, 3.0]] * B))
+    up = (*state[:8], torch.tensor([[2.0, 3.0]] * B))
+    down = (*state[:8], torch.tensor([[-2.0, 3.0]] * B))
     assert bool((model.readout(up, card, deck, later).recall > model.readout(down, card, deck, later).recall).all())
 
 
@@ -91,7 +99,7 @@ def test_no_future_leak(model):
     seq = _sequences(1)
     base = model(seq)
     for t in range(T):
-        changed = [x.clone() for x in seq]
+        changed = [x.clone() for x in seq[:7]]
         g = torch.Generator().manual_seed(t)
         changed[1][:, t:] = torch.randint(0, 5, (B, T - t), generator=g)  # deck
         changed[3][:, t:] = torch.randint(1, 5, (B, T - t), generator=g)  # rating
@@ -104,7 +112,7 @@ def test_no_future_leak(model):
         torch.testing.assert_close(out.rating_probs[:, :t], base.rating_probs[:, :t], atol=0, rtol=0)
         torch.testing.assert_close(out.log_duration[:, :t], base.log_duration[:, :t], atol=0, rtol=0)
         # the prediction at t sees only t's card, deck and time: rating, duration and state at t do not enter
-        same_query = [x.clone() for x in seq]
+        same_query = [x.clone() for x in seq[:7]]
         same_query[3][:, t:] = changed[3][:, t:]
         same_query[4][:, t:] = changed[4][:, t:]
         same_query[5][:, t:] = changed[5][:, t:]
@@ -124,12 +132,13 @@ def test_the_query_card_deck_and_time_matter(model):
 
 def test_padding_and_an_empty_window(model):
     seq = _sequences(3)
-    w = prefix_window(seq, 5)
+    w = prefix_window(seq, 5, torch.rand(B, T) - 0.5)
     out = model.readout(w, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
     # garbage in padded rows changes nothing
     garbage = Window(torch.where(w.valid, w.card, 7), torch.where(w.valid, w.deck, 7),
                      torch.where(w.valid, w.time, 9e9), torch.where(w.valid, w.rating, 4),
-                     torch.where(w.valid, w.duration, 1e6), torch.where(w.valid, w.state, 3), w.valid)
+                     torch.where(w.valid, w.duration, 1e6), torch.where(w.valid, w.state, 3), w.valid,
+                     torch.where(w.valid, w.error, 0.7))
     again = model.readout(garbage, seq.card[:, 5], seq.deck[:, 5], seq.time[:, 5])
     torch.testing.assert_close(again.rating_probs, out.rating_probs, atol=1e-6, rtol=0)
     empty = model.readout(prefix_window(seq, 0), seq.card[:, 0], seq.deck[:, 0], seq.time[:, 0])
@@ -225,7 +234,7 @@ def test_the_curve_starts_at_fsrs6_and_is_fsrs6_at_blend_zero():
     seq = _sequences(7, b=4, t=20, n_cards=3)
     wanted, got, untrained = [], [], []
     for i in range(1, 20):
-        win = prefix_window(seq, i)
+        win = prefix_window(seq, i)._replace(error=None)  # raw reviews: no drift of any kind
         with torch.no_grad():
             m.blend.fill_(1.0)
             untrained.append(m.readout(win, seq.card[:, i], seq.deck[:, i], seq.time[:, i]).recall)

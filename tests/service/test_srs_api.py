@@ -92,6 +92,7 @@ def srs_model(tmp_path_factory):
                        TimeAwareTrainConfig(max_epochs=5, batch_size=64, lr=3e-3, seed=0, threads=1))
     finally:
         torch.set_num_threads(threads)
+    model.deck_drift_gain.fill_(1.5)  # the deck's drift in play whatever calibration made of this little data
     seq = Window(*(torch.stack([x[:12], x[200:212]]) for x in (rt.card, rt.deck, rt.time, rt.rating, rt.duration,
                                                                 rt.state)), torch.ones(2, 12, dtype=torch.bool))
     export_time_aware(model, root / "artifacts" / "time_aware" / "1",
@@ -119,15 +120,17 @@ def onnx_session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def _window(log, reviews: list[dict], n: int, card: str) -> tuple[list[np.ndarray], np.ndarray]:
-    """The window (hist_* rows, unpadded) review_window.select picks after reviews[:n] for a query on `card`."""
+def _window(log, reviews: list[dict], n: int, card: str, errors: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The window (hist_* rows, unpadded) review_window.select picks after reviews[:n] for a query on `card`, each
+    row with its FSRS-6 error from `errors`."""
     card_seq = np.array([i for i, r in enumerate(reviews[:n]) if r["card_id"] == card], dtype=np.int64)
     seqs = select(card_seq, n, SIZE, CARD_SIZE)
     if len(seqs):
         return [log.card[seqs], log.deck[seqs], log.time[seqs], log.rating[seqs], log.duration[seqs],
-                log.state[seqs], np.ones(len(seqs), dtype=bool)], seqs
+                log.state[seqs], np.ones(len(seqs), dtype=bool), errors[seqs].astype(np.float32)], seqs
     return [np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.ones(1, np.int64),  # one padding row
-            np.zeros(1, np.float32), np.full(1, -1, np.int64), np.zeros(1, dtype=bool)], seqs
+            np.zeros(1, np.float32), np.full(1, -1, np.int64), np.zeros(1, dtype=bool),
+            np.full(1, np.nan, np.float32)], seqs
 
 
 def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: np.ndarray) -> list[np.ndarray]:
@@ -138,27 +141,30 @@ def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: 
     return onnx_session(art / "time_aware" / "1" / "predict.onnx").run(None, dict(zip(INPUTS, feeds, strict=True)))
 
 
-def onnx_drift(art: Path, reviews: list[dict]) -> list[float]:
-    """The drift sums after `reviews`, stepped here: the graph answers each review from its window before it, and
-    FSRS-6's error on it (rating > 1 minus fsrs_recall) is added when it is scored."""
+def onnx_drift(art: Path, reviews: list[dict]) -> tuple[list[float], np.ndarray]:
+    """(the drift sums after `reviews`, each review's FSRS-6 error), stepped here: the graph answers each review from
+    its window before it, and FSRS-6's error on it (rating > 1 minus fsrs_recall) is the review's error, and is added
+    to the sums, when it is scored (NaN otherwise)."""
     manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
     a = 0.5 ** (1 / manifest["drift"]["halflife_scored_reviews"])
     log, m, w = as_log(reviews), 0.0, 0.0
+    errors = np.full(len(reviews), np.nan)
     for i, r in enumerate(reviews):
-        hist, _ = _window(log, reviews, i, r["card_id"])
+        hist, _ = _window(log, reviews, i, r["card_id"], errors)
         out = _run(art, hist, [m, w], r["card_id"], r.get("deck_id", ""), np.array([r["time"]]))
         fsrs_recall, scored = out[3][0], out[4][0]
         if scored:
-            m, w = a * m + float(r["rating"] > 1) - float(fsrs_recall), a * w + 1
-    return [m, w]
+            errors[i] = float(r["rating"] > 1) - float(fsrs_recall)
+            m, w = a * m + errors[i], a * w + 1
+    return [m, w], errors
 
 
 def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at) -> tuple[dict, np.ndarray]:
     """The exported graph on the window review_window.select picks from the raw log (no padding), with the drift
     stepped over the log (onnx_drift), for a query at `at` (a time, or an array of times: one row each)."""
-    hist, seqs = _window(as_log(reviews), reviews, len(reviews), card)
-    probs, recall, duration, _, _ = _run(art, hist, onnx_drift(art, reviews), card, deck,
-                                         np.atleast_1d(np.asarray(at, dtype=np.float64)))
+    drift, errors = onnx_drift(art, reviews)
+    hist, seqs = _window(as_log(reviews), reviews, len(reviews), card, errors)
+    probs, recall, duration, _, _ = _run(art, hist, drift, card, deck, np.atleast_1d(np.asarray(at, dtype=np.float64)))
     if np.ndim(at) == 0:
         probs, recall, duration = probs[0], recall[0], duration[0]
     return {"probs": probs, "recall": recall, "duration": duration}, seqs
@@ -211,7 +217,9 @@ def test_served_predictions_equal_the_offline_model(srs_model, store_url, serve)
             older_rows_used |= bool(len(seqs)) and int(seqs[0]) < len(reviews) - SIZE
         assert older_rows_used, "no query used the card's rows from before the recent block"
         manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
-        assert onnx_drift(art, reviews)[1] > 1 and manifest["drift"]["gain"] > 0  # the drift was in play
+        (_, weight), errors = onnx_drift(art, reviews)
+        assert weight > 1 and manifest["drift"]["gain"] > 0  # the drift was in play
+        assert manifest["drift"]["deck_gain"] > 0 and np.isfinite(errors).sum() > 10  # and the deck's
         # an unknown user: an empty window, the model's prior
         fresh = http.post("/v1/srs/time_aware/predict", json={"user_id": "nobody", "card_id": "c", "time": T0}).json()
         check_answer(fresh, offline_onnx(art, [], "c", "", T0)[0])

@@ -99,7 +99,7 @@ def test_parity_check_catches_a_wrong_graph(artifact, log):
     model, _ = load_time_aware(artifact)
     other = TimeAwareExporter(TimeAwareTransformer(TimeAwareConfig(**SMALL)))  # different weights
     rt = ReviewTensors(log, SMALL["window"], SMALL["card_window"])
-    sequence = tuple(parity_inputs(rt))
+    sequence = tuple(parity_inputs(rt))[:7]  # the raw reviews (stepping adds their errors)
     exporter = TimeAwareExporter(model)
     graphs = exporter.graphs(sequence)
     with torch.no_grad():
@@ -139,9 +139,10 @@ def test_evaluate_scores_an_artifact_as_is_on_a_review_log(artifact, capsys):
 
 def test_calibration_blends_with_fsrs6_and_is_a_positive_affine_map_fitted_on_held_out_reviews(log):
     from nextstep.models.time_aware import coral_loss
+    from nextstep.training.srs_eval import duration_mask
     from nextstep.training.time_aware_loop import calibrate
 
-    cfg = TimeAwareConfig(**SMALL)
+    cfg = TimeAwareConfig(**SMALL, deck_drift_gain=2.0)
     rt = ReviewTensors(log, cfg.window, cfg.card_window)
     model, info = fit(rt, np.arange(len(log) // 2), cfg,
                       TimeAwareTrainConfig(max_epochs=2, batch_size=128, calibrate=False))
@@ -149,28 +150,40 @@ def test_calibration_blends_with_fsrs6_and_is_a_positive_affine_map_fitted_on_he
     held = np.arange(len(log) // 2, len(log))
     held = held[log.elapsed_days[held] > 0]
     w, card, deck, t = rt.batch(torch.from_numpy(held))
-    drift = model.drift_offset(w[7]).unsqueeze(-1) / model.drift_gain  # per unit of gain
-    assert float(drift.abs().max()) > 0.01  # the drift is in play
+
+    def logits(blend, user, deck_gain):
+        model.blend.fill_(blend)
+        model.drift_gain.fill_(user)
+        model.deck_drift_gain.fill_(deck_gain)
+        return model.readout(w, card, deck, t).threshold_logits
+
     with torch.no_grad():
-        model.drift_gain.fill_(0.0)
-        network = model.readout(w, card, deck, t)
-        model.blend.fill_(0.0)
-        fsrs = model.readout(w, card, deck, t)
+        network, fsrs = logits(1.0, 0.0, 0.0), logits(0.0, 0.0, 0.0)
+        user, deck_drift = logits(0.0, 1.0, 0.0) - fsrs, logits(0.0, 0.0, 1.0) - fsrs  # per unit of gain
+        assert float(user.abs().max()) > 0.01 and float(deck_drift.abs().max()) > 0.01  # both drifts are in play
         result = calibrate(model, rt, held, blend_prior=20.0)
         after = model.readout(w, card, deck, t)
-    a, gain, (scale, shift) = result["blend"], result["drift_gain"], result["platt"]
+    a, (gain, deck_gain), (scale, shift) = result["blend"], result["drift_gain"], result["platt"]
     assert 0 <= a <= 1 and float(model.blend) == pytest.approx(a, abs=1e-7) and scale > 0
     assert gain >= 0 and float(model.drift_gain) == pytest.approx(gain, abs=1e-6)
-    mixed = fsrs.threshold_logits + a * (network.threshold_logits - fsrs.threshold_logits) + gain * drift
+    assert deck_gain >= 0 and float(model.deck_drift_gain) == pytest.approx(deck_gain, abs=1e-6)
+    # the answer time is shifted to the held-out answer times' median (of those the protocol scores)
+    known = torch.from_numpy(duration_mask(log)[held])
+    residual = torch.log1p(rt.duration[torch.from_numpy(held)][known].double()) - after.log_duration[known].double()
+    assert int(known.sum()) > 50 and result["duration_shift"] != 0.0
+    assert abs(float(np.median(residual.numpy()))) < 1e-5
+    mixed = fsrs + a * (network - fsrs) + gain * user + deck_gain * deck_drift
     torch.testing.assert_close(after.threshold_logits, mixed * scale + shift, atol=1e-4, rtol=1e-4)
     assert (after.threshold_logits[:, :-1] >= after.threshold_logits[:, 1:]).all()  # still ordered
     rating = rt.rating[torch.from_numpy(held)]
-    assert coral_loss(after, rating) <= coral_loss(fsrs, rating) + 1e-6  # fitted on exactly these rows
+    assert coral_loss(after, rating) <= coral_loss(model.readout(w, card, deck, t)._replace(threshold_logits=fsrs),
+                                                   rating) + 1e-6  # fitted on exactly these rows
     with torch.no_grad():  # a stronger prior trusts the network less; too few reviews: FSRS-6's curve, no Platt
         assert calibrate(model, rt, held, blend_prior=1e6)["blend"] < a + 1e-9
-        assert calibrate(model, rt, held, drift_gain_prior=1e9)["drift_gain"] == pytest.approx(cfg.drift_gain)
-        assert calibrate(model, rt, held[:10]) == {"blend": 0.0, "drift_gain": cfg.drift_gain, "platt": None,
-                                                   "rows": 10}
+        assert calibrate(model, rt, held, drift_gain_prior=1e9)["drift_gain"] == pytest.approx([cfg.drift_gain,
+                                                                                               cfg.deck_drift_gain])
+        assert calibrate(model, rt, held[:10]) == {"blend": 0.0, "drift_gain": [cfg.drift_gain, cfg.deck_drift_gain],
+                                                   "platt": None, "rows": 10, "duration_shift": 0.0}
     assert float(model.blend) == 0.0 and model.calibration.tolist() == [1.0, 0.0]
 
 
@@ -185,6 +198,6 @@ def test_the_serve_demo_builds_a_flashcard_model_the_service_loads(tmp_path):
 
 def test_tuning_split_never_scores_the_last_two_test_blocks(artifact, log):
     result = tuning_split(log, cfg=TimeAwareTrainConfig(max_epochs=1, batch_size=128, model=SMALL))
-    assert result["n_train"] == len(log) // 2 and 0 < result["n_scored"] <= len(log) * 4 // 6 - len(log) // 2
+    assert result["blocks"] == [2, 3, 4] and 0 < result["n_scored"] <= len(log) * 4 // 6 - len(log) // 6
     for key in ("log_loss", "rmse_bins", "fsrs6_log_loss", "fsrs6_rmse_bins"):
         assert np.isfinite(result[key]), key
