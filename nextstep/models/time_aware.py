@@ -491,7 +491,7 @@ class TimeAwareTransformer(nn.Module):
             return torch.zeros(*deck.shape, 2, device=deck.device)
         known = ~torch.isnan(w.error)
         counted = (visible & (w.deck.unsqueeze(1) == deck.unsqueeze(-1)) & known.unsqueeze(1)).float()
-        after = torch.flip(torch.cumsum(torch.flip(counted, [-1]), -1), [-1]) - counted
+        after = counted.sum(-1, keepdim=True) - torch.cumsum(counted, -1)  # such rows after each row
         weight = counted * torch.exp(after * math.log(drift_decay(self.cfg.drift_halflife)))
         error = torch.where(known, w.error, 0.0).unsqueeze(1)
         return torch.stack([(weight * error).sum(-1), weight.sum(-1)], -1)
