@@ -32,6 +32,7 @@ from .srs_eval import evaluate_baselines
 from .time_aware_loop import TimeAwareTrainConfig
 from .time_aware_run import cross_validate, model_config, tuning_split
 
+
 def _candidate(gain: float, deck_gain: float, prior: float, platt: bool) -> dict:
     """The drifts' gains before calibration (the user's, the deck's), the weight of the prior that holds them there,
     and whether calibration also fits Platt's scale and shift on the latest training reviews."""
