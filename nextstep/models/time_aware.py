@@ -50,11 +50,11 @@ answer time it gives is the held-out answer times' median.
 
 The streaming contract (streaming.py): the state is a window of raw reviews, each with FSRS-6's error on it, and
 the user's drift sums (m, w); `step` adds FSRS-6's error on a review to the sums (`drift_update`) and appends the
-review with it (`row_error`); `readout` answers a batch of
-states with one query each (the serving path: only the query row is computed), and also answers FSRS-6's own
-recall and whether the protocol scores the review (what `drift_update` needs); `forward` predicts every review of
-a sequence at once with causal masks (the seed's training view), the drift sums included. The two agree whenever
-the window holds all earlier reviews, which a test checks.
+review with it (`row_error`); `readout` answers a batch of states with one query each (the serving path: only
+the query row is computed), and also answers FSRS-6's own recall and whether the protocol scores the review (what
+`drift_update` needs); `forward` predicts every review of a sequence at once with causal masks (the seed's
+training view), both drifts included. The two agree whenever the window holds all earlier reviews, which a test
+checks.
 """
 
 from __future__ import annotations
