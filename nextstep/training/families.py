@@ -146,7 +146,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            reader="nextstep.training.reviews:read_reviews",
            batcher="nextstep.training.time_aware_loop:ReviewTensors.batch",
            loss="nextstep.models.time_aware:coral_loss", metrics="nextstep.training.srs_eval:evaluate_predictions",
-           named=False, flags=("seed",),
+           named=False, flags=("seed",), restorer="nextstep.training.time_aware_export:restore_time_aware",
            train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
            evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"}),
 )}

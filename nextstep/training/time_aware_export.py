@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.time_aware import TimeAwareTransformer, Window, expected_duration
+from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, expected_duration
 from .export import Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
@@ -116,6 +116,23 @@ class TimeAwareExporter(Exporter):
                                    "m <- a m + error, w <- a w + 1 with a = 0.5^(1 / halflife); recall logit offset "
                                    "gain * m / (w + prior), plus deck_gain times the same mean over the window's "
                                    "rows of the query's deck with an error (hist_error)"}}
+
+
+# terms added after the first exports, each with what an artifact saved before it had of it: nothing
+_ADDED_TERMS = {"drift_gain": 0.0, "deck_drift_gain": 0.0}  # config key and buffer of the same name
+_ADDED_BUFFERS = {"duration_shift": 0.0}
+
+
+def restore_time_aware(family: str, config: dict, weights: dict) -> TimeAwareTransformer:
+    """The model of a weights.pt, also one saved before the user's drift, the deck's drift or the answer time's
+    median shift existed: a missing gain or shift is 0 (the term off), as that model was; anything else missing
+    is the strict load's error."""
+    config = {**_ADDED_TERMS, **config}
+    weights = {**{k: torch.tensor(float(config[k])) for k in _ADDED_TERMS},
+               **{k: torch.tensor(v) for k, v in _ADDED_BUFFERS.items()}, **weights}
+    model = TimeAwareTransformer(TimeAwareConfig(**config))
+    model.load_state_dict(weights)
+    return model
 
 
 def export_time_aware(model: TimeAwareTransformer, out_dir: Path, *, manifest: dict, sequence: Window) -> dict:

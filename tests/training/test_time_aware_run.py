@@ -201,3 +201,25 @@ def test_tuning_split_never_scores_the_last_two_test_blocks(artifact, log):
     assert result["blocks"] == [2, 3, 4] and 0 < result["n_scored"] <= len(log) * 4 // 6 - len(log) // 6
     for key in ("log_loss", "rmse_bins", "fsrs6_log_loss", "fsrs6_rmse_bins"):
         assert np.isfinite(result[key]), key
+
+
+def test_weights_saved_before_the_drifts_and_the_duration_shift_restore_with_those_terms_off(artifact, log):
+    from nextstep.training.families import restore
+
+    saved = torch.load(artifact / "weights.pt", weights_only=True)
+    model = restore(saved["family"], saved["config"], saved["state_dict"]).eval()
+    assert float(model.deck_drift_gain) > 0 or float(model.drift_gain) > 0  # the terms are in play as saved
+    old_config = {k: v for k, v in saved["config"].items() if k not in ("drift_gain", "deck_drift_gain")}
+    old_weights = {k: v for k, v in saved["state_dict"].items()
+                   if k not in ("drift_gain", "deck_drift_gain", "duration_shift")}
+    old = restore(saved["family"], old_config, old_weights).eval()
+    assert (float(old.drift_gain), float(old.deck_drift_gain), float(old.duration_shift)) == (0.0, 0.0, 0.0)
+    with torch.no_grad():
+        for name in ("drift_gain", "deck_drift_gain", "duration_shift"):
+            getattr(model, name).fill_(0.0)
+        rt = ReviewTensors(log, SMALL["window"], SMALL["card_window"])
+        rt.set_drift(model)
+        batch = rt.batch(torch.arange(len(log) - 50, len(log)))
+        torch.testing.assert_close(old.readout(*batch).rating_probs, model.readout(*batch).rating_probs)
+    with pytest.raises(RuntimeError, match="Missing key"):  # anything else missing is still an error
+        restore(saved["family"], saved["config"], {k: v for k, v in saved["state_dict"].items() if k != "blend"})
