@@ -120,7 +120,6 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
     return {"window": window, "schema": schema_hash(name, *window)}
 
 
-
 # no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
 SPEC = register_task(TaskSpec("srs", ("predict", "schedule"), None, False, _check))
 

@@ -188,18 +188,29 @@ def _predictions(model, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024):
         yield model.readout(*rt.batch(torch.from_numpy(rows[lo:lo + batch])))
 
 
-def _threshold_logits(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, blend: float,
-                      gains: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
-    """The threshold logits at this blend and these (user, deck) drift gains (default: without the drift)."""
+def _threshold_logits(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, blend: float) -> torch.Tensor:
+    """The threshold logits at this blend, without either drift (gains 0)."""
     model.blend.fill_(blend)
     kept = float(model.drift_gain), float(model.deck_drift_gain)
-    model.drift_gain.fill_(gains[0])
-    model.deck_drift_gain.fill_(gains[1])
+    model.drift_gain.fill_(0.0)
+    model.deck_drift_gain.fill_(0.0)
     try:
         return torch.cat([p.threshold_logits for p in _predictions(model, rt, rows)]).double()
     finally:
         model.drift_gain.fill_(kept[0])
         model.deck_drift_gain.fill_(kept[1])
+
+
+def _drift_means(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.ndarray, batch: int = 1024) -> torch.Tensor:
+    """(n, 2) float64: the user's and the deck's drift mean for each of `rows` (each drift's recall logit offset per
+    unit of gain), from the drift sums and the window's errors, without running the network."""
+    parts = []
+    for lo in range(0, len(rows), batch):
+        state, _, deck, _ = rt.batch(torch.from_numpy(rows[lo:lo + batch]))
+        w = Window(*state[:8])
+        deck_sums = model.deck_drift_sums(w, deck.unsqueeze(1), w.valid.unsqueeze(1)).squeeze(1)
+        parts.append(torch.stack([model.drift_mean(state[8]), model.drift_mean(deck_sums)], -1))
+    return torch.cat(parts).double() if parts else torch.zeros(0, 2, dtype=torch.float64)
 
 
 def _fit(params: list[torch.Tensor], loss_fn) -> None:
@@ -261,9 +272,7 @@ def _calibrate_recall(model: TimeAwareTransformer, rt: ReviewTensors, rows: np.n
         return {"blend": 0.0, "drift_gain": prior_gain.tolist(), "platt": None, "rows": int(len(rows))}
     target = (rt.rating[rows].unsqueeze(-1) > torch.arange(1, 4)).double()
     network, fsrs = _threshold_logits(model, rt, rows, 1.0), _threshold_logits(model, rt, rows, 0.0)
-    # each drift's logit offset per unit of gain (the offsets add to every threshold logit alike)
-    drift = torch.stack([_threshold_logits(model, rt, rows, 0.0, g)[:, 0] - fsrs[:, 0] for g in ((1.0, 0.0),
-                                                                                                 (0.0, 1.0))], -1)
+    drift = _drift_means(model, rt, rows)  # the offsets add to every threshold logit alike
     raw = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     gain = prior_gain.clone().requires_grad_(True)
 
