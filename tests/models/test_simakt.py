@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from nextstep.models.layers.decay_attention import KnowledgeReadout
+from nextstep.models.layers.decay_attention import DecayAttention, KnowledgeReadout, causal
 from nextstep.models.layers.similarity import (
     REGISTRY,
     BankHead,
@@ -260,6 +260,24 @@ def test_knowledge_readout_scan_equals_a_direct_computation():
         mixed = torch.einsum("bkhj,bjhd->bkhd", torch.softmax(s, -1), v[:, :t])
         ref = block.norm(block.know + block.out(mixed.reshape(2, 3, 16)))
         assert torch.allclose(z[:, t], ref, atol=1e-5)
+
+
+def test_decay_distances_keep_float32_accuracy_when_later_keys_carry_little_attention():
+    """AKT's distance is sqrt(gap * attention after j); as the total minus a running sum it cancels to noise
+    when the keys after j carry little attention, and sqrt and a large gamma blow that noise up: engines
+    then disagree well past 1e-4 (an export once failed so). Summed backwards, float32 stays close to float64."""
+    torch.manual_seed(0)
+    attn = DecayAttention(16, 2)
+    with torch.no_grad():
+        attn.gamma.copy_(torch.tensor([30.0, 60.0]).view(2, 1, 1))
+    T = 120
+    scores = torch.randn(3, 2, T, T, dtype=torch.float64) * 6
+    scores[..., :, ::7] += 12  # a few keys take most of the attention, the keys after them little
+    mask, gap = causal(T, True)
+    with torch.no_grad():
+        exact = attn.double().weights(scores, mask, gap)
+        single = attn.float().weights(scores.float(), mask, gap)
+    assert (single.double() - exact).abs().max() < 1e-5
 
 
 # ----------------------------------------------------------------------------- configuration

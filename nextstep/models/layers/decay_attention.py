@@ -68,7 +68,8 @@ class DecayAttention(nn.Module):
         """Scaled scores (B, H, R, T) -> the decayed attention weights (B, H, R, T) (module docstring)."""
         with torch.no_grad():
             weights = torch.softmax(scores.masked_fill(~mask, -1e32), dim=-1)
-            after = weights.sum(-1, keepdim=True) - weights.cumsum(-1)  # attention on keys after j
+            # attention on keys after j: a reversed cumulative sum, shifted (no subtraction, so no cancellation)
+            after = torch.nn.functional.pad(weights.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))
             distance = (after * gap).clamp(min=0.0).sqrt()
         gamma = self.gamma if heads is None else self.gamma[heads]
         effect = (-gamma.abs() * distance).exp().clamp(1e-5, 1e5)
