@@ -327,6 +327,7 @@ class TimeAwareTransformer(nn.Module):
     def _core(self, w: Window, q: Query, visible: torch.Tensor) -> Prediction:
         """Predictions for queries (B, Q) over rows (B, H); visible (B, Q, H) says which rows each query sees."""
         x, ctx = self._encode(w, q, visible)
+        ctx["drift"] = self._drift(w, q, ctx["visible"])
         return self._heads(x, ctx, ctx["elapsed"])
 
     def _encode(self, w: Window, q: Query, visible: torch.Tensor):
@@ -387,10 +388,7 @@ class TimeAwareTransformer(nn.Module):
         for layer in self.layers:
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
-        drift = self.deck_drift_gain * self.drift_mean(self.deck_drift_sums(w, q.deck, visible))
-        if q.drift is not None:
-            drift = drift + self.drift_offset(q.drift)
-        return x, {"drift": drift, "elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
+        return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
                    "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
                    "time_weight": F.softplus(self.time_head(x))}
 
@@ -473,6 +471,12 @@ class TimeAwareTransformer(nn.Module):
         base = _logit_of_log(fsrs.log_retrievability(self.fsrs_w[20], ctx["fsrs_s"], days).double()).float()  # FSRS-6
         # blend in [0, 1]: two non-increasing curves, mixed; the drift offset does not depend on the query's time
         return base + self.blend * (network - base) + ctx["drift"]
+
+    def _drift(self, w: Window, q: Query, visible: torch.Tensor) -> torch.Tensor:
+        """(B, Q) both drifts' recall logit offset: the deck's over the rows each query sees (`visible`, with their
+        errors), plus the user's from the query's drift sums (none: 0). The same at every elapsed time."""
+        offset = self.deck_drift_gain * self.drift_mean(self.deck_drift_sums(w, q.deck, visible))
+        return offset if q.drift is None else offset + self.drift_offset(q.drift)
 
     def drift_offset(self, drift: torch.Tensor) -> torch.Tensor:
         """The recall logit offset of the user's drift sums (..., 2) = (m, w): m the weighted sum of FSRS-6's errors
@@ -588,6 +592,7 @@ class TimeAwareTransformer(nn.Module):
         w, drift = self._split(state)
         q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift)
         x, ctx = self._encode(w, q, w.valid.unsqueeze(1))
+        ctx["drift"] = self._drift(w, q, ctx["visible"])
         elapsed, seen = ctx["elapsed"], ctx["seen"]
         scale, shift = self.calibration[0].double(), self.calibration[1].double()
         p = retention.double().clamp(1e-6, 1 - 1e-6).unsqueeze(1)
@@ -623,8 +628,7 @@ class TimeAwareTransformer(nn.Module):
         error = ((w.rating > 1).float() - p).unsqueeze(-1)
         drift = torch.cat([weight @ error, weight.sum(-1, keepdim=True)], -1)  # (B, T, 2)
         rows = w._replace(error=torch.where(scored, error.squeeze(-1), math.nan))  # each row's error, as stepping
-        deck = self.deck_drift_sums(rows, w.deck, causal.unsqueeze(0) & w.valid.unsqueeze(1))
-        ctx["drift"] = self.drift_offset(drift) + self.deck_drift_gain * self.drift_mean(deck)
+        ctx["drift"] = self._drift(rows, Query(w.card, w.deck, w.time, drift), ctx["visible"])
         return self._heads(x, ctx, ctx["elapsed"])
 
 

@@ -346,28 +346,22 @@ class SpacedRepetition(StatefulTask):
                 raise InvalidInput(f"reviews[{i}].time", f"{reviews[i].time!r} is before the user's last stored "
                                                          f"review at {last!r}: reviews must be in time order")
             new = _new_rows([reviews[i] for i in fresh], history.count)
-            touched: dict[str, np.ndarray] = {}
-            n_cards = history.n_cards
+            added: dict[str, list[int]] = {}  # card id -> the positions in `new` of its reviews so far
+
+            def field(card: str) -> np.ndarray:  # the card's field: its latest `card_size` rows, new ones included
+                rows = np.concatenate([history.cards.get(card, np.zeros(0, dtype=ROW)), new[added.get(card, [])]])
+                return rows[-card_size:] if card_size else rows[:0]
+
             windows = []  # each new review's window, before it (for FSRS-6's error on it: the drift)
             for j, i in enumerate(fresh):
                 card = reviews[i].card_id
-                own = touched.get(card, history.cards.get(card))  # the card's rows so far: all `window` reads
                 before = History(history.stored, np.concatenate([history.recent, new[:j]])[-size:],
-                                 {} if own is None else {card: own}, n_cards, history.drift)
+                                 {card: field(card)}, history.n_cards, history.drift)
                 windows.append(window(model, before, card))
-                if card not in touched:
-                    old = history.cards.get(card)
-                    if old is None:
-                        n_cards += 1
-                        old = np.zeros(0, dtype=ROW)
-                    touched[card] = old
-                touched[card] = np.concatenate([touched[card], new[j:j + 1]])[-card_size:] if card_size \
-                    else touched[card][:0]
+                added.setdefault(card, []).append(j)
             drift, new["error"] = await self._drift(model, history.drift, windows, new)
-            for rows in touched.values():  # the copies of the new rows in their cards' fields get the errors too
-                mine = rows["seq"] >= history.count
-                if mine.any():
-                    rows["error"][mine] = new["error"][rows["seq"][mine] - history.count]
+            touched = {card: field(card) for card in added}  # after the errors: the fields carry them too
+            n_cards = history.n_cards + sum(card not in history.cards for card in added)
             recent = np.concatenate([history.recent, new])[-size:]
             after = History(history.stored, recent, {**history.cards, **touched}, n_cards, drift)
             at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
