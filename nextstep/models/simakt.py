@@ -394,11 +394,15 @@ class SimAKT(nn.Module):
         p, weights = self.block3(hq, hs, bank_kv)
         return e, hq, hs, p, weights
 
+    def read(self, e: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """e (B, R, d) questions asked, z (B, R or 1, K, d) knowledge states -> h (B, R, d): the knowledge read out
+        for each question, what the answer MLP reads."""
+        attn = torch.softmax(torch.einsum("brd,kd->brk", e, self.block4.know), dim=-1)
+        return torch.einsum("brk,brkd->brd", attn, z.expand(-1, e.shape[1], -1, -1))
+
     def _answer(self, e: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """e (B, R, d) questions asked, z (B, R or 1, K, d) knowledge states -> logits (B, R)."""
-        attn = torch.softmax(torch.einsum("brd,kd->brk", e, self.block4.know), dim=-1)
-        h = torch.einsum("brk,brkd->brd", attn, z.expand(-1, e.shape[1], -1, -1))
-        return self.out(torch.cat([e, h], dim=-1)).squeeze(-1)
+        return self.out(torch.cat([e, self.read(e, z)], dim=-1)).squeeze(-1)
 
     # ------------------------------------------------------------------ full pass (training)
     def forward(self, questions: torch.Tensor, responses: torch.Tensor,
