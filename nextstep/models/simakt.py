@@ -19,8 +19,15 @@ past students instead, its output scaled by its `influence_weight`. An inter-stu
 or whose influence weight is 0, is an ordinary intra-student head: with all of them off the model is the
 DTransformer baseline with the same weights, exactly (tests/models/test_simakt.py).
 
+Heads at the answer (`answer_heads`, layers/similarity.py's AnswerHead, e.g. "peers"): block 4 reads positions
+before t only, so nothing in block 3 can know which question is asked at t. An answer head reads h_t and the
+question asked, consults its bank (e.g. training students' answers to that question, weighted by how alike
+their read-outs were) and adds a term to the logit; it starts at 0, so at initialisation the model is its
+baseline. It changes no state: `step` and `rebase` never read its bank, `readout` and the full pass do.
+
 Banks are inputs, not parameters: `bank_keys(banks)` turns raw banks (states (M, L, d), lengths (M,)) into
-each active head's position-weighted keys and values; every forward takes those.
+each active head's position-weighted keys and values (an answer head's bank is taken as built); every forward
+takes those, block 3's first.
 
 Streaming (what the service runs): every block is causal, so an interaction adds one row to each block and
 changes no earlier row. For each of `caches` chunk caches the state keeps:
@@ -51,7 +58,7 @@ import torch
 from torch import nn
 
 from .layers.decay_attention import MAX_WINDOW, Block, KnowledgeReadout, causal, visible
-from .layers.similarity import BankHead, head_class
+from .layers.similarity import AnswerHead, BankHead, answer_head_class, head_class
 
 
 class ConfigError(ValueError):
@@ -82,17 +89,38 @@ class InterHeadSpec:
 
 
 @dataclass
+class AnswerHeadSpec:
+    type: str  # registered answer-stage name ("peers") or "package.module:ClassName"
+    name: str  # unique among all heads; names the head's bank
+    size: int = 128  # peers: bank entries kept per question row
+    d_key: int = 32  # peers: width of the projected read-outs compared
+    temperature: float = 0.3
+    learn_temperature: bool = True
+    enabled: bool = True
+
+    @property
+    def active(self) -> bool:
+        return self.enabled
+
+
+@dataclass
 class SimilarityConfig:
     intra_heads: int
     inter_heads: list[InterHeadSpec] = field(default_factory=list)
+    answer_heads: list[AnswerHeadSpec] = field(default_factory=list)  # heads at the answer (layers/similarity.py)
 
     @property
     def active(self) -> list[tuple[int, InterHeadSpec]]:
         """(block-3 head slot, spec) of every inter-student head that is on."""
         return [(self.intra_heads + i, h) for i, h in enumerate(self.inter_heads) if h.active]
 
+    @property
+    def answering(self) -> list[AnswerHeadSpec]:
+        return [h for h in self.answer_heads if h.active]
+
     def to_dict(self) -> dict:
-        return {"intra_heads": self.intra_heads, "inter_heads": [asdict(h) for h in self.inter_heads]}
+        return {"intra_heads": self.intra_heads, "inter_heads": [asdict(h) for h in self.inter_heads],
+                "answer_heads": [asdict(h) for h in self.answer_heads]}
 
 
 # configuration keys: the modular style's per-head keys (and the seed's aliases), and the dual style's
@@ -100,7 +128,8 @@ _HEAD_KEYS = {"type", "name", "influence_weight", "temperature", "initial_temper
               "adaptive_temperature", "size", "n_clusters", "memory_size", "k_neighbors", "decay_factor",
               "future_weight", "temporal_config", "similarity_metric", "distance_metric", "enabled", "description"}
 _DUAL_KEYS = {"approach", "total_heads", "intra_heads", "inter_heads", "head_allocation", "cluster_config",
-              "knn_config", "temporal_config", "description"}
+              "knn_config", "temporal_config", "description", "answer_heads"}
+_ANSWER_KEYS = {"type", "name", "size", "d_key", "temperature", "learn_temperature", "enabled", "description"}
 _APPROACHES = {"none": (), "cluster": ("cluster",), "knn": ("knn",), "dual_similarity": ("cluster", "knn"),
                "position_weighted_dual": ("cluster", "knn")}
 _DEFAULTS = {"cluster": {"size": 100, "temperature": 0.05}, "knn": {"size": 200, "temperature": 0.1}}
@@ -172,13 +201,41 @@ def _head(where: str, d: dict, kind: str | None = None, temporal: dict | None = 
     return spec
 
 
+def _answer_head(where: str, d: dict) -> AnswerHeadSpec:
+    if not isinstance(d, dict):
+        raise ConfigError(where, f"must be an object, got {d!r}")
+    unknown = sorted(set(d) - _ANSWER_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: {sorted(_ANSWER_KEYS)})")
+    kind = d.get("type")
+    if not isinstance(kind, str):
+        raise ConfigError(f"{where}.type", f"required: an answer head type, got {kind!r}")
+    try:
+        cls = answer_head_class(kind)
+    except ValueError as e:
+        raise ConfigError(f"{where}.type", str(e)) from None
+    name = d.get("name", kind if ":" not in kind else cls.__name__.lower())
+    if not (isinstance(name, str) and name.isidentifier() and name.isascii()):
+        raise ConfigError(f"{where}.name", f"must be letters, digits and '_' (it names graph inputs), got {name!r}")
+    spec = AnswerHeadSpec(type=kind, name=name)
+    spec.size = _number(f"{where}.size", d.get("size", spec.size), low=1, integer=True)
+    spec.d_key = _number(f"{where}.d_key", d.get("d_key", spec.d_key), low=1, integer=True)
+    spec.temperature = float(_number(f"{where}.temperature", d.get("temperature", spec.temperature), low=1e-3))
+    for key in ("learn_temperature", "enabled"):
+        if not isinstance(d.get(key, True), bool):
+            raise ConfigError(f"{where}.{key}", f"must be true or false, got {d[key]!r}")
+    spec.learn_temperature, spec.enabled = d.get("learn_temperature", True), d.get("enabled", True)
+    return spec
+
+
 def parse_similarity(data: dict | None, n_heads: int) -> SimilarityConfig:
     """Validate a similarity configuration of either style of seed 001 and return it.
 
     Modular: {"intra_heads": N, "inter_heads": [{"type": "cluster", ...}, ...]}, N + len(inter) = n_heads.
     Fixed dual: {"approach": "none" | "cluster" | "knn" | "position_weighted_dual", "cluster_config": {...},
     "knn_config": {...}, "temporal_config": {...}}, optionally with the head counts it implies.
-    A {"similarity_config": {...}} wrapper is unwrapped. None or {} is the baseline (every head intra)."""
+    Either style may add "answer_heads": [{"type": "peers", ...}], heads at the answer that take no slot of
+    block 3. A {"similarity_config": {...}} wrapper is unwrapped. None or {} is the baseline (every head intra)."""
     if data is None or data == {}:
         return SimilarityConfig(intra_heads=n_heads)
     if not isinstance(data, dict):
@@ -186,7 +243,7 @@ def parse_similarity(data: dict | None, n_heads: int) -> SimilarityConfig:
     if set(data) == {"similarity_config"}:
         data = data["similarity_config"]
     if isinstance(data.get("inter_heads"), list):  # modular
-        unknown = sorted(set(data) - {"intra_heads", "inter_heads", "total_heads", "description"})
+        unknown = sorted(set(data) - {"intra_heads", "inter_heads", "total_heads", "description", "answer_heads"})
         if unknown:
             raise ConfigError(unknown[0], "unknown key in a modular configuration (intra_heads, inter_heads)")
         heads = [_head(f"inter_heads[{i}]", h) for i, h in enumerate(data["inter_heads"])]
@@ -214,11 +271,16 @@ def parse_similarity(data: dict | None, n_heads: int) -> SimilarityConfig:
     if intra + len(heads) != n_heads:
         raise ConfigError("intra_heads", f"{intra} intra-student + {len(heads)} inter-student heads != the "
                                          f"{n_heads} heads of block 3")
-    names = [h.name for h in heads]
+    answer = data.get("answer_heads", [])
+    if not isinstance(answer, list):
+        raise ConfigError("answer_heads", f"must be a list, got {answer!r}")
+    answer = [_answer_head(f"answer_heads[{i}]", h) for i, h in enumerate(answer)]
+    names = [h.name for h in heads] + [h.name for h in answer]
     for i, name in enumerate(names):
         if names.index(name) != i:
-            raise ConfigError(f"inter_heads[{i}].name", f"{name!r} is used twice: every head needs its own bank name")
-    return SimilarityConfig(intra_heads=intra, inter_heads=heads)
+            where = f"inter_heads[{i}]" if i < len(heads) else f"answer_heads[{i - len(heads)}]"
+            raise ConfigError(f"{where}.name", f"{name!r} is used twice: every head needs its own bank name")
+    return SimilarityConfig(intra_heads=intra, inter_heads=heads, answer_heads=answer)
 
 
 @dataclass
@@ -346,6 +408,7 @@ class SimAKT(nn.Module):
         self.out = nn.Sequential(nn.Linear(2 * d, cfg.d_fc), nn.GELU(), nn.Dropout(cfg.dropout),
                                  nn.Linear(cfg.d_fc, cfg.d_fc // 2), nn.GELU(), nn.Dropout(cfg.dropout),
                                  nn.Linear(cfg.d_fc // 2, 1))
+        self.answer_heads = nn.ModuleDict({h.name: answer_head_class(h.type)(d, h) for h in self.sim.answering})
 
     # ------------------------------------------------------------------ pieces
     @property
@@ -381,11 +444,20 @@ class SimAKT(nn.Module):
         s = self.embed(questions, responses)
         return self.block2(s, s, s, peek_current=True)
 
-    def bank_keys(self, banks: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Raw banks (states (M, L, d), lengths (M,)), one per active head -> (keys, values), each (L, M, dh)."""
-        if len(banks) != len(self.heads):
-            raise ValueError(f"{len(self.heads)} active inter-student heads need as many banks, got {len(banks)}")
-        return [head.project(states, lengths) for head, (states, lengths) in zip(self.heads, banks, strict=True)]
+    @property
+    def answerers(self) -> list[AnswerHead]:
+        """The active heads at the answer, in the order their banks follow block 3's."""
+        return list(self.answer_heads.values())
+
+    def bank_keys(self, banks: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
+        """Raw banks, one per active head (block 3's, then the answer heads') -> what the graphs take: for block 3's
+        (states (M, L, d), lengths (M,)) -> (keys, values), each (L, M, dh); an answer head's bank as it is."""
+        n = len(self.heads)
+        if len(banks) != n + len(self.answerers):
+            raise ValueError(f"{n} active inter-student heads and {len(self.answerers)} answer heads need as many "
+                             f"banks, got {len(banks)}")
+        return [head.project(states, lengths) for head, (states, lengths) in zip(self.heads, banks[:n], strict=True)] \
+            + [tuple(bank) for bank in banks[n:]]
 
     def _encode(self, questions, responses, bank_kv):
         e, s = self.embed(questions), self.embed(questions, responses)
@@ -394,23 +466,36 @@ class SimAKT(nn.Module):
         p, weights = self.block3(hq, hs, bank_kv)
         return e, hq, hs, p, weights
 
+    def readouts(self, questions: torch.Tensor, responses: torch.Tensor,
+                 bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
+        """h (B, T, d): the knowledge read out for each question before its answer (bank_kv: block 3's banks only);
+        what answer heads' banks are made of."""
+        e, hq, _, p, _ = self._encode(questions, responses, list(bank_kv))
+        return self.read(e, self.block4(hq, p))
+
     def read(self, e: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """e (B, R, d) questions asked, z (B, R or 1, K, d) knowledge states -> h (B, R, d): the knowledge read out
         for each question, what the answer MLP reads."""
         attn = torch.softmax(torch.einsum("brd,kd->brk", e, self.block4.know), dim=-1)
         return torch.einsum("brk,brkd->brd", attn, z.expand(-1, e.shape[1], -1, -1))
 
-    def _answer(self, e: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """e (B, R, d) questions asked, z (B, R or 1, K, d) knowledge states -> logits (B, R)."""
-        return self.out(torch.cat([e, self.read(e, z)], dim=-1)).squeeze(-1)
+    def _answer(self, questions: torch.Tensor, e: torch.Tensor, z: torch.Tensor, answer_banks=()) -> torch.Tensor:
+        """questions (B, R) rows, e (B, R, d) their embeddings, z (B, R or 1, K, d) knowledge states -> logits
+        (B, R): the answer MLP, plus each answer head's term (its bank: `answer_banks`)."""
+        h = self.read(e, z)
+        logits = self.out(torch.cat([e, h], dim=-1)).squeeze(-1)
+        for head, bank in zip(self.answerers, answer_banks, strict=True):
+            logits = logits + head(h, questions, *bank)
+        return logits
 
     # ------------------------------------------------------------------ full pass (training)
     def forward(self, questions: torch.Tensor, responses: torch.Tensor,
                 bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> SimAKTOutput:
         """Teacher-forced: logits[:, t] predicts responses[:, t] from interactions before t."""
-        e, hq, _, p, weights = self._encode(questions, responses, list(bank_kv))
+        n = len(self.heads)
+        e, hq, _, p, weights = self._encode(questions, responses, list(bank_kv[:n]))
         z = self.block4(hq, p)
-        return SimAKTOutput(self._answer(e, z), weights, z)
+        return SimAKTOutput(self._answer(questions, e, z, bank_kv[n:]), weights, z)
 
     def chunked(self, questions: torch.Tensor, responses: torch.Tensor,
                 bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
@@ -470,7 +555,7 @@ class SimAKT(nn.Module):
         hq = self.block1.row(each(self.embed(question)), self._parts(q, None), at)
         hs = self.block2.row(each(self.embed(question, response)), self._parts(q, r), at)
         p, keys, values, query = self.block3.row(hq, hs, keys.reshape(N, W, -1), values.reshape(N, W, -1), at,
-                                                 list(bank_kv))
+                                                 list(bank_kv[:len(self.heads)]))
         mix, top = self.block4.add(mix.reshape(N, *mix.shape[2:]), top.reshape(N, *top.shape[2:]), hq, p, at)
         done = (at == W - 1)[:, None, None]  # the chunk is complete: the cache's next interaction starts one
         mix, top = torch.where(done[..., None], 0.0, mix), torch.where(done, KnowledgeReadout.EMPTY, top)
@@ -491,14 +576,14 @@ class SimAKT(nn.Module):
             return x.gather(1, index)[:, 0]
 
         z = self.block4.finish(pick(mix))
-        weights = []
+        weights, n = [], len(self.heads)
         if latest and bank_kv:
-            query = pick(latest[0]).view(B, len(self.heads), -1)
+            query = pick(latest[0]).view(B, n, -1)
             row = (at - 1).clamp(min=0)
-            for i, (head, (keys, values)) in enumerate(zip(self.heads, bank_kv, strict=True)):
+            for i, (head, (keys, values)) in enumerate(zip(self.heads, bank_kv[:n], strict=True)):
                 w = head.row(query[:, i], keys, values, row)[1]
                 weights.append(w * (at > 0)[:, None].to(w.dtype))
-        return SimAKTOutput(self._answer(self.embed(questions), z), weights)
+        return SimAKTOutput(self._answer(questions, self.embed(questions), z, bank_kv[n:]), weights)
 
     def rebase(self, seen: torch.Tensor, questions: torch.Tensor, responses: torch.Tensor,
                bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> tuple[torch.Tensor, ...]:
@@ -507,7 +592,8 @@ class SimAKT(nn.Module):
         B, C, W = questions.shape
         N = B * C
         count = self._positions(seen).reshape(N)
-        _, hq, hs, p, _ = self._encode(questions.reshape(N, W), responses.reshape(N, W), list(bank_kv))
+        _, hq, hs, p, _ = self._encode(questions.reshape(N, W), responses.reshape(N, W),
+                                       list(bank_kv[:len(self.heads)]))
         a, intra = self.block3.block.attn, self.block3.intra
         k = a.heads(hq, a.qk)  # (N, H, W, dh)
         rows = lambda x: x[:, intra].transpose(1, 2).reshape(B, C, W, -1).to(getattr(torch, self.cfg.cache_dtype))  # noqa: E731

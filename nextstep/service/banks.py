@@ -1,7 +1,8 @@
 """SimAKT memory banks in the service: versions kept in the store, one active version, projected once per process.
 
 A bank version is the files of `<artifact>/banks/<version>/` (per inter-student head: states, lengths,
-summaries and sizes as .npy, and provenance.json). In Redis, per model and schema hash (so the weights
+summaries and sizes as .npy; per answer head, its parts, e.g. the peers' keys, responses, first and count; and
+provenance.json). In Redis, per model and schema hash (so the weights
 that made a bank are the weights that read it):
 
     nextstep:{banks:<model>:<schema>}:bank:<version>   HASH  <head>_<part> -> the .npy file's bytes
@@ -51,7 +52,7 @@ class Bank:
     """One projected bank version: what the step and predict graphs take, and what an explanation names."""
 
     version: str
-    kv: dict[str, np.ndarray]  # bank_<head>_keys / _values, (L, M, d_head), read-only
+    kv: dict[str, np.ndarray]  # bank_<head>_keys / _values, (L, M, d_head), and the answer heads' parts, read-only
     entries: dict[str, list[dict]]  # per head, per entry: {"type": "cluster", "members": n} or {"type": "knn",
     # "student": training student id}
 
@@ -166,8 +167,22 @@ def read_version(model: LoadedModel, folder: Path) -> tuple[dict[str, bytes], by
     """A bank version's files as store fields, checked against the model's bank_project graph (ValueError)."""
     provenance = (folder / "provenance.json").read_bytes()
     by_head = {e["head"]: e for e in json.loads(provenance)["banks"]}
-    shapes = {i.name: i.shape for i in model.sessions["bank_project"].get_inputs()}
     fields = {}
+    graph = {i.name: i for i in model.sessions["predict"].get_inputs()}
+    for name in model.banks["answer_inputs"]:  # bank_<head>_<part>: kept as built, checked against predict
+        head, part = _answer_part(model, name)
+        if head not in by_head:
+            raise ValueError(f"{folder}: no bank for answer head {head!r}")
+        fields[name.removeprefix("bank_")] = (folder / by_head[head]["files"][part]).read_bytes()
+        array = np.load(io.BytesIO(fields[name.removeprefix("bank_")]), allow_pickle=False)
+        want = graph[name].shape if name in graph else None
+        dtype = {"tensor(float)": np.float32, "tensor(int64)": np.int64}.get(graph[name].type) if want else None
+        if want is None or array.dtype != dtype or array.ndim != len(want) \
+                or any(isinstance(w, int) and w != n for w, n in zip(want, array.shape, strict=True)):
+            raise ValueError(f"{folder}: answer bank part {name} is {array.dtype}{list(array.shape)}; the predict "
+                             f"graph takes {graph[name].type if want else None} {want}")
+    if model.banks["heads"]:
+        shapes = {i.name: i.shape for i in model.sessions["bank_project"].get_inputs()}
     for head in model.banks["heads"]:
         if head not in by_head:
             raise ValueError(f"{folder}: no bank for inter-student head {head!r}")
@@ -183,13 +198,25 @@ def read_version(model: LoadedModel, folder: Path) -> tuple[dict[str, bytes], by
     return fields, provenance
 
 
+def _answer_part(model: LoadedModel, name: str) -> tuple[str, str]:
+    """(head, part) of an answer head's input bank_<head>_<part> (head names may hold '_')."""
+    head = next(h for h in model.banks["answer_heads"] if name.startswith(f"bank_{h}_"))
+    return head, name.removeprefix(f"bank_{head}_")
+
+
+def field_names(model: LoadedModel) -> list[str]:
+    """The store fields a version's load reads: block 3's states, lengths and sizes, the answer heads' parts."""
+    return [f"{h}_{p}" for h in model.banks["heads"] for p in ("states", "lengths", "sizes")] \
+        + [n.removeprefix("bank_") for n in model.banks["answer_inputs"]]
+
+
 def project(model: LoadedModel, version: str, values: list[bytes], provenance: bytes) -> Bank:
     """Run bank_project on one version's arrays (in a worker thread: it is the costly part of a swap)."""
     heads = model.banks["heads"]
-    arrays = dict(zip([f"{h}_{p}" for h in heads for p in ("states", "lengths", "sizes")],
-                      (np.load(io.BytesIO(v), allow_pickle=False) for v in values), strict=True))
+    arrays = dict(zip(field_names(model), (np.load(io.BytesIO(v), allow_pickle=False) for v in values), strict=True))
     feeds = {f"bank_{h}_{p}": arrays[f"{h}_{p}"] for h in heads for p in ("states", "lengths")}
-    kv = dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True))
+    kv = dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True)) if heads else {}
+    kv.update({n: arrays[n.removeprefix("bank_")] for n in model.banks["answer_inputs"]})
     for value in kv.values():
         value.flags.writeable = False
     by_head = {e["head"]: e for e in json.loads(provenance)["banks"]}
@@ -211,24 +238,27 @@ def check_banks(banks, graphs: dict, fail) -> dict | None:
         return None
     try:
         heads, inputs, keys, explain = (list(banks[k]) for k in ("heads", "inputs", "keys", "explain"))
+        answer_heads, answer_inputs = list(banks.get("answer_heads", [])), list(banks.get("answer_inputs", []))
         default, folder = banks.get("default"), str(banks["dir"])
     except (KeyError, TypeError) as e:
         raise fail(f"manifest banks {banks!r} lacks or mangles {e}") from None
-    if heads:
-        if input_names.get("bank_project") != inputs or output_names.get("bank_project") != keys:
-            raise fail(f"bank_project graph takes {input_names.get('bank_project')} and outputs "
-                       f"{output_names.get('bank_project')}; manifest banks say {inputs} -> {keys}")
-        if default is not None and not isinstance(default, str):
-            raise fail(f"manifest banks.default {default!r} is not a version name")
+    if heads and (input_names.get("bank_project") != inputs or output_names.get("bank_project") != keys):
+        raise fail(f"bank_project graph takes {input_names.get('bank_project')} and outputs "
+                   f"{output_names.get('bank_project')}; manifest banks say {inputs} -> {keys}")
+    if (heads or answer_heads) and default is not None and not isinstance(default, str):
+        raise fail(f"manifest banks.default {default!r} is not a version name")
+    if any(not any(n.startswith(f"bank_{h}_") for h in answer_heads) for n in answer_inputs):
+        raise fail(f"manifest banks.answer_inputs {answer_inputs} are not all bank_<answer head>_<part>")
     for g in ("predict", "step_predict"):
-        if not set(keys) <= set(input_names[g]) or not set(explain) <= set(output_names[g]):
-            raise fail(f"{g} graph does not take the bank tensors {keys} or output {explain}")
+        if not set(keys + answer_inputs) <= set(input_names[g]) or not set(explain) <= set(output_names[g]):
+            raise fail(f"{g} graph does not take the bank tensors {keys + answer_inputs} or output {explain}")
     if heads:  # a learner's state is folded with a bank: step reads it, rebase re-folds a state with another
         for g in ("step", "rebase"):
             if not set(keys) <= set(input_names.get(g, ())):
                 raise fail(f"{g} graph {'missing' if g not in input_names else 'does not take the bank tensors'}: "
                            f"an artifact from before cached SimAKT states? re-export it (nextstep export)")
-    return {"heads": heads, "inputs": inputs, "keys": keys, "explain": explain, "default": default, "dir": folder}
+    return {"heads": heads, "inputs": inputs, "keys": keys, "explain": explain, "answer_heads": answer_heads,
+            "answer_inputs": answer_inputs, "default": default, "dir": folder}
 
 
 @dataclass(eq=False)
@@ -252,7 +282,7 @@ class Banks:
 
     @staticmethod
     def uses_banks(model: LoadedModel) -> bool:
-        return bool(model.banks and model.banks["heads"])
+        return bool(model.banks and (model.banks["heads"] or model.banks["answer_heads"]))
 
     async def prepare(self, models: list[LoadedModel]) -> None:
         """Publish the banks of every model that has some and load each one's active version (startup, reload);
@@ -349,9 +379,7 @@ class Banks:
         return bank
 
     async def _load(self, model: LoadedModel, served: _Served, version: str) -> Bank:
-        heads = model.banks["heads"]
-        names = [f"{h}_{p}" for h in heads for p in ("states", "lengths", "sizes")]
-        values, provenance = await self.store.fetch(served.space, version, names)
+        values, provenance = await self.store.fetch(served.space, version, field_names(model))
         if provenance is None or any(v is None for v in values):
             raise StoreUnavailable(f"bank version {version!r} of model {model.name} is not in the store")
         return await asyncio.to_thread(project, model, version, values, provenance)

@@ -40,6 +40,10 @@ class Bank:
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(self.states), torch.from_numpy(self.lengths)
 
+    @property
+    def entries(self) -> int:
+        return len(self.lengths)
+
 
 @torch.no_grad()
 def encode_trajectories(model: SimAKT, trajectories: list[tuple[np.ndarray, np.ndarray]],
@@ -71,13 +75,16 @@ def encode_trajectories(model: SimAKT, trajectories: list[tuple[np.ndarray, np.n
 
 
 def build_banks(model: SimAKT, trajectories: list[tuple[np.ndarray, np.ndarray]], student_ids: list[str],
-                seed: int = 0) -> list[Bank]:
-    """One bank per active inter-student head of `model`, from these (training) trajectories."""
+                seed: int = 0) -> list["Bank | AnswerBank"]:
+    """One bank per active head of `model` (block 3's inter-student heads, then the answer heads), from these
+    (training) trajectories."""
     if len(trajectories) != len(student_ids):
         raise ValueError("one student id per trajectory")
-    if not model.sim.active:
-        return []
-    return select_banks(model, encode_trajectories(model, trajectories), student_ids, seed)
+    banks = select_banks(model, encode_trajectories(model, trajectories), student_ids, seed) if model.sim.active \
+        else []
+    if model.answerers:
+        banks += select_answer_banks(model, encode_readouts(model, trajectories, banks), student_ids, seed)
+    return banks
 
 
 def select_banks(model: SimAKT, encoded: tuple[np.ndarray, np.ndarray, np.ndarray], student_ids: list[str],
@@ -107,6 +114,72 @@ def select_banks(model: SimAKT, encoded: tuple[np.ndarray, np.ndarray, np.ndarra
     return banks
 
 
+@dataclass
+class AnswerBank:
+    """The bank of a head at the answer (layers/similarity.py's AnswerHead): tensors in the order of its `parts`."""
+
+    head: str
+    type: str
+    parts: dict[str, np.ndarray]
+    students: list[str]  # the training students whose interactions it holds
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.from_numpy(v) for v in self.parts.values())
+
+    @property
+    def entries(self) -> int:
+        return len(next(iter(self.parts.values())))  # the first part has a row per entry
+
+
+@torch.no_grad()
+def encode_readouts(model: SimAKT, trajectories: list[tuple[np.ndarray, np.ndarray]], block3: list[Bank] = (),
+                    batch_size: int = 64) -> dict[str, torch.Tensor]:
+    """Every interaction of trajectories <= window long: its read-out h before the answer (N, d), question row,
+    response and trajectory index, with block 3 reading `block3` (banks of the model's inter-student heads)."""
+    was_training = model.training
+    model.eval()
+    dev = model.skill_embed.weight.device
+    kv = [head.project(*(t.to(dev) for t in b.tensors())) for head, b in zip(model.heads, block3, strict=True)]
+    out = {"h": [], "rows": [], "responses": [], "owner": []}
+    order = np.argsort([len(q) for q, _ in trajectories], kind="stable")  # batches of like lengths: little padding
+    for start in range(0, len(order), batch_size):
+        chosen = order[start:start + batch_size]
+        part = [trajectories[i] for i in chosen]
+        T = max(len(q) for q, _ in part)
+        q, r = np.zeros((len(part), T), np.int64), np.zeros((len(part), T), np.int64)
+        mask = np.zeros((len(part), T), bool)
+        for i, (qi, ri) in enumerate(part):
+            q[i, :len(qi)], r[i, :len(qi)], mask[i, :len(qi)] = qi, ri, True
+        h = model.readouts(torch.from_numpy(q).to(dev), torch.from_numpy(r).to(dev), kv).cpu()
+        m = torch.from_numpy(mask)
+        out["h"].append(h[m]), out["rows"].append(torch.from_numpy(q[mask])), out["responses"].append(
+            torch.from_numpy(r[mask]))
+        out["owner"].append(torch.from_numpy(np.repeat(chosen, mask.sum(1))))
+    model.train(was_training)
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def select_answer_banks(model: SimAKT, readouts: dict[str, torch.Tensor], student_ids: list[str], seed: int = 0,
+                        rows: list[int] | None = None) -> list[AnswerBank]:
+    """A bank per active answer head from encoded read-outs (encode_readouts), optionally of the trajectories
+    `rows` only."""
+    keep = torch.ones(len(readouts["owner"]), dtype=torch.bool)
+    if rows is not None:
+        chosen = torch.zeros(len(student_ids), dtype=torch.bool)
+        chosen[torch.as_tensor(rows, dtype=torch.long)] = True
+        keep = chosen[readouts["owner"]]
+    owners = readouts["owner"][keep].unique().tolist()
+    students = sorted({student_ids[i] for i in owners})
+    banks = []
+    for head in model.answerers:
+        generator = torch.Generator().manual_seed(seed)
+        tensors = head.build(readouts["h"][keep], readouts["rows"][keep], readouts["responses"][keep],
+                             model.cfg.n_questions, generator)
+        banks.append(AnswerBank(head.spec.name, head.spec.type,
+                                dict(zip(head.parts, (t.cpu().numpy() for t in tensors), strict=True)), students))
+    return banks
+
+
 def weights_hash(model: SimAKT) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
@@ -121,6 +194,14 @@ def save_banks(banks: list[Bank], out_dir: Path, provenance: dict) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
     for b in banks:
+        if isinstance(b, AnswerBank):
+            for part, array in b.parts.items():
+                np.save(out_dir / f"{b.head}_{part}.npy", array, allow_pickle=False)
+            entries.append({"head": b.head, "type": b.type, "stage": "answer",
+                            "entries": b.entries, "students": len(b.students),
+                            "students_sha256": hashlib.sha256("\n".join(b.students).encode()).hexdigest()[:16],
+                            "files": {p: f"{b.head}_{p}.npy" for p in b.parts}})
+            continue
         for part in BANK_FILES:
             np.save(out_dir / f"{b.head}_{part}.npy", getattr(b, part), allow_pickle=False)
         students = sorted({s for src in b.sources for s in src})
@@ -138,10 +219,11 @@ def load_banks(bank_dir: Path, model: SimAKT) -> list[Bank]:
     bank_dir = Path(bank_dir)
     prov = json.loads((bank_dir / "provenance.json").read_text())
     by_head = {e["head"]: e for e in prov["banks"]}
+    missing = [h.spec.name for h in model.heads + model.answerers if h.spec.name not in by_head]
+    if missing:
+        raise ValueError(f"{bank_dir}: no bank for head {missing[0]!r} (has {sorted(by_head)})")
     banks = []
     for _, spec in model.sim.active:
-        if spec.name not in by_head:
-            raise ValueError(f"{bank_dir}: no bank for inter-student head {spec.name!r} (has {sorted(by_head)})")
         e = by_head[spec.name]
         arrays = {p: np.load(bank_dir / e["files"][p], allow_pickle=False) for p in BANK_FILES}
         M = len(arrays["lengths"])
@@ -151,6 +233,10 @@ def load_banks(bank_dir: Path, model: SimAKT) -> list[Bank]:
                              f"{model.cfg.d_model})")
         banks.append(Bank(spec.name, e["type"], arrays["states"], arrays["lengths"].astype(np.int64),
                           arrays["summaries"], arrays["sizes"], e.get("sources") or [[] for _ in range(M)]))
+    for head in model.answerers:
+        e = by_head[head.spec.name]
+        parts = {p: np.load(bank_dir / e["files"][p], allow_pickle=False) for p in head.parts}
+        banks.append(AnswerBank(head.spec.name, e["type"], parts, []))
     return banks
 
 

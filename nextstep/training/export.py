@@ -12,7 +12,7 @@ A task describes its graphs with an `Exporter` (KT's is here; next_item_export.p
 time_aware_export.py hold the others). Every graph wraps one function of the streaming contract:
 
     step           (*state, *event) -> *state_next                     `Exporter.event` names the event inputs
-                   (+ *shared with `step_shared`)
+                   (+ the first `step_shared` shared inputs)
     readout        (*state, *query, *shared) -> outputs                `answer` names the outputs
     step_readout   (*state, *event, *query, *shared) -> *state_next, outputs   one call per serving event
     extra          a family's own function of its shared data (SimAKT's bank_project)
@@ -71,7 +71,7 @@ class Exporter:
     query: tuple[str, ...]  # readout inputs after the state
     readout_name = "predict"  # the readout graph; the fused graph is step_<readout_name>
     step_graph = True  # False: only readout graphs (the service keeps the state as raw rows)
-    step_shared = False  # True: the step graphs take the shared inputs too (SimAKT's banks reach block 3)
+    step_shared = 0  # how many of the shared inputs (the first ones) the step graphs take (SimAKT: block 3's banks)
     state_files = True  # state_<name>.npy and the manifest's `state` section
     step_tolerance = STEP_TOLERANCE  # full pass vs stepping; a family with a rounded state states its own
 
@@ -84,7 +84,7 @@ class Exporter:
         raise NotImplementedError
 
     def advance(self, state: State, event: tuple, shared: tuple) -> State:
-        """The step graph's function: the state after one event (`shared`: the shared inputs, with step_shared)."""
+        """The step graph's function: the state after one event (`shared`: the first `step_shared` shared inputs)."""
         return self.model.step(state, *event)
 
     def parity_sequence(self, sequence: tuple) -> tuple:
@@ -152,7 +152,7 @@ class Exporter:
         with torch.no_grad():
             state = self.model.init_state(2)
             for event, _ in walk[:half]:
-                state = self.advance(state, event, tuple(shared.values()))
+                state = self.advance(state, event, tuple(shared.values())[:self.step_shared])
             state = tuple(state)
             event, query = walk[half][0], self.widen(walk[half][1])
             outputs = list(self.answer(state, *query, *shared.values()))
@@ -166,7 +166,7 @@ class Exporter:
         graphs = [Graph(self.readout_name, "readout", [*names, *self.query, *shared], outputs,
                         (*state, *query, *shared.values()), [*state_dyn, *qu, *sh])]
         if self.step_graph:
-            into = shared if self.step_shared else {}
+            into = dict(list(shared.items())[:self.step_shared])
             graphs = [Graph("step", "step", [*names, *self.event, *into], nxt, (*state, *event, *into.values()),
                             [*state_dyn, *ev, *sh[:len(into)]]),
                       *graphs,
@@ -183,7 +183,7 @@ class GraphModule(nn.Module):
         super().__init__()
         self.model, self.exporter, self.graph = exporter.model, exporter, graph
         self.n_state = len(state_names(exporter.model))
-        self.n_shared = len(exporter.shared()) if exporter.step_shared else 0  # the step's last inputs
+        self.n_shared = len(exporter.shared())  # a step_readout's last inputs; a step takes the first step_shared
 
     def forward(self, *inputs):
         kind = self.graph.kind
@@ -193,7 +193,8 @@ class GraphModule(nn.Module):
         if kind == "readout":
             return tuple(self.exporter.answer(state, *rest).values())
         n = len(self.exporter.event)
-        state = tuple(self.exporter.advance(state, rest[:n], rest[len(rest) - self.n_shared:] if self.n_shared else ()))
+        shared = rest[n:] if kind == "step" else rest[len(rest) - self.n_shared:] if self.n_shared else ()
+        state = tuple(self.exporter.advance(state, rest[:n], shared[:self.exporter.step_shared]))
         if kind == "step":
             return state
         return (*state, *self.exporter.answer(state, *rest[n:]).values())
@@ -296,7 +297,7 @@ def check_parity(exporter: Exporter, graphs: list[Graph], engines: dict[str, dic
             for a, f in zip(exporter.stepped(eager, query), full, strict=True):
                 diffs["full_vs_step"] = max(diffs["full_vs_step"], _diff(a, f[:, t]))
             before = exporter.answer(eager, *query, *shared.values())
-            following = tuple(exporter.advance(eager, event, tuple(shared.values())))
+            following = tuple(exporter.advance(eager, event, tuple(shared.values())[:exporter.step_shared]))
             after = exporter.answer(following, *query, *shared.values())
             inputs = {**dict(zip(exporter.event, event, strict=True)), **dict(zip(exporter.query, query, strict=True)),
                       **shared}

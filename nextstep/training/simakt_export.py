@@ -32,11 +32,18 @@ REBASE_INPUTS = ("seen", "chunk_questions", "chunk_responses")  # the state tens
 
 
 def bank_input_names(model: SimAKT) -> list[str]:
+    """bank_project's inputs: block 3's raw banks."""
     return [f"bank_{h.spec.name}_{part}" for h in model.heads for part in ("states", "lengths")]
 
 
 def bank_kv_names(model: SimAKT) -> list[str]:
+    """bank_project's outputs: block 3's keys and values (the step, rebase and predict graphs take them)."""
     return [f"bank_{h.spec.name}_{part}" for h in model.heads for part in ("keys", "values")]
+
+
+def answer_input_names(model: SimAKT) -> list[str]:
+    """The answer heads' banks as the predict graphs take them (no projection: they are built projected)."""
+    return [f"bank_{h.spec.name}_{part}" for h in model.answerers for part in h.parts]
 
 
 def explain_names(model: SimAKT) -> list[str]:
@@ -52,20 +59,30 @@ def _pairs(flat) -> list[tuple]:
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
+def _banks(model: SimAKT, flat) -> list[tuple]:
+    """Flat bank tensors (block 3's keys and values, then each answer head's parts) -> one tuple per head."""
+    n = 2 * len(model.heads)
+    out, rest = _pairs(flat[:n]), list(flat[n:])
+    for head in model.answerers:
+        out.append(tuple(rest[:len(head.parts)]))
+        rest = rest[len(head.parts):]
+    return out
+
+
 class SimAKTExporter(KTExporter):
     """KT graphs whose steps and readouts also take the banks' keys and values (shared inputs), the readouts
     outputting each head's weights over its bank (explain_<head>), plus rebase and bank_project (raw banks ->
     keys and values)."""
 
-    step_shared = True
 
     def __init__(self, model: SimAKT, vocab_json: dict, banks: list[Bank], bank_provenance: dict | None,
                  version: str):
         super().__init__(model, vocab_json)
         self.banks, self.bank_provenance, self.version = banks, bank_provenance, version
-        self.raw = [t for b in banks for t in b.tensors()]
+        self.raw = [t for b in banks[:len(model.heads)] for t in b.tensors()]  # bank_project's inputs
         with torch.no_grad():
-            self.kv = [t for pair in model.bank_keys(_pairs(self.raw)) for t in pair]
+            self.kv = [t for bank in model.bank_keys([b.tensors() for b in banks]) for t in bank]
+        self.step_shared = len(bank_kv_names(model))  # block 3's keys and values; the answer heads' banks only answer
         self.step_tolerance = FLOAT16_TOLERANCE if model.cfg.cache_dtype == "float16" else STEP_TOLERANCE
 
     def parity_sequence(self, sequence):
@@ -79,25 +96,28 @@ class SimAKTExporter(KTExporter):
         return self.model.step(state, *event, _pairs(shared))
 
     def answer(self, state, questions, *kv):
-        out = self.model.readout(state, questions, _pairs(kv))
+        out = self.model.readout(state, questions, _banks(self.model, kv))
         p = torch.sigmoid(out.logits)
         return {"probs": torch.stack([1 - p, p], dim=-1), **dict(zip(explain_names(self.model), out.inter_weights,
                                                                        strict=True))}
 
     def shared(self):
-        return dict(zip(bank_kv_names(self.model), self.kv, strict=True))
+        return dict(zip(bank_kv_names(self.model) + answer_input_names(self.model), self.kv, strict=True))
 
     def full(self, sequence):
-        return (torch.sigmoid(self.model.chunked(*sequence, _pairs(self.kv))),)
+        return (torch.sigmoid(self.model.chunked(*sequence, _banks(self.model, self.kv))),)
 
     def stepped(self, state, query):
-        return (torch.sigmoid(self.model.readout(state, *query, _pairs(self.kv)).logits)[:, 0],)
+        return (torch.sigmoid(self.model.readout(state, *query, _banks(self.model, self.kv)).logits)[:, 0],)
 
     def dims(self, dim):
-        # a head's bank size is one dimension shared by its keys and values (and by its raw states and lengths)
-        sizes = [dim(f"bank_{i}_m", min=2) for i in range(len(self.banks))]
+        # a head's bank size is one dimension shared by its keys and values (and by its raw states and lengths);
+        # an answer head's entries are one dimension of its per-entry parts (its per-question parts are fixed)
+        sizes = [dim(f"bank_{i}_m", min=2) for i in range(len(self.model.heads))]
+        entries = {f"bank_{h.spec.name}_{part}": {0: dim(f"bank_{h.spec.name}_n", min=2)}
+                   for h in self.model.answerers for part in h.entry_parts}
         return {**super().dims(dim), **{n: {1: sizes[i // 2]} for i, n in enumerate(bank_kv_names(self.model))},
-                **{n: {0: sizes[i // 2]} for i, n in enumerate(bank_input_names(self.model))}}
+                **{n: {0: sizes[i // 2]} for i, n in enumerate(bank_input_names(self.model))}, **entries}
 
     def graphs(self, sequence):
         """The KT graphs, rebase (from the step graph's example state) and, with banks, bank_project."""
@@ -113,19 +133,22 @@ class SimAKTExporter(KTExporter):
         return graphs + [rebase]
 
     def extra_graphs(self):
-        if not self.banks:
+        if not self.model.heads:
             return []
         dims = self.dims(torch.export.Dim)
         names = bank_input_names(self.model)
         return [Graph("bank_project", "extra", names, bank_kv_names(self.model), tuple(self.raw),
                       [dims[n] for n in names],
-                      fn=lambda *raw: tuple(t for kv in self.model.bank_keys(_pairs(raw)) for t in kv))]
+                      fn=lambda *raw: tuple(t for head, bank in zip(self.model.heads, _pairs(raw), strict=True)
+                                            for t in head.project(*bank)))]
 
     def manifest(self):
         model = self.model
         return {**super().manifest(), "similarity": model.sim.to_dict(),
                 "banks": {"heads": [h.spec.name for h in model.heads], "inputs": bank_input_names(model),
                           "keys": bank_kv_names(model), "explain": explain_names(model),
+                          "answer_heads": [h.spec.name for h in model.answerers],
+                          "answer_inputs": answer_input_names(model),
                           "default": self.version if self.banks else None, "dir": "banks"}}
 
     def write(self, out_dir):

@@ -22,7 +22,17 @@ import numpy as np
 import torch
 
 from ..models.simakt import SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
-from .banks import Bank, build_banks, encode_trajectories, load_banks, provenance, save_banks, select_banks
+from .banks import (
+    Bank,
+    build_banks,
+    encode_readouts,
+    encode_trajectories,
+    load_banks,
+    provenance,
+    save_banks,
+    select_answer_banks,
+    select_banks,
+)
 from .data import (
     KTDataset,
     Vocabulary,
@@ -208,10 +218,17 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_se
     def rebuild(epoch: int) -> None:
         """Banks of the current weights for `epoch`: one per half (training) and one of all fit students."""
         banks["epoch"] = epoch
+        halves_b, valid_b = [[], []], []
         if model.sim.active:
             encoded = encode_trajectories(model, fit_trajs)
-            banks["halves"] = [select_banks(model, encoded, fit_ids, cfg.seed + epoch, h) for h in halves]
-            banks["valid"] = select_banks(model, encoded, fit_ids, cfg.seed)
+            halves_b = [select_banks(model, encoded, fit_ids, cfg.seed + epoch, h) for h in halves]
+            valid_b = select_banks(model, encoded, fit_ids, cfg.seed)
+        if model.answerers:  # the peers' read-outs, with block 3 reading the bank of all fit students
+            readouts = encode_readouts(model, fit_trajs, valid_b)
+            halves_b = [b + select_answer_banks(model, readouts, fit_ids, cfg.seed + epoch, half)
+                        for b, half in zip(halves_b, halves, strict=True)]
+            valid_b = valid_b + select_answer_banks(model, readouts, fit_ids, cfg.seed)
+        banks["halves"], banks["valid"] = halves_b, valid_b
 
     def epoch_batches(epoch: int) -> list:
         if epoch == 1:
@@ -320,8 +337,8 @@ def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, vers
     write new banks to ARTIFACT/banks/<version>. The test file is not opened."""
     artifact_dir = Path(artifact_dir)
     model, manifest = load_simakt(artifact_dir)
-    if not model.sim.active:
-        raise ValueError(f"{artifact_dir}: the model has no active inter-student head, so it uses no bank")
+    if not (model.sim.active or model.answerers):
+        raise ValueError(f"{artifact_dir}: the model has no active inter-student or answer head, so it uses no bank")
     train_path, _, fmt, kwargs = find_split_files(data_dir)
     reader = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer}[fmt]
     train = reader(train_path, **kwargs)
@@ -335,5 +352,5 @@ def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, vers
         raise FileExistsError(f"{out} exists: bank versions are immutable, choose another --version")
     save_banks(banks, out, provenance(model, str(train_path), ids, seed))
     return {"artifact": str(artifact_dir), "version": version, "dir": str(out),
-            "banks": {b.head: {"type": b.type, "entries": len(b.lengths)} for b in banks},
+            "banks": {b.head: {"type": b.type, "entries": b.entries} for b in banks},
             "trajectories": len(trajs), "students": len(set(ids))}

@@ -18,6 +18,7 @@ from nextstep.models.simakt import ConfigError, SimAKT, SimAKTConfig, parse_simi
 
 DUAL = {"intra_heads": 2, "inter_heads": [{"type": "cluster", "size": 10, "temperature": 0.5},
                                           {"type": "knn", "size": 12, "k_neighbors": 4, "temperature": 1.0}]}
+PEERS = {**DUAL, "answer_heads": [{"type": "peers", "size": 6, "d_key": 8}]}  # block 3's heads and an answer head
 
 
 def make(similarity=None, window=16, seed=0, problems=True, **cfg) -> SimAKT:
@@ -39,6 +40,24 @@ def banks(window=16, d=32, seed=1):
             (torch.randn(12, window, d, generator=g), torch.randint(1, window + 1, (12,), generator=g))]
 
 
+def peer_banks(m: SimAKT, window=16, seed=3, n=24, mix=True) -> list[tuple[torch.Tensor, ...]]:
+    """Block 3's random banks and the answer heads' banks built from n random trajectories by the model itself;
+    with `mix`, each answer head's output weights drawn at random (trained ones are not zero)."""
+    from nextstep.training.banks import Bank, encode_readouts, select_answer_banks
+
+    rng = np.random.default_rng(seed)
+    trajs = [(rng.integers(2, 30, window), rng.integers(0, 2, window)) for _ in range(n)]
+    raw = banks(window=window)[:len(m.heads)]
+    block3 = [Bank("", "", s.numpy(), l.numpy(), None, None, []) for s, l in raw]
+    answer = select_answer_banks(m, encode_readouts(m, trajs, block3), [str(i) for i in range(n)], seed)
+    if mix:
+        with torch.no_grad():
+            for head in m.answerers:
+                head.mix.weight.normal_()
+                head.mix.bias.normal_()
+    return raw + [b.tensors() for b in answer]
+
+
 def data(B=3, T=14, seed=2):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(2, 30, (B, T), generator=g), torch.randint(0, 2, (B, T), generator=g)
@@ -54,13 +73,14 @@ def walk(m: SimAKT, kv, q, r, state=None):
     return torch.stack(out, 1), state
 
 
+@pytest.mark.parametrize("similarity", [DUAL, PEERS], ids=["dual", "peers"])
 @pytest.mark.parametrize("problems", [True, False])
 @pytest.mark.parametrize("caches", [1, 2, 4])
-def test_stepping_equals_the_full_pass_under_the_window_rule(problems, caches):
+def test_stepping_equals_the_full_pass_under_the_window_rule(problems, caches, similarity):
     """Past several windows: each prediction is the full pass over the chunk the rule names (float32 cache)."""
     W = 8
-    m = make(window=W, problems=problems, caches=caches, cache_dtype="float32")
-    kv = m.bank_keys(banks(window=W))
+    m = make(similarity, window=W, problems=problems, caches=caches, cache_dtype="float32")
+    kv = m.bank_keys(peer_banks(m, window=W))
     q, r = data(T=5 * W + 3)
     with torch.no_grad():
         full = m.chunked(q, r, kv)
@@ -120,11 +140,12 @@ def test_rebase_reaches_the_stepped_state_with_either_bank():
         assert not torch.allclose(walk(m, kv, q, r)[0], walk(m, other, q, r)[0], atol=1e-4)  # the banks differ
 
 
-def test_no_future_leak():
-    """Nothing at or after t (question or response), nor the response at t, moves the prediction at t.
+@pytest.mark.parametrize("similarity", [DUAL, PEERS], ids=["dual", "peers"])
+def test_no_future_leak(similarity):
+    """Nothing after t (question or response), nor the response at t, moves the prediction at t.
     (1e-6, not bit-identical: block 4's scan rescales by a running maximum that later keys can raise.)"""
-    m = make()
-    kv = m.bank_keys(banks())
+    m = make(similarity)
+    kv = m.bank_keys(peer_banks(m))
     q, r = data(T=30)
     with torch.no_grad():
         base = m(q, r, kv).logits
@@ -174,6 +195,66 @@ def test_inter_heads_off_or_at_zero_influence_is_the_baseline_exactly():
             assert torch.equal(model.readout(state, q[:, 5:6]).logits, baseline.readout(state, q[:, 5:6]).logits)
         # and a head that is on does change the output
         assert not torch.allclose(trained(q, r, trained.bank_keys(banks())).logits, expected, atol=1e-4)
+
+
+def test_an_answer_head_starts_as_the_baseline_exactly_and_then_reads_its_bank():
+    with_peers = make(PEERS)
+    baseline = _copy(with_peers, DUAL)
+    q, r = data(T=20)
+    kv = with_peers.bank_keys(peer_banks(with_peers, mix=False))
+    with torch.no_grad():
+        assert torch.equal(with_peers(q, r, kv).logits, baseline(q, r, kv[:2]).logits)
+        with_peers.answerers[0].mix.weight.fill_(1.0)
+        assert not torch.allclose(with_peers(q, r, kv).logits, baseline(q, r, kv[:2]).logits, atol=1e-3)
+        off = _copy(with_peers, {**PEERS, "answer_heads": [{**PEERS["answer_heads"][0], "enabled": False}]})
+        assert off.answerers == [] and torch.equal(off(q, r, kv[:2]).logits, baseline(q, r, kv[:2]).logits)
+
+
+def test_peer_banks_keep_each_questions_peers_from_the_chosen_students_only():
+    from nextstep.training.banks import encode_readouts, select_answer_banks
+
+    m = make({"intra_heads": 4, "answer_heads": [{"type": "peers", "size": 5, "d_key": 8}]})
+    rng = np.random.default_rng(0)
+    # students 0-9 answer rows 2..15 only, students 10-19 rows 16..29 only
+    trajs = [(rng.integers(2, 16, 12) if i < 10 else rng.integers(16, 30, 12), rng.integers(0, 2, 12))
+             for i in range(20)]
+    readouts = encode_readouts(m, trajs)
+    whole = select_answer_banks(m, readouts, [f"s{i}" for i in range(20)])[0]
+    half = select_answer_banks(m, readouts, [f"s{i}" for i in range(20)], rows=list(range(10)))[0]
+    seen = np.bincount(np.concatenate([t[0] for t in trajs]), minlength=30)
+    assert np.array_equal(whole.parts["count"], np.minimum(seen, 5))
+    assert (half.parts["count"][16:] == 0).all() and (half.parts["count"][2:16] == np.minimum(seen[2:16], 5)).all()
+    assert half.students == [f"s{i}" for i in range(10)]
+    first, count, responses = whole.parts["first"], whole.parts["count"], whole.parts["responses"]
+    assert np.array_equal(first, np.cumsum(count) - count) and len(responses) == count.sum()
+    for row in (2, 17):  # a row's kept responses are some of that row's answers
+        answers = np.concatenate([t[1][t[0] == row] for t in trajs])
+        kept = responses[first[row]:first[row] + count[row]]
+        assert kept.sum() <= answers.sum() and (count[row] - kept.sum()) <= (answers == 0).sum()
+    assert np.allclose(np.linalg.norm(whole.parts["keys"], axis=1), 1.0, atol=1e-5)
+
+
+def test_the_peer_head_follows_the_most_alike_peer_at_a_low_temperature():
+    from nextstep.models.layers.similarity import PeerAnswers
+
+    spec = parse_similarity({"intra_heads": 4, "answer_heads": [{"type": "peers", "size": 4, "d_key": 2,
+                                                                  "temperature": 0.01}]}, 4).answer_heads[0]
+    head = PeerAnswers(2, spec)
+    with torch.no_grad():
+        head.query_map.copy_(torch.eye(2))
+        head.mix.weight.copy_(torch.tensor([[1.0, 0.0, 0.0]]))
+    keys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    responses = torch.tensor([1.0, 0.0, 0.0])  # row 1: a right answer by one peer, wrong by two others
+    first, count = torch.tensor([0, 0, 3]), torch.tensor([0, 3, 0])
+    m = responses.mean()
+    logit = lambda p: torch.log(p / (1 - p))  # noqa: E731
+    with torch.no_grad():
+        near_right = head(torch.tensor([[[2.0, 0.1]]]), torch.tensor([[1]]), keys, responses, first, count)
+        near_wrong = head(torch.tensor([[[0.1, 2.0]]]), torch.tensor([[1]]), keys, responses, first, count)
+        nobody = head(torch.tensor([[[2.0, 0.1]]]), torch.tensor([[2]]), keys, responses, first, count)
+    assert torch.allclose(near_right, logit((1.0 * 3 + 2 * m) / 5) - logit(m), atol=1e-4)
+    assert torch.allclose(near_wrong, logit((0.0 * 3 + 2 * m) / 5) - logit(m), atol=1e-4)
+    assert nobody.item() == 0.0  # no peers: the bias alone (0 here)
 
 
 def test_influence_weight_scales_the_head_output():
@@ -312,6 +393,12 @@ def test_both_configuration_styles_build_the_same_heads():
     ({"intra_heads": 6, "inter_heads": [{"type": "cluster"}, {"type": "cluster"}]}, "inter_heads[1].name"),
     ({"approach": "hybrid"}, "approach"),
     ({"approach": "knn", "colour": "red"}, "colour"),
+    ({"intra_heads": 8, "answer_heads": [{"type": "cluster"}]}, "answer_heads[0].type"),
+    ({"intra_heads": 8, "answer_heads": [{"type": "peers", "size": 0}]}, "answer_heads[0].size"),
+    ({"intra_heads": 8, "answer_heads": [{"type": "peers", "k": 3}]}, "answer_heads[0].k"),
+    ({"intra_heads": 8, "answer_heads": {"type": "peers"}}, "answer_heads"),
+    ({"intra_heads": 7, "inter_heads": [{"type": "knn", "name": "peers"}], "answer_heads": [{"type": "peers"}]},
+     "answer_heads[0].name"),
 ])
 def test_bad_configurations_name_the_key(config, where):
     with pytest.raises(ConfigError) as err:
@@ -327,6 +414,7 @@ def test_the_repository_configurations_parse(tmp_path):
     root = Path(__file__).resolve().parents[2] / "configs" / "simakt"
     got = {p.stem: parse_similarity(load_similarity(p), 8) for p in sorted(root.iterdir())}
     assert [len(got[n].active) for n in ("none", "cluster", "knn", "dual")] == [0, 1, 1, 2]
+    assert [h.type for h in got["peers"].answering] == ["peers"] and got["peers"].active == []
     collection = tmp_path / "many.json"
     collection.write_text(json.dumps({"similarity_approaches": {"strict_causal": {"approach": "knn"}}}))
     assert parse_similarity(load_similarity(f"{collection}#strict_causal"), 8).inter_heads[0].type == "knn"

@@ -22,7 +22,8 @@ W = 64  # the test model's window
 
 @pytest.fixture(scope="module")
 def simakt(tmp_path_factory) -> dict:
-    """A small SimAKT trained for real (two epochs, window 64, a cluster and a KNN head) with two bank versions:
+    """A small SimAKT trained for real (two epochs, window 64, a cluster and a KNN head in block 3, the peers head at
+    the answer) with two bank versions:
     the one exported with it (the manifest's default) and "v2" (other k-means / farthest-first seeds). "simakt"
     caches block 3 in float16 (the default); "simakt32" is the same weights exported with a float32 cache."""
     from nextstep.training.export import reexport
@@ -35,7 +36,8 @@ def simakt(tmp_path_factory) -> dict:
     data, artifacts = root / "data", root / "artifacts"
     write_problem_dataset(data)
     sim = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
-                                             {"type": "knn", "size": 10, "k_neighbors": 3}]}
+                                             {"type": "knn", "size": 10, "k_neighbors": 3}],
+           "answer_heads": [{"type": "peers", "size": 8, "d_key": 8}]}
     art = artifacts / "simakt" / "v1"
     manifest = train_simakt(data, art, cfg=SimAKTTrainConfig(epochs=2, model={
         "d_model": 32, "n_heads": 8, "n_know": 4, "window": W}), similarity=sim, log=lambda *_: None)
@@ -296,8 +298,10 @@ def test_explanations_are_the_graphs_attention_weights(simakt, offline, serve):
     opts = ort.SessionOptions()
     project, predict = (ort.InferenceSession(str(art / f"{g}.onnx"), opts, providers=["CPUExecutionProvider"])
                         for g in ("bank_project", "predict"))
-    banks = {f"bank_{b.head}_{p}": getattr(b, p) for b in offline.banks[simakt["v1"]] for p in ("states", "lengths")}
+    block3, (peers,) = offline.banks[simakt["v1"]][:2], offline.banks[simakt["v1"]][2:]
+    banks = {f"bank_{b.head}_{p}": getattr(b, p) for b in block3 for p in ("states", "lengths")}
     kv = dict(zip([o.name for o in project.get_outputs()], project.run(None, banks), strict=True))
+    kv.update({f"bank_peers_{p}": v for p, v in peers.parts.items()})  # the answer head's bank, as built
     state = offline.model.init_state(1)
     with torch.no_grad():
         for q, r in events:
@@ -383,7 +387,9 @@ def test_requests_with_different_banks_never_share_a_run(simakt):
         folder = simakt["art"] / "banks" / version
         feeds = {f"bank_{h}_{p}": np.load(folder / f"{h}_{p}.npy") for h in ("cluster", "knn")
                  for p in ("states", "lengths")}
-        return dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True))
+        answer = {n: np.load(folder / f"{n.removeprefix('bank_')}.npy") for n in model.banks["answer_inputs"]}
+        return {**dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True)),
+                **answer}
 
     banks = [bank(simakt["v1"]), bank("v2")]
     requests = []
@@ -407,3 +413,24 @@ def test_requests_with_different_banks_never_share_a_run(simakt):
             np.testing.assert_allclose(g, w, atol=1e-6)
     assert sorted(runs) == [4, 4]  # one run per bank, never one with both
 
+
+
+def test_a_bank_version_with_a_mangled_answer_bank_is_refused_and_the_rest_serve(simakt, tmp_path, serve):
+    """An answer head's part of the wrong type or length (here: counts as floats, one row short) keeps its version
+    out of the store; the good versions are listed and serve, and asking for the bad one is a 422 naming it."""
+    import shutil
+
+    root = tmp_path / "artifacts"
+    art = root / "simakt" / "v1"
+    shutil.copytree(simakt["art"], art)
+    bad = art / "banks" / "mangled"
+    shutil.copytree(art / "banks" / "v2", bad)
+    np.save(bad / "peers_count.npy", np.load(bad / "peers_count.npy")[:-1].astype(np.float32))
+    with serve(Settings(artifacts_dir=root)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        listing = http.get("/v1/kt/simakt/banks").json()
+        assert {v["version"] for v in listing["versions"]} == {simakt["v1"], "v2"}
+        reply = http.put("/v1/kt/simakt/banks/active", json={"version": "mangled"})
+        assert reply.status_code == 422 and "mangled" in reply.text
+        assert http.put("/v1/kt/simakt/banks/active", json={"version": "v2"}).status_code == 200
+        ok = http.post("/v1/kt/simakt/predict", json={"student_id": "s", "question_ids": ["3"]})
+        assert ok.status_code == 200, ok.text

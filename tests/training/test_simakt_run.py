@@ -20,7 +20,8 @@ from nextstep.training.simakt_run import (
 from nextstep.training.synthetic import write_problem_dataset
 
 SIM = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
-                                         {"type": "knn", "size": 10, "k_neighbors": 3}]}
+                                         {"type": "knn", "size": 10, "k_neighbors": 3}],
+       "answer_heads": [{"type": "peers", "size": 8, "d_key": 8}]}
 SMALL = {"d_model": 32, "n_heads": 8, "n_know": 4, "window": 32}
 
 
@@ -43,8 +44,12 @@ def test_a_run_reports_binary_test_metrics_and_exports_with_parity(run):
     assert parity["full_vs_step"] <= parity["step_tolerance"] and parity["eager_vs_onnxruntime"] <= 1e-4
     assert set(manifest["graphs"]) == {"step", "predict", "step_predict", "rebase", "bank_project"}
     banks = ["bank_cluster_keys", "bank_cluster_values", "bank_knn_keys", "bank_knn_values"]
-    for graph in ("step", "predict", "step_predict", "rebase"):  # block 3 reads the banks when a row is added
+    peers = ["bank_peers_keys", "bank_peers_responses", "bank_peers_first", "bank_peers_count"]
+    for graph in ("step", "rebase"):  # block 3 reads its banks when a row is added; the answer head's: only answers
         assert [i["name"] for i in manifest["graphs"][graph]["inputs"]][-4:] == banks, graph
+    for graph in ("predict", "step_predict"):
+        assert [i["name"] for i in manifest["graphs"][graph]["inputs"]][-8:] == banks + peers, graph
+    assert manifest["banks"]["answer_heads"] == ["peers"] and manifest["banks"]["answer_inputs"] == peers
     assert (out / "banks" / manifest["banks"]["default"] / "provenance.json").exists()
 
 
@@ -70,11 +75,16 @@ def test_banks_hold_training_students_only(run):
     test_trajs, test_ids = trajectories(test, vocab, model.cfg.window)
     a = build_banks(model, trajs, ids, seed=3)
     b = build_banks(model, trajs, ids, seed=3)
-    assert all(np.array_equal(x.states, y.states) for x, y in zip(a, b, strict=True))
     rebuilt = load_banks(out / "banks" / "rebuilt", model)
-    assert all(np.allclose(x.states, y.states, atol=1e-6) for x, y in zip(a, rebuilt, strict=True))
+    arrays = lambda bank: [bank.states] if hasattr(bank, "states") else list(bank.parts.values())  # noqa: E731
+    for x, y, z in zip(a, b, rebuilt, strict=True):
+        assert all(np.array_equal(u, v) for u, v in zip(arrays(x), arrays(y), strict=True))
+        assert all(np.allclose(u, v, atol=1e-6) for u, v in zip(arrays(x), arrays(z), strict=True))
+    peers = next(e for e in prov["banks"] if e["head"] == "peers")
+    assert peers["stage"] == "answer" and peers["students"] == len(train)
     with_test = build_banks(model, trajs + test_trajs, ids + test_ids, seed=3)
-    assert any(any(s.startswith("test:") for s in src) for bank in with_test for src in bank.sources)  # can fail
+    assert any(any(s.startswith("test:") for s in src) for bank in with_test[:2] for src in bank.sources)  # can fail
+    assert with_test[2].students == sorted(set(ids + test_ids)) and a[2].students == sorted(set(ids))
     with pytest.raises(FileExistsError):
         build_artifact_banks(out, data, version="rebuilt")
 

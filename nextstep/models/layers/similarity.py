@@ -214,3 +214,132 @@ class KNNHead(BankHead):
         near, index = torch.topk(-distance, self.spec.k_neighbors, dim=-1)  # the nearest; banks hold >= k
         w = torch.softmax(near / self.log_temperature.exp(), dim=-1)
         return torch.zeros_like(distance).scatter(-1, index, w)
+
+
+# --------------------------------------------------------------------------------------------- answer-stage heads
+
+ANSWER_REGISTRY: dict[str, type["AnswerHead"]] = {}
+
+
+def register_answer(name: str):
+    def add(cls):
+        ANSWER_REGISTRY[name] = cls
+        cls.kind = name
+        return cls
+    return add
+
+
+def answer_head_class(type_name: str) -> type["AnswerHead"]:
+    """The registered answer-stage class for a type name, or an AnswerHead subclass "package.module:ClassName"."""
+    if type_name in ANSWER_REGISTRY:
+        return ANSWER_REGISTRY[type_name]
+    if ":" in type_name:
+        module, _, cls_name = type_name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load answer head {type_name!r}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, AnswerHead)):
+            raise ValueError(f"{type_name!r} is not an AnswerHead subclass")
+        return cls
+    raise ValueError(f"unknown answer head type {type_name!r}; registered: {sorted(ANSWER_REGISTRY)}, or "
+                     f"'package.module:ClassName'")
+
+
+class AnswerHead(nn.Module):
+    """A head at the answer: it reads the knowledge read out for the question being asked (h, what the answer MLP
+    reads) and that question, consults its bank, and adds a term to the answer's logit. Block 3's heads cannot
+    condition on the question being predicted (block 4 reads positions before it); these can.
+
+    `build(h, rows, responses, n_rows, spec, seed)` (offline) turns training students' read-outs into the bank
+    tensors; `forward(h, questions, *bank)` -> the logit term (B, R). A head must add exactly 0 at
+    initialisation (the model starts as its baseline) and may use the bank only (never the student's own
+    answers, which the model's other parts already read causally)."""
+
+    kind: ClassVar[str] = "abstract"
+    parts: ClassVar[tuple[str, ...]] = ()  # the bank tensors' names, in the order forward takes them
+    entry_parts: ClassVar[tuple[str, ...]] = ()  # those with a row per bank entry (the others: per question row)
+
+    def __init__(self, d_model: int, spec):
+        super().__init__()
+        self.spec = spec
+
+    def build(self, h: torch.Tensor, rows: torch.Tensor, responses: torch.Tensor, n_rows: int,
+              generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+
+@register_answer("peers")
+class PeerAnswers(AnswerHead):
+    """Other students' answers to the same question, weighted by how alike their knowledge of it was.
+
+    Bank: for every question row, up to `size` training interactions on it (a seeded sample where there are
+    more), each as its key k = unit(K h_peer) (h_peer: the peer's read-out for that question just before
+    answering it; K a fixed random projection d -> d_key, so a bank depends on the encoder only) and its
+    response; stored sorted by row with each row's first index and count.
+
+    Answer for question q with read-out h: a = softmax over q's peers of cos(Q h, k) / temperature (Q learned,
+    starting at K), and with n peers, bank mean response m and smoothing 2,
+
+        weighted = logit((sum a r * n + 2 m) / (n + 2)) - logit(m)
+        plain    = logit((mean r * n + 2 m) / (n + 2)) - logit(m)
+        term     = w . [weighted, plain, log(1 + n)] + b        (w, b start at 0: the baseline exactly)
+
+    A question without peers (unseen in training) gets the constant b."""
+
+    parts = ("keys", "responses", "first", "count")
+    entry_parts = ("keys", "responses")
+
+    def __init__(self, d_model: int, spec):
+        super().__init__(d_model, spec)
+        key_map = torch.empty(d_model, spec.d_key)
+        nn.init.orthogonal_(key_map)
+        self.register_buffer("key_map", key_map)
+        self.query_map = nn.Parameter(key_map.clone())
+        log_t = torch.tensor(math.log(spec.temperature))
+        self.log_temperature = nn.Parameter(log_t) if spec.learn_temperature else None
+        if self.log_temperature is None:
+            self.register_buffer("fixed_log_temperature", log_t)
+        self.mix = nn.Linear(3, 1)
+        nn.init.zeros_(self.mix.weight)
+        nn.init.zeros_(self.mix.bias)
+
+    def build(self, h, rows, responses, n_rows, generator):
+        """h (N, d), rows (N,), responses (N,) of training interactions -> (keys (N', d_key), responses (N',)
+        float32, first (n_rows,), count (n_rows,)) with at most `size` per row, sorted by row."""
+        order = torch.randperm(len(rows), generator=generator)  # which peers a row keeps where it has too many
+        order = order[torch.sort(rows[order], stable=True).indices]
+        sorted_rows = rows[order]
+        count = torch.bincount(sorted_rows, minlength=n_rows)
+        first = count.cumsum(0) - count
+        rank = torch.arange(len(order)) - first[sorted_rows]
+        keep = order[rank < self.spec.size]
+        count = count.clamp(max=self.spec.size)
+        keys = nn.functional.normalize(h[keep].float() @ self.key_map.cpu(), dim=-1)
+        return keys, responses[keep].float(), count.cumsum(0) - count, count
+
+    def forward(self, h: torch.Tensor, questions: torch.Tensor, keys: torch.Tensor, responses: torch.Tensor,
+                first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """h (B, R, d), questions (B, R) rows -> the logit term (B, R)."""
+        P = self.spec.size
+        slot = torch.arange(P, device=h.device)
+        n = count[questions]  # (B, R)
+        valid = slot < n[..., None]  # (B, R, P)
+        index = (first[questions][..., None] + slot).clamp(max=keys.shape[0] - 1)
+        k, r = keys[index], responses[index]  # (B, R, P, d_key), (B, R, P)
+        q = nn.functional.normalize(h @ self.query_map, dim=-1)
+        log_t = self.log_temperature if self.log_temperature is not None else self.fixed_log_temperature
+        score = torch.einsum("brd,brpd->brp", q, k) / log_t.exp()
+        score = score.masked_fill(~valid, -1e4)
+        a = torch.softmax(score, dim=-1) * valid
+        nf = n.to(h.dtype)
+        m = responses.mean().clamp(0.01, 0.99)
+        centre = torch.log(m / (1 - m))
+
+        def smoothed(p):
+            s = (p * nf + 2 * m) / (nf + 2)
+            return torch.log(s / (1 - s)) - centre
+
+        weighted = smoothed((a * r).sum(-1))
+        plain = smoothed((valid * r).sum(-1) / nf.clamp(min=1))
+        return self.mix(torch.stack([weighted, plain, torch.log1p(nf)], -1)).squeeze(-1)
