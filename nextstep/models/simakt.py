@@ -145,22 +145,28 @@ def _number(where: str, value, *, low: float | None = None, high: float | None =
     return value
 
 
-def _head(where: str, d: dict, kind: str | None = None, temporal: dict | None = None) -> InterHeadSpec:
+def _kind_and_name(where: str, d: dict, keys: set[str], lookup, kind: str | None = None) -> tuple[str, str]:
+    """A head entry's checked keys, its type (a class `lookup` finds) and its name."""
     if not isinstance(d, dict):
         raise ConfigError(where, f"must be an object, got {d!r}")
-    unknown = sorted(set(d) - _HEAD_KEYS)
+    unknown = sorted(set(d) - keys)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: {sorted(_HEAD_KEYS)})")
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: {sorted(keys)})")
     kind = kind or d.get("type")
     if not isinstance(kind, str):
-        raise ConfigError(f"{where}.type", f"required: a similarity module type, got {kind!r}")
+        raise ConfigError(f"{where}.type", f"required: a head type, got {kind!r}")
     try:
-        cls = head_class(kind)
+        cls = lookup(kind)
     except ValueError as e:
         raise ConfigError(f"{where}.type", str(e)) from None
     name = d.get("name", kind if ":" not in kind else cls.__name__.lower())
     if not (isinstance(name, str) and name.isidentifier() and name.isascii()):
         raise ConfigError(f"{where}.name", f"must be letters, digits and '_' (it names graph inputs), got {name!r}")
+    return kind, name
+
+
+def _head(where: str, d: dict, kind: str | None = None, temporal: dict | None = None) -> InterHeadSpec:
+    kind, name = _kind_and_name(where, d, _HEAD_KEYS, head_class, kind)
     t = {**(temporal or {}), **d.get("temporal_config", {})}
     unknown = sorted(set(t) - {"decay_factor", "future_weight", "strategy"})
     if unknown:
@@ -202,21 +208,7 @@ def _head(where: str, d: dict, kind: str | None = None, temporal: dict | None = 
 
 
 def _answer_head(where: str, d: dict) -> AnswerHeadSpec:
-    if not isinstance(d, dict):
-        raise ConfigError(where, f"must be an object, got {d!r}")
-    unknown = sorted(set(d) - _ANSWER_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: {sorted(_ANSWER_KEYS)})")
-    kind = d.get("type")
-    if not isinstance(kind, str):
-        raise ConfigError(f"{where}.type", f"required: an answer head type, got {kind!r}")
-    try:
-        cls = answer_head_class(kind)
-    except ValueError as e:
-        raise ConfigError(f"{where}.type", str(e)) from None
-    name = d.get("name", kind if ":" not in kind else cls.__name__.lower())
-    if not (isinstance(name, str) and name.isidentifier() and name.isascii()):
-        raise ConfigError(f"{where}.name", f"must be letters, digits and '_' (it names graph inputs), got {name!r}")
+    kind, name = _kind_and_name(where, d, _ANSWER_KEYS, answer_head_class)
     spec = AnswerHeadSpec(type=kind, name=name)
     spec.size = _number(f"{where}.size", d.get("size", spec.size), low=1, integer=True)
     spec.d_key = _number(f"{where}.d_key", d.get("d_key", spec.d_key), low=1, integer=True)

@@ -34,28 +34,31 @@ from torch import nn
 REGISTRY: dict[str, type["BankHead"]] = {}
 
 
-def register(name: str):
+def register(name: str, registry: dict | None = None):
+    """Class decorator: the head type `name` in `registry` (block 3's REGISTRY unless given)."""
     def add(cls):
-        REGISTRY[name] = cls
+        (REGISTRY if registry is None else registry)[name] = cls
         cls.kind = name
         return cls
     return add
 
 
-def head_class(type_name: str) -> type["BankHead"]:
-    """The registered class for a type name, or a BankHead subclass named "package.module:ClassName"."""
-    if type_name in REGISTRY:
-        return REGISTRY[type_name]
+def head_class(type_name: str, registry: dict | None = None, base: type | None = None) -> type:
+    """The class registered under a type name, or a subclass of `base` named "package.module:ClassName" (block 3's
+    heads by default; answer_head_class for the heads at the answer)."""
+    registry, base = (REGISTRY, BankHead) if registry is None else (registry, base)
+    if type_name in registry:
+        return registry[type_name]
     if ":" in type_name:
         module, _, cls_name = type_name.partition(":")
         try:
             cls = getattr(importlib.import_module(module), cls_name)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot load similarity module {type_name!r}: {e}") from None
-        if not (isinstance(cls, type) and issubclass(cls, BankHead)):
-            raise ValueError(f"{type_name!r} is not a BankHead subclass")
+            raise ValueError(f"cannot load {base.__name__} {type_name!r}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise ValueError(f"{type_name!r} is not a {base.__name__} subclass")
         return cls
-    raise ValueError(f"unknown similarity module type {type_name!r}; registered: {sorted(REGISTRY)}, or "
+    raise ValueError(f"unknown {base.__name__} type {type_name!r}; registered: {sorted(registry)}, or "
                      f"'package.module:ClassName'")
 
 
@@ -221,29 +224,8 @@ class KNNHead(BankHead):
 ANSWER_REGISTRY: dict[str, type["AnswerHead"]] = {}
 
 
-def register_answer(name: str):
-    def add(cls):
-        ANSWER_REGISTRY[name] = cls
-        cls.kind = name
-        return cls
-    return add
-
-
 def answer_head_class(type_name: str) -> type["AnswerHead"]:
-    """The registered answer-stage class for a type name, or an AnswerHead subclass "package.module:ClassName"."""
-    if type_name in ANSWER_REGISTRY:
-        return ANSWER_REGISTRY[type_name]
-    if ":" in type_name:
-        module, _, cls_name = type_name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), cls_name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot load answer head {type_name!r}: {e}") from None
-        if not (isinstance(cls, type) and issubclass(cls, AnswerHead)):
-            raise ValueError(f"{type_name!r} is not an AnswerHead subclass")
-        return cls
-    raise ValueError(f"unknown answer head type {type_name!r}; registered: {sorted(ANSWER_REGISTRY)}, or "
-                     f"'package.module:ClassName'")
+    return head_class(type_name, ANSWER_REGISTRY, AnswerHead)
 
 
 class AnswerHead(nn.Module):
@@ -269,7 +251,7 @@ class AnswerHead(nn.Module):
         raise NotImplementedError
 
 
-@register_answer("peers")
+@register("peers", ANSWER_REGISTRY)
 class PeerAnswers(AnswerHead):
     """Other students' answers to the same question, weighted by how alike their knowledge of it was.
 
