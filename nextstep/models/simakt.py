@@ -471,11 +471,15 @@ class SimAKT(nn.Module):
         attn = torch.softmax(torch.einsum("brd,kd->brk", e, self.block4.know), dim=-1)
         return torch.einsum("brk,brkd->brd", attn, z.expand(-1, e.shape[1], -1, -1))
 
+    def mlp(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The answer MLP's logits (B, R) from the questions' embeddings e and read-outs h (B, R, d)."""
+        return self.out(torch.cat([e, h], dim=-1)).squeeze(-1)
+
     def _answer(self, questions: torch.Tensor, e: torch.Tensor, z: torch.Tensor, answer_banks=()) -> torch.Tensor:
         """questions (B, R) rows, e (B, R, d) their embeddings, z (B, R or 1, K, d) knowledge states -> logits
         (B, R): the answer MLP, plus each answer head's term (its bank: `answer_banks`)."""
         h = self.read(e, z)
-        logits = self.out(torch.cat([e, h], dim=-1)).squeeze(-1)
+        logits = self.mlp(e, h)
         for head, bank in zip(self.answerers, answer_banks, strict=True):
             logits = logits + head(h, questions, *bank)
         return logits
@@ -493,8 +497,17 @@ class SimAKT(nn.Module):
                 bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
         """logits (B, T) under the window rule: each interaction predicted by the full pass over the chunk that
         `readout` predicts it from (`rule_chunks`; the rule depends on the position only, so padding is fine)."""
+        return self._by_rule(lambda q, r: self(q, r, bank_kv).logits, questions, responses)
+
+    def chunked_readouts(self, questions: torch.Tensor, responses: torch.Tensor,
+                         bank_kv: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
+        """h (B, T, d) under the window rule, what `chunked` reads out for each question (bank_kv: block 3's)."""
+        return self._by_rule(lambda q, r: self.readouts(q, r, bank_kv), questions, responses)
+
+    def _by_rule(self, fn, questions: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+        """fn(chunk questions, chunk responses) -> (B, W, ...) over the rule's chunks, each position from its own."""
         W = self.cfg.window
-        return torch.cat([self(questions[:, start:start + W], responses[:, start:start + W], bank_kv).logits[:, first:]
+        return torch.cat([fn(questions[:, start:start + W], responses[:, start:start + W])[:, first:]
                           for start, first in rule_chunks(questions.shape[1], W, self.cfg.caches)], 1)
 
     # ------------------------------------------------------------------ streaming (serving)

@@ -262,6 +262,48 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_se
                         max_seconds=cfg.max_minutes * 60, progress=False, report=lambda row: log(describe(row)))
 
 
+def refit_answer_heads(model: SimAKT, seqs: list[Trajectory], banks: list, iterations: int = 50) -> dict:
+    """Fit the answer heads' output maps (`mix`, and the temperature where it is learned) on held-out students'
+    sequences, everything else frozen; returns their log loss before and after.
+
+    Why: trained end to end, a head learns how much to trust its bank on the training students, where the rest
+    of the model already fits the answers better than on students it has not seen, so it trusts the bank too
+    little. Fitted on students the encoder never trained on, it learns the weight a new student needs (what
+    stacking does). `banks` must hold none of `seqs`' students (their own answers would be peers)."""
+    model.eval()
+    dev = _device(model)
+    kv = model.bank_keys(bank_tensors(banks, dev))
+    n = len(model.heads)
+    h, questions, base, targets = [], [], [], []
+    with torch.no_grad():
+        for q, r, mask in batches(seqs, 64):
+            q, r, mask = q.to(dev), r.to(dev), mask.to(dev)
+            read = model.chunked_readouts(q, r, kv[:n])
+            h.append(read[mask]), questions.append(q[mask]), targets.append(r[mask].float())
+            base.append(model.mlp(model.embed(q), read)[mask])
+    h, questions, base, targets = (torch.cat(x)[None] for x in (h, questions, base, targets))
+    params = [p for head in model.answerers for p in (*head.mix.parameters(), head.log_temperature)
+              if p is not None]
+
+    def loss() -> torch.Tensor:
+        logits = base + sum(head(h, questions, *bank) for head, bank in zip(model.answerers, kv[n:], strict=True))
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
+
+    with torch.no_grad():
+        before = loss().item()
+    opt = torch.optim.LBFGS(params, max_iter=iterations, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        value = loss()
+        value.backward()
+        return value
+
+    opt.step(closure)
+    with torch.no_grad():
+        return {"nll_before": before, "nll_after": loss().item(), "interactions": int(targets.numel())}
+
+
 def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,
                  similarity: dict | None = None, name: str = "simakt", export: bool = True, log=print) -> dict:
     """Train, evaluate on the test file, and (export=True) export to out_dir; returns the manifest (without
@@ -285,16 +327,25 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     fit_trajs, fit_ids = trajectories(fit_ds, vocab, model_cfg.window)
     valid_trajs, valid_ids = trajectories(valid_ds, vocab, model_cfg.window)
     test_seqs = sequences(test_ds, vocab)
-    history = fit(model.to(cfg.device), fit_trajs, fit_ids, sequences(valid_ds, vocab), cfg, log)
+    valid_seqs = sequences(valid_ds, vocab)
+    history = fit(model.to(cfg.device), fit_trajs, fit_ids, valid_seqs, cfg, log)
 
     banks = build_banks(model, fit_trajs + valid_trajs, fit_ids + valid_ids, cfg.seed)
+    refit = {}
+    if model.answerers:  # on the validation students, with a bank of the fit students only (as in training)
+        end_to_end = binary_metrics(*predict(model, test_seqs, banks))
+        refit = refit_answer_heads(model, valid_seqs, build_banks(model, fit_trajs, fit_ids, cfg.seed))
+        refit["test_end_to_end"] = end_to_end
+        log(f"answer heads refitted on the validation students: nll {refit['nll_before']:.4f} -> "
+            f"{refit['nll_after']:.4f} (in-sample); test auc before {end_to_end['auc']:.4f}")
     train_seconds = time.perf_counter() - started
     probs, targets = predict(model, test_seqs, banks)
     model = model.cpu()
     best = [h for h in history if h["best"]][-1]
     metrics = {"test": {**binary_metrics(probs, targets),
                         "unknown_questions": int(sum((q == 1).sum() for q, _ in test_seqs))},
-               "valid": {k.removeprefix("valid_"): v for k, v in best.items() if k.startswith("valid_")}}
+               "valid": {k.removeprefix("valid_"): v for k, v in best.items() if k.startswith("valid_")},
+               **({"answer_refit": refit} if refit else {})}
     log(f"test auc {metrics['test']['auc']:.4f}  acc {metrics['test']['accuracy']:.4f}  "
         f"nll {metrics['test']['nll']:.4f}  ({train_seconds:.0f}s)")
     version = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from nextstep.cli import main
 from nextstep.training.banks import build_banks, load_banks
@@ -51,6 +52,33 @@ def test_a_run_reports_binary_test_metrics_and_exports_with_parity(run):
         assert [i["name"] for i in manifest["graphs"][graph]["inputs"]][-8:] == banks + peers, graph
     assert manifest["banks"]["answer_heads"] == ["peers"] and manifest["banks"]["answer_inputs"] == peers
     assert (out / "banks" / manifest["banks"]["default"] / "provenance.json").exists()
+
+
+def test_answer_heads_are_refitted_on_validation_students_and_nothing_else_moves(run):
+    """The manifest keeps the refit's in-sample log loss (it can only fall) and the test figures before it; only
+    the answer head's output map and temperature differ from what the encoder trained (checked by refitting a
+    copy again)."""
+    from nextstep.training.simakt_run import refit_answer_heads, sequences
+
+    data, out, manifest = run
+    refit = manifest["metrics"]["answer_refit"]
+    assert refit["nll_after"] <= refit["nll_before"] and refit["interactions"] > 0
+    assert 0.5 < refit["test_end_to_end"]["auc"] <= 1
+    model, _ = load_simakt(out)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train, _ = load_dataset(data)
+    vocab = KTVocab.from_json(json.loads((out / "vocab_questions.json").read_text()))
+    trajs, ids = trajectories(train, vocab, model.cfg.window)
+    with torch.no_grad():
+        model.answerers[0].mix.weight.fill_(0.5)
+    held = {s.student_id for s in train.sequences[:20]}
+    others = [i for i, sid in enumerate(ids) if sid not in held]  # the bank holds none of the refit's students
+    again = refit_answer_heads(model, sequences(train, vocab)[:20],
+                               build_banks(model, [trajs[i] for i in others], [ids[i] for i in others]))
+    assert again["nll_after"] < again["nll_before"]
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved <= {"answer_heads.peers.mix.weight", "answer_heads.peers.mix.bias",
+                     "answer_heads.peers.log_temperature"} and "answer_heads.peers.mix.weight" in moved
 
 
 def test_banks_hold_training_students_only(run):
