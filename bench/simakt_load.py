@@ -17,8 +17,8 @@ then drives the service with wrk:
 each at 1 connection (1 wrk thread) and --connections (2 threads), students round-robin within each wrk thread.
 Prints a table (p50 and p99 from wrk's own latency record), then the whole result as JSON with --json OUT.
 
-    python bench/simakt_load.py [--artifact DIR] [--duration 10] [--connections 32] [--events 200]
-                                [--swap-every 0.5] [--json OUT]
+    python bench/simakt_load.py [--artifact DIR | --similarity-config FILE] [--duration 10] [--connections 32]
+                                [--events 200] [--swap-every 0.5] [--json OUT]
 
 Requires wrk and redis-server on PATH; installs nothing. All traffic stays on 127.0.0.1.
 """
@@ -55,13 +55,13 @@ BUILD = """
 import sys
 from pathlib import Path
 from nextstep.training.simakt_run import build_artifact_banks
-from nextstep.training.simakt_run import SimAKTTrainConfig, train_simakt
+from nextstep.training.simakt_run import SimAKTTrainConfig, load_similarity, train_simakt
 from nextstep.training.synthetic import write_problem_dataset
 
 data, out = Path(sys.argv[1]), Path(sys.argv[2])
 write_problem_dataset(data, n_train=400, n_test=40, length=(120, 260), n_skills=50)
-sim = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 64},
-                                         {"type": "knn", "size": 200, "k_neighbors": 15}]}
+sim = load_similarity(sys.argv[3]) if len(sys.argv) > 3 else {
+    "intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 64}, {"type": "knn", "size": 200, "k_neighbors": 15}]}
 train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=1, model={"d_model": 128, "n_heads": 8}), similarity=sim)
 print(build_artifact_banks(out, data, version="v2", seed=1))
 """
@@ -134,6 +134,8 @@ def swap_under_load(base: str, script: Path, connections: int, duration: float, 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", help="a SimAKT artifact directory (default: train one here, about 2-5 min)")
+    parser.add_argument("--similarity-config", help="the model trained here (default: the dual layout, cluster 64 + "
+                        "KNN 200); e.g. configs/simakt/peers.json")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
     parser.add_argument("--connections", type=int, default=32, help="connections of the loaded runs (default 32)")
     parser.add_argument("--events", type=int, default=200, help="events per student before the runs (>= 200)")
@@ -155,11 +157,12 @@ def run(args, work: Path, procs: Processes) -> int:
         origin = f"given: {args.artifact}"
     else:
         art = artifacts / MODEL / "bench"
-        print("training SimAKT for one epoch on generated data (400 students, window 200, d_model 128, cluster 64 + "
-              "KNN 200 heads), then a second bank version ...", flush=True)
+        print("training SimAKT for one epoch on generated data (400 students, window 200, d_model 128, "
+              f"{args.similarity_config or 'cluster 64 + KNN 200 heads'}), then a second bank version ...", flush=True)
         started = time.perf_counter()
         with open(work / "train.log", "wb") as log:
-            done = subprocess.run([sys.executable, "-c", BUILD, str(work / "data"), str(art)], stdout=log,
+            config = [str(Path(args.similarity_config).resolve())] if args.similarity_config else []
+            done = subprocess.run([sys.executable, "-c", BUILD, str(work / "data"), str(art), *config], stdout=log,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         if done.returncode:
             raise BenchError(f"training failed:\n{tail(work / 'train.log')}")
