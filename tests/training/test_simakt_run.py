@@ -31,8 +31,8 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("simakt")
     data = write_problem_dataset(root / "data", n_train=100, n_test=30, length=(5, 50))
     out = root / "artifact"
-    manifest = train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=2, model=SMALL), similarity=SIM,
-                            log=lambda *_: None)
+    manifest = train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=2, model=SMALL, refit_answer_heads=True),
+                            similarity=SIM, log=lambda *_: None)
     return data, out, manifest
 
 
