@@ -74,7 +74,6 @@ class SimAKTExporter(KTExporter):
     outputting each head's weights over its bank (explain_<head>), plus rebase and bank_project (raw banks ->
     keys and values)."""
 
-
     def __init__(self, model: SimAKT, vocab_json: dict, banks: list[Bank], bank_provenance: dict | None,
                  version: str):
         super().__init__(model, vocab_json)

@@ -233,7 +233,7 @@ class AnswerHead(nn.Module):
     reads) and that question, consults its bank, and adds a term to the answer's logit. Block 3's heads cannot
     condition on the question being predicted (block 4 reads positions before it); these can.
 
-    `build(h, rows, responses, n_rows, spec, seed)` (offline) turns training students' read-outs into the bank
+    `build(h, rows, responses, n_rows, generator)` (offline) turns training students' read-outs into the bank
     tensors; `forward(h, questions, *bank)` -> the logit term (B, R). A head must add exactly 0 at
     initialisation (the model starts as its baseline) and may use the bank only (never the student's own
     answers, which the model's other parts already read causally)."""
