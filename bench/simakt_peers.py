@@ -13,10 +13,12 @@ skill), and two numbers summarise them:
                model's question-specific knowledge read-out (what the answer MLP reads) before the answer, the
                student's at t and the peer's at the time the peer answered q
 
-each as smoothed log-odds, with log(1 + peers). A logistic regression on [the model's logit, features] is
-fitted on one half of the validation students (by student) and scored on the other, and the other way round;
-the mean of the two halves' AUCs, against the model's logit alone on the same halves, says how much the peers
-carry that the model does not. The test file is never read.
+each as smoothed log-odds, with log(1 + peers); and the same two means of what the model expected of those
+peers (its P(right) for each peer interaction, from the same pass), so that the difference says where the
+model over- or underrates the question for students like this one. A logistic regression on [the model's
+logit, features] is fitted on one half of the validation students (by student) and scored on the other, and
+the other way round; the mean of the two halves' AUCs, against the model's logit alone on the same halves, says
+how much the peers carry that the model does not. The test file is never read.
 """
 
 import argparse
@@ -79,11 +81,13 @@ def main(argv=None) -> int:
     y, base = val["r"], val["logit"]
     order = np.argsort(peers["q"], kind="stable")
     qs, resp = peers["q"][order], peers["r"][order].astype(np.float64)
+    expect = 1 / (1 + np.exp(-peers["logit"][order].astype(np.float64)))
     lo, hi = np.searchsorted(qs, val["q"], "left"), np.searchsorted(qs, val["q"], "right")
     n = (hi - lo).astype(np.float64)
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
     keys, query = unit(peers["h"][order]), unit(val["h"])
     plain = np.array([resp[a:b].mean() if b > a else np.nan for a, b in zip(lo, hi, strict=True)])
+    plain_e = np.array([expect[a:b].mean() if b > a else np.nan for a, b in zip(lo, hi, strict=True)])
     prior = float(resp.mean())
     half = val["who"] % 2  # by student: all of a student's chunks on one side
 
@@ -103,15 +107,20 @@ def main(argv=None) -> int:
     print("| features | validation AUC (mean of the two halves, each cross-fitted) |\n|---|---|")
     print(f"| the model's logit | {per_half(base):.4f} (pooled: {roc_auc_score(y, base):.4f}) |")
     print(f"| + plain peer mean | {crossfit(log_odds(plain, n, prior), np.log1p(n)):.4f} |")
+    print(f"| + plain peer mean and what the model expected of them | "
+          f"{crossfit(log_odds(plain, n, prior), log_odds(plain_e, n, prior), np.log1p(n)):.4f} |")
     for tau in args.temperatures:
-        weighted = np.full(len(y), np.nan)
+        weighted, weighted_e = np.full(len(y), np.nan), np.full(len(y), np.nan)
         for i, (a, b) in enumerate(zip(lo, hi, strict=True)):
             if b > a:
                 s = keys[a:b] @ query[i] / tau
                 w = np.exp(s - s.max())
-                weighted[i] = (w * resp[a:b]).sum() / w.sum()
-        both = crossfit(log_odds(weighted, n, prior), log_odds(plain, n, prior), np.log1p(n))
+                weighted[i], weighted_e[i] = (w * resp[a:b]).sum() / w.sum(), (w * expect[a:b]).sum() / w.sum()
+        answers = [log_odds(weighted, n, prior), log_odds(plain, n, prior)]
+        both = crossfit(*answers, np.log1p(n))
         print(f"| + similarity-weighted peer mean, temperature {tau:g} (and the plain mean) | {both:.4f} |")
+        four = crossfit(*answers, log_odds(weighted_e, n, prior), log_odds(plain_e, n, prior), np.log1p(n))
+        print(f"| + both means and what the model expected of the same peers, temperature {tau:g} | {four:.4f} |")
     return 0
 
 

@@ -94,7 +94,7 @@ class AnswerHeadSpec:
     name: str  # unique among all heads; names the head's bank
     size: int = 128  # peers: bank entries kept per question row
     d_key: int = 32  # peers: width of the projected read-outs compared
-    temperature: float = 0.3
+    temperature: float = 1.0
     learn_temperature: bool = True
     enabled: bool = True
 

@@ -135,12 +135,13 @@ class AnswerBank:
 def encode_readouts(model: SimAKT, trajectories: list[tuple[np.ndarray, np.ndarray]], block3: list[Bank] = (),
                     batch_size: int = 64) -> dict[str, torch.Tensor]:
     """Every interaction of trajectories <= window long: its read-out h before the answer (N, d), question row,
-    response and trajectory index, with block 3 reading `block3` (banks of the model's inter-student heads)."""
+    response, the answer MLP's P(right) ("expected", without answer heads) and trajectory index ("owner"), with
+    block 3 reading `block3` (banks of the model's inter-student heads)."""
     was_training = model.training
     model.eval()
     dev = model.skill_embed.weight.device
     kv = [head.project(*(t.to(dev) for t in b.tensors())) for head, b in zip(model.heads, block3, strict=True)]
-    out = {"h": [], "rows": [], "responses": [], "owner": []}
+    out = {"h": [], "rows": [], "responses": [], "expected": [], "owner": []}
     order = np.argsort([len(q) for q, _ in trajectories], kind="stable")  # batches of like lengths: little padding
     for start in range(0, len(order), batch_size):
         chosen = order[start:start + batch_size]
@@ -150,10 +151,13 @@ def encode_readouts(model: SimAKT, trajectories: list[tuple[np.ndarray, np.ndarr
         mask = np.zeros((len(part), T), bool)
         for i, (qi, ri) in enumerate(part):
             q[i, :len(qi)], r[i, :len(qi)], mask[i, :len(qi)] = qi, ri, True
-        h = model.readouts(torch.from_numpy(q).to(dev), torch.from_numpy(r).to(dev), kv).cpu()
+        questions = torch.from_numpy(q).to(dev)
+        h = model.readouts(questions, torch.from_numpy(r).to(dev), kv)
+        expected = torch.sigmoid(model.mlp(model.embed(questions), h)).cpu()
         m = torch.from_numpy(mask)
-        out["h"].append(h[m]), out["rows"].append(torch.from_numpy(q[mask])), out["responses"].append(
+        out["h"].append(h.cpu()[m]), out["rows"].append(torch.from_numpy(q[mask])), out["responses"].append(
             torch.from_numpy(r[mask]))
+        out["expected"].append(expected[m])
         out["owner"].append(torch.from_numpy(np.repeat(chosen, mask.sum(1))))
     model.train(was_training)
     return {k: torch.cat(v) for k, v in out.items()}
@@ -173,8 +177,8 @@ def select_answer_banks(model: SimAKT, readouts: dict[str, torch.Tensor], studen
     banks = []
     for head in model.answerers:
         generator = torch.Generator().manual_seed(seed)
-        tensors = head.build(readouts["h"][keep], readouts["rows"][keep], readouts["responses"][keep],
-                             model.cfg.n_questions, generator)
+        tensors = head.build({k: v[keep] for k, v in readouts.items() if k != "owner"}, model.cfg.n_questions,
+                             generator)
         banks.append(AnswerBank(head.spec.name, head.spec.type,
                                 dict(zip(head.parts, (t.cpu().numpy() for t in tensors), strict=True)), students))
     return banks

@@ -1,14 +1,15 @@
 """SimAKT end to end: read a data set directory, train with memory banks, evaluate on its test file, export.
 
-    train file --split by student--> fit students (two halves) + validation students (early stopping)
+    train file --split by student--> fit students (in folds) + validation students (early stopping)
     test file  --------------------> metrics.test (auc, accuracy, nll): never used to choose anything
 
 Training cuts sequences into chunks of the window; validation and test score whole sequences under the window
 rule the service answers by (`predict`: SimAKT.chunked).
 
-Banks during training are cross-fitted: they are rebuilt from the current encoder at every epoch, one from
-each half of the fit students, and a batch of one half attends to the other half's bank, so no student ever
-sees a bank that holds their own trajectory (their own future). Validation uses a bank of all fit
+Banks during training are cross-fitted: the fit students are split into folds (`bank_folds`, 5 by default),
+the banks are rebuilt from the current encoder at every epoch, one per fold from the students of
+the other folds, and a batch of one fold reads its fold's banks, so no student ever sees a bank that holds
+their own trajectory (their own future). Validation uses a bank of all fit
 students. After training, the final banks come from every training-file student (fit and validation: all
 training data, no test student), exactly what `nextstep banks build` makes, and the test metrics use them.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.simakt import SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
+from ..models.simakt import ConfigError, SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
 from .banks import (
     Bank,
     build_banks,
@@ -62,8 +63,10 @@ class SimAKTTrainConfig:
     patience: int = 4  # epochs without a better validation AUC
     valid_fraction: float = 0.1
     max_minutes: float = 27.0  # stop starting epochs after this (one run must fit in 30 min on 2 cores)
-    refit_answer_heads: bool = False  # refit answer heads' output maps on the validation students (off: it lowered
-    # test AUC on both assist09 seeds it ran on, docs/results.md)
+    bank_folds: int = 5  # training banks are cross-fitted: a student's batch reads the banks of the other folds
+    # (80% of the fit students; halves gave the peers head half the evidence it answers with, docs/decisions.md)
+    refit_answer_heads: bool = True  # refit answer heads' output maps on the validation students where a
+    # cross-fitted estimate on them says it pays (refit_answer_heads below; docs/decisions.md)
     seed: int = 0
     device: str = "cpu"  # "cuda" for sweeps on a GPU; every reported figure is a CPU run
     model: dict = field(default_factory=dict)  # SimAKTConfig overrides (d_model, n_know, dropout, window, ...)
@@ -197,11 +200,11 @@ def binary_metrics(probs: np.ndarray, targets: np.ndarray) -> dict[str, float]:
     return {"auc": m["auc"], "accuracy": m["accuracy"], "nll": m["nll"], "n": int(m["n"])}
 
 
-def split_halves(ids: list[str], rng: np.random.Generator) -> list[list[int]]:
-    """Positions of the trajectories in two halves by student: all of a student's chunks on one side."""
+def split_folds(ids: list[str], rng: np.random.Generator, k: int = 2) -> list[list[int]]:
+    """Positions of the trajectories in k folds by student: all of a student's chunks in one fold."""
     students = sorted(set(ids))
-    half_of = dict(zip(students, rng.permutation(len(students)) % 2, strict=True))
-    return [[i for i, s in enumerate(ids) if half_of[s] == h] for h in (0, 1)]
+    fold_of = dict(zip(students, rng.permutation(len(students)) % k, strict=True))
+    return [[i for i, s in enumerate(ids) if fold_of[s] == f] for f in range(k)]
 
 
 def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_seqs: list[Trajectory],
@@ -209,44 +212,46 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_se
     """Adam with early stopping on validation AUC and a wall-clock budget; leaves the best weights loaded.
 
     The banks follow the weights: built before the first epoch, and after every epoch (from one encoding
-    of the fit students) the next epoch's two half banks and the validation bank of all fit students."""
+    of the fit students) the next epoch's banks, one per fold, and the validation bank of all fit students."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    halves = split_halves(fit_ids, rng)
+    folds = split_folds(fit_ids, rng, cfg.bank_folds)
+    others = [sorted(i for g, fold in enumerate(folds) if g != f for i in fold) for f in range(len(folds))]
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)  # the contrastive loss's augmentations
-    banks = {"epoch": 0, "halves": [[], []], "valid": []}
+    banks = {"epoch": 0, "folds": [[] for _ in folds], "valid": []}
 
     def rebuild(epoch: int) -> None:
-        """Banks of the current weights for `epoch`: one per half (training) and one of all fit students."""
+        """Banks of the current weights for `epoch`: one per fold (training: of the other folds' students) and one
+        of all fit students (validation)."""
         banks["epoch"] = epoch
-        halves_b, valid_b = [[], []], []
+        folds_b, valid_b = [[] for _ in folds], []
         if model.sim.active:
             encoded = encode_trajectories(model, fit_trajs)
-            halves_b = [select_banks(model, encoded, fit_ids, cfg.seed + epoch, h) for h in halves]
+            folds_b = [select_banks(model, encoded, fit_ids, cfg.seed + epoch, rows) for rows in others]
             valid_b = select_banks(model, encoded, fit_ids, cfg.seed)
         if model.answerers:  # the peers' read-outs, with block 3 reading the bank of all fit students
             readouts = encode_readouts(model, fit_trajs, valid_b)
-            halves_b = [b + select_answer_banks(model, readouts, fit_ids, cfg.seed + epoch, half)
-                        for b, half in zip(halves_b, halves, strict=True)]
+            folds_b = [b + select_answer_banks(model, readouts, fit_ids, cfg.seed + epoch, rows)
+                       for b, rows in zip(folds_b, others, strict=True)]
             valid_b = valid_b + select_answer_banks(model, readouts, fit_ids, cfg.seed)
-        banks["halves"], banks["valid"] = halves_b, valid_b
+        banks["folds"], banks["valid"] = folds_b, valid_b
 
     def epoch_batches(epoch: int) -> list:
         if epoch == 1:
             rebuild(1)
-        work = [(h, q, r, m) for h in (0, 1) for q, r, m in batches([fit_trajs[i] for i in halves[h]],
-                                                                    cfg.batch_size, rng)]
+        work = [(f, q, r, m) for f, fold in enumerate(folds)
+                for q, r, m in batches([fit_trajs[i] for i in fold], cfg.batch_size, rng)]
         rng.shuffle(work)
         dev = _device(model)
-        banks["raw"] = [bank_tensors(b, dev) for b in banks["halves"]]
+        banks["raw"] = [bank_tensors(b, dev) for b in banks["folds"]]
         return work
 
     def step(batch):
-        h, q, r, mask = batch
+        f, q, r, mask = batch
         dev = _device(model)
         q, r, mask = q.to(dev), r.to(dev), mask.to(dev)
-        kv = model.bank_keys(banks["raw"][1 - h])  # the other half's students: never the student's own bank
+        kv = model.bank_keys(banks["raw"][f])  # the other folds' students: never the student's own bank
         out = model(q, r, kv)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(out.logits[mask], r[mask].float())
         full = loss + cfg.problem_l2 * regularisation(model)
@@ -256,7 +261,7 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_se
         return full, n, {"loss": loss.item() * n}  # reported: the prediction loss alone
 
     def validate() -> dict:
-        rebuild(banks["epoch"] + 1)  # the next epoch trains with the halves
+        rebuild(banks["epoch"] + 1)  # the next epoch trains with the folds' banks
         return binary_metrics(*predict(model, valid_seqs, banks["valid"]))
 
     return train_epochs(model, cfg.epochs, epoch_batches, step, optimizer=opt, grad_clip=cfg.grad_clip,
@@ -266,44 +271,75 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_se
 
 def refit_answer_heads(model: SimAKT, seqs: list[Trajectory], banks: list, iterations: int = 50) -> dict:
     """Fit the answer heads' output maps (`mix`, and the temperature where it is learned) on held-out students'
-    sequences, everything else frozen; returns their log loss before and after.
+    sequences, everything else frozen, where a cross-fitted estimate on those students says it pays.
 
     Why: trained end to end, a head learns how much to trust its bank on the training students, where the rest
-    of the model already fits the answers better than on students it has not seen, so it trusts the bank too
-    little. Fitted on students the encoder never trained on, it learns the weight a new student needs (what
-    stacking does). `banks` must hold none of `seqs`' students (their own answers would be peers)."""
+    of the model already fits the answers (and each question's difficulty) better than on students it has not
+    seen, so it learns to ignore where the model misjudges a question for new students: the peers head's weight
+    on what the model expected of the peers stays near 0. Fitted on students the encoder never trained on, it
+    learns the weight a new student needs (what stacking does). The decision is the students' own: the output
+    map is fitted on each half of them (by student) and scored on the other; only if the mean AUC of the two
+    halves beats the end-to-end head's on the same halves is the map fitted on all of them and kept. `banks` must
+    hold none of `seqs`' students (their own answers would be peers). Returns the estimate and the log loss."""
     model.eval()
     dev = _device(model)
     kv = model.bank_keys(bank_tensors(banks, dev))
     n = len(model.heads)
-    h, questions, base, targets = [], [], [], []
+    h, questions, base, targets, owner = [], [], [], [], []
     with torch.no_grad():
-        for q, r, mask in batches(seqs, 64):
-            q, r, mask = q.to(dev), r.to(dev), mask.to(dev)
+        for i, (q, r) in enumerate(seqs):
+            q, r = torch.as_tensor(q, device=dev)[None], torch.as_tensor(r, device=dev)[None]
             read = model.chunked_readouts(q, r, kv[:n])
-            h.append(read[mask]), questions.append(q[mask]), targets.append(r[mask].float())
-            base.append(model.mlp(model.embed(q), read)[mask])
-    h, questions, base, targets = (torch.cat(x)[None] for x in (h, questions, base, targets))
+            h.append(read[0]), questions.append(q[0]), targets.append(r[0].float())
+            base.append(model.mlp(model.embed(q), read)[0]), owner.append(torch.full_like(q[0], i % 2))
+    h, questions, base, targets, owner = (torch.cat(x)[None] for x in (h, questions, base, targets, owner))
     params = [p for head in model.answerers for p in (*head.mix.parameters(), head.log_temperature)
               if p is not None]
+    start = [p.detach().clone() for p in params]
 
-    def loss() -> torch.Tensor:
-        logits = base + sum(head(h, questions, *bank) for head, bank in zip(model.answerers, kv[n:], strict=True))
-        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
+    def logits(rows=slice(None)) -> torch.Tensor:
+        return base[:, rows] + sum(head(h[:, rows], questions[:, rows], *bank)
+                                   for head, bank in zip(model.answerers, kv[n:], strict=True))
+
+    def refit(rows) -> None:
+        with torch.no_grad():
+            for p, value in zip(params, start, strict=True):
+                p.copy_(value)
+        opt = torch.optim.LBFGS(params, max_iter=iterations, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            value = torch.nn.functional.binary_cross_entropy_with_logits(logits(rows), targets[:, rows])
+            value.backward()
+            return value
+
+        opt.step(closure)
+
+    def halves_auc(scores: dict[int, torch.Tensor]) -> float:
+        return float(np.mean([binary_metrics(torch.sigmoid(scores[k]).numpy(),
+                                             targets[owner == k].long().numpy())["auc"] for k in (0, 1)]))
 
     with torch.no_grad():
-        before = loss().item()
-    opt = torch.optim.LBFGS(params, max_iter=iterations, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        value = loss()
-        value.backward()
-        return value
-
-    opt.step(closure)
+        end_to_end = logits()
+        before = torch.nn.functional.binary_cross_entropy_with_logits(end_to_end, targets).item()
+    held = {}
+    for k in (0, 1):
+        refit((owner != k)[0])
+        with torch.no_grad():
+            held[k] = logits((owner == k)[0])[0]
+    estimate = {"auc_end_to_end": halves_auc({k: end_to_end[owner == k] for k in (0, 1)}),
+                "auc_refit": halves_auc(held)}
+    keep = estimate["auc_refit"] > estimate["auc_end_to_end"]
+    if keep:
+        refit(slice(None))
+    else:
+        with torch.no_grad():
+            for p, value in zip(params, start, strict=True):
+                p.copy_(value)
     with torch.no_grad():
-        return {"nll_before": before, "nll_after": loss().item(), "interactions": int(targets.numel())}
+        after = torch.nn.functional.binary_cross_entropy_with_logits(logits(), targets).item()
+    return {"applied": keep, "crossfit": estimate, "nll_before": before, "nll_after": after,
+            "interactions": int(targets.numel())}
 
 
 def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,
@@ -312,6 +348,9 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     export: the manifest's metrics and training sections, for sweeps on machines without ONNX)."""
     data_dir = Path(data_dir)
     parse_similarity(similarity or {}, cfg.model.get("n_heads", 8))  # fail before reading data on a bad file
+    if isinstance(cfg.bank_folds, bool) or not isinstance(cfg.bank_folds, int) or cfg.bank_folds < 2:
+        raise ConfigError("bank_folds", f"must be an integer >= 2 (the folds banks are cross-fitted over), got "
+                                        f"{cfg.bank_folds!r}")
     started = time.perf_counter()
     train_ds, test_ds = load_dataset(data_dir)
     if train_ds.n_cats != 2:
@@ -338,8 +377,9 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
         end_to_end = binary_metrics(*predict(model, test_seqs, banks))
         refit = refit_answer_heads(model, valid_seqs, build_banks(model, fit_trajs, fit_ids, cfg.seed))
         refit["test_end_to_end"] = end_to_end
-        log(f"answer heads refitted on the validation students: nll {refit['nll_before']:.4f} -> "
-            f"{refit['nll_after']:.4f} (in-sample); test auc before {end_to_end['auc']:.4f}")
+        log(f"answer heads' refit on the validation students: cross-fitted auc {refit['crossfit']['auc_refit']:.4f} "
+            f"against {refit['crossfit']['auc_end_to_end']:.4f} end to end, "
+            f"{'applied' if refit['applied'] else 'not applied'}; test auc end to end {end_to_end['auc']:.4f}")
     train_seconds = time.perf_counter() - started
     probs, targets = predict(model, test_seqs, banks)
     model = model.cpu()

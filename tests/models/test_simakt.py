@@ -232,6 +232,9 @@ def test_peer_banks_keep_each_questions_peers_from_the_chosen_students_only():
         kept = responses[first[row]:first[row] + count[row]]
         assert kept.sum() <= answers.sum() and (count[row] - kept.sum()) <= (answers == 0).sum()
     assert np.allclose(np.linalg.norm(whole.parts["keys"], axis=1), 1.0, atol=1e-5)
+    assert len(whole.parts["expected"]) == len(responses) and ((whole.parts["expected"] > 0)
+                                                               & (whole.parts["expected"] < 1)).all()
+    assert np.isclose(whole.parts["mean"][0], responses.mean())
 
 
 def test_the_peer_head_follows_the_most_alike_peer_at_a_low_temperature():
@@ -240,21 +243,27 @@ def test_the_peer_head_follows_the_most_alike_peer_at_a_low_temperature():
     spec = parse_similarity({"intra_heads": 4, "answer_heads": [{"type": "peers", "size": 4, "d_key": 2,
                                                                   "temperature": 0.01}]}, 4).answer_heads[0]
     head = PeerAnswers(2, spec)
-    with torch.no_grad():
-        head.query_map.copy_(torch.eye(2))
-        head.mix.weight.copy_(torch.tensor([[1.0, 0.0, 0.0]]))
     keys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
     responses = torch.tensor([1.0, 0.0, 0.0])  # row 1: a right answer by one peer, wrong by two others
-    first, count = torch.tensor([0, 0, 3]), torch.tensor([0, 3, 0])
-    m = responses.mean()
+    expected = torch.tensor([0.5, 0.2, 0.2])  # what the model expected of each
+    first, count, m = torch.tensor([0, 0, 3]), torch.tensor([0, 3, 0]), torch.tensor([0.4])
     logit = lambda p: torch.log(p / (1 - p))  # noqa: E731
-    with torch.no_grad():
-        near_right = head(torch.tensor([[[2.0, 0.1]]]), torch.tensor([[1]]), keys, responses, first, count)
-        near_wrong = head(torch.tensor([[[0.1, 2.0]]]), torch.tensor([[1]]), keys, responses, first, count)
-        nobody = head(torch.tensor([[[2.0, 0.1]]]), torch.tensor([[2]]), keys, responses, first, count)
-    assert torch.allclose(near_right, logit((1.0 * 3 + 2 * m) / 5) - logit(m), atol=1e-4)
-    assert torch.allclose(near_wrong, logit((0.0 * 3 + 2 * m) / 5) - logit(m), atol=1e-4)
-    assert nobody.item() == 0.0  # no peers: the bias alone (0 here)
+    smoothed = lambda p: logit((p * 3 + 2 * m) / 5) - logit(m)  # noqa: E731
+
+    def term(weights, h, row=1):
+        with torch.no_grad():
+            head.query_map.copy_(torch.eye(2))
+            head.mix.weight.copy_(torch.tensor([weights]))
+            return head(torch.tensor([[h]]), torch.tensor([[row]]), keys, responses, expected, first, count, m)
+
+    near_right, near_wrong = [2.0, 0.1], [0.1, 2.0]
+    assert torch.allclose(term([1.0, 0, 0, 0, 0], near_right), smoothed(torch.tensor(1.0)), atol=1e-4)
+    assert torch.allclose(term([1.0, 0, 0, 0, 0], near_wrong), smoothed(torch.tensor(0.0)), atol=1e-4)
+    assert torch.allclose(term([0, 1.0, 0, 0, 0], near_right), smoothed(torch.tensor(0.5)), atol=1e-4)
+    assert torch.allclose(term([0, 0, 1.0, 0, 0], near_wrong), smoothed(torch.tensor(1 / 3)), atol=1e-4)
+    assert torch.allclose(term([0, 0, 0, 1.0, 0], near_wrong), smoothed(torch.tensor(0.3)), atol=1e-4)
+    assert torch.allclose(term([0, 0, 0, 0, 1.0], near_wrong), torch.log1p(torch.tensor(3.0)), atol=1e-4)
+    assert term([1.0] * 5, near_right, row=2).item() == 0.0  # no peers: the bias alone (0 here)
 
 
 def test_influence_weight_scales_the_head_output():

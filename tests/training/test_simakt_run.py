@@ -14,7 +14,7 @@ from nextstep.training.simakt_run import (
     KTVocab,
     SimAKTTrainConfig,
     build_artifact_banks,
-    split_halves,
+    split_folds,
     train_simakt,
     trajectories,
 )
@@ -31,7 +31,8 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("simakt")
     data = write_problem_dataset(root / "data", n_train=100, n_test=30, length=(5, 50))
     out = root / "artifact"
-    manifest = train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=2, model=SMALL, refit_answer_heads=True),
+    manifest = train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=2, model=SMALL, refit_answer_heads=True,
+                                                             bank_folds=3),
                             similarity=SIM, log=lambda *_: None)
     return data, out, manifest
 
@@ -45,40 +46,47 @@ def test_a_run_reports_binary_test_metrics_and_exports_with_parity(run):
     assert parity["full_vs_step"] <= parity["step_tolerance"] and parity["eager_vs_onnxruntime"] <= 1e-4
     assert set(manifest["graphs"]) == {"step", "predict", "step_predict", "rebase", "bank_project"}
     banks = ["bank_cluster_keys", "bank_cluster_values", "bank_knn_keys", "bank_knn_values"]
-    peers = ["bank_peers_keys", "bank_peers_responses", "bank_peers_first", "bank_peers_count"]
+    peers = [f"bank_peers_{p}" for p in ("keys", "responses", "expected", "first", "count", "mean")]
     for graph in ("step", "rebase"):  # block 3 reads its banks when a row is added; the answer head's: only answers
         assert [i["name"] for i in manifest["graphs"][graph]["inputs"]][-4:] == banks, graph
     for graph in ("predict", "step_predict"):
-        assert [i["name"] for i in manifest["graphs"][graph]["inputs"]][-8:] == banks + peers, graph
+        assert [i["name"] for i in manifest["graphs"][graph]["inputs"]][-10:] == banks + peers, graph
     assert manifest["banks"]["answer_heads"] == ["peers"] and manifest["banks"]["answer_inputs"] == peers
     assert (out / "banks" / manifest["banks"]["default"] / "provenance.json").exists()
 
 
 def test_answer_heads_are_refitted_on_validation_students_and_nothing_else_moves(run):
-    """The manifest keeps the refit's in-sample log loss (it can only fall) and the test figures before it; only
-    the answer head's output map and temperature differ from what the encoder trained (checked by refitting a
-    copy again)."""
+    """The manifest keeps the cross-fitted estimate that decided the refit, its log loss and the test figures
+    before it; a refit moves only the answer head's output map and temperature, and is kept only where the
+    estimate says it pays (checked by refitting a copy whose map was spoiled, then the refitted one again)."""
     from nextstep.training.simakt_run import refit_answer_heads, sequences
 
     data, out, manifest = run
     refit = manifest["metrics"]["answer_refit"]
     assert refit["nll_after"] <= refit["nll_before"] and refit["interactions"] > 0
+    assert refit["applied"] == (refit["crossfit"]["auc_refit"] > refit["crossfit"]["auc_end_to_end"])
     assert 0.5 < refit["test_end_to_end"]["auc"] <= 1
     model, _ = load_simakt(out)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
     train, _ = load_dataset(data)
     vocab = KTVocab.from_json(json.loads((out / "vocab_questions.json").read_text()))
     trajs, ids = trajectories(train, vocab, model.cfg.window)
     with torch.no_grad():
-        model.answerers[0].mix.weight.fill_(0.5)
+        model.answerers[0].mix.weight.copy_(torch.tensor([[-3.0, 0, -3.0, 0, 0]]))  # reads the peers backwards
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     held = {s.student_id for s in train.sequences[:20]}
     others = [i for i, sid in enumerate(ids) if sid not in held]  # the bank holds none of the refit's students
-    again = refit_answer_heads(model, sequences(train, vocab)[:20],
-                               build_banks(model, [trajs[i] for i in others], [ids[i] for i in others]))
+    bank = build_banks(model, [trajs[i] for i in others], [ids[i] for i in others])
+    again = refit_answer_heads(model, sequences(train, vocab)[:20], bank)
+    assert again["applied"] and again["crossfit"]["auc_refit"] > again["crossfit"]["auc_end_to_end"]
     assert again["nll_after"] < again["nll_before"]
     moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert moved <= {"answer_heads.peers.mix.weight", "answer_heads.peers.mix.bias",
                      "answer_heads.peers.log_temperature"} and "answer_heads.peers.mix.weight" in moved
+    refitted = {k: v.clone() for k, v in model.state_dict().items()}
+    third = refit_answer_heads(model, sequences(train, vocab)[:20], bank)
+    if not third["applied"]:  # not applied: nothing moves, the loss is the one it had
+        assert all(torch.equal(v, refitted[k]) for k, v in model.state_dict().items())
+        assert third["nll_after"] == third["nll_before"]
 
 
 def test_banks_hold_training_students_only(run):
@@ -125,11 +133,14 @@ def test_evaluate_rescores_the_artifact_with_its_banks(run, capsys):
     assert result["bank_version"] == manifest["banks"]["default"]
 
 
-def test_cross_fitting_halves_split_by_student():
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_cross_fitting_folds_split_by_student(k):
     ids = [f"s{i % 7}" for i in range(40)]
-    halves = split_halves(ids, np.random.default_rng(0))
-    assert sorted(halves[0] + halves[1]) == list(range(40))
-    assert not {ids[i] for i in halves[0]} & {ids[i] for i in halves[1]}
+    folds = split_folds(ids, np.random.default_rng(0), k)
+    assert len(folds) == k and sorted(sum(folds, [])) == list(range(40)) and all(folds)
+    for a in range(k):
+        for b in range(a):
+            assert not {ids[i] for i in folds[a]} & {ids[i] for i in folds[b]}
 
 
 def test_vocabulary_pairs_fall_back_to_the_skill():
@@ -162,6 +173,9 @@ def test_cli_refuses_a_bad_similarity_file(tmp_path, capsys):
     bad.rename(yaml_file)
     with pytest.raises(SystemExit, match=r"inter_heads\[0\].influence_weight"):
         main(["train", "simakt", "--data", str(tmp_path), "--similarity-config", str(yaml_file)])
+    (tmp_path / "train.json").write_text(json.dumps({"bank_folds": 1}))
+    with pytest.raises(SystemExit, match="bank_folds"):
+        main(["train", "simakt", "--data", str(tmp_path), "--config", str(tmp_path / "train.json")])
 
 
 def test_ablation_table():

@@ -233,10 +233,12 @@ class AnswerHead(nn.Module):
     reads) and that question, consults its bank, and adds a term to the answer's logit. Block 3's heads cannot
     condition on the question being predicted (block 4 reads positions before it); these can.
 
-    `build(h, rows, responses, n_rows, generator)` (offline) turns training students' read-outs into the bank
-    tensors; `forward(h, questions, *bank)` -> the logit term (B, R). A head must add exactly 0 at
-    initialisation (the model starts as its baseline) and may use the bank only (never the student's own
-    answers, which the model's other parts already read causally)."""
+    `build(entries, n_rows, generator)` (offline) turns training students' interactions into the bank tensors
+    (entries: "h" (N, d) the read-out before each answer, "rows" (N,) the question rows, "responses" (N,), and
+    "expected" (N,) the model's P(right) from the answer MLP alone, without answer heads);
+    `forward(h, questions, *bank)` -> the logit term (B, R). A head must add exactly 0 at initialisation (the
+    model starts as its baseline) and may use the bank only (never the student's own answers, which the model's
+    other parts already read causally)."""
 
     kind: ClassVar[str] = "abstract"
     parts: ClassVar[tuple[str, ...]] = ()  # the bank tensors' names, in the order forward takes them
@@ -246,31 +248,35 @@ class AnswerHead(nn.Module):
         super().__init__()
         self.spec = spec
 
-    def build(self, h: torch.Tensor, rows: torch.Tensor, responses: torch.Tensor, n_rows: int,
+    def build(self, entries: dict[str, torch.Tensor], n_rows: int,
               generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
 
 @register("peers", ANSWER_REGISTRY)
 class PeerAnswers(AnswerHead):
-    """Other students' answers to the same question, weighted by how alike their knowledge of it was.
+    """Other students' answers to the same question, weighted by how alike their knowledge of it was, next to
+    what the model expected of them.
 
     Bank: for every question row, up to `size` training interactions on it (a seeded sample where there are
     more), each as its key k = unit(K h_peer) (h_peer: the peer's read-out for that question just before
-    answering it; K a fixed random projection d -> d_key, so a bank depends on the encoder only) and its
-    response; stored sorted by row with each row's first index and count.
+    answering it; K a fixed random projection d -> d_key, so a bank depends on the encoder only), its response
+    r and the answer MLP's P(right) for it, e (without answer heads, so a bank never depends on its own head);
+    stored sorted by row with each row's first index and count, and the bank's mean response m.
 
     Answer for question q with read-out h: a = softmax over q's peers of cos(Q h, k) / temperature (Q learned,
-    starting at K), and with n peers, bank mean response m and smoothing 2,
+    starting at K), and with n peers and smoothing 2 towards m, s(p) = logit((p n + 2 m) / (n + 2)) - logit(m):
 
-        weighted = logit((sum a r * n + 2 m) / (n + 2)) - logit(m)
-        plain    = logit((mean r * n + 2 m) / (n + 2)) - logit(m)
-        term     = w . [weighted, plain, log(1 + n)] + b        (w, b start at 0: the baseline exactly)
+        term = w . [s(sum a r), s(sum a e), s(mean r), s(mean e), log(1 + n)] + b   (w, b start at 0: the
+                                                                                    baseline exactly)
 
-    A question without peers (unseen in training) gets the constant b."""
+    The pairs say how alike peers answered and how the model expected them to: where the model under- or
+    overrates a question for students like this one (the question's difficulty shrunk by its regularisation,
+    or a skill the read-out misses), the two differ. A question without peers (unseen in training) gets the
+    constant b."""
 
-    parts = ("keys", "responses", "first", "count")
-    entry_parts = ("keys", "responses")
+    parts = ("keys", "responses", "expected", "first", "count", "mean")
+    entry_parts = ("keys", "responses", "expected")
 
     def __init__(self, d_model: int, spec):
         super().__init__(d_model, spec)
@@ -282,13 +288,14 @@ class PeerAnswers(AnswerHead):
         self.log_temperature = nn.Parameter(log_t) if spec.learn_temperature else None
         if self.log_temperature is None:
             self.register_buffer("fixed_log_temperature", log_t)
-        self.mix = nn.Linear(3, 1)
+        self.mix = nn.Linear(5, 1)
         nn.init.zeros_(self.mix.weight)
         nn.init.zeros_(self.mix.bias)
 
-    def build(self, h, rows, responses, n_rows, generator):
-        """h (N, d), rows (N,), responses (N,) of training interactions -> (keys (N', d_key), responses (N',)
-        float32, first (n_rows,), count (n_rows,)) with at most `size` per row, sorted by row."""
+    def build(self, entries, n_rows, generator):
+        """-> (keys (N', d_key), responses (N',), expected (N',), first (n_rows,), count (n_rows,), mean (1,)),
+        at most `size` entries per row, sorted by row; float32 but for first and count."""
+        rows = entries["rows"]
         order = torch.randperm(len(rows), generator=generator)  # which peers a row keeps where it has too many
         order = order[torch.sort(rows[order], stable=True).indices]
         sorted_rows = rows[order]
@@ -297,31 +304,37 @@ class PeerAnswers(AnswerHead):
         rank = torch.arange(len(order)) - first[sorted_rows]
         keep = order[rank < self.spec.size]
         count = count.clamp(max=self.spec.size)
-        keys = nn.functional.normalize(h[keep].float() @ self.key_map.cpu(), dim=-1)
-        return keys, responses[keep].float(), count.cumsum(0) - count, count
+        keys = nn.functional.normalize(entries["h"][keep].float() @ self.key_map.cpu(), dim=-1)
+        responses = entries["responses"][keep].float()
+        mean = (responses.mean() if len(keep) else torch.tensor(0.5)).clamp(0.01, 0.99).reshape(1)
+        return keys, responses, entries["expected"][keep].float(), count.cumsum(0) - count, count, mean
 
     def forward(self, h: torch.Tensor, questions: torch.Tensor, keys: torch.Tensor, responses: torch.Tensor,
-                first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+                expected: torch.Tensor, first: torch.Tensor, count: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         """h (B, R, d), questions (B, R) rows -> the logit term (B, R)."""
+        return self.mix(self.features(h, questions, keys, responses, expected, first, count, mean)).squeeze(-1)
+
+    def features(self, h: torch.Tensor, questions: torch.Tensor, keys: torch.Tensor, responses: torch.Tensor,
+                 expected: torch.Tensor, first: torch.Tensor, count: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """What `mix` maps to the term: (B, R, 5)."""
         P = self.spec.size
         slot = torch.arange(P, device=h.device)
         n = count[questions]  # (B, R)
         valid = slot < n[..., None]  # (B, R, P)
         index = (first[questions][..., None] + slot).clamp(max=keys.shape[0] - 1)
-        k, r = keys[index], responses[index]  # (B, R, P, d_key), (B, R, P)
+        k, r, e = keys[index], responses[index], expected[index]  # (B, R, P, d_key), (B, R, P) twice
         q = nn.functional.normalize(h @ self.query_map, dim=-1)
         log_t = self.log_temperature if self.log_temperature is not None else self.fixed_log_temperature
         score = torch.einsum("brd,brpd->brp", q, k) / log_t.exp()
         score = score.masked_fill(~valid, -1e4)
         a = torch.softmax(score, dim=-1) * valid
+        plain = valid / n.clamp(min=1)[..., None]
         nf = n.to(h.dtype)
-        m = responses.mean().clamp(0.01, 0.99)
-        centre = torch.log(m / (1 - m))
+        centre = torch.log(mean / (1 - mean))
 
         def smoothed(p):
-            s = (p * nf + 2 * m) / (nf + 2)
+            s = (p * nf + 2 * mean) / (nf + 2)
             return torch.log(s / (1 - s)) - centre
 
-        weighted = smoothed((a * r).sum(-1))
-        plain = smoothed((valid * r).sum(-1) / nf.clamp(min=1))
-        return self.mix(torch.stack([weighted, plain, torch.log1p(nf)], -1)).squeeze(-1)
+        means = [smoothed((w * x).sum(-1)) for w in (a, plain) for x in (r, e)]
+        return torch.stack([*means, torch.log1p(nf)], -1)
