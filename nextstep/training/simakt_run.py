@@ -280,7 +280,8 @@ def refit_answer_heads(model: SimAKT, seqs: list[Trajectory], banks: list, itera
     learns the weight a new student needs (what stacking does). The decision is the students' own: the output
     map is fitted on each half of them (by student) and scored on the other; only if the mean AUC of the two
     halves beats the end-to-end head's on the same halves is the map fitted on all of them and kept. `banks` must
-    hold none of `seqs`' students (their own answers would be peers). Returns the estimate and the log loss."""
+    hold none of `seqs`' students (their own answers would be peers). Returns the estimate, the log loss and the
+    output maps the heads end with."""
     model.eval()
     dev = _device(model)
     kv = model.bank_keys(bank_tensors(banks, dev))
@@ -338,8 +339,10 @@ def refit_answer_heads(model: SimAKT, seqs: list[Trajectory], banks: list, itera
                 p.copy_(value)
     with torch.no_grad():
         after = torch.nn.functional.binary_cross_entropy_with_logits(logits(), targets).item()
+    maps = {head.spec.name: {"mix": [round(w, 6) for w in head.mix.weight.detach().flatten().tolist()],
+                             "bias": round(head.mix.bias.item(), 6)} for head in model.answerers}
     return {"applied": keep, "crossfit": estimate, "nll_before": before, "nll_after": after,
-            "interactions": int(targets.numel())}
+            "interactions": int(targets.numel()), "maps": maps}
 
 
 def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,
