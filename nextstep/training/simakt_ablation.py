@@ -7,6 +7,7 @@
 Each run is `train_simakt` without the export (the same training, banks and test evaluation as
 `nextstep train simakt`); OUT/<config>_seed<k>.json holds its metrics and training time, OUT/table.md the
 table: mean and (min-max) over seeds of test AUC, accuracy and NLL, and the mean training time.
+Each run's log lines (epochs, the refit) are printed as they come, prefixed by configuration and seed.
 """
 
 import argparse
@@ -30,8 +31,11 @@ def _one(data: str, config: str, seed: int, out: str, device: str, overrides: di
         return json.loads(path.read_text())
     cfg = SimAKTTrainConfig(seed=seed, device=device, **overrides)
     lines = []
-    result = train_simakt(data, None, cfg=cfg, similarity=load_similarity(config), export=False,
-                          log=lines.append)
+
+    def log(line: str) -> None:  # kept for the JSON and printed as it comes: a run takes up to 30 minutes
+        lines.append(line)
+        print(f"{name} seed {seed}: {line}", flush=True)
+    result = train_simakt(data, None, cfg=cfg, similarity=load_similarity(config), export=False, log=log)
     row = {"config": name, "seed": seed, "device": device, "test": result["metrics"]["test"],
            "valid": result["metrics"]["valid"], "seconds": result["training"]["seconds"],
            "epochs": result["training"]["epochs_run"], "best_epoch": result["training"]["best_epoch"], "log": lines}
