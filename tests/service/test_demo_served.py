@@ -161,7 +161,12 @@ def test_the_bundle_is_rebuilt_from_the_same_generated_data_and_settings(rebuilt
 
 def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
     """Training is seeded and single-threaded: the rebuilt models answer the README's examples as the bundle does
-    (a bundle left stale by a change to training or export fails here: rebuild it with `make demo-artifacts`)."""
+    (a bundle left stale by a change to training or export fails here: rebuild it with `make demo-artifacts`).
+
+    Not to the last digit on every machine: CPUs with other vector units round differently (MKL and ATen pick
+    AVX2 or AVX-512 kernels), and the optimiser carries that on. Rebuilt on an AVX-512/AMX machine, the bundle built
+    on another answered within 2.1e-3 (deep_gpcm's theta; its probabilities within 5.6e-4, gru4rec's scores within
+    3.4e-5, time_aware's within 6e-8): the tolerance is about five times that."""
     answers = {}
     for which, path in (("bundled", demo.BUNDLED), ("rebuilt", rebuilt / "out")):
         with serve(Settings(artifacts_dir=path)) as url, httpx.Client(base_url=url) as http:
@@ -182,7 +187,7 @@ def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
         a, b = dict(numbers(answers["bundled"][prefix])), dict(numbers(answers["rebuilt"][prefix]))
         assert a.keys() == b.keys() and a, prefix
         for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-4), (prefix, key)
+            assert b[key] == pytest.approx(a[key], rel=1e-2, abs=1e-2), (prefix, key)
     assert [r["item_id"] for r in answers["bundled"]["sessions"]["recommendations"]] == \
         [r["item_id"] for r in answers["rebuilt"]["sessions"]["recommendations"]]
 
