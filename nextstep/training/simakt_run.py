@@ -340,7 +340,8 @@ def refit_answer_heads(model: SimAKT, seqs: list[Trajectory], banks: list, itera
     with torch.no_grad():
         after = torch.nn.functional.binary_cross_entropy_with_logits(logits(), targets).item()
     maps = {head.spec.name: {"mix": [round(w, 6) for w in head.mix.weight.detach().flatten().tolist()],
-                             "bias": round(head.mix.bias.item(), 6)} for head in model.answerers}
+                             "bias": round(head.mix.bias.item(), 6),
+                             "temperature": round(head.temperature().item(), 6)} for head in model.answerers}
     return {"applied": keep, "crossfit": estimate, "nll_before": before, "nll_after": after,
             "interactions": int(targets.numel()), "maps": maps}
 

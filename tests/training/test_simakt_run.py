@@ -80,6 +80,7 @@ def test_answer_heads_are_refitted_on_validation_students_and_nothing_else_moves
     assert again["applied"] and again["crossfit"]["auc_refit"] > again["crossfit"]["auc_end_to_end"]
     assert again["nll_after"] < again["nll_before"]
     assert again["maps"]["peers"]["mix"] == pytest.approx(model.answerers[0].mix.weight.flatten().tolist(), abs=1e-6)
+    assert again["maps"]["peers"]["temperature"] == pytest.approx(model.answerers[0].temperature().item(), rel=1e-5)
     moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert moved <= {"answer_heads.peers.mix.weight", "answer_heads.peers.mix.bias",
                      "answer_heads.peers.log_temperature"} and "answer_heads.peers.mix.weight" in moved

@@ -292,6 +292,10 @@ class PeerAnswers(AnswerHead):
         nn.init.zeros_(self.mix.weight)
         nn.init.zeros_(self.mix.bias)
 
+    def temperature(self) -> torch.Tensor:
+        """The softmax temperature over the peers' key similarities, learned or fixed by the spec."""
+        return (self.log_temperature if self.log_temperature is not None else self.fixed_log_temperature).exp()
+
     def build(self, entries, n_rows, generator):
         """-> (keys (N', d_key), responses (N',), expected (N',), first (n_rows,), count (n_rows,), mean (1,)),
         at most `size` entries per row, sorted by row; float32 but for first and count."""
@@ -324,8 +328,7 @@ class PeerAnswers(AnswerHead):
         index = (first[questions][..., None] + slot).clamp(max=keys.shape[0] - 1)
         k, r, e = keys[index], responses[index], expected[index]  # (B, R, P, d_key), (B, R, P) twice
         q = nn.functional.normalize(h @ self.query_map, dim=-1)
-        log_t = self.log_temperature if self.log_temperature is not None else self.fixed_log_temperature
-        score = torch.einsum("brd,brpd->brp", q, k) / log_t.exp()
+        score = torch.einsum("brd,brpd->brp", q, k) / self.temperature()
         score = score.masked_fill(~valid, -1e4)
         a = torch.softmax(score, dim=-1) * valid
         plain = valid / n.clamp(min=1)[..., None]
