@@ -9,7 +9,8 @@ a discrimination alpha_t and ordered thresholds beta_t, and gives the Generalize
 After the response is seen, the interaction (q_t, r_t) is embedded and written into the memory.
 
 Variants
-- DeepGPCM: linear-decay ordinal embedding of (q, r) written straight into memory.
+- DeepGPCM: linear-decay ordinal embedding of (q, r) written straight into memory; with learner_dim > 0 a GRU over
+  the same embeddings carries the learner across concepts and its state joins the read-out that gives theta.
 - BayesGPCM (deep_gpcm with ability "bayes", its default for ordinal data): the memory holds, per concept, the
   log-likelihood of the responses over a grid of abilities; theta and the prediction come from that posterior.
   Item parameters can start from a fitted IRT model (`warm_start`, irt_init).
@@ -72,6 +73,11 @@ class GPCMConfig:
     # "bayes": None keeps all evidence (a fixed ability, the GPCM generator's assumption); a value in (0, 1) is the
     # initial share of a slot's old evidence kept per write, then learned (an ability that drifts)
     evidence_keep: float | None = None
+    # "memory" only: size of a GRU over the interactions that carries the learner across concepts (0: none). Its
+    # state before t joins the read-out in the summary, so theta is the ability on q_t's concepts given the whole
+    # history, while beta and alpha stay the item's. None: 50 for binary data through the deep_gpcm family's
+    # builder (validation AUC 0.810 -> 0.820 on assist2009, docs/results.md), 0 otherwise
+    learner_dim: int | None = None
     # warm start: item parameters from a joint-MAP GPCM fit on the fitting students before training
     # (`warm_start`); None: on with the Bayes ability, off with the memory one
     irt_init: bool | None = None
@@ -87,6 +93,8 @@ class GPCMConfig:
                 setattr(self, name, value)
         if self.ability not in (None, "memory", "bayes"):
             raise ValueError(f"ability must be 'memory' or 'bayes', got {self.ability!r}")
+        if self.learner_dim is not None and self.learner_dim < 0:
+            raise ValueError(f"learner_dim must be 0 (no learner state) or positive, got {self.learner_dim}")
 
 
 # Data-dependent defaults, chosen on validation students (docs/results.md): ordinal data (the GPCM synthetic set)
@@ -114,7 +122,10 @@ class DeepGPCM(nn.Module):
         self.cfg = cfg = _resolve(cfg, self.ability)
         self.question_embed = nn.Embedding(cfg.n_questions, cfg.key_dim, padding_idx=0)
         self.memory = DKVMN(cfg.memory_size, cfg.key_dim, cfg.value_dim, cfg.erase_bias)
-        self.head = IRTHead(cfg.value_dim, cfg.key_dim, cfg.summary_dim, cfg.n_cats, dropout=cfg.dropout,
+        if cfg.learner_dim:
+            self.learner = nn.GRU(cfg.value_dim, cfg.learner_dim, batch_first=True)
+        self.head = IRTHead(cfg.value_dim + cfg.learner_dim, cfg.key_dim, cfg.summary_dim, cfg.n_cats,
+                            dropout=cfg.dropout,
                             ability_scale=cfg.ability_scale, ordered_thresholds=cfg.ordered_thresholds,
                             question_in_summary=cfg.question_in_summary,
                             item_discrimination=cfg.item_discrimination)
@@ -134,6 +145,10 @@ class DeepGPCM(nn.Module):
 
     def _initial_extra(self, batch: int) -> tuple[torch.Tensor, ...]:
         return ()
+
+    def _extra_spec(self) -> list[dict]:
+        """The state tensors _initial_extra makes, in its order."""
+        return []
 
     # -- output ----------------------------------------------------------------------------------------
     def _output(self, read: torch.Tensor, keys: torch.Tensor) -> GPCMOutput:
@@ -164,24 +179,41 @@ class DeepGPCM(nn.Module):
     def state_spec(self) -> list[dict]:
         """Names, per-entity shapes and dtypes of the state tensors, in the order step() takes them."""
         spec = [{"name": "value_memory", "shape": [self.cfg.memory_size, self.cfg.value_dim],
-                 "dtype": "float32", "init": "learned initial value memory"}]
+                 "dtype": "float32", "init": "learned initial value memory"}, *self._extra_spec()]
+        if self.cfg.learner_dim:  # the last state tensor, after the subclass's extras
+            spec.append({"name": "learner_state", "shape": [self.cfg.learner_dim], "dtype": "float32",
+                         "init": "zeros"})
         return spec
 
     def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        return (self.memory.initial(batch).clone(), *self._initial_extra(batch))
+        learner = (torch.zeros(batch, self.cfg.learner_dim),) if self.cfg.learner_dim else ()
+        return (self.memory.initial(batch).clone(), *self._initial_extra(batch), *learner)
+
+    def _split(self, state: tuple[torch.Tensor, ...]):
+        """state -> (value memory, a subclass's extra tensors, the learner state or None)."""
+        if self.cfg.learner_dim:
+            return state[0], tuple(state[1:-1]), state[-1]
+        return state[0], tuple(state[1:]), None
 
     def step(self, state: tuple[torch.Tensor, ...], question: torch.Tensor, response: torch.Tensor):
         """Fold one observed interaction into the state. question, response (B,) int64."""
-        memory, extra = state[0], tuple(state[1:])
+        memory, extra, learner = self._split(state)
         weights = self.memory.address(self.question_embed(question))  # (B, N)
         values, extra = self._step_values(extra, question, response)
         erase, add = self.memory.erase_add(values)
-        return (self.memory.write(memory, weights, erase, add), *extra)
+        memory = self.memory.write(memory, weights, erase, add)
+        if learner is None:
+            return (memory, *extra)
+        _, learner = self.learner(values.unsqueeze(1), learner.unsqueeze(0).contiguous())  # (1, B, H)
+        return (memory, *extra, learner.squeeze(0))
 
     def readout(self, state: tuple[torch.Tensor, ...], questions: torch.Tensor) -> GPCMOutput:
         """Answer for questions (B, M) without changing the state; outputs shaped (B, M, ...)."""
+        memory, _, learner = self._split(state)
         keys = self.question_embed(questions)  # (B, M, dk)
-        read = self.memory.read(state[0], self.memory.address(keys))  # (B, M, dv)
+        read = self.memory.read(memory, self.memory.address(keys))  # (B, M, dv)
+        if learner is not None:
+            read = torch.cat([read, learner.unsqueeze(1).expand(-1, questions.shape[1], -1)], -1)
         return self._output(read, keys)
 
     # -- training --------------------------------------------------------------------------------------
@@ -189,13 +221,18 @@ class DeepGPCM(nn.Module):
         """Teacher-forced pass. questions, responses (B, T) -> outputs at each t from (q_<t, r_<t) and q_t."""
         keys = self.question_embed(questions)  # (B, T, dk)
         weights = self.memory.address(keys)  # (B, T, N)
-        erase, add = self.memory.erase_add(self._values(questions, responses))  # (B, T, dv) each
+        values = self._values(questions, responses)  # (B, T, dv)
+        erase, add = self.memory.erase_add(values)  # (B, T, dv) each
         memory = self.memory.initial(questions.shape[0])
         reads = []
         for t in range(questions.shape[1]):
             reads.append(self.memory.read(memory, weights[:, t]))
             memory = self.memory.write(memory, weights[:, t], erase[:, t], add[:, t])
-        return self._output(torch.stack(reads, dim=1), keys)
+        read = torch.stack(reads, dim=1)
+        if self.cfg.learner_dim:  # the GRU's state before t: zeros, then its output after t-1
+            after, _ = self.learner(values)
+            read = torch.cat([read, torch.cat([torch.zeros_like(after[:, :1]), after[:, :-1]], 1)], -1)
+        return self._output(read, keys)
 
 
 class AttentionGPCM(DeepGPCM):
@@ -217,13 +254,11 @@ class AttentionGPCM(DeepGPCM):
     def _initial_extra(self, batch):
         return self.refine.initial(batch)
 
-    def state_spec(self) -> list[dict]:
+    def _extra_spec(self) -> list[dict]:
         cfg = self.cfg
-        return super().state_spec() + [
-            {"name": "attention_window", "shape": [cfg.n_cycles, cfg.window, cfg.embed_dim],
-             "dtype": "float32", "init": "zeros"},
-            {"name": "interaction_count", "shape": [], "dtype": "int64", "init": "zeros"},
-        ]
+        return [{"name": "attention_window", "shape": [cfg.n_cycles, cfg.window, cfg.embed_dim],
+                 "dtype": "float32", "init": "zeros"},
+                {"name": "interaction_count", "shape": [], "dtype": "int64", "init": "zeros"}]
 
 
 class CORALGPCM(DeepGPCM):
@@ -322,19 +357,31 @@ def _resolve(cfg: GPCMConfig, ability: str) -> GPCMConfig:
     if cfg.ability not in (None, ability):
         raise ValueError(f"ability {cfg.ability!r}: {ability!r} is the only one this model class has"
                          + (" (build deep_gpcm through `deep_gpcm(cfg)`)" if cfg.ability == "bayes" else ""))
-    return replace(cfg, ability=ability, irt_init=(ability == "bayes") if cfg.irt_init is None else cfg.irt_init)
+    if ability == "bayes" and cfg.learner_dim:
+        raise ValueError("learner_dim applies to the memory ability only: the Bayes filter's ability is its posterior")
+    return replace(cfg, ability=ability, irt_init=(ability == "bayes") if cfg.irt_init is None else cfg.irt_init,
+                   learner_dim=cfg.learner_dim or 0)
+
+
+BINARY_LEARNER_DIM = 50  # deep_gpcm's learner state for right/wrong data, chosen on validation (docs/results.md)
 
 
 def deep_gpcm(cfg: GPCMConfig) -> DeepGPCM:
     """The deep_gpcm family's model (its registry entry): the Bayes ability filter for ordinal data (K > 2) or
-    when cfg.ability says "bayes", the DKVMN memory read-out otherwise."""
+    when cfg.ability says "bayes", the DKVMN memory read-out otherwise, with a GRU learner state for binary data
+    unless cfg.learner_dim says otherwise."""
     ability = cfg.ability or ("bayes" if cfg.n_cats > 2 else "memory")
-    return (BayesGPCM if ability == "bayes" else DeepGPCM)(replace(cfg, ability=ability))
+    learner = cfg.learner_dim
+    if learner is None:
+        learner = BINARY_LEARNER_DIM if ability == "memory" and cfg.n_cats == 2 else 0
+    return (BayesGPCM if ability == "bayes" else DeepGPCM)(replace(cfg, ability=ability, learner_dim=learner))
 
 
 def restore(name: str, config: dict, weights: dict) -> DeepGPCM:
     """The deep_gpcm model of an artifact's weights.pt (its registry restorer). A config written before the Bayes
-    ability existed has no "ability" key and was a memory read-out, whatever its K."""
+    ability existed has no "ability" key and was a memory read-out, whatever its K; one written before the learner
+    state has no "learner_dim" and had none."""
+    config = {"learner_dim": 0, **config}
     if "ability" not in config:
         config = {**config, "ability": "memory"}
     model = deep_gpcm(GPCMConfig(**config))

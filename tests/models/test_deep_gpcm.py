@@ -12,9 +12,12 @@ TINY = {"n_questions": 20, "memory_size": 8, "key_dim": 8, "value_dim": 16, "sum
 K = 4
 FIELDS = ("log_probs", "theta", "alpha", "beta")
 
-# every class, and the settings that add a part: the Bayes ability with fading evidence (a learned keep share)
+# every class, and the settings that add a part: the Bayes ability with fading evidence (a learned keep share),
+# a recurrent learner state beside the memory
 CASES = {**{name: (cls, {}) for name, cls in MODELS.items()},
-         "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], {"evidence_keep": 0.9})}
+         "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], {"evidence_keep": 0.9}),
+         "deep_gpcm_learner": (MODELS["deep_gpcm"], {"learner_dim": 6}),
+         "attention_gpcm_learner": (MODELS["attention_gpcm"], {"learner_dim": 6})}
 pytestmark = pytest.mark.parametrize("name", sorted(CASES))
 
 

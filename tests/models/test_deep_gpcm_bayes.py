@@ -77,13 +77,15 @@ def test_several_slots_weight_the_evidence_by_the_addressing():
     assert torch.allclose(w.sum(-1), torch.ones(1)) and (w > 0).all() and not torch.allclose(w, w[:, :1])
 
 
-@pytest.mark.parametrize("n_cats, cls, memory_size, irt_init", [(4, BayesGPCM, 1, True), (2, DeepGPCM, 20, False)])
-def test_deep_gpcm_defaults_follow_the_data(n_cats, cls, memory_size, irt_init):
+@pytest.mark.parametrize("n_cats, cls, memory_size, irt_init, learner_dim",
+                         [(4, BayesGPCM, 1, True, 0), (2, DeepGPCM, 20, False, 50)])
+def test_deep_gpcm_defaults_follow_the_data(n_cats, cls, memory_size, irt_init, learner_dim):
     model = deep_gpcm(GPCMConfig(n_questions=10, n_cats=n_cats))
     assert type(model) is cls and model.family == "deep_gpcm"
     assert model.cfg.ability == ("bayes" if n_cats > 2 else "memory")
-    assert (model.cfg.memory_size, model.cfg.irt_init) == (memory_size, irt_init)
+    assert (model.cfg.memory_size, model.cfg.irt_init, model.cfg.learner_dim) == (memory_size, irt_init, learner_dim)
     assert model.cfg.erase_bias == (-6.0 if n_cats > 2 else -3.0)
+    assert [s["name"] for s in model.state_spec()][-1] == ("learner_state" if learner_dim else "value_memory")
 
 
 def test_settings_given_win_over_the_data_defaults():
@@ -97,6 +99,15 @@ def test_settings_given_win_over_the_data_defaults():
             cls(GPCMConfig(n_questions=10, n_cats=4, ability="bayes"))
     with pytest.raises(ValueError, match="ability must be"):
         GPCMConfig(n_questions=10, ability="filter")
+    # the learner state: off when asked, on for ordinal data when asked, never with the Bayes filter
+    assert deep_gpcm(GPCMConfig(n_questions=10, n_cats=2, learner_dim=0)).cfg.learner_dim == 0
+    assert deep_gpcm(GPCMConfig(n_questions=10, n_cats=4, ability="memory", learner_dim=8)).cfg.learner_dim == 8
+    for cls in (AttentionGPCM, CORALGPCM, DeepGPCM):  # the default is the family builder's, as the ability is
+        assert cls(GPCMConfig(n_questions=10, n_cats=2)).cfg.learner_dim == 0
+    with pytest.raises(ValueError, match="learner_dim applies to the memory ability only"):
+        deep_gpcm(GPCMConfig(n_questions=10, n_cats=2, ability="bayes", learner_dim=8))
+    with pytest.raises(ValueError, match="learner_dim must be"):
+        GPCMConfig(n_questions=10, learner_dim=-1)
 
 
 def small_data(seed: int = 0):
@@ -142,14 +153,21 @@ def test_an_artifact_from_before_the_bayes_ability_restores_as_the_memory_read_o
 
     torch.manual_seed(0)
     old = DeepGPCM(GPCMConfig(n_questions=10, n_cats=K, memory_size=4, erase_bias=-6.0, key_dim=8))
-    config = {k: v for k, v in asdict(old.cfg).items() if k not in ("ability", "grid_size", "grid_limit", "irt_init")}
+    config = {k: v for k, v in asdict(old.cfg).items()
+              if k not in ("ability", "grid_size", "grid_limit", "irt_init", "learner_dim")}
     loaded = restore("deep_gpcm", config, old.state_dict())
-    assert type(loaded) is DeepGPCM and loaded.cfg.ability == "memory"
+    assert type(loaded) is DeepGPCM and loaded.cfg.ability == "memory" and loaded.cfg.learner_dim == 0
     q, r = torch.tensor([[2, 5, 7]]), torch.tensor([[1, 3, 0]])
     with torch.no_grad():
         assert torch.equal(old.eval()(q, r).log_probs, loaded.eval()(q, r).log_probs)
     new = deep_gpcm(GPCMConfig(n_questions=10, n_cats=K, key_dim=8))  # a new artifact says what it is
     assert type(restore("deep_gpcm", asdict(new.cfg), new.state_dict())) is BayesGPCM
+    # a binary artifact from before the learner state (no "learner_dim") restores without one, as it was trained
+    old = deep_gpcm(GPCMConfig(n_questions=10, n_cats=2, key_dim=8, learner_dim=0))
+    config = {k: v for k, v in asdict(old.cfg).items() if k != "learner_dim"}
+    assert restore("deep_gpcm", config, old.state_dict()).cfg.learner_dim == 0
+    new = deep_gpcm(GPCMConfig(n_questions=10, n_cats=2, key_dim=8))
+    assert restore("deep_gpcm", asdict(new.cfg), new.state_dict()).cfg.learner_dim == 50
 
 
 def test_fading_evidence_scales_a_written_slot_s_old_evidence_by_the_keep_share():

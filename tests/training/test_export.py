@@ -26,8 +26,15 @@ def random_batch(B: int, T: int, seed: int):
     return torch.randint(2, TINY.n_questions, (B, T), generator=g), torch.randint(0, K, (B, T), generator=g)
 
 
-CASES = {**{name: (cls, TINY) for name, cls in MODELS.items()},  # and the Bayes ability with fading evidence
-         "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], replace(TINY, evidence_keep=0.9))}
+CASES = {**{name: (cls, TINY) for name, cls in MODELS.items()},  # and the Bayes ability with fading evidence,
+         "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], replace(TINY, evidence_keep=0.9)),  # a GRU learner
+         "deep_gpcm_learner": (MODELS["deep_gpcm"], replace(TINY, learner_dim=6)),
+         "attention_gpcm_learner": (MODELS["attention_gpcm"], replace(TINY, learner_dim=6))}
+
+
+def family_of(case: str) -> str:
+    """deep_gpcm_bayes and deep_gpcm_learner are deep_gpcm models."""
+    return case.split("_bayes")[0].removesuffix("_learner")
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -48,15 +55,17 @@ def test_manifest_describes_the_artifact(exported):
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == json.loads(json.dumps(manifest))  # the returned manifest is the one written
     assert manifest["name"] == f"tiny-{name}" and manifest["version"] == "1"  # caller's fields kept
-    assert manifest["family"] == model.family == name.split("_bayes")[0]  # deep_gpcm_bayes: a deep_gpcm
+    assert manifest["family"] == model.family == family_of(name)
     assert manifest["model_config"] == asdict(model.cfg)
-    assert {k: v for k, v in manifest["model_config"].items() if k not in ("ability", "irt_init")} == {
-        k: v for k, v in asdict(CASES[name][1]).items() if k not in ("ability", "irt_init")}  # class resolves those
+    resolved = ("ability", "irt_init", "learner_dim")  # the class resolves these
+    assert {k: v for k, v in manifest["model_config"].items() if k not in resolved} == {
+        k: v for k, v in asdict(CASES[name][1]).items() if k not in resolved}
+    assert manifest["model_config"]["learner_dim"] == (CASES[name][1].learner_dim or 0)
 
     spec = manifest["state"]
     assert [s["name"] for s in spec] == [s["name"] for s in model.state_spec()]
-    expected_names = ["value_memory"] + (["attention_window", "interaction_count"]
-                                         if name == "attention_gpcm" else [])
+    expected_names = (["value_memory"] + (["attention_window", "interaction_count"] if "attention" in name else [])
+                      + (["learner_state"] if name.endswith("_learner") else []))
     assert [s["name"] for s in spec] == expected_names
     with torch.no_grad():
         initial = model.init_state(1)
@@ -96,7 +105,7 @@ def test_manifest_describes_the_artifact(exported):
 def test_weights_reload_to_the_same_model(exported):
     name, model, out, _ = exported
     loaded, vocab, manifest = load_model(out)
-    assert type(loaded) is type(model) and manifest["family"] == name.split("_bayes")[0]
+    assert type(loaded) is type(model) and manifest["family"] == family_of(name)
     assert vocab.ids == VOCAB["ids"] and vocab.encode(np.array([100, 117, 5])).tolist() == [2, 19, 1]
     q, r = random_batch(2, 6, seed=3)
     with torch.no_grad():
