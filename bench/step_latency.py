@@ -13,7 +13,7 @@ prepared before timing; garbage collection is paused inside timed loops.
 
     python bench/step_latency.py [--questions 200] [--cats 4] [--repeats 2000] [--repeats-batched 300]
                                  [--warmup 200] [--batches 1,64]
-                                 [--models deep_gpcm,attention_gpcm,coral_gpcm] [--json OUT]
+                                 [--models deep_gpcm,attention_gpcm,coral_gpcm] [--learner-dim N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -284,6 +284,9 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", choices=["seed", "default"], default="seed",
                    help="model sizes: the seed document's (memory 50, key 50, value 200, summary 50) "
                         "or GPCMConfig's defaults (the tuned ones)")
+    p.add_argument("--learner-dim", type=int, default=0,
+                   help="GRU learner state beside the memory (GPCMConfig.learner_dim; deep_gpcm's default for K = 2 "
+                        "is 50, the classes' own 0)")
     p.add_argument("--json", type=Path, help="write every number here")
     args = p.parse_args(argv)
 
@@ -307,7 +310,8 @@ def main(argv=None) -> int:
         busy = load >= 0.5
         print(f"load average (1 min) before start: {load:.2f}"
               + ("  <- other work is running; expect inflated, noisier numbers" if busy else ""))
-    print(f"settings: n_questions={n_questions}, K={args.cats}, {args.sizes} sizes; warmup {args.warmup}, "
+    print(f"settings: n_questions={n_questions}, K={args.cats}, {args.sizes} sizes, learner_dim {args.learner_dim}; "
+          f"warmup {args.warmup}, "
           f"{args.repeats} timed calls at batch 1, {args.repeats_batched} at larger batches", flush=True)
 
     rows, exports, checks = [], {}, {}
@@ -315,7 +319,7 @@ def main(argv=None) -> int:
         for fi, family in enumerate(families):
             torch.manual_seed(args.seed + fi)
             sizes = SEED_SIZES if args.sizes == "seed" else {}
-            cfg = GPCMConfig(n_questions=n_questions, n_cats=args.cats, **sizes)
+            cfg = GPCMConfig(n_questions=n_questions, n_cats=args.cats, learner_dim=args.learner_dim, **sizes)
             model = MODELS[family](cfg).eval()
             art = Path(tmp) / family
             t0 = time.perf_counter()
