@@ -186,8 +186,9 @@ class DeepGPCM(nn.Module):
         return spec
 
     def init_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        learner = (torch.zeros(batch, self.cfg.learner_dim),) if self.cfg.learner_dim else ()
-        return (self.memory.initial(batch).clone(), *self._initial_extra(batch), *learner)
+        memory = self.memory.initial(batch).clone()
+        learner = (memory.new_zeros(batch, self.cfg.learner_dim),) if self.cfg.learner_dim else ()
+        return (memory, *self._initial_extra(batch), *learner)
 
     def _split(self, state: tuple[torch.Tensor, ...]):
         """state -> (value memory, a subclass's extra tensors, the learner state or None)."""
