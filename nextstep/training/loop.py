@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 Encoded = tuple[np.ndarray, np.ndarray]  # (question indices, responses), int64, same length
@@ -34,6 +35,9 @@ class TrainConfig:
     valid_fraction: float = 0.1  # share of TRAINING students held out for early stopping
     patience: int = 8  # epochs without validation improvement before stopping
     lr_patience: int = 2  # epochs without improvement before the learning rate is halved
+    # the weights validated, kept and exported are an exponential moving average of the trained ones, this decay per
+    # step (None: the trained weights themselves); docs/decisions.md
+    average: float | None = None
     monitor: str = "nll"  # validation metric for early stopping and the best checkpoint (see LOWER_IS_BETTER)
     loss: str = "ce"  # CombinedLoss spec, e.g. "ce" or "ce=0.6,qwk=0.2,focal=0.2"
     seed: int = 0
@@ -45,6 +49,8 @@ class TrainConfig:
         if not 0 < self.valid_fraction < 1:
             raise ValueError(f"valid_fraction must be in (0, 1): early stopping needs validation students, "
                              f"got {self.valid_fraction}")
+        if self.average is not None and not 0 < self.average < 1:
+            raise ValueError(f"average (a decay per step) must be in (0, 1), got {self.average}")
         if self.monitor not in MONITORS:
             raise ValueError(f"monitor must be one of {sorted(MONITORS)}, got {self.monitor!r}")
 
@@ -127,7 +133,7 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, 
                         lr_schedule=torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5,
                                                                                patience=cfg.lr_patience),
                         checkpoint=checkpoint, progress=progress, report=print_row if log else None,
-                        validate_start=validate_start)
+                        validate_start=validate_start, average=cfg.average)
 
 
 # ----------------------------------------------------------------------------- the shared loop
@@ -138,7 +144,8 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
                  lower_is_better: bool = True, patience: int | None = None, min_delta: float = 1e-5,
                  lr_schedule=None, max_seconds: float | None = None, checkpoint: Path | None = None,
                  before_epoch: Callable[[int], dict | None] | None = None, progress: bool = True,
-                 report: Callable[[dict], None] | None = None, validate_start: bool = False) -> list[dict]:
+                 report: Callable[[dict], None] | None = None, validate_start: bool = False,
+                 average: float | None = None) -> list[dict]:
     """Train `model` for up to `epochs` epochs; return one history row per epoch.
 
     Each epoch: `before_epoch(epoch)` (e.g. a curriculum stage; the dict it returns goes into the row),
@@ -160,7 +167,10 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
     `progress`: a bar per epoch, only when stderr is a terminal; `report(row)` after every epoch (e.g.
     `print_row`, one line per epoch, readable in a log file).
     `validate_start` (with `validate` and a `monitor`): the starting weights are validated first (row 0: epoch 0,
-    valid_*, best) and kept unless an epoch beats them, for a model that starts from a warm start."""
+    valid_*, best) and kept unless an epoch beats them, for a model that starts from a warm start.
+    `average` (a decay per step, with an optimizer): an exponential moving average of the parameters is kept
+    (torch.optim.swa_utils), and it is what each epoch validates, what the best epoch keeps and, without a
+    monitor, what training returns; the optimizer goes on from the trained parameters."""
     sign = 1.0 if lower_is_better else -1.0
     history, best, best_state, stale = [], math.inf, None, 0
     started = time.perf_counter()
@@ -172,6 +182,9 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
         if report is not None:
             report(row)
     bar = progress and sys.stderr.isatty()
+    averaged = None
+    if average is not None and optimizer is not None:
+        averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(average))
     for epoch in range(1, epochs + 1):
         t0 = time.perf_counter()
         row = {"epoch": epoch, **((before_epoch and before_epoch(epoch)) or {})}
@@ -189,6 +202,8 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
                 if grad_clip is not None:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
                 optimizer.step()
+                if averaged is not None:
+                    averaged.update_parameters(model)
             for name, value in (out[2] if len(out) > 2 else {"loss": loss.item() * n}).items():
                 totals[name] = totals.get(name, 0.0) + value
             count += n
@@ -196,6 +211,8 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
         row.update({f"train_{name}": value / max(count, 1) for name, value in totals.items()})
         if not math.isfinite(row.get("train_loss", 0.0)):
             raise FloatingPointError(f"training diverged at epoch {epoch}: loss {row['train_loss']}")
+        if averaged is not None:
+            _swap_parameters(model, averaged.module)  # validate (and keep) the average
         metrics = validate() if validate is not None else {}
         row.update({f"valid_{name}": value for name, value in metrics.items()})
         row.update(targets=count, seconds=time.perf_counter() - t0, targets_per_second=count / train_seconds)
@@ -217,15 +234,28 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
                     torch.save({"epoch": epoch, "state_dict": best_state, "valid": metrics}, checkpoint)
             else:
                 stale += 1
-                if patience is not None and stale >= patience:
-                    break
+        if averaged is not None:
+            _swap_parameters(model, averaged.module)  # train on from the trained parameters
+        if monitor is not None and patience is not None and stale >= patience:
+            break
         elapsed = time.perf_counter() - started
         if max_seconds is not None and elapsed + elapsed / epoch > max_seconds:
             break
     if best_state is not None:
         model.load_state_dict(best_state)
+    elif averaged is not None:
+        _swap_parameters(model, averaged.module)
     model.eval()
     return history
+
+
+@torch.no_grad()
+def _swap_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """Exchange two models' parameter values in place (the same architecture); buffers stay."""
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        held = p.detach().clone()
+        p.copy_(q)
+        q.copy_(held)
 
 
 ROW_BOOKKEEPING = ("epoch", "targets", "seconds", "targets_per_second", "best")

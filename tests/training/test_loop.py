@@ -85,6 +85,48 @@ def test_the_train_loss_is_per_target_and_matches_a_hand_written_sgd_loop():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def _sgd_with_average(model, batches, epochs: int, decay: float):
+    """A hand-written SGD loop and the moving average of its parameters after every step, at each epoch's end."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    average, averaged = None, []
+    for _ in range(epochs):
+        for xb, yb in batches(0):
+            loss = ((model(xb).squeeze(1) - yb) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            now = [p.detach().clone() for p in model.parameters()]
+            if average is not None:
+                now = [decay * a + (1 - decay) * p for a, p in zip(average, now, strict=True)]
+            average = now
+        averaged.append([a.clone() for a in average])
+    return averaged
+
+
+@pytest.mark.parametrize("monitored", [False, True])
+def test_the_average_is_validated_and_kept_while_training_goes_on_from_the_trained_weights(monitored):
+    model, batches, step = regression()
+    reference = torch.nn.Linear(3, 1)
+    reference.load_state_dict(model.state_dict())
+    averaged = _sgd_with_average(reference, batches, 3, decay=0.6)
+    seen = []
+    train_epochs(model, 3, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05), average=0.6,
+                 validate=scripted([2.0, 1.0, 3.0], model, seen), monitor="valid_score" if monitored else None)
+    # every epoch validated the average of the one trajectory the hand-written loop took (so training went on
+    # from the trained weights, not from the average); the best epoch's (2) or, unmonitored, the last one stays
+    for epoch, snapshot in enumerate(seen):
+        for a, b in zip(snapshot.values(), averaged[epoch], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    kept = averaged[1] if monitored else averaged[2]
+    for a, b in zip(model.parameters(), kept, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_an_average_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match="average"):
+        TrainConfig(average=1.0)
+
+
 def test_a_step_that_updates_itself_reports_sums_and_parts():
     model = torch.nn.Linear(1, 1)
     batches = lambda epoch: [3, 5]  # noqa: E731
