@@ -183,7 +183,9 @@ def tuning_split(log: ReviewLog, *, cfg: TimeAwareTrainConfig | None = None, blo
             "blocks": list(blocks), "n_scored": int(len(scored)), "epochs": epochs, "seed": tcfg.seed}
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """The tuning split of one review log, printed as JSON; `--config` takes a JSON file of TimeAwareTrainConfig
+    fields (model settings under "model"), as `nextstep train time_aware --config` does."""
     import argparse
     import json
 
@@ -191,6 +193,16 @@ if __name__ == "__main__":
     parser.add_argument("--data", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--duration-cap-s", type=float)
-    args = parser.parse_args()
-    print(json.dumps(tuning_split(read_reviews(args.data, duration_cap_s=args.duration_cap_s),
-                                  cfg=TimeAwareTrainConfig(seed=args.seed))))
+    parser.add_argument("--config", help="JSON file of TimeAwareTrainConfig fields (the seed comes from --seed)")
+    args = parser.parse_args(argv)
+    values = json.loads(Path(args.config).read_text()) if args.config else {}
+    try:
+        cfg = TimeAwareTrainConfig(**{**values, "seed": args.seed})
+        TimeAwareConfig(**cfg.model)  # model keys checked before any data is read
+    except TypeError as exc:
+        raise SystemExit(f"--config {args.config}: {exc}") from None
+    print(json.dumps(tuning_split(read_reviews(args.data, duration_cap_s=args.duration_cap_s), cfg=cfg)))
+
+
+if __name__ == "__main__":
+    main()

@@ -203,6 +203,20 @@ def test_tuning_split_never_scores_the_last_two_test_blocks(artifact, log):
         assert np.isfinite(result[key]), key
 
 
+def test_the_tuning_split_command_takes_a_config_and_refuses_unknown_keys(tmp_path, log, capsys):
+    from nextstep.training.time_aware_run import main as tuning_main
+
+    write_review_csv(log, tmp_path / "reviews.csv")
+    (tmp_path / "cfg.json").write_text(json.dumps({"max_epochs": 1, "batch_size": 128, "model": SMALL}))
+    tuning_main(["--data", str(tmp_path / "reviews.csv"), "--seed", "2", "--config", str(tmp_path / "cfg.json")])
+    result = json.loads(capsys.readouterr().out)
+    assert result["seed"] == 2 and result["epochs"] == [1, 1, 1]  # the config's one epoch per block
+    for bad in ({"max_epoch": 1}, {"model": {"d_modle": 16}}):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(SystemExit, match="unexpected keyword argument 'max_epoch'|'d_modle'"):
+            tuning_main(["--data", str(tmp_path / "reviews.csv"), "--config", str(tmp_path / "bad.json")])
+
+
 def test_weights_saved_before_the_drifts_and_the_duration_shift_restore_with_those_terms_off(artifact, log):
     from nextstep.training.families import restore
 
