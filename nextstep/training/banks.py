@@ -36,6 +36,9 @@ class Bank:
     summaries: np.ndarray  # (M, d) float32
     sizes: np.ndarray  # (M,) int64: trajectories averaged into each entry
     sources: list[list[str]]  # student ids behind each entry (knn: one; cluster: its members)
+    # a bank read back from disk (load_banks): its provenance's {"students", "students_sha256"}, which save_banks
+    # writes again where the ids themselves were not saved (cluster members, answer banks)
+    recorded: dict | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(self.states), torch.from_numpy(self.lengths)
@@ -122,6 +125,7 @@ class AnswerBank:
     type: str
     parts: dict[str, np.ndarray]
     students: list[str]  # the training students whose interactions it holds
+    recorded: dict | None = None  # as Bank's: the provenance's student count and hash of a bank read back
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(torch.from_numpy(v) for v in self.parts.values())
@@ -192,6 +196,14 @@ def weights_hash(model: SimAKT) -> str:
     return digest.hexdigest()[:16]
 
 
+def _students(students: list[str], recorded: dict | None) -> dict:
+    """A bank's provenance fields for its students: their number and a hash of their sorted ids, or what was
+    recorded for a bank read back without its ids."""
+    if not students and recorded:
+        return {"students": recorded["students"], "students_sha256": recorded["students_sha256"]}
+    return {"students": len(students), "students_sha256": hashlib.sha256("\n".join(students).encode()).hexdigest()[:16]}
+
+
 def save_banks(banks: list[Bank], out_dir: Path, provenance: dict) -> Path:
     """Write the banks and provenance.json into out_dir (created); returns out_dir."""
     out_dir = Path(out_dir)
@@ -202,16 +214,14 @@ def save_banks(banks: list[Bank], out_dir: Path, provenance: dict) -> Path:
             for part, array in b.parts.items():
                 np.save(out_dir / f"{b.head}_{part}.npy", array, allow_pickle=False)
             entries.append({"head": b.head, "type": b.type, "stage": "answer",
-                            "entries": b.entries, "students": len(b.students),
-                            "students_sha256": hashlib.sha256("\n".join(b.students).encode()).hexdigest()[:16],
+                            "entries": b.entries, **_students(b.students, b.recorded),
                             "files": {p: f"{b.head}_{p}.npy" for p in b.parts}})
             continue
         for part in BANK_FILES:
             np.save(out_dir / f"{b.head}_{part}.npy", getattr(b, part), allow_pickle=False)
         students = sorted({s for src in b.sources for s in src})
         entries.append({"head": b.head, "type": b.type, "entries": len(b.lengths), "window": b.states.shape[1],
-                        "d_model": b.states.shape[2], "students": len(students),
-                        "students_sha256": hashlib.sha256("\n".join(students).encode()).hexdigest()[:16],
+                        "d_model": b.states.shape[2], **_students(students, b.recorded),
                         "sources": b.sources if b.type != "cluster" else None,
                         "files": {p: f"{b.head}_{p}.npy" for p in BANK_FILES}})
     (out_dir / "provenance.json").write_text(json.dumps({**provenance, "banks": entries}, indent=2))
@@ -236,12 +246,20 @@ def load_banks(bank_dir: Path, model: SimAKT) -> list[Bank]:
                              f"{arrays['states'].shape}, the model needs float32 ({M}, {model.cfg.window}, "
                              f"{model.cfg.d_model})")
         banks.append(Bank(spec.name, e["type"], arrays["states"], arrays["lengths"].astype(np.int64),
-                          arrays["summaries"], arrays["sizes"], e.get("sources") or [[] for _ in range(M)]))
+                          arrays["summaries"], arrays["sizes"], e.get("sources") or [[] for _ in range(M)],
+                          _recorded(e)))
     for head in model.answerers:
         e = by_head[head.spec.name]
         parts = {p: np.load(bank_dir / e["files"][p], allow_pickle=False) for p in head.parts}
-        banks.append(AnswerBank(head.spec.name, e["type"], parts, []))
+        banks.append(AnswerBank(head.spec.name, e["type"], parts, [], _recorded(e)))
     return banks
+
+
+def _recorded(entry: dict) -> dict | None:
+    """A provenance entry's student count and hash, where it has them."""
+    if "students" in entry and "students_sha256" in entry:
+        return {"students": entry["students"], "students_sha256": entry["students_sha256"]}
+    return None
 
 
 def provenance(model: SimAKT, data_file: str, students: list[str], seed: int) -> dict:
