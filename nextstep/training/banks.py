@@ -200,7 +200,7 @@ def _students(students: list[str], recorded: dict | None) -> dict:
     """A bank's provenance fields for its students: their number and a hash of their sorted ids, or what was
     recorded for a bank read back without its ids."""
     if not students and recorded:
-        return {"students": recorded["students"], "students_sha256": recorded["students_sha256"]}
+        return dict(recorded)
     return {"students": len(students), "students_sha256": hashlib.sha256("\n".join(students).encode()).hexdigest()[:16]}
 
 

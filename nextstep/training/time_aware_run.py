@@ -195,12 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration-cap-s", type=float)
     parser.add_argument("--config", help="JSON file of TimeAwareTrainConfig fields (the seed comes from --seed)")
     args = parser.parse_args(argv)
-    values = json.loads(Path(args.config).read_text()) if args.config else {}
-    try:
-        cfg = TimeAwareTrainConfig(**{**values, "seed": args.seed})
-        TimeAwareConfig(**cfg.model)  # model keys checked before any data is read
-    except TypeError as exc:
-        raise SystemExit(f"--config {args.config}: {exc}") from None
+    from ..cli import _config  # `nextstep train`'s reading of --config: unknown keys refused before any data is read
+
+    cfg = _config(argparse.Namespace(config=args.config, model="time_aware", seed=args.seed), TimeAwareTrainConfig,
+                  TimeAwareConfig, flags=("seed",))
     print(json.dumps(tuning_split(read_reviews(args.data, duration_cap_s=args.duration_cap_s), cfg=cfg)))
 
 
