@@ -20,34 +20,23 @@ import json
 import os
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from .demo import require
 from .training.families import FAMILIES, family
 
 
-def _config(args, cls, model_cls, flags: tuple[str, ...]):
-    """A training config from --config (JSON; model settings under "model") and the flags; unknown keys and
-    bad values are refused before any data is read."""
-    values = json.loads(Path(args.config).read_text()) if args.config else {}
-    derived = {"n_questions", "n_cats", "n_items", "n_skills", "n_problems", "similarity"}  # from the data / files
-    checks = [("", values, cls)] + ([("model.", values.get("model", {}), model_cls)] if model_cls else [])
-    for where, given, c in checks:
-        known = {f.name for f in fields(c)} - derived
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise SystemExit(f"--config {args.config}: unknown keys {[where + k for k in unknown]}; "
-                             f"expected some of {sorted(known)}")
-    for flag in ALL_FLAGS:
-        if getattr(args, flag, None) is not None:
-            if flag not in flags:
-                raise SystemExit(f"--{flag} does not apply to {args.model}")
-            values[flag] = getattr(args, flag)
+def _config(args, entry):
+    """The family's training config from --config and the flags; unknown keys and bad values are refused before
+    any data is read."""
+    flags = {flag: getattr(args, flag) for flag in ALL_FLAGS if getattr(args, flag, None) is not None}
+    for flag in flags:
+        if flag not in entry.flags:
+            raise SystemExit(f"--{flag} does not apply to {args.model}")
     try:
-        return cls(**values)
-    except (TypeError, ValueError) as exc:
-        raise SystemExit(f"{args.model} config: {exc}") from None
+        return entry.read_train_config(args.config, flags)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def _options(args, entry, mapping: dict, command: str) -> dict:
@@ -80,7 +69,7 @@ def cmd_train(args) -> int:
     entry = family(args.model)
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     kwargs = _options(args, entry, entry.train_options, "train")
-    cfg = _config(args, entry.resolve("train_config"), entry.resolve("config"), flags=entry.flags)
+    cfg = _config(args, entry)
     if entry.progress:
         kwargs[entry.progress] = not args.quiet
     train = entry.resolve("train")

@@ -116,6 +116,24 @@ def test_config_with_an_unknown_model_key_is_refused_before_training(tmp_path, t
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text, says", [
+    ("[1, 2]", "a JSON object is expected"),
+    ('{"model": [1]}', "a JSON object is expected"),
+    ("{epochs: 1}", "Expecting property name"),
+    (None, "No such file"),
+])
+def test_a_config_file_that_is_not_a_config_object_is_refused_naming_the_file(tmp_path, text, says):
+    config = tmp_path / "config.json"
+    if text is not None:
+        config.write_text(text)
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as caught:  # the data is never read: a missing data folder is not reached
+        main(["train", "deep_gpcm", "--data", str(tmp_path / "no-data"), "--out", str(out), "--config", str(config)])
+    message = str(caught.value.code)
+    assert message.startswith(f"--config {config}: ") and says in message, message
+    assert not out.exists()
+
+
 def _write_binary(data_dir, seed: int = 0) -> int:
     """A tiny three-line data set with 0/1 responses; returns the number of test interactions."""
     rng = np.random.default_rng(seed)

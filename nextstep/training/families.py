@@ -17,12 +17,16 @@ The CLI's `train`, `evaluate` and `export` are built from this table. A new fami
 here, a config and its tests.
 """
 
+import json
 from dataclasses import KW_ONLY, dataclass, field, fields
 from functools import reduce
 from importlib import import_module
+from pathlib import Path
 
 KT_RUN = "nextstep.training.run"
 PARTS = ("reader", "batcher", "loss", "metrics")
+# config fields that come from the data or other files, never from --config
+DERIVED = {"n_questions", "n_cats", "n_items", "n_skills", "n_problems", "similarity"}
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,30 @@ class Family:
 
     def config_fields(self, what: str = "config") -> set[str]:
         return {f.name for f in fields(self.resolve(what))}
+
+    def read_train_config(self, path: str | None, flags: dict | None = None):
+        """The training config of `--config FILE` (JSON; model settings under "model"), with `flags` (training
+        config fields set on the command line) over it. Unknown keys and bad values are a ValueError naming them,
+        raised before any data is read."""
+        try:
+            values = json.loads(Path(path).read_text()) if path else {}
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--config {path}: {exc}") from None
+        if not isinstance(values, dict) or not isinstance(values.get("model", {}), dict):
+            raise ValueError(f"--config {path}: a JSON object is expected, with model settings as an object under "
+                             '"model"')
+        cls, model_cls = self.resolve("train_config"), self.resolve("config")
+        checks = [("", values, cls)] + ([("model.", values.get("model", {}), model_cls)] if model_cls else [])
+        for where, given, c in checks:
+            known = {f.name for f in fields(c)} - DERIVED
+            unknown = sorted(set(given) - known)
+            if unknown:
+                raise ValueError(f"--config {path}: unknown keys {[where + k for k in unknown]}; "
+                                 f"expected some of {sorted(known)}")
+        try:
+            return cls(**{**values, **(flags or {})})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.name} config: {exc}") from None
 
 
 def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None) -> Family:

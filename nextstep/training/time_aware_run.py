@@ -23,7 +23,7 @@ import torch
 from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
 from .data import fingerprint
 from .export import load_weights
-from .families import restore
+from .families import family, restore
 from .reviews import ReviewLog, read_reviews
 from .srs_eval import (
     bin_features,
@@ -195,10 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration-cap-s", type=float)
     parser.add_argument("--config", help="JSON file of TimeAwareTrainConfig fields (the seed comes from --seed)")
     args = parser.parse_args(argv)
-    from ..cli import _config  # `nextstep train`'s reading of --config: unknown keys refused before any data is read
-
-    cfg = _config(argparse.Namespace(config=args.config, model="time_aware", seed=args.seed), TimeAwareTrainConfig,
-                  TimeAwareConfig, flags=("seed",))
+    try:
+        cfg = family("time_aware").read_train_config(args.config, {"seed": args.seed})
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     print(json.dumps(tuning_split(read_reviews(args.data, duration_cap_s=args.duration_cap_s), cfg=cfg)))
 
 
