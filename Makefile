@@ -67,5 +67,5 @@ ablation-simakt:  ## the SimAKT ablation (none / cluster / knn / dual, seeds 0-2
 	$(BIN)/python -m nextstep.training.simakt_ablation --data $(DATA)/kt/dtransformer_assist09 --out runs/simakt_ablation \
 	  --configs configs/simakt/none.json configs/simakt/cluster.json configs/simakt/knn.json configs/simakt/dual.yaml
 
-clean:
-	rm -rf artifacts .pytest_cache .ruff_cache
+clean:  ## remove the test and lint caches (never ./artifacts: trained models are yours to delete)
+	rm -rf .pytest_cache .ruff_cache
