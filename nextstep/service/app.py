@@ -11,7 +11,7 @@ import time
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Annotated
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
@@ -50,6 +50,20 @@ OPEN_PATHS = {"/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/red
               *(f"{DOCS_ASSETS}/{name}" for name in DOCS_FILES)}
 PIN_HEADER = "X-Model-Version"
 _PINNED_PREFIXES = {"kt", "sessions", "srs", "models"}  # /v1/<prefix>/{model}/...
+
+
+def _undecodable(scope):
+    """A 422 for a path whose percent-escapes are not UTF-8 (the server decodes them with replacement characters,
+    so `%FE` and `%FF` would both name the id "\ufffd"), else None. Called only when the path holds U+FFFD."""
+    raw = scope.get("raw_path")
+    if raw is None:
+        return None
+    try:
+        unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
+    except UnicodeDecodeError:
+        return problem(422, "path: its percent-escapes are not UTF-8 (encode ids as UTF-8 before escaping them)",
+                       "path", "invalid-request")
+    return None
 
 
 def _pin(scope, version: bytes):
@@ -178,8 +192,8 @@ class ServiceMiddleware:
             chunks, size, more = [], 0, True
             while more:
                 message = await receive()
-                if message["type"] != "http.request":
-                    break
+                if message["type"] != "http.request":  # the client went away (or timed out) mid-body: a part of
+                    return  # a body is no request, so nothing is applied and there is no one to answer
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
                 more = message.get("more_body", False)
@@ -190,6 +204,10 @@ class ServiceMiddleware:
             async def receive():  # noqa: F811 - replay the buffered body
                 return {"type": "http.request", "body": body, "more_body": False}
 
+        if "\ufffd" in scope["path"]:
+            refused = _undecodable(scope)
+            if refused is not None:
+                return await self.refuse(refused, scope, receive, send)
         pin = headers.get(b"x-model-version")
         if pin is not None:  # (one dict lookup on the fast path; the pin's work only when there is one)
             refused = _pin(scope, pin)

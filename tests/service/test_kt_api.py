@@ -124,6 +124,9 @@ def test_redis_outage_gives_503_quickly_and_recovers(artifacts, redis_process, s
     ({"student_id": "s", "events": [{"question_id": 3, "response": 1}], "predict_question_ids": ["nope"]},
      422, "predict_question_ids[0]"),
     ({"events": [{"question_id": 3, "response": 1}]}, 422, "student_id"),
+    # an empty event id would be recorded, and every later event with it dropped as a replay
+    ({"student_id": "s", "events": [{"question_id": 3, "response": 1, "event_id": ""}]}, 422, "events[0].event_id"),
+    ({"student_id": "s", "events": [{"question_id": 3, "response": 1, "timestamp": -1}]}, 422, "events[0].timestamp"),
 ])
 def test_bad_input_is_a_4xx_naming_the_field(artifacts, body, status, field, serve):
     art, _ = artifacts
@@ -275,6 +278,53 @@ def test_events_fast_path_answers_like_the_route(artifacts, serve):
 
 
 
+
+
+def test_a_timestamp_that_is_not_a_time_is_refused(artifacts, serve):
+    art, _ = artifacts
+    with serve(Settings(artifacts_dir=art)) as url:
+        for token in ("NaN", "Infinity", "1e400"):  # JSON tokens Python's json module writes, and an overflow
+            body = '{"student_id": "s", "events": [{"question_id": 3, "response": 1, "timestamp": %s}]}' % token
+            reply = httpx.post(f"{url}/v1/kt/deep_gpcm/events", content=body,
+                               headers={"content-type": "application/json"})
+            assert reply.status_code == 422 and reply.json()["field"] == "events[0].timestamp", (token, reply.text)
+        assert httpx.get(f"{url}/v1/kt/deep_gpcm/students/s").json()["events_total"] == 0
+
+
+def test_a_body_cut_off_mid_stream_changes_nothing(artifacts, redis_url, serve):
+    """A chunked body whose client goes away before the last chunk is no request: nothing is applied."""
+    import socket
+    from urllib.parse import urlsplit
+
+    art, _ = artifacts
+    body = b'{"student_id": "cut", "events": [{"question_id": 3, "response": 1}]}'
+    with serve(Settings(artifacts_dir=art, redis_url=redis_url)) as url:
+        address = urlsplit(url)
+        with socket.create_connection((address.hostname, address.port), timeout=5) as conn:
+            conn.sendall(b"POST /v1/kt/deep_gpcm/events HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n" % len(body) + body + b"\r\n")
+            time.sleep(0.3)  # the whole JSON document has arrived; only the closing chunk is missing
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # had the partial body been applied, it would show within this
+            state = httpx.get(f"{url}/v1/kt/deep_gpcm/students/cut").json()
+            assert state["events_total"] == 0, state
+            time.sleep(0.1)
+        whole = httpx.post(f"{url}/v1/kt/deep_gpcm/events", content=body, headers={"content-type": "application/json"})
+        assert whole.status_code == 200 and whole.json()["events_total"] == 1, whole.text
+
+
+def test_a_path_whose_escapes_are_not_utf8_is_refused(artifacts, serve):
+    art, _ = artifacts
+    with serve(Settings(artifacts_dir=art)) as url, httpx.Client(base_url=url) as http:
+        body = {"student_id": "\ufffd", "events": [{"question_id": 3, "response": 1}]}
+        assert http.post("/v1/kt/deep_gpcm/events", json=body).status_code == 200
+        for method in ("GET", "DELETE"):
+            for path in ("/v1/kt/deep_gpcm/students/%FE", "/v1/kt/deep_gpcm/students/a%FFb"):
+                reply = http.request(method, path)
+                assert reply.status_code == 422 and reply.json()["field"] == "path", (method, path, reply.text)
+        # the learner whose id really is U+FFFD is still there, and reachable by its own UTF-8 escapes
+        kept = http.get("/v1/kt/deep_gpcm/students/%EF%BF%BD").json()
+        assert kept["student_id"] == "\ufffd" and kept["events_total"] == 1, kept
 
 
 def test_any_id_round_trips_through_write_read_and_delete(artifacts, redis_url, serve):

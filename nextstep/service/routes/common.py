@@ -22,7 +22,10 @@ MAX_ID = 200  # characters of any id: students, sessions, users, questions, item
 IdText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_ID)]
 Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 ExternalId = IdText | Int64
-EventId = Annotated[StrictStr | None, Field(max_length=MAX_ID, description="replays of an id are applied once")]
+EventId = Annotated[IdText | None, Field(description="replays of an id are applied once")]
+# a time the app records and the model does not use: still a unix time, so that no NaN or year 1e300 is taken in
+UnusedTime = Annotated[float | None, Field(ge=0, allow_inf_nan=False,
+                                           description="unix seconds; recorded by the app, not used")]
 
 
 def path_id(what: str) -> Path:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
 from ..kt import Event, KnowledgeTracer
-from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, answer, path_id, too_many
+from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, UnusedTime, answer, path_id, too_many
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
 
@@ -36,7 +36,7 @@ class KtEvent(Strict):
     response: Annotated[StrictInt, Field(ge=0, description="ordinal response 0..K-1 (0/1 for right/wrong; an "
                                                            "integer: true is not 1)")]
     event_id: EventId = None
-    timestamp: Annotated[float | None, Field(description="unix seconds; recorded by the app, not used")] = None
+    timestamp: UnusedTime = None
 
 
 class KtEventsRequest(Strict):

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from ..sessions import Click, SessionRecommender
-from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, answer, path_id, too_many
+from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, UnusedTime, answer, path_id, too_many
 
 router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"], route_class=JsonRoute)
 
@@ -34,7 +34,7 @@ SessionPath = Annotated[str, path_id("session")]
 class SessionClick(Strict):
     item_id: Id
     event_id: EventId = None
-    timestamp: Annotated[float | None, Field(description="unix seconds; recorded by the app, not used")] = None
+    timestamp: UnusedTime = None
 
 
 class SessionEventsRequest(Strict):
