@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -42,7 +43,7 @@ def _config(args, entry):
 def _options(args, entry, mapping: dict, command: str) -> dict:
     """The keywords of the family's train or evaluate function from the options given (an option left out keeps
     the function's default); an option given that the family does not take is an error naming it."""
-    given = {o for o in ALL_OPTIONS[command] if getattr(args, o, None) not in (None, False)}
+    given = {o for o in ALL_OPTIONS[command] if getattr(args, o, None) is not None and getattr(args, o) is not False}
     wrong = sorted(given - set(mapping))
     if wrong:
         flags = ", ".join("--" + o.replace("_", "-") for o in wrong)
@@ -101,6 +102,9 @@ def cmd_export(args) -> int:
     entry = _artifact_family(args.artifact, "export")
     if Path(args.out).resolve() == Path(args.artifact).resolve():
         raise SystemExit("export: --out must be a new directory, not the artifact itself")
+    if Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())):
+        raise SystemExit(f"export: --out {args.out} exists and is not an empty directory (a re-export would mix "
+                         "its files with what is there)")
     manifest = json.loads((Path(args.artifact) / "manifest.json").read_text())
     if not (Path(args.artifact) / str(manifest.get("parity", {}).get("inputs"))).is_file():
         raise SystemExit(f"export: {args.artifact} has no parity sequences to check a re-export on (exported "
@@ -125,6 +129,12 @@ def cmd_banks_build(args) -> int:
     require("torch", "train", "nextstep banks build")
     from .training.simakt_run import build_artifact_banks
 
+    if args.version is not None and not VERSION_NAME.fullmatch(args.version):  # it names ARTIFACT/banks/VERSION
+        raise SystemExit(f"banks build: --version {args.version!r} must be a folder name: 1 to 64 of A-Z a-z "
+                         "0-9 . _ -, not starting with a dot")
+    entry = _artifact_family(args.artifact, "banks build")
+    if entry.name != "simakt":
+        raise SystemExit(f"banks build: {args.artifact} is a {entry.name} artifact; only simakt artifacts have banks")
     print(json.dumps(build_artifact_banks(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
     return 0
 
@@ -255,6 +265,9 @@ def cmd_score(args) -> int:
         return _score_ray(args, model, files, input_format, output_format)
     if output_format == "parquet" and not args.output:
         raise SystemExit("score: Parquet output needs --output FILE")
+    if args.output and Path(args.output).is_dir():
+        raise SystemExit(f"score: --output {args.output} is a directory; give a file (a directory of parts is "
+                         "--engine ray's output)")
     return _score_here(args, model, files, input_format, output_format)
 
 
@@ -334,6 +347,8 @@ def cmd_import_anki(args) -> int:
     except (OSError, DataFormatError) as exc:
         raise SystemExit(f"import-anki: {exc}") from None
     out = Path(args.out)
+    if out.exists() and out.resolve() == Path(args.collection).resolve():
+        raise SystemExit(f"import-anki: --out {out} is the collection itself; write the CSV elsewhere")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_review_csv(log, out)
@@ -353,6 +368,32 @@ ALL_OPTIONS = {  # the family-specific options of each command (a family's entry
     "evaluate": ("format", "valid", "max_len", "banks", "day_columns", "duration_cap_s"),
 }
 TRUE = ("1", "true", "yes", "on")
+VERSION_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+
+
+def _at_least(low: float, kind=int):
+    """An argparse type: a number of `kind` >= low (a wrong one is argparse's usage error, naming the option)."""
+    def parse(text: str):
+        value = kind(text)
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to 65535, got {text}")
+    return value
+
+
+def _above_zero(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
+    return value
 KT_FORMATS = ("three_line", "pykt", "dtransformer")
 SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 
@@ -367,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
     train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION)")
     train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
-    train.add_argument("--epochs", type=int)
+    train.add_argument("--epochs", type=_at_least(1))
     train.add_argument("--seed", type=int)
     train.add_argument("--loss", help="next-item training loss (gru4rec: cross-entropy, bpr, bpr-max)")
     train.add_argument("--valid", action="store_true",
@@ -375,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--day-columns", choices=["check", "ignore", "trust"],
                        help="time_aware: a review-log CSV's day_offset/elapsed_days columns are checked against the "
                             "times (default), recomputed from the times (ignore), or taken as they are (trust)")
-    train.add_argument("--duration-cap-s", type=float,
+    train.add_argument("--duration-cap-s", type=_above_zero,
                        help="time_aware: the app's answer-time cap in seconds, when the CSV cannot say (Anki: 60 "
                             "by default; capped answers are left out of the duration error)")
     train.add_argument("--similarity-config",
@@ -391,11 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", required=True)
     evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS])
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
-    evaluate.add_argument("--max-len", type=int, help="score chunks of this length, each from a fresh state")
+    evaluate.add_argument("--max-len", type=_at_least(1), help="score chunks of this length, each from a fresh state")
     evaluate.add_argument("--banks", help="simakt: the bank version to use (default: the one exported with it)")
     evaluate.add_argument("--day-columns", choices=["check", "ignore", "trust"],
                           help="time_aware: how a review-log CSV's day columns are read (see train)")
-    evaluate.add_argument("--duration-cap-s", type=float, help="time_aware: the app's answer-time cap (see train)")
+    evaluate.add_argument("--duration-cap-s", type=_above_zero,
+                          help="time_aware: the app's answer-time cap (see train)")
     evaluate.set_defaults(func=cmd_evaluate)
 
     export = sub.add_parser("export", help="export an artifact's weights again through its family's exporter "
@@ -406,12 +448,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the artifacts over HTTP (settings: NEXTSTEP_* variables)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR or ./artifacts)")
     serve.add_argument("--demo", action="store_true", default=os.environ.get("NEXTSTEP_DEMO", "").lower() in TRUE,
                        help="with no artifacts in the artifacts directory, serve the demo models bundled with the "
                             "package (one per task; default: NEXTSTEP_DEMO=true)")
-    serve.add_argument("--workers", type=int, default=1, help="worker processes (they share state through Redis)")
+    serve.add_argument("--workers", type=_at_least(1), default=1,
+                       help="worker processes (they share state through Redis)")
     serve.add_argument("--access-log", action="store_true", help="log every request (costs ~0.2 ms each)")
     serve.set_defaults(func=cmd_serve)
 
@@ -432,9 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--engine", choices=["local", "ray"], default="local",
                        help="local: this process (default); ray: Ray Data, one worker per CPU (the 'ray' extra; "
                             "a local Ray instance, or the cluster RAY_ADDRESS names)")
-    score.add_argument("--workers", type=int, help="ray: scoring workers, a CPU each (default: one per CPU of this "
-                                                   "machine; on a cluster, its CPUs less one, left for reading)")
-    score.add_argument("--batch-size", type=int, default=64, help="ray: students per batch a worker scores")
+    score.add_argument("--workers", type=_at_least(1),
+                       help="ray: scoring workers, a CPU each (default: one per CPU of this machine; on a cluster, "
+                            "its CPUs less one, left for reading)")
+    score.add_argument("--batch-size", type=_at_least(1), default=64, help="ray: students per batch a worker scores")
     score.add_argument("--quiet", action="store_true")
     score.set_defaults(func=cmd_score)
 
@@ -456,14 +500,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")
-    demo.add_argument("--epochs", type=int, default=5)
+    demo.add_argument("--epochs", type=_at_least(1), default=5)
     demo.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (OSError, ValueError) as exc:
+        # files that are missing, unreadable or malformed, settings or data a model cannot take: the message names
+        # the file, line or field; NEXTSTEP_TRACEBACK=1 shows where in the code it was raised
+        if os.environ.get("NEXTSTEP_TRACEBACK", "").lower() in TRUE:
+            raise
+        raise SystemExit(f"nextstep {args.command}: {exc} (NEXTSTEP_TRACEBACK=1 shows where it was raised)") \
+            from None
 
 
 if __name__ == "__main__":

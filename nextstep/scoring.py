@@ -21,6 +21,7 @@ or (single file, single process only) a CSV of student_id, question_id, response
 import asyncio
 import glob
 import json
+import numbers
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -73,15 +74,39 @@ def input_files(spec: str) -> tuple[list[Path], str]:
     return files, fmt
 
 
+def _id(value, field: str) -> str:
+    """An id as the batch route takes it: a string or an integer (not a bool, a float or null)."""
+    if isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+        return str(value)
+    raise TypeError(f"{field}: a string or integer id, not {type(value).__name__}")
+
+
+def _list(value, field: str) -> list:
+    if not isinstance(value, list):  # a string would be read as a list of one-character ids
+        raise TypeError(f"{field}: a list, not {type(value).__name__}")
+    return value
+
+
 def parse_student(record) -> Student:
     """(student_id, events, predict_question_ids or None) of one record; ValueError, KeyError or TypeError when it
-    is not {"student_id", "events": [{"question_id", "response", "event_id"?}], "predict_question_ids"?}."""
+    is not {"student_id", "events": [{"question_id", "response", "event_id"?}], "predict_question_ids"?}, with the
+    batch route's types: nothing is converted (1.9 is no response, "12" no list of ids, null no id)."""
     if not isinstance(record, dict):
         raise TypeError(f"a JSON object, not {type(record).__name__}")
-    events = [Event(str(e["question_id"]), int(e["response"]),
-                    None if e.get("event_id") is None else str(e["event_id"])) for e in record["events"]]
-    predict = [str(q) for q in record.get("predict_question_ids") or []] or None
-    return str(record["student_id"]), events, predict
+    events = []
+    for i, e in enumerate(_list(record["events"], "events")):
+        if not isinstance(e, dict):
+            raise TypeError(f"events[{i}]: a JSON object, not {type(e).__name__}")
+        response = e["response"]
+        if not isinstance(response, numbers.Integral) or isinstance(response, bool):
+            raise TypeError(f"events[{i}].response: an integer, not {type(response).__name__}")
+        event_id = e.get("event_id")
+        events.append(Event(_id(e["question_id"], f"events[{i}].question_id"), int(response),
+                            None if event_id is None else _id(event_id, f"events[{i}].event_id")))
+    asked = record.get("predict_question_ids")
+    predict = None if asked is None else [_id(q, f"predict_question_ids[{i}]")
+                                          for i, q in enumerate(_list(asked, "predict_question_ids"))] or None
+    return _id(record["student_id"], "student_id"), events, predict
 
 
 RECORD = "expected a JSON object with student_id and events [{question_id, response}]"
@@ -121,6 +146,8 @@ def _read_csv(path: Path) -> Iterator[Student]:
         if missing:
             raise ScoringError(f"{path}: missing columns {sorted(missing)}")
         for line, row in enumerate(reader, start=2):
+            if None in (row["student_id"], row["question_id"], row["response"]):
+                raise ScoringError(f"{path}:{line}: expected student_id, question_id and response, got a short row")
             try:
                 students.setdefault(row["student_id"], []).append(Event(row["question_id"], int(row["response"])))
             except ValueError:
@@ -142,8 +169,12 @@ def read_students(files: list[Path], fmt: str) -> Iterator[Student]:
                 yield from parse_rows(rows, str(path), offset)
                 offset += len(rows)
         else:
-            with path.open() as f:
-                for line_no, line in enumerate(f, start=1):
+            with path.open("rb") as f:
+                for line_no, raw in enumerate(f, start=1):
+                    try:
+                        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM is no content
+                    except UnicodeDecodeError as exc:
+                        raise ScoringError(f"{path}:{line_no}: not UTF-8 text: {exc.reason}") from None
                     student = parse_line(line, f"{path}:{line_no}")
                     if student is not None:
                         yield student

@@ -134,6 +134,63 @@ def test_a_config_file_that_is_not_a_config_object_is_refused_naming_the_file(tm
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["train", "dkt", "--data", "{tmp}/no-such-dir"], "nextstep train: data set directory not found"),
+    (["train", "deep_gpcm", "--data", "{tmp}"], "expected exactly one *train* and one *test*"),
+    (["evaluate", "{bundled}/deep_gpcm/demo", "--data", "{tmp}/no-such-dir"], "nextstep evaluate: "),
+    (["banks", "build", "{bundled}/deep_gpcm/demo", "--data", "{tmp}", "--version", "../../escaped"],
+     "--version '../../escaped' must be a folder name"),
+    (["banks", "build", "{bundled}/deep_gpcm/demo", "--data", "{tmp}"], "is a deep_gpcm artifact; only simakt"),
+    (["export", "{bundled}/deep_gpcm/demo", "--out", "{tmp}"], "exists and is not an empty directory"),
+    (["score", "{tmp}/in.jsonl", "--model", "deep_gpcm", "--artifacts", "{bundled}", "--output", "{tmp}"],
+     "is a directory; give a file"),
+])
+def test_a_users_mistake_is_one_line_naming_it_and_writes_nothing(tmp_path, argv, says):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"student_id": "s", "events": []}) + "\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    argv = [a.format(tmp=tmp_path, bundled=BUNDLED) for a in argv]
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    message = str(caught.value.code)
+    assert says in message and "\n" not in message, message
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written beside the inputs
+    assert not (BUNDLED / "deep_gpcm" / "demo" / "banks").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "a", "--data", "d", "--max-len", "0"],  # 0 was taken as "not given": whole sequences
+    ["evaluate", "a", "--data", "d", "--duration-cap-s", "0"],
+    ["train", "deep_gpcm", "--data", "d", "--epochs", "0"],
+    ["serve", "--port", "99999"],  # uvicorn listened on a random port while saying 99999
+    ["serve", "--workers", "0"],
+    ["score", "x", "--model", "m", "--batch-size", "0"],
+])
+def test_an_option_out_of_range_is_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    option = next(a for a in argv if a.startswith("--") and a not in ("--data", "--model"))
+    assert f"argument {option}" in capsys.readouterr().err
+
+
+def test_import_anki_never_writes_over_the_collection(tmp_path):
+    collection = tmp_path / "collection.anki2"
+    collection.write_bytes(b"not a collection at all")
+    with pytest.raises(SystemExit, match="import-anki: "):  # unreadable: refused before any write
+        main(["import-anki", str(collection), "--out", str(collection)])
+    assert collection.read_bytes() == b"not a collection at all"
+
+
+def test_the_real_collection_is_never_the_csv(tmp_path):
+    from tests.training.test_reviews import CARDS, REVLOG, make_collection
+
+    collection = make_collection(tmp_path / "collection.anki2", REVLOG, CARDS)
+    before = collection.read_bytes()
+    with pytest.raises(SystemExit, match="is the collection itself"):
+        main(["import-anki", str(collection), "--out", str(tmp_path / "." / "collection.anki2")])
+    assert collection.read_bytes() == before
+
+
 def _write_binary(data_dir, seed: int = 0) -> int:
     """A tiny three-line data set with 0/1 responses; returns the number of test interactions."""
     rng = np.random.default_rng(seed)

@@ -198,3 +198,34 @@ def test_engine_ray_without_the_extra_is_one_line_naming_it(tmp_path):
     assert "nextstep score --engine ray needs ray (the 'ray' extra)" in line
     assert "pip install -c constraints.txt -e '.[ray]'" in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"student_id": "s", "events": [{"question_id": "1", "response": 1}], "predict_question_ids": "12"},
+     "predict_question_ids: a list, not str"),  # it was read as the ids "1" and "2"
+    ({"student_id": "s", "events": [{"question_id": "1", "response": 1.9}]}, "events[0].response: an integer"),
+    ({"student_id": "s", "events": [{"question_id": "1", "response": True}]}, "events[0].response: an integer"),
+    ({"student_id": None, "events": []}, "student_id: a string or integer id, not NoneType"),  # it became "None"
+    ({"student_id": "s", "events": [{"question_id": 1.0, "response": 1}]}, "events[0].question_id"),
+    ({"student_id": "s", "events": "1,2"}, "events: a list"),
+    ({"student_id": "s", "events": [[1, 2]]}, "events[0]: a JSON object"),
+])
+def test_a_record_is_read_with_the_batch_routes_types_converting_nothing(record, says):
+    from nextstep import scoring
+
+    with pytest.raises(scoring.ScoringError, match=r"in\.jsonl:3: ") as caught:
+        scoring.parse_line(json.dumps(record), "in.jsonl:3")
+    assert says in str(caught.value)
+
+
+def test_jsonl_input_may_start_with_a_bom_and_must_be_utf8(tmp_path):
+    from nextstep import scoring
+
+    good = tmp_path / "bom.jsonl"
+    good.write_bytes(b"\xef\xbb\xbf" + json.dumps({"student_id": 7, "events": []}).encode() + b"\r\n")
+    assert list(scoring.read_students([good], "jsonl")) == [("7", [], None)]
+    bad = tmp_path / "latin1.jsonl"
+    first = json.dumps({"student_id": "s", "events": []}).encode()
+    bad.write_bytes(first + b"\n" + '{"student_id": "é"}'.encode("latin-1"))
+    with pytest.raises(scoring.ScoringError, match=r"latin1\.jsonl:2: not UTF-8"):
+        list(scoring.read_students([bad], "jsonl"))

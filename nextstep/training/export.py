@@ -26,6 +26,7 @@ the sequence (all <= ENGINE_TOLERANCE). An export that misses fails with ParityE
 
 import json
 import logging
+import pickle
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -338,8 +339,15 @@ def load_weights(artifact_dir: Path, build: Callable[[str, dict, dict], nn.Modul
     """(the model of an artifact's weights.pt, in eval mode; its manifest). `build(family, config, state dict)`
     makes the model with those weights."""
     manifest = json.loads((Path(artifact_dir) / "manifest.json").read_text())
-    saved = torch.load(Path(artifact_dir) / manifest["weights"], weights_only=True)
-    return build(saved["family"], saved["config"], saved["state_dict"]).eval(), manifest
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("weights"), str):
+        raise ValueError(f"{artifact_dir}: its manifest names no weights file, so it holds graphs only (as the "
+                         "bundled demo models do): it can be served, not evaluated or exported again")
+    try:
+        saved = torch.load(Path(artifact_dir) / manifest["weights"], weights_only=True)
+        return build(saved["family"], saved["config"], saved["state_dict"]).eval(), manifest
+    except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as exc:
+        raise ValueError(f"{Path(artifact_dir) / manifest['weights']}: not weights this version can read "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 # ----------------------------------------------------------------------------------------------- knowledge tracing

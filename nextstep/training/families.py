@@ -18,15 +18,41 @@ here, a config and its tests.
 """
 
 import json
+import types
+import typing
 from dataclasses import KW_ONLY, dataclass, field, fields
 from functools import reduce
 from importlib import import_module
 from pathlib import Path
+from typing import get_type_hints
 
 KT_RUN = "nextstep.training.run"
 PARTS = ("reader", "batcher", "loss", "metrics")
 # config fields that come from the data or other files, never from --config
 DERIVED = {"n_questions", "n_cats", "n_items", "n_skills", "n_problems", "similarity"}
+# training config fields that must be above 0 wherever a family has them (a 0 or negative one fails only later,
+# after the data is read, with a message that names no field)
+POSITIVE = {"lr", "batch_size", "max_len", "eval_max_len", "epochs", "max_epochs", "patience"}
+_JSON_TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object",
+               list: "a list"}
+
+
+def _type_error(value, hint) -> str | None:
+    """What a JSON value of a config field should have been, or None when it fits the field's annotation (checked
+    for plain JSON types and their unions with None; anything else is left to the config class)."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    plain = [typing.get_origin(o) or o for o in options]
+    if not all(o is type(None) or o in _JSON_TYPES for o in plain):
+        return None
+    for o in plain:
+        if o is type(None) and value is None or o is bool and isinstance(value, bool):
+            return None
+        if isinstance(value, bool):
+            continue  # true is no number
+        if o is float and isinstance(value, (int, float)) or o in (int, str, dict, list) and isinstance(value, o):
+            return None
+    return " or ".join(_JSON_TYPES.get(o, "null") for o in plain)
 
 
 @dataclass(frozen=True)
@@ -101,6 +127,13 @@ class Family:
             if unknown:
                 raise ValueError(f"--config {path}: unknown keys {[where + k for k in unknown]}; "
                                  f"expected some of {sorted(known)}")
+            hints = get_type_hints(c)
+            for key, value in given.items():
+                wrong = _type_error(value, hints.get(key))
+                if wrong is None and key in POSITIVE and value is not None and not value > 0:
+                    wrong = "a number above 0"
+                if wrong:
+                    raise ValueError(f"--config {path}: {where + key} must be {wrong}, not {value!r}")
         try:
             return cls(**{**values, **(flags or {})})
         except (TypeError, ValueError) as exc:
