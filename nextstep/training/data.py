@@ -104,6 +104,8 @@ def _parse_ints(path: Path, line_no: int, text: str, what: str, count: int | Non
             values.append(int(token))
         except ValueError:
             raise DataFormatError(path, line_no, f"integer {what}", token) from None
+        if not -(2**63) <= values[-1] < 2**63:
+            raise DataFormatError(path, line_no, f"integer {what} within int64", token)
     if count is not None and len(values) != count:
         raise DataFormatError(path, line_no, f"{count} comma-separated {what}", len(values))
     return np.asarray(values, dtype=np.int64)

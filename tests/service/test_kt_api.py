@@ -284,7 +284,7 @@ def test_a_timestamp_that_is_not_a_time_is_refused(artifacts, serve):
     art, _ = artifacts
     with serve(Settings(artifacts_dir=art)) as url:
         for token in ("NaN", "Infinity", "1e400"):  # JSON tokens Python's json module writes, and an overflow
-            body = '{"student_id": "s", "events": [{"question_id": 3, "response": 1, "timestamp": %s}]}' % token
+            body = '{"student_id": "s", "events": [{"question_id": 3, "response": 1, "timestamp": ' + token + "}]}"
             reply = httpx.post(f"{url}/v1/kt/deep_gpcm/events", content=body,
                                headers={"content-type": "application/json"})
             assert reply.status_code == 422 and reply.json()["field"] == "events[0].timestamp", (token, reply.text)

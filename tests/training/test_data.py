@@ -94,6 +94,7 @@ def test_dtransformer_fields_in_order(tmp_path):
         ("2\n1,2\n0,1.5\n", 3, "integer responses"),
         ("2\n1,2\n0,-1\n", 3, "responses >= 0"),
         ("2\n1,2\n0,1\n2\n3,4\n", 6, "a line of responses"),
+        ("2\n1,99999999999999999999\n0,1\n", 2, "integer question ids within int64"),  # was an OverflowError
     ],
 )
 def test_three_line_errors_name_file_line_and_expectation(tmp_path, text, line_no, expected):
