@@ -368,34 +368,28 @@ ALL_OPTIONS = {  # the family-specific options of each command (a family's entry
     "evaluate": ("format", "valid", "max_len", "banks", "day_columns", "duration_cap_s"),
 }
 TRUE = ("1", "true", "yes", "on")
-VERSION_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+VERSION_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")  # a bank version: a folder name
+KT_FORMATS = ("three_line", "pykt", "dtransformer")
+SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 
 
-def _at_least(low: float, kind=int):
-    """An argparse type: a number of `kind` >= low (a wrong one is argparse's usage error, naming the option)."""
-    def parse(text: str):
-        value = kind(text)
-        if not value >= low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+def _int_in(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high] (out of it: argparse's usage error, naming the option)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}" if high is not None else
+                                             f"must be at least {low}")
         return value
-    parse.__name__ = kind.__name__  # argparse names the type in its message
+    parse.__name__ = "int"  # argparse names the type in its message for what int() refuses
     return parse
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to 65535, got {text}")
-    return value
 
 
 def _above_zero(text: str) -> float:
     value = float(text)
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
+        raise argparse.ArgumentTypeError("must be a number above 0")
     return value
-KT_FORMATS = ("three_line", "pykt", "dtransformer")
-SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
     train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION)")
     train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
-    train.add_argument("--epochs", type=_at_least(1))
+    train.add_argument("--epochs", type=_int_in(1))
     train.add_argument("--seed", type=int)
     train.add_argument("--loss", help="next-item training loss (gru4rec: cross-entropy, bpr, bpr-max)")
     train.add_argument("--valid", action="store_true",
@@ -432,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", required=True)
     evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS])
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
-    evaluate.add_argument("--max-len", type=_at_least(1), help="score chunks of this length, each from a fresh state")
+    evaluate.add_argument("--max-len", type=_int_in(1), help="score chunks of this length, each from a fresh state")
     evaluate.add_argument("--banks", help="simakt: the bank version to use (default: the one exported with it)")
     evaluate.add_argument("--day-columns", choices=["check", "ignore", "trust"],
                           help="time_aware: how a review-log CSV's day columns are read (see train)")
@@ -448,12 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the artifacts over HTTP (settings: NEXTSTEP_* variables)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--port", type=_int_in(1, 65535), default=8000)
     serve.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR or ./artifacts)")
     serve.add_argument("--demo", action="store_true", default=os.environ.get("NEXTSTEP_DEMO", "").lower() in TRUE,
                        help="with no artifacts in the artifacts directory, serve the demo models bundled with the "
                             "package (one per task; default: NEXTSTEP_DEMO=true)")
-    serve.add_argument("--workers", type=_at_least(1), default=1,
+    serve.add_argument("--workers", type=_int_in(1), default=1,
                        help="worker processes (they share state through Redis)")
     serve.add_argument("--access-log", action="store_true", help="log every request (costs ~0.2 ms each)")
     serve.set_defaults(func=cmd_serve)
@@ -475,10 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--engine", choices=["local", "ray"], default="local",
                        help="local: this process (default); ray: Ray Data, one worker per CPU (the 'ray' extra; "
                             "a local Ray instance, or the cluster RAY_ADDRESS names)")
-    score.add_argument("--workers", type=_at_least(1),
+    score.add_argument("--workers", type=_int_in(1),
                        help="ray: scoring workers, a CPU each (default: one per CPU of this machine; on a cluster, "
                             "its CPUs less one, left for reading)")
-    score.add_argument("--batch-size", type=_at_least(1), default=64, help="ray: students per batch a worker scores")
+    score.add_argument("--batch-size", type=_int_in(1), default=64, help="ray: students per batch a worker scores")
     score.add_argument("--quiet", action="store_true")
     score.set_defaults(func=cmd_score)
 
@@ -500,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")
-    demo.add_argument("--epochs", type=_at_least(1), default=5)
+    demo.add_argument("--epochs", type=_int_in(1), default=5)
     demo.set_defaults(func=cmd_demo)
     return parser
 
