@@ -69,6 +69,8 @@ def cmd_train(args) -> int:
     require("torch", "train", "nextstep train")
     entry = family(args.model)
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    if out.exists() and not out.is_dir():  # found before training, not after it
+        raise SystemExit(f"train: --out {out} is a file, not an artifact directory")
     kwargs = _options(args, entry, entry.train_options, "train")
     cfg = _config(args, entry)
     if entry.progress:

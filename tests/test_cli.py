@@ -137,6 +137,7 @@ def test_a_config_file_that_is_not_a_config_object_is_refused_naming_the_file(tm
 @pytest.mark.parametrize("argv, says", [
     (["train", "dkt", "--data", "{tmp}/no-such-dir"], "nextstep train: data set directory not found"),
     (["train", "deep_gpcm", "--data", "{tmp}"], "expected exactly one *train* and one *test*"),
+    (["train", "deep_gpcm", "--data", "{tmp}", "--out", "{tmp}/in.jsonl"], "is a file, not an artifact directory"),
     (["evaluate", "{bundled}/deep_gpcm/demo", "--data", "{tmp}/no-such-dir"], "nextstep evaluate: "),
     (["banks", "build", "{bundled}/deep_gpcm/demo", "--data", "{tmp}", "--version", "../../escaped"],
      "--version '../../escaped' must be a folder name"),

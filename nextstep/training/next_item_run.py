@@ -72,6 +72,9 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
     train, test = read(data_dir, valid=valid, fmt=fmt)
     vocab = Vocabulary.build(train.items)
     train_enc, test_enc = train.encode(vocab, drop_unknown=False), test.encode(vocab)
+    if not (test_enc.lengths() > 1).any():  # checked before training, which would be wasted
+        raise ValueError(f"{test.path}: no session there has two clicks on items the training data has, so there is "
+                         "no target to score")
     model, history = TRAINERS[model_name](cfg, train_enc, len(vocab), progress, log)
     train_seconds = time.perf_counter() - started
     split = "valid" if valid else "test"

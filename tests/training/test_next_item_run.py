@@ -96,6 +96,17 @@ def test_cli_trains_and_evaluates_next_item_models(data_dir, tmp_path, capsys):
         main(["train", "gru4rec", "--data", str(data_dir), "--out", str(tmp_path / "y"), "--loss", "top1"])
 
 
+def test_a_test_file_with_nothing_to_score_is_refused_before_training(data_dir, tmp_path):
+    data = zipf_sessions(40, 20, (2, 5), seed=1)
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    write_gru4rec_tsv(data, odd / "x_train_full.txt")
+    (odd / "x_test.txt").write_text("SessionId\tItemId\tTime\n1\t999\t1\n1\t998\t2\n2\t5\t3\n")  # unseen items
+    with pytest.raises(ValueError, match="x_test.txt: no session there has two clicks on items the training"):
+        train_next_item("gru4rec", odd, tmp_path / "never", progress=False, log=False)
+    assert not (tmp_path / "never").exists()
+
+
 @pytest.mark.parametrize("config", [{"constrained_embedding": False, "embedding": 0},
                                     {"constrained_embedding": False, "embedding": 8, "layers": (8, 6)},
                                     {"dropout_embed": 0.2, "dropout_hidden": 0.3}])
