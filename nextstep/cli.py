@@ -43,7 +43,7 @@ def _config(args, entry):
 def _options(args, entry, mapping: dict, command: str) -> dict:
     """The keywords of the family's train or evaluate function from the options given (an option left out keeps
     the function's default); an option given that the family does not take is an error naming it."""
-    given = {o for o in ALL_OPTIONS[command] if getattr(args, o, None) is not None and getattr(args, o) is not False}
+    given = {o for o in ALL_OPTIONS[command] if (v := getattr(args, o, None)) is not None and v is not False}
     wrong = sorted(given - set(mapping))
     if wrong:
         flags = ", ".join("--" + o.replace("_", "-") for o in wrong)

@@ -119,15 +119,15 @@ class Family:
         if not isinstance(values, dict) or not isinstance(values.get("model", {}), dict):
             raise ValueError(f"--config {path}: a JSON object is expected, with model settings as an object under "
                              '"model"')
-        cls, model_cls = self.resolve("train_config"), self.resolve("config")
-        checks = [("", values, cls)] + ([("model.", values.get("model", {}), model_cls)] if model_cls else [])
-        for where, given, c in checks:
-            known = {f.name for f in fields(c)} - DERIVED
+        checks = [("", values, "train_config")] + ([("model.", values.get("model", {}), "config")]
+                                                    if self.config else [])
+        for where, given, what in checks:
+            known = self.config_fields(what) - DERIVED
             unknown = sorted(set(given) - known)
             if unknown:
                 raise ValueError(f"--config {path}: unknown keys {[where + k for k in unknown]}; "
                                  f"expected some of {sorted(known)}")
-            hints = get_type_hints(c)
+            hints = get_type_hints(self.resolve(what))
             for key, value in given.items():
                 wrong = _type_error(value, hints.get(key))
                 if wrong is None and key in POSITIVE and value is not None and not value > 0:
@@ -135,7 +135,7 @@ class Family:
                 if wrong:
                     raise ValueError(f"--config {path}: {where + key} must be {wrong}, not {value!r}")
         try:
-            return cls(**{**values, **(flags or {})})
+            return self.resolve("train_config")(**{**values, **(flags or {})})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{self.name} config: {exc}") from None
 
