@@ -81,6 +81,12 @@ class GPCMConfig:
     # warm start: item parameters from a joint-MAP GPCM fit on the fitting students before training
     # (`warm_start`); None: on with the Bayes ability, off with the memory one
     irt_init: bool | None = None
+    # "memory" only (deep_gpcm, coral_gpcm): weight of a training penalty on a better answer lowering theta. At every
+    # step the model also reads out what each other answer would have given, on the question answered and on the
+    # next one, and pays order_penalty * sum_k relu(theta after answer k - theta after answer k+1): without it a
+    # right answer gave a lower theta than a wrong one at 7-9% of assist2009's test steps (docs/results.md). The
+    # Bayes ability is ordered by construction.
+    order_penalty: float = 0.0
     # AttentionGPCM only
     embed_dim: int = 64  # interaction embedding size before the value projection
     n_heads: int = 4
@@ -95,6 +101,8 @@ class GPCMConfig:
             raise ValueError(f"ability must be 'memory' or 'bayes', got {self.ability!r}")
         if self.learner_dim is not None and self.learner_dim < 0:
             raise ValueError(f"learner_dim must be 0 (no learner state) or positive, got {self.learner_dim}")
+        if self.order_penalty < 0:
+            raise ValueError(f"order_penalty must be 0 (none) or positive, got {self.order_penalty}")
 
 
 # Data-dependent defaults, chosen on validation students (docs/results.md): ordinal data (the GPCM synthetic set)
@@ -109,6 +117,8 @@ class GPCMOutput(NamedTuple):
     alpha: torch.Tensor  # (...)
     beta: torch.Tensor  # (..., K-1)
     cum_logits: torch.Tensor | None = None  # (..., K-1) logits of P(Y > k), CORAL variant only
+    # (B, T) training only, with cfg.order_penalty: the weighted penalty at each position, for the loss to add
+    order_penalty: torch.Tensor | None = None
 
 
 class DeepGPCM(nn.Module):
@@ -219,27 +229,70 @@ class DeepGPCM(nn.Module):
 
     # -- training --------------------------------------------------------------------------------------
     def forward(self, questions: torch.Tensor, responses: torch.Tensor) -> GPCMOutput:
-        """Teacher-forced pass. questions, responses (B, T) -> outputs at each t from (q_<t, r_<t) and q_t."""
+        """Teacher-forced pass. questions, responses (B, T) -> outputs at each t from (q_<t, r_<t) and q_t.
+        Training with cfg.order_penalty also fills `order_penalty` (see `counterfactual_theta`)."""
         keys = self.question_embed(questions)  # (B, T, dk)
         weights = self.memory.address(keys)  # (B, T, N)
         values = self._values(questions, responses)  # (B, T, dv)
         erase, add = self.memory.erase_add(values)  # (B, T, dv) each
         memory = self.memory.initial(questions.shape[0])
+        ordered = self.training and self.cfg.order_penalty > 0
+        if ordered:  # what counterfactual_theta needs from the memory before each write, read in the same bmm
+            following = torch.cat([weights[:, 1:], torch.zeros_like(weights[:, :1])], 1)  # w_{t+1}
+            rows = torch.stack([weights, weights * weights, following, following * weights], 2)  # (B, T, 4, N)
         reads = []
         for t in range(questions.shape[1]):
-            reads.append(self.memory.read(memory, weights[:, t]))
+            reads.append(self.memory.read(memory, rows[:, t] if ordered else weights[:, t]))
             memory = self.memory.write(memory, weights[:, t], erase[:, t], add[:, t])
-        read = torch.stack(reads, dim=1)
+        read = torch.stack(reads, dim=1)  # (B, T, dv), or (B, T, 4, dv) with the counterfactuals' reads
+        before = None
         if self.cfg.learner_dim:  # the GRU's state before t: zeros, then its output after t-1
             after, _ = self.learner(values)
-            read = torch.cat([read, torch.cat([torch.zeros_like(after[:, :1]), after[:, :-1]], 1)], -1)
-        return self._output(read, keys)
+            before = torch.cat([torch.zeros_like(after[:, :1]), after[:, :-1]], 1)
+        out = self._output(self._with_learner(read[:, :, 0] if ordered else read, before), keys)
+        if ordered:
+            same, following_theta = self.counterfactual_theta(questions, keys, weights, following, read, before)
+            penalty = _disorder(same) + torch.nn.functional.pad(_disorder(following_theta)[:, :-1], (1, 0))
+            out = out._replace(order_penalty=self.cfg.order_penalty * penalty)
+        return out
+
+    def _with_learner(self, read: torch.Tensor, learner: torch.Tensor | None) -> torch.Tensor:
+        return read if learner is None else torch.cat([read, learner], -1)
+
+    def counterfactual_theta(self, questions, keys, weights, following, reads, before):
+        """Theta after each possible answer at every step, from the teacher-forced pass's tensors: (B, T, K) on the
+        question answered (q_t) and (B, T, K) on the next one (q_{t+1}; the last step's is meaningless).
+
+        The write is linear in the memory, so reading the memory after a counterfactual write of erase e and add a
+        with weights u needs only reads of the memory before it: read(M', u) = read(M, u) - e * read(M, u w_t) +
+        (u . w_t) a. `reads` (B, T, 4, dv) holds read(M, w_t), read(M, w_t w_t), read(M, w_{t+1}),
+        read(M, w_{t+1} w_t); the learner state takes one GRU step from `before` (B, T, H). Theta is the head's
+        without dropout, as served."""
+        B, T = questions.shape
+        following_keys = torch.cat([keys[:, 1:], keys[:, :1]], 1)
+        on_same = (weights * weights).sum(-1, keepdim=True)  # (B, T, 1)
+        on_following = (following * weights).sum(-1, keepdim=True)
+        same, nxt = [], []
+        for k in range(self.cfg.n_cats):
+            values = self.response_embed(questions, torch.full_like(questions, k))  # (B, T, dv)
+            erase, add = self.memory.erase_add(values)
+            read_same = reads[:, :, 0] - erase * reads[:, :, 1] + on_same * add
+            read_following = reads[:, :, 2] - erase * reads[:, :, 3] + on_following * add
+            learner = None
+            if before is not None:
+                learner, _ = self.learner(values.reshape(B * T, 1, -1), before.reshape(1, B * T, -1).contiguous())
+                learner = learner.reshape(B, T, -1)
+            same.append(self.head.ability_of(self._with_learner(read_same, learner), keys))
+            nxt.append(self.head.ability_of(self._with_learner(read_following, learner), following_keys))
+        return torch.stack(same, -1), torch.stack(nxt, -1)
 
 
 class AttentionGPCM(DeepGPCM):
     family = "attention_gpcm"
 
     def _build_values(self, cfg: GPCMConfig) -> None:
+        if cfg.order_penalty:  # an answer's value here depends on the answers before it, which the penalty does not see
+            raise ValueError("order_penalty is for deep_gpcm and coral_gpcm, not attention_gpcm")
         self.response_embed = OrdinalResponseEmbedding(cfg.n_questions, cfg.n_cats, cfg.embed_dim, learnable=True)
         self.refine = CausalRefinement(cfg.embed_dim, cfg.n_heads, cfg.n_cycles, cfg.window)
         self.value_proj = nn.Linear(cfg.embed_dim, cfg.value_dim)
@@ -353,6 +406,11 @@ class BayesGPCM(DeepGPCM):
         return self._predict(torch.cat(evidence, 1), alpha, beta, item_lp)
 
 
+def _disorder(theta: torch.Tensor) -> torch.Tensor:
+    """(..., K) theta after each answer -> (...) sum_k relu(theta_k - theta_{k+1}): how far a better answer falls."""
+    return torch.relu(theta[..., :-1] - theta[..., 1:]).sum(-1)
+
+
 def _resolve(cfg: GPCMConfig, ability: str) -> GPCMConfig:
     """The config a class builds from: ability None -> the class's own; irt_init None -> on with "bayes"."""
     if cfg.ability not in (None, ability):
@@ -360,6 +418,8 @@ def _resolve(cfg: GPCMConfig, ability: str) -> GPCMConfig:
                          + (" (build deep_gpcm through `deep_gpcm(cfg)`)" if cfg.ability == "bayes" else ""))
     if ability == "bayes" and cfg.learner_dim:
         raise ValueError("learner_dim applies to the memory ability only: the Bayes filter's ability is its posterior")
+    if ability == "bayes" and cfg.order_penalty:
+        raise ValueError("order_penalty applies to the memory ability only: the Bayes filter's is ordered already")
     return replace(cfg, ability=ability, irt_init=(ability == "bayes") if cfg.irt_init is None else cfg.irt_init,
                    learner_dim=cfg.learner_dim or 0)
 

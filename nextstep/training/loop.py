@@ -121,7 +121,11 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, 
         q, r, mask = batch
         out = model(q, r)
         cum = getattr(out, "cum_logits", None)  # CORAL's cumulative logits; absent or None elsewhere
-        return loss_fn(out.log_probs[mask], r[mask], None if cum is None else cum[mask]), int(mask.sum())
+        value = loss_fn(out.log_probs[mask], r[mask], None if cum is None else cum[mask])
+        penalty = getattr(out, "order_penalty", None)  # Deep-GPCM's, where its config asks for one
+        if penalty is not None:
+            value = value + penalty[mask].mean()
+        return value, int(mask.sum())
 
     def validate():
         pred = predict_sequences(model, valid, max_len=cfg.eval_max_len, batcher=batcher)

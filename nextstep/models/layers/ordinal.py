@@ -107,6 +107,11 @@ class IRTHead(nn.Module):
         alpha = alpha.squeeze(-1)
         return theta, alpha, self.thresholds(keys)
 
+    def ability_of(self, read: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Theta (...) alone, without dropout (as in evaluation) whatever the mode."""
+        summary = self.summary[1](self.summary[0](torch.cat([read, keys], -1) if self.question_in_summary else read))
+        return self.ability(summary).squeeze(-1) * self.ability_scale
+
 
 class CORALBlend(nn.Module):
     """CORAL probabilities from global ordered thresholds tau, blended with GPCM (seed 000 section 5).

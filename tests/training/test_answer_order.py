@@ -1,0 +1,56 @@
+"""The answer-order measurement: it finds no fall where the model is ordered by construction, it sees falls either
+way (a model and its mirror image share the steps between them), and it scores an artifact's own held-out students."""
+
+import torch
+
+from nextstep.models.deep_gpcm import GPCMConfig, deep_gpcm
+from nextstep.training.answer_order import answer_order, held_out, main
+from nextstep.training.loop import TrainConfig
+from nextstep.training.run import train_model
+from nextstep.training.synthetic import write_gpcm_dataset
+
+TINY = {"n_questions": 20, "memory_size": 3, "key_dim": 8, "value_dim": 16, "summary_dim": 8}
+
+
+def sequences(n: int, n_cats: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 15, (n,), generator=g)
+    return [(torch.randint(2, TINY["n_questions"], (int(t),), generator=g).numpy(),
+             torch.randint(0, n_cats, (int(t),), generator=g).numpy()) for t in lengths]
+
+
+def test_the_bayes_ability_never_falls():
+    torch.manual_seed(0)
+    model = deep_gpcm(GPCMConfig(**TINY, n_cats=4))  # ordinal data: the Bayes filter, ordered by construction
+    result = answer_order(model, sequences(12, 4), batch_size=5)
+    assert set(result) == {f"{w}_{m}" for w in ("same", "next") for m in ("theta", "expected_score")}
+    for name, found in result.items():
+        assert found["share"] == 0.0, name
+    assert result["same_theta"]["steps"] == sum(len(q) for q, _ in sequences(12, 4))
+    assert result["next_theta"]["steps"] == result["same_theta"]["steps"] - 12  # a last step has no next question
+
+
+def test_a_model_and_its_mirror_image_fall_on_different_steps():
+    torch.manual_seed(1)
+    model = deep_gpcm(GPCMConfig(**TINY, n_cats=2, learner_dim=4))
+    seqs = sequences(20, 2, seed=2)
+    before = answer_order(model, seqs, tolerance=0.0)
+    with torch.no_grad():  # theta -> -theta: every rise becomes a fall
+        model.head.ability.weight.neg_()
+        model.head.ability.bias.neg_()
+    after = answer_order(model, seqs, tolerance=0.0)
+    for where in ("same", "next"):
+        a, b = before[f"{where}_theta"]["share"], after[f"{where}_theta"]["share"]
+        assert 0 < a < 1 and 0 < b < 1 and 0.99 <= a + b <= 1.0, (where, a, b)
+
+
+def test_an_artifacts_validation_students_are_its_runs(tmp_path, capsys):
+    data = write_gpcm_dataset(tmp_path / "data", n_students=40, n_questions=8, n_cats=2, seq_len_range=(8, 12),
+                              seed=3)
+    manifest = train_model("deep_gpcm", data, tmp_path / "art", progress=False, log=False,
+                           cfg=TrainConfig(epochs=1, seed=5, model={"key_dim": 8, "order_penalty": 1.0}))
+    _, valid = held_out(tmp_path / "art", data, "valid")
+    _, test = held_out(tmp_path / "art", data, "test")
+    assert len(valid) == manifest["data"]["n_valid_students"] and len(test) == manifest["data"]["n_test_students"]
+    main([str(tmp_path / "art"), "--data", str(data), "--students", "valid", "--steps", "5"])
+    assert '"same_theta"' in capsys.readouterr().out
