@@ -63,7 +63,10 @@ class GPCMConfig:
     # The seed's summary sees [read; question], which lets theta absorb item difficulty; from memory alone
     # beta stays interpretable (Spearman with the true difficulty 0.92 vs 0.68 on the synthetic set)
     question_in_summary: bool = False
-    item_discrimination: bool = False  # alpha from the question alone (IRT) instead of [summary; question]
+    # alpha from the question alone (IRT) instead of [summary; question]; None: on for the memory ability on binary
+    # data through the deep_gpcm family's builder (with the order penalty it orders P(right), not only theta), off
+    # otherwise
+    item_discrimination: bool | None = None
     # deep_gpcm only. ability "memory": theta read from the DKVMN value memory; "bayes": each memory slot holds
     # the log-likelihood of the evidence over a grid of theta values, theta the posterior mean (BayesGPCM).
     # None: "bayes" for ordinal data, "memory" for binary (the deep_gpcm family's builder decides, `deep_gpcm`)
@@ -84,9 +87,10 @@ class GPCMConfig:
     # "memory" only (deep_gpcm, coral_gpcm): weight of a training penalty on a better answer lowering theta. At every
     # step the model also reads out what each other answer would have given, on the question answered and on the
     # next one, and pays order_penalty * sum_k relu(theta after answer k - theta after answer k+1): without it a
-    # right answer gave a lower theta than a wrong one at 7-9% of assist2009's test steps (docs/results.md). The
-    # Bayes ability is ordered by construction.
-    order_penalty: float = 0.0
+    # right answer gave a lower theta than a wrong one at 7-10% of assist2009's held-out steps (docs/results.md).
+    # The Bayes ability is ordered by construction. None: 1.0 for the memory ability on binary data through the
+    # deep_gpcm family's builder, 0 otherwise
+    order_penalty: float | None = None
     # AttentionGPCM only
     embed_dim: int = 64  # interaction embedding size before the value projection
     n_heads: int = 4
@@ -101,7 +105,7 @@ class GPCMConfig:
             raise ValueError(f"ability must be 'memory' or 'bayes', got {self.ability!r}")
         if self.learner_dim is not None and self.learner_dim < 0:
             raise ValueError(f"learner_dim must be 0 (no learner state) or positive, got {self.learner_dim}")
-        if self.order_penalty < 0:
+        if self.order_penalty is not None and self.order_penalty < 0:
             raise ValueError(f"order_penalty must be 0 (none) or positive, got {self.order_penalty}")
 
 
@@ -421,28 +425,36 @@ def _resolve(cfg: GPCMConfig, ability: str) -> GPCMConfig:
     if ability == "bayes" and cfg.order_penalty:
         raise ValueError("order_penalty applies to the memory ability only: the Bayes filter's is ordered already")
     return replace(cfg, ability=ability, irt_init=(ability == "bayes") if cfg.irt_init is None else cfg.irt_init,
-                   learner_dim=cfg.learner_dim or 0)
+                   learner_dim=cfg.learner_dim or 0, item_discrimination=bool(cfg.item_discrimination),
+                   order_penalty=cfg.order_penalty or 0.0)
 
 
 BINARY_LEARNER_DIM = 50  # deep_gpcm's learner state for right/wrong data, chosen on validation (docs/results.md)
+# and its order penalty, with the item's own discrimination: a right answer never lowers theta or P(right)
+BINARY_ORDER = {"order_penalty": 1.0, "item_discrimination": True}
 
 
 def deep_gpcm(cfg: GPCMConfig) -> DeepGPCM:
     """The deep_gpcm family's model (its registry entry): the Bayes ability filter for ordinal data (K > 2) or
-    when cfg.ability says "bayes", the DKVMN memory read-out otherwise, with a GRU learner state for binary data
-    unless cfg.learner_dim says otherwise."""
+    when cfg.ability says "bayes", the DKVMN memory read-out otherwise, with a GRU learner state, the order penalty
+    and the item's own discrimination for binary data unless cfg.learner_dim (cfg.order_penalty,
+    cfg.item_discrimination) says otherwise."""
     ability = cfg.ability or ("bayes" if cfg.n_cats > 2 else "memory")
+    binary_memory = ability == "memory" and cfg.n_cats == 2
     learner = cfg.learner_dim
     if learner is None:
-        learner = BINARY_LEARNER_DIM if ability == "memory" and cfg.n_cats == 2 else 0
-    return (BayesGPCM if ability == "bayes" else DeepGPCM)(replace(cfg, ability=ability, learner_dim=learner))
+        learner = BINARY_LEARNER_DIM if binary_memory else 0
+    order = {k: v for k, v in BINARY_ORDER.items() if getattr(cfg, k) is None} if binary_memory else {}
+    return (BayesGPCM if ability == "bayes" else DeepGPCM)(replace(cfg, ability=ability, learner_dim=learner,
+                                                                   **order))
 
 
 def restore(name: str, config: dict, weights: dict) -> DeepGPCM:
     """The deep_gpcm model of an artifact's weights.pt (its registry restorer). A config written before the Bayes
     ability existed has no "ability" key and was a memory read-out, whatever its K; one written before the learner
-    state has no "learner_dim" and had none."""
-    config = {"learner_dim": 0, **config}
+    state has no "learner_dim" and had none; one written before the order penalty has no "order_penalty" (it was not
+    trained with one), while "item_discrimination" was always written."""
+    config = {"learner_dim": 0, "order_penalty": 0.0, **config}
     if "ability" not in config:
         config = {**config, "ability": "memory"}
     model = deep_gpcm(GPCMConfig(**config))

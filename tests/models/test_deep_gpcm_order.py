@@ -101,3 +101,24 @@ def test_the_penalty_is_refused_where_it_does_not_apply(name, settings, message)
 def test_a_negative_weight_is_refused():
     with pytest.raises(ValueError, match="order_penalty"):
         GPCMConfig(**TINY, order_penalty=-1.0)
+
+
+def test_right_wrong_data_gets_the_penalty_and_the_items_discrimination_by_default():
+    binary = deep_gpcm(GPCMConfig(n_questions=20, n_cats=2))
+    assert (binary.cfg.ability, binary.cfg.order_penalty, binary.cfg.item_discrimination) == ("memory", 1.0, True)
+    ordinal = deep_gpcm(GPCMConfig(n_questions=20, n_cats=4))
+    assert (ordinal.cfg.ability, ordinal.cfg.order_penalty, ordinal.cfg.item_discrimination) == ("bayes", 0.0, False)
+    asked = deep_gpcm(GPCMConfig(n_questions=20, n_cats=2, order_penalty=0.0, item_discrimination=False))
+    assert (asked.cfg.order_penalty, asked.cfg.item_discrimination) == (0.0, False)
+    variant = MODELS["coral_gpcm"](GPCMConfig(n_questions=20, n_cats=2))
+    assert (variant.cfg.order_penalty, variant.cfg.item_discrimination) == (0.0, False)
+
+
+def test_an_artifact_from_before_the_penalty_restores_without_it():
+    from dataclasses import asdict
+
+    from nextstep.models.deep_gpcm import restore
+    old = deep_gpcm(GPCMConfig(n_questions=20, n_cats=2, order_penalty=0.0, item_discrimination=False))
+    config = {k: v for k, v in asdict(old.cfg).items() if k != "order_penalty"}
+    restored = restore("deep_gpcm", config, old.state_dict())
+    assert restored.cfg.order_penalty == 0.0 and restored.cfg.item_discrimination is False

@@ -57,7 +57,7 @@ def test_manifest_describes_the_artifact(exported):
     assert manifest["name"] == f"tiny-{name}" and manifest["version"] == "1"  # caller's fields kept
     assert manifest["family"] == model.family == family_of(name)
     assert manifest["model_config"] == asdict(model.cfg)
-    resolved = ("ability", "irt_init", "learner_dim")  # the class resolves these
+    resolved = ("ability", "irt_init", "learner_dim", "order_penalty", "item_discrimination")  # the class resolves
     assert {k: v for k, v in manifest["model_config"].items() if k not in resolved} == {
         k: v for k, v in asdict(CASES[name][1]).items() if k not in resolved}
     assert manifest["model_config"]["learner_dim"] == (CASES[name][1].learner_dim or 0)
