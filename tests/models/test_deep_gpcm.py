@@ -16,7 +16,9 @@ FIELDS = ("log_probs", "theta", "alpha", "beta")
 # a recurrent learner state beside the memory
 CASES = {**{name: (cls, {}) for name, cls in MODELS.items()},
          "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], {"evidence_keep": 0.9}),
-         "deep_gpcm_learner": (MODELS["deep_gpcm"], {"learner_dim": 6}),
+         # with the rest of right/wrong data's defaults: the item's own discrimination, the order penalty
+         "deep_gpcm_learner": (MODELS["deep_gpcm"], {"learner_dim": 6, "item_discrimination": True,
+                                                     "order_penalty": 1.0}),
          "attention_gpcm_learner": (MODELS["attention_gpcm"], {"learner_dim": 6})}
 pytestmark = pytest.mark.parametrize("name", sorted(CASES))
 

@@ -28,7 +28,9 @@ def random_batch(B: int, T: int, seed: int):
 
 CASES = {**{name: (cls, TINY) for name, cls in MODELS.items()},  # and the Bayes ability with fading evidence,
          "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], replace(TINY, evidence_keep=0.9)),  # a GRU learner
-         "deep_gpcm_learner": (MODELS["deep_gpcm"], replace(TINY, learner_dim=6)),
+         # with the rest of right/wrong data's defaults: the item's own discrimination, the order penalty
+         "deep_gpcm_learner": (MODELS["deep_gpcm"], replace(TINY, learner_dim=6, item_discrimination=True,
+                                                            order_penalty=1.0)),
          "attention_gpcm_learner": (MODELS["attention_gpcm"], replace(TINY, learner_dim=6))}
 
 
