@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--students", choices=("test", "valid"), default="test")
     parser.add_argument("--steps", type=int, default=None, help="the first STEPS of each sequence (default all)")
     args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     torch.set_num_threads(1)
     model, sequences = held_out(args.artifact, args.data, args.students)
     print(json.dumps(answer_order(model, sequences, args.steps), indent=1))

@@ -1,6 +1,7 @@
 """The answer-order measurement: it finds no fall where the model is ordered by construction, it sees falls either
 way (a model and its mirror image share the steps between them), and it scores an artifact's own held-out students."""
 
+import pytest
 import torch
 
 from nextstep.models.deep_gpcm import GPCMConfig, deep_gpcm
@@ -54,3 +55,6 @@ def test_an_artifacts_validation_students_are_its_runs(tmp_path, capsys):
     assert len(valid) == manifest["data"]["n_valid_students"] and len(test) == manifest["data"]["n_test_students"]
     main([str(tmp_path / "art"), "--data", str(data), "--students", "valid", "--steps", "5"])
     assert '"same_theta"' in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # no steps is no measurement: refused, not an empty answer
+        main([str(tmp_path / "art"), "--data", str(data), "--steps", "0"])
+    assert "--steps must be at least 1" in capsys.readouterr().err
