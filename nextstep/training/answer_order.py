@@ -47,7 +47,7 @@ def answer_order(model, sequences: list[tuple[np.ndarray, np.ndarray]], steps: i
                                                                     else np.zeros(len(group), bool))):
                 if not live.any():
                     continue
-                outs = [model.readout(s, q[:, min(column, length - 1)].unsqueeze(1)) for s in after]
+                outs = [model.readout(s, q[:, column].unsqueeze(1)) for s in after]  # live: column < length
                 expected = torch.stack([(o.log_probs.exp()[:, 0] * torch.arange(o.log_probs.shape[-1])).sum(-1)
                                         for o in outs], -1)
                 _fall(falls, f"{where}_expected_score", expected, live)

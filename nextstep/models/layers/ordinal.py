@@ -101,7 +101,7 @@ class IRTHead(nn.Module):
 
     def forward(self, read: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """read (..., dv), keys (..., dk) -> theta (...), alpha (...), beta (..., K-1)."""
-        s = self.summary(torch.cat([read, keys], dim=-1) if self.question_in_summary else read)
+        s = self.summary(self._summary_input(read, keys))
         theta = self.ability(s).squeeze(-1) * self.ability_scale
         alpha = F.softplus(self.discrimination(keys if self.item_discrimination else torch.cat([s, keys], -1)))
         alpha = alpha.squeeze(-1)
@@ -109,8 +109,11 @@ class IRTHead(nn.Module):
 
     def ability_of(self, read: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Theta (...) alone, without dropout (as in evaluation) whatever the mode."""
-        summary = self.summary[1](self.summary[0](torch.cat([read, keys], -1) if self.question_in_summary else read))
+        summary = self.summary[1](self.summary[0](self._summary_input(read, keys)))  # Linear, Tanh: no Dropout
         return self.ability(summary).squeeze(-1) * self.ability_scale
+
+    def _summary_input(self, read: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return torch.cat([read, keys], dim=-1) if self.question_in_summary else read
 
 
 class CORALBlend(nn.Module):
