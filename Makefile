@@ -15,8 +15,9 @@ setup:  ## system packages (redis-server, promtool, haproxy; apt-get as root), .
 $(BIN)/nextstep:
 	@echo "$(VENV) is not set up: run make setup first"; exit 1
 
-run: $(BIN)/nextstep  ## serve ./artifacts on http://127.0.0.1:8000 (in-process state); the bundled demo models if it is empty
-	$(BIN)/nextstep serve --demo
+PORT ?= 8000
+run: $(BIN)/nextstep  ## serve ./artifacts on http://127.0.0.1:8000 (make run PORT=8080: another port; in-process state); the bundled demo models if it is empty
+	$(BIN)/nextstep serve --demo --port $(PORT)
 
 demo:  ## train small models on generated data, export them, replay a learner through ONNX Runtime
 	$(BIN)/nextstep demo
