@@ -351,7 +351,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     otel = settings.opentelemetry
     app = Service(title="NextStep", version="0.1.0", lifespan=lifespan,
                   telemetry={"tracing": otel, "metrics": otel, "logs": otel}, docs_url=None, redoc_url=None,
-                  description="Predicts a learner's next response from state kept per learner.")
+                  description="Predicts what a learner does next, from state kept per learner: knowledge tracing "
+                              "(the response to a question), next-item sessions (the next click) and flashcards (a "
+                              "review's rating, recall and answer time, and when to review).")
     app.state.settings, app.state.metrics = settings, metrics
     app.router.route_class = JsonRoute  # the system routes below too (Service's stack relies on it)
     # the task routes go first in the app's own route list: FastAPI's include_router would nest a router that
