@@ -15,11 +15,15 @@
 
 import argparse
 import contextlib
+import glob
 import importlib
 import json
 import os
 import re
+import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,30 +73,100 @@ def cmd_train(args) -> int:
     require("torch", "train", "nextstep train")
     entry = family(args.model)
     out = Path(args.out or f"artifacts/{args.model}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-    if out.exists() and not out.is_dir():  # found before training, not after it
-        raise SystemExit(f"train: --out {out} is a file, not an artifact directory")
+    _check_train_out(out, args.force)  # found before training, not after it
     kwargs = _options(args, entry, entry.train_options, "train")
     cfg = _config(args, entry)
     if entry.progress:
         kwargs[entry.progress] = not args.quiet
     train = entry.resolve("train")
     user_error = entry.resolve("user_error") or ()
+    # trained into a hidden folder beside OUT (serve skips it, evaluate says what it is) and renamed to OUT only
+    # when the artifact is complete: an interrupted or failed run never leaves a half-written OUT behind
+    partial = out.absolute().with_name(f".{out.absolute().name}{PARTIAL}{os.getpid()}")
     try:
-        manifest = train(args.model, args.data, out, cfg=cfg, **kwargs) if entry.named else \
-            train(args.data, out, cfg=cfg, **kwargs)
+        manifest = train(args.model, args.data, partial, cfg=cfg, **kwargs) if entry.named else \
+            train(args.data, partial, cfg=cfg, **kwargs)
+        _install(partial, out)
     except user_error as exc:
         raise SystemExit(f"train {entry.name}: {exc}") from None
+    except KeyboardInterrupt:
+        print(f"nextstep train: interrupted; {out} was left as it was" if out.exists() else
+              f"nextstep train: interrupted; nothing was written to {out}", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        _remove(partial)
     print(json.dumps({"artifact": str(out), "metrics": manifest["metrics"], "parity": manifest["parity"],
                       "training": manifest["training"]}, indent=2))
     return 0
 
 
-def _artifact_family(artifact: str, command: str):
+PARTIAL = ".partial-"  # .OUT.partial-PID: a training run's artifact until it is complete
+INTERRUPTED = 130  # the exit status of a command ended by Ctrl-C (128 + SIGINT), as shells report it
+
+
+def _check_train_out(out: Path, force: bool) -> None:
+    """Refuse an --out that is a file, an artifact already there (unless --force) or a folder of other files."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"train: --out {out} is a file, not an artifact directory")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / "manifest.json").is_file():
+        raise SystemExit(f"train: --out {out} is a folder holding other files, not an artifact: give a new or "
+                         "empty directory")
+    if not force:
+        raise SystemExit(f"train: --out {out} holds an artifact already; --force replaces it (once the new one "
+                         "is complete), or give another directory")
+
+
+def _install(partial: Path, out: Path) -> None:
+    """Move a complete artifact to `out`, replacing the artifact there (the run's --force) or an empty folder."""
+    with _uninterrupted():
+        if out.is_dir() and any(out.iterdir()):
+            old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+            out.rename(old)
+            partial.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            partial.replace(out)  # over an empty folder, or where there is none
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder of ours, all of it."""
+    if path.exists():
+        with _uninterrupted():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+    """Ctrl-C is ignored inside (a second one does not stop a rename or a removal halfway)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sees signals
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        manifest = json.loads((Path(artifact) / "manifest.json").read_text())
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _unfinished(path: Path) -> list[Path]:
+    """The folders of training runs into `path` that have not finished (interrupted, killed or still running)."""
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}{PARTIAL}*")) if path.name else []
+
+
+def _artifact_family(artifact: str, command: str):
+    path = Path(artifact)
+    if path.name.startswith(".") and PARTIAL in path.name:
+        raise SystemExit(f"{command}: {artifact} is an unfinished training run (interrupted, killed or still "
+                         "running), not an artifact: train again (a finished run renames its folder to --out)")
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
         return family(str(manifest.get("family")))
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"{command}: {artifact} is not a readable artifact: {exc}") from None
+        unfinished = _unfinished(path)
+        why = f"; an unfinished training run into it is in {unfinished[-1]}" if unfinished else ""
+        raise SystemExit(f"{command}: {artifact} is not a readable artifact: {exc}{why}") from None
 
 
 def cmd_export(args) -> int:
@@ -221,6 +295,11 @@ def cmd_serve(args) -> int:
 
     settings = Settings(**({"artifacts_dir": Path(args.artifacts)} if args.artifacts else {}))
     artifacts_dir = settings.artifacts_dir
+    unfinished = sorted(artifacts_dir.glob(f"*/.*{PARTIAL}*"))
+    if unfinished:  # hidden folders, which the service skips: said here, where the user looks
+        print(f"not served: {len(unfinished)} unfinished training run{'s' if len(unfinished) > 1 else ''} "
+              f"(interrupted, killed or still running; delete the folders of runs that are over): "
+              f"{', '.join(map(str, unfinished))}", file=sys.stderr)
     if not any(artifacts_dir.glob("*/*/manifest.json")):
         if not args.demo:
             raise SystemExit(f"no artifacts under {artifacts_dir}: train some (nextstep train) "
@@ -356,12 +435,24 @@ def cmd_import_anki(args) -> int:
         write_review_csv(log, out)
     except OSError as exc:
         raise SystemExit(f"import-anki: cannot write {out}: {exc}") from None
-    deleted = int((log.deck == 0).sum())
+    # every review read is in the CSV, those of deleted cards too (deck_id 0); what was skipped is not
+    deleted = log.deck == 0
+    decks = _count(len(np.unique(log.deck[~deleted])), "deck")
+    line = f"wrote {_count(len(log), 'review')} of {_count(len(np.unique(log.card)), 'card')} to {out}"
+    if deleted.any():
+        line += (f": {int((~deleted).sum())} in {decks} and {int(deleted.sum())} of "
+                 f"{_count(len(np.unique(log.card[deleted])), 'deleted card')} (deck_id 0: their deck is unknown)")
+    else:
+        line += f", in {decks}"
     skipped = log.meta.get("skipped", {})
-    print(f"{len(log)} reviews of {len(np.unique(log.card))} cards in {len(np.unique(log.deck[log.deck != 0]))} "
-          f"decks{f' (+ {deleted} reviews of deleted cards, deck 0)' if deleted else ''} -> {out}"
-          + (f"; skipped: {', '.join(f'{n} {reason}' for reason, n in skipped.items())}" if skipped else ""))
+    if skipped:
+        line += f"; not written: {', '.join(f'{n} {reason}' for reason, n in skipped.items())}"
+    print(line)
     return 0
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 ALL_FLAGS = ("epochs", "seed", "loss", "device")  # set training config fields (a family's entry says which)
@@ -395,17 +486,23 @@ def _above_zero(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nextstep", description=__doc__)
+    parser = argparse.ArgumentParser(prog="nextstep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # the table stays
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a model on a data set directory, evaluate it, export it")
     train.add_argument("model", choices=sorted(FAMILIES), metavar="MODEL",
                        help="; ".join(f"{f.name}: {f.help}" for f in FAMILIES.values()))
     train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
-    train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION)")
+    train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION); it is written only when "
+                                     "the run is complete (until then the run's files are in .OUT.partial-PID "
+                                     "beside it, removed if the run stops)")
+    train.add_argument("--force", action="store_true",
+                       help="replace the artifact already in --out (by the new one, once it is complete)")
     train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
-    train.add_argument("--epochs", type=_int_in(1))
-    train.add_argument("--seed", type=int)
+    train.add_argument("--epochs", type=_int_in(1),
+                       help="training epochs, an upper bound where the family stops early (default: its config's)")
+    train.add_argument("--seed", type=int, help="random seed of the run (default: its config's, 0)")
     train.add_argument("--loss", help="next-item training loss (gru4rec: cross-entropy, bpr, bpr-max)")
     train.add_argument("--valid", action="store_true",
                        help="next-item: train on *_train_tr and evaluate on *_train_valid (tuning; test unread)")
@@ -424,9 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="re-measure an artifact on a data set's test file")
-    evaluate.add_argument("artifact")
-    evaluate.add_argument("--data", required=True)
-    evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS])
+    evaluate.add_argument("artifact", help="artifact directory (the --out of train)")
+    evaluate.add_argument("--data", required=True,
+                          help="data set directory: its *test* file is scored (*_train_valid with --valid)")
+    evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
     evaluate.add_argument("--max-len", type=_int_in(1), help="score chunks of this length, each from a fresh state")
     evaluate.add_argument("--banks", help="simakt: the bank version to use (default: the one exported with it)")
@@ -438,13 +536,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="export an artifact's weights again through its family's exporter "
                                            "(ONNX, TorchScript, manifest; parity checked on its held-out sequences)")
-    export.add_argument("artifact")
+    export.add_argument("artifact", help="artifact directory whose weights.pt is exported")
     export.add_argument("--out", required=True, help="the new artifact directory")
     export.set_defaults(func=cmd_export)
 
     serve = sub.add_parser("serve", help="serve the artifacts over HTTP (settings: NEXTSTEP_* variables)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_int_in(1, 65535), default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
+    serve.add_argument("--port", type=_int_in(1, 65535), default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR or ./artifacts)")
     serve.add_argument("--demo", action="store_true", default=os.environ.get("NEXTSTEP_DEMO", "").lower() in TRUE,
                        help="with no artifacts in the artifacts directory, serve the demo models bundled with the "
@@ -455,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     openapi = sub.add_parser("openapi", help="write the service's OpenAPI document")
-    openapi.add_argument("path", nargs="?", default="openapi/openapi.json")
+    openapi.add_argument("path", nargs="?", default="openapi/openapi.json",
+                         help="file to write (default openapi/openapi.json)")
     openapi.set_defaults(func=cmd_openapi)
 
     score = sub.add_parser("score", help="score whole histories (JSONL, Parquet or CSV) into JSONL or Parquet")
@@ -475,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ray: scoring workers, a CPU each (default: one per CPU of this machine; on a cluster, "
                             "its CPUs less one, left for reading)")
     score.add_argument("--batch-size", type=_int_in(1), default=64, help="ray: students per batch a worker scores")
-    score.add_argument("--quiet", action="store_true")
+    score.add_argument("--quiet", action="store_true", help="no progress bar")
     score.set_defaults(func=cmd_score)
 
     anki = sub.add_parser("import-anki", help="write an Anki collection's reviews as a review-log CSV")
@@ -488,15 +587,15 @@ def build_parser() -> argparse.ArgumentParser:
     banks_sub = banks.add_subparsers(dest="banks_command", required=True)
     build = banks_sub.add_parser("build", help="rebuild an artifact's memory banks from a data set's training "
                                                "students into ARTIFACT/banks/VERSION")
-    build.add_argument("artifact")
+    build.add_argument("artifact", help="a simakt artifact directory")
     build.add_argument("--data", required=True, help="data set directory: its *train* file is read, never *test*")
     build.add_argument("--version", help="bank version (default: a UTC timestamp)")
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--seed", type=int, default=0, help="random seed of the bank build (default 0)")
     build.set_defaults(func=cmd_banks_build)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")
-    demo.add_argument("--epochs", type=_int_in(1), default=5)
+    demo.add_argument("--epochs", type=_int_in(1), default=5, help="training epochs of each model (default 5)")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -505,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (train says what it left)
+        print(f"nextstep {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except (OSError, ValueError) as exc:
         # files that are missing, unreadable or malformed, settings or data a model cannot take: the message names
         # the file, line or field; NEXTSTEP_TRACEBACK=1 shows where in the code it was raised

@@ -6,6 +6,9 @@ import io
 import json
 import math
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +22,7 @@ from nextstep.training.synthetic import write_gpcm_dataset
 from tests.cli_script import RUN_CLI, hide
 
 ORDINAL_KEYS = {"categorical_accuracy", "ordinal_accuracy", "qwk", "mae", "nll"}
+BINARY_UNMEASURED = {"ordinal_accuracy", "qwk"}
 SMALL_MODEL = {"model": {"memory_size": 8, "key_dim": 8, "value_dim": 16, "summary_dim": 8}}
 
 
@@ -138,6 +142,12 @@ def test_a_config_file_that_is_not_a_config_object_is_refused_naming_the_file(tm
     (["train", "dkt", "--data", "{tmp}/no-such-dir"], "nextstep train: data set directory not found"),
     (["train", "deep_gpcm", "--data", "{tmp}"], "expected exactly one *train* and one *test*"),
     (["train", "deep_gpcm", "--data", "{tmp}", "--out", "{tmp}/in.jsonl"], "is a file, not an artifact directory"),
+    # an artifact already there is refused before any data is read, unless --force; other files even with it
+    (["train", "deep_gpcm", "--data", "{tmp}/no-such-dir", "--out", "{bundled}/deep_gpcm/demo"],
+     "holds an artifact already; --force replaces it"),
+    (["train", "deep_gpcm", "--data", "{tmp}/no-such-dir", "--out", "{tmp}", "--force"],
+     "is a folder holding other files, not an artifact"),
+    (["evaluate", "{tmp}/.artifact.partial-123", "--data", "{tmp}"], "is an unfinished training run"),
     (["evaluate", "{bundled}/deep_gpcm/demo", "--data", "{tmp}"], "names no weights file, so it holds graphs only"),
     (["banks", "build", "{bundled}/deep_gpcm/demo", "--data", "{tmp}", "--version", "../../escaped"],
      "--version '../../escaped' must be a folder name"),
@@ -213,7 +223,9 @@ def test_binary_data_gets_an_auc(tmp_path):
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     test = manifest["metrics"]["test"]
-    assert set(test) >= ORDINAL_KEYS | {"auc", "accuracy"}
+    # right/wrong data: an AUC, and no ordinal accuracy (1.0 whatever the model) or QWK, which say nothing there
+    assert set(test) >= ORDINAL_KEYS - BINARY_UNMEASURED | {"auc", "accuracy"}
+    assert not BINARY_UNMEASURED & set(test) and not BINARY_UNMEASURED & set(manifest["metrics"]["valid"])
     assert 0 <= test["auc"] <= 1 and test["n"] == n_test
     assert test["accuracy"] == test["categorical_accuracy"]
     assert manifest["data"]["n_cats"] == 2 and manifest["data"]["format"] == "three_line"
@@ -303,8 +315,13 @@ def test_training_progress_in_a_log_file_is_one_line_per_epoch(tmp_path):
     text = log.read_text()
     assert result.returncode == 0, text
     assert "\r" not in text
-    epochs = [line for line in text.splitlines() if line.startswith("epoch")]
+    lines = text.splitlines()
+    epochs = [line for line in lines if line.startswith("epoch")]
     assert [int(line.split()[1]) for line in epochs] == [0, 1, 2, 3], text  # 0: the warm start
+    # the warm start's fit (22-55 s on real data) is announced before it and timed after it
+    warm = [i for i, line in enumerate(lines) if line.startswith("warm start: ")]
+    assert len(warm) == 2 and warm[1] < lines.index(epochs[0]), text
+    assert "fitting a GPCM" in lines[warm[0]] and re.fullmatch(r"warm start: done in \d+\.\d s", lines[warm[1]])
     assert all("valid_nll" in line and "targets/s" in line for line in epochs)
 
 
@@ -338,3 +355,104 @@ def test_training_progress_on_a_terminal_is_a_bar(tmp_path):
     assert proc.wait(timeout=300) == 0
     os.close(controller)
     assert b"\r" in shown and b"epoch 1/2" in shown
+    assert re.search(rb"epoch 1/2: +\d+%\|.*\| \d+/\d+ \[", shown), shown  # a total: the share done, time left
+
+
+# -- help, an artifact already there, Ctrl-C and what it leaves --------------------------------------------------
+
+def _subparsers(parser):
+    """(name, parser) of every command and subcommand."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                yield from ((f"{name} {n}", p) for n, p in _subparsers(sub))
+
+
+def test_help_keeps_the_command_table_and_every_argument_says_what_it_is():
+    from nextstep.cli import build_parser
+
+    parser = build_parser()
+    text = parser.format_help()  # the docstring's table was reflowed into one paragraph
+    assert "\n    train        train a registered family" in text and "\n    demo         train small" in text
+    bare = [f"{name}: {'/'.join(action.option_strings) or action.dest}" for name, sub in _subparsers(parser)
+            for action in sub._actions if not action.help and action.dest != "help" and not action.choices]
+    assert bare == []
+
+
+def test_force_replaces_an_artifact_only_once_the_new_one_is_complete(tmp_path, trained):
+    data, artifact = trained[0], trained[1]
+    out = tmp_path / "models" / "artifact"
+    shutil.copytree(artifact, out)
+    before = (out / "manifest.json").read_text()
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(SMALL_MODEL))
+    argv = ["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--epochs", "1", "--config", str(config),
+            "--quiet"]
+    with pytest.raises(SystemExit, match="holds an artifact already; --force replaces it"):
+        main(argv)
+    assert (out / "manifest.json").read_text() == before
+    code, _ = _train([*argv, "--force"])
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["train_config"]["epochs"] == 1 and manifest["parity"]["passed"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["artifact"]  # no partial or replaced folder left
+
+
+def test_ctrl_c_mid_training_is_one_line_and_leaves_no_artifact(tmp_path):
+    """Ctrl-C printed a traceback and left OUT holding checkpoint.pt and no manifest, which serve and evaluate
+    then met as a broken artifact."""
+    data = write_gpcm_dataset(tmp_path / "data", n_students=40, n_questions=10, seq_len_range=(10, 20), seed=1)
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps({**SMALL_MODEL, "patience": 500}))
+    models = tmp_path / "models"
+    out = models / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, "train", "deep_gpcm", "--data", str(data), "--out",
+                             str(out), "--epochs", "500", "--config", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stdout:  # interrupted once an epoch has ended (the checkpoint's moment)
+            if line.startswith("epoch") and int(line.split()[1]) >= 1:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip() == f"nextstep train: interrupted; nothing was written to {out}", err
+    assert not out.exists() and sorted(p.name for p in models.iterdir()) == []  # no partial folder either
+
+
+def test_evaluate_and_serve_explain_an_unfinished_run(tmp_path, capsys):
+    """A run killed before its end (no Ctrl-C to clean up) leaves its hidden .OUT.partial-PID folder."""
+    artifacts = tmp_path / "artifacts"
+    partial = artifacts / "deep_gpcm" / ".v1.partial-4242"
+    partial.mkdir(parents=True)
+    (partial / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(SystemExit) as caught:
+        main(["evaluate", str(artifacts / "deep_gpcm" / "v1"), "--data", str(tmp_path)])
+    assert f"an unfinished training run into it is in {partial}" in str(caught.value.code)
+    with pytest.raises(SystemExit, match="no artifacts under"):  # serve stops there, having said why
+        main(["serve", "--artifacts", str(artifacts)])
+    err = capsys.readouterr().err
+    assert "not served: 1 unfinished training run (interrupted, killed or still running" in err
+    assert str(partial) in err
+
+
+@pytest.mark.parametrize("monitor, data_kind", [("auc", "ordinal"), ("qwk", "binary")])
+def test_a_monitor_the_data_does_not_measure_is_refused_before_training(tmp_path, monitor, data_kind):
+    data = tmp_path / "data"
+    if data_kind == "binary":
+        _write_binary(data)
+    else:
+        write_gpcm_dataset(data, n_students=20, n_questions=5, seq_len_range=(5, 8), seed=1)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**SMALL_MODEL, "monitor": monitor}))
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--config", str(config), "--quiet"])
+    assert f"monitor {monitor!r} is not measured on data with" in str(caught.value.code)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "data"]

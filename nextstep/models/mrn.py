@@ -69,7 +69,8 @@ forward(items (B, T)) computes the same quantities for every prefix at once (row
 only); it equals stepping, which the tests check.
 """
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -87,14 +88,16 @@ class MRNConfig:
     alpha: float = 0.0  # path confidence: weight of the intermediate match m1
     beta: float = 1.0  # weight of the final match m2
     temperature: float = 0.2  # tau (chosen on the rsc15_100k validation split)
-    repeat: float = 0.0  # gamma, the repeat channel; 0 is the seed's model
-    repeat_learned: bool = False  # one learned gamma_l per window position l (initial value: repeat), summed
+    # The next three: None takes the mrn family's default through its builder (`mrn`, FAMILY_DEFAULTS) and the
+    # seed's design in MRN itself (SEED_DESIGN: no repeat channel, no heads)
+    repeat: float | None = None  # gamma, the repeat channel; 0 is the seed's model
+    repeat_learned: bool | None = None  # one learned gamma_l per window position l (initial value: repeat), summed
     use_context: bool = False  # the context vector as one more derivation path
     use_bias: bool = True  # learned item bias b_j
     sigma: float = 1.0  # width of the surrogate kernel (in units of Z_m; 1.0 beat 0.5 on validation)
     init_spread: float = 1.0  # E ~ U[0, m * init_spread)
     seed: int = 0  # A, B and the embeddings
-    heads: dict = field(default_factory=dict)  # plug-in heads added to the score: {name in HEADS: options}
+    heads: dict | None = None  # plug-in heads added to the score: {name in HEADS: options}
 
     def __post_init__(self):
         if self.n_items < 3:
@@ -108,7 +111,7 @@ class MRNConfig:
             raise ValueError(f"parallel (K={self.parallel}) cannot exceed history (L={self.history})")
         if self.temperature <= 0 or self.sigma <= 0:
             raise ValueError("temperature and sigma must be positive")
-        unknown = set(self.heads) - set(HEADS)
+        unknown = set(self.heads or {}) - set(HEADS)
         if unknown:
             raise ValueError(f"unknown MRN heads {sorted(unknown)}; expected some of {sorted(HEADS)}")
 
@@ -127,6 +130,7 @@ class MRN(NextItemModel):
 
     def __init__(self, cfg: MRNConfig):
         super().__init__()
+        cfg = _filled(cfg, SEED_DESIGN)
         self.cfg = cfg
         self.n_items = cfg.n_items
         n, m = cfg.dim, cfg.modulus
@@ -301,3 +305,34 @@ class TransitionHead(nn.Module):
 
 
 HEADS: dict[str, type[nn.Module]] = {"transition": TransitionHead}
+
+
+# ---- the family's defaults -------------------------------------------------------------------------------
+# MRNConfig's repeat, repeat_learned and heads left None: the seed's design in MRN itself; in the mrn family
+# (`nextstep train mrn`) the setting validated on rsc15_100k in issue 18 (configs/mrn_rsc15_transition.json:
+# test Recall@20 / MRR@20 0.643 / 0.347 against the seed design's 0.277 / 0.137 and Markov's 0.591 / 0.343).
+# configs/mrn_seed.json trains the seed's design alone.
+SEED_DESIGN = {"repeat": 0.0, "repeat_learned": False, "heads": {}}
+FAMILY_DEFAULTS = {"repeat": 1.0, "repeat_learned": True, "heads": {"transition": {"rank": 128}}}
+
+
+def _filled(cfg: MRNConfig, values: dict) -> MRNConfig:
+    """cfg with its None fields among `values` set from them."""
+    missing = {k: copy.deepcopy(v) for k, v in values.items() if getattr(cfg, k) is None}
+    return replace(cfg, **missing) if missing else cfg
+
+
+def mrn(cfg: MRNConfig) -> MRN:
+    """The mrn family's model (its registry entry): FAMILY_DEFAULTS for the fields left None (a repeat channel
+    turned off, repeat 0, has no learned weights either)."""
+    defaults = dict(FAMILY_DEFAULTS, **({"repeat_learned": False} if cfg.repeat == 0 else {}))
+    return MRN(_filled(cfg, defaults))
+
+
+def restore(name: str, config: dict, weights: dict) -> MRN:
+    """The MRN of an artifact's weights.pt (its registry restorer). Its config names every field, but one written
+    before repeat_learned and heads existed lacks them, and was trained without either: a key missing there is
+    the seed's design, never the family's default."""
+    model = MRN(MRNConfig(**{**SEED_DESIGN, **config}))
+    model.load_state_dict(weights)
+    return model

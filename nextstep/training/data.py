@@ -39,12 +39,12 @@ def default_data_dir() -> Path:
 class DataFormatError(ValueError):
     """A data file does not follow its format; the message says where and why."""
 
-    def __init__(self, path: str | os.PathLike, line_no: int, what: str, got: object) -> None:
-        self.path, self.line_no, self.what, self.got = str(path), line_no, what, got
-        super().__init__(f"{path}:{line_no}: expected {what}, got {got!r}")
+    def __init__(self, path: str | os.PathLike, line_no: int, what: str, got: object, note: str = "") -> None:
+        self.path, self.line_no, self.what, self.got, self.note = str(path), line_no, what, got, note
+        super().__init__(f"{path}:{line_no}: expected {what}, got {got!r}" + (f" ({note})" if note else ""))
 
     def __reduce__(self):  # keep the exception picklable (e.g. across DataLoader workers)
-        return type(self), (self.path, self.line_no, self.what, self.got)
+        return type(self), (self.path, self.line_no, self.what, self.got, self.note)
 
 
 # eq=False: arrays do not support tuple comparison/hashing, so sequences compare by identity.
@@ -166,6 +166,11 @@ def read_three_line(path: str | os.PathLike, n_cats: int | None = None) -> KTDat
     return KTDataset(sequences, n_cats or max_response + 1, str(path), "three_line")
 
 
+# what each DTransformer field holds, for messages: "expected 200 comma-separated responses (s)"
+DTRANSFORMER_FIELDS = {"pid": "problem ids", "q": "skill ids", "s": "responses", "it": "interval times",
+                       "at": "answer times"}
+
+
 def read_dtransformer(
     path: str | os.PathLike, fields: AbcSequence[str] = ("pid", "q", "s"), n_cats: int = 2
 ) -> KTDataset:
@@ -174,7 +179,8 @@ def read_dtransformer(
     if "q" not in fields or "s" not in fields:
         raise ValueError(f"DTransformer fields must include 'q' and 's', got {fields}")
     sequences: list[Sequence] = []
-    for index, (line_no, arrays) in enumerate(_records(path, fields)):
+    labels = [f"{DTRANSFORMER_FIELDS.get(name, 'values')} ({name})" for name in fields]
+    for index, (line_no, arrays) in enumerate(_records(path, labels)):
         by_name = dict(zip(fields, arrays, strict=True))  # other fields (it, at, ...) are ignored
         _check_responses(path, line_no + 1 + fields.index("s"), by_name["s"], n_cats)
         sequences.append(Sequence(f"{path.stem}:{index}", by_name["q"], by_name["s"], by_name.get("pid")))
@@ -306,14 +312,21 @@ _READERS = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer"
 def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[KTDataset, KTDataset]:
     """Load (train, test) from a data set directory; ``fmt`` overrides format detection."""
     train_path, test_path, detected, kwargs = find_split_files(data_dir)
+    used = detected
     if fmt is not None and fmt != detected:
         if fmt not in _READERS:
             raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
-        detected, kwargs = fmt, _reader_kwargs(Path(data_dir), train_path, fmt)
-    read = _READERS[detected]
-    train = read(train_path, **kwargs)
-    # K comes from the training file (or metadata): a test response outside it is a format error
-    test = read(test_path, **{**kwargs, "n_cats": train.n_cats})
+        used, kwargs = fmt, _reader_kwargs(Path(data_dir), train_path, fmt)
+    read = _READERS[used]
+    try:
+        train = read(train_path, **kwargs)
+        # K comes from the training file (or metadata): a test response outside it is a format error
+        test = read(test_path, **{**kwargs, "n_cats": train.n_cats})
+    except DataFormatError as exc:
+        if used == detected:
+            raise
+        note = f"read as {fmt}, as asked; the files look like {detected}"
+        raise DataFormatError(exc.path, exc.line_no, exc.what, exc.got, note) from None
     for ds in (train, test):
         if not ds.sequences:
             raise DataFormatError(ds.path, 1, "at least one record", "an empty file")

@@ -192,9 +192,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                batcher="nextstep.training.gru4rec_loop:session_parallel",
                loss="nextstep.training.gru4rec_step:TrainStep",  # cross-entropy, bpr or bpr-max, hand-written gradients
                flags=("epochs", "seed", "loss")),
-    _next_item("mrn", "nextstep.models.mrn:MRN", "nextstep.models.mrn:MRNConfig",
+    # the builder sets the family's defaults (a learned repeat channel, a transition head), the restorer keeps an
+    # older artifact's config as it was trained (models/mrn.py)
+    _next_item("mrn", "nextstep.models.mrn:mrn", "nextstep.models.mrn:MRNConfig",
                "nextstep.training.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)",
-               batcher="nextstep.training.mrn_loop:length_batches", loss="nextstep.training.mrn_loop:mrn_loss"),
+               batcher="nextstep.training.mrn_loop:length_batches", loss="nextstep.training.mrn_loop:mrn_loss",
+               restorer="nextstep.models.mrn:restore"),
     _counts("popularity", "Popularity", "training click counts"),
     _counts("markov", "Markov", "first-order Markov chain"),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",

@@ -23,7 +23,7 @@ import torch
 
 from ..models.gru4rec import GRU4Rec
 from .gru4rec_step import LOSSES, TrainStep
-from .loop import print_row, train_epochs
+from .loop import Counted, print_row, train_epochs
 from .sessions import SessionData
 
 
@@ -212,7 +212,10 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
         nonlocal state
         order = rng.permutation(len(train)) if cfg.session_order == "random" else np.arange(len(train))
         state = model.init_state(min(cfg.batch_size, len(order)))
-        return session_parallel(train.offsets, order, cfg.batch_size)
+        # the number of steps depends on how the sessions pack into the slots: counted (a dry run, cheap next to
+        # the epoch) only for a progress bar's total
+        return Counted(session_parallel(train.offsets, order, cfg.batch_size),
+                       lambda: sum(1 for _ in session_parallel(train.offsets, order, cfg.batch_size)))
 
     def train_step(batch):
         nonlocal state

@@ -66,6 +66,20 @@ def chunk(seqs: list[Encoded], max_len: int | None) -> list[Encoded]:
     return [(q[i:i + max_len], r[i:i + max_len]) for q, r in seqs for i in range(0, len(q), max_len)]
 
 
+class Counted:
+    """An epoch's batches and how many there are (a number, or a function counting them when asked): the total
+    of the progress bar, which without it can show neither how far the epoch is nor when it ends."""
+
+    def __init__(self, batches: Iterable, n: int | Callable[[], int]):
+        self.batches, self.n = batches, n
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return self.n() if callable(self.n) else self.n
+
+
 def batches(seqs: list[Encoded], batch_size: int, rng: np.random.Generator | None = None):
     """Yield (questions, responses, mask) tensors (B, T); length-sorted, batch order shuffled by rng."""
     order = np.argsort([len(q) for q, _ in seqs], kind="stable")
@@ -131,8 +145,9 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, 
         pred = predict_sequences(model, valid, max_len=cfg.eval_max_len, batcher=batcher)
         return metrics(pred["probs"], pred["targets"])
 
-    return train_epochs(model, cfg.epochs, lambda epoch: batcher(chunks, cfg.batch_size, rng), step,
-                        optimizer=opt, grad_clip=cfg.grad_clip, validate=validate,
+    n_batches = math.ceil(len(chunks) / cfg.batch_size)  # a batcher's groups: batch_size sequences, the last fewer
+    return train_epochs(model, cfg.epochs, lambda epoch: Counted(batcher(chunks, cfg.batch_size, rng), n_batches),
+                        step, optimizer=opt, grad_clip=cfg.grad_clip, validate=validate,
                         monitor=f"valid_{cfg.monitor}", lower_is_better=MONITORS[cfg.monitor], patience=cfg.patience,
                         lr_schedule=torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5,
                                                                                patience=cfg.lr_patience),
@@ -168,7 +183,8 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
     signed score after every epoch (lower is better), and training stops after `patience` epochs without
     an improvement of more than `min_delta`. Without one, training runs every epoch and keeps the last
     weights. `max_seconds`: no epoch is started that would, at the mean epoch time so far, end past it.
-    `progress`: a bar per epoch, only when stderr is a terminal; `report(row)` after every epoch (e.g.
+    `progress`: a bar per epoch, only when stderr is a terminal, with a total and a time left where `batches(epoch)`
+    has a length (a list, or `Counted`); `report(row)` after every epoch (e.g.
     `print_row`, one line per epoch, readable in a log file).
     `validate_start` (with `validate` and a `monitor`): the starting weights are validated first (row 0: epoch 0,
     valid_*, best) and kept unless an epoch beats them, for a model that starts from a warm start.
@@ -196,7 +212,8 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
         totals, count = {}, 0
         work = batches(epoch)
         if bar:
-            work = tqdm(work, desc=f"epoch {epoch}/{epochs}", leave=False, mininterval=1.0)
+            work = tqdm(work, desc=f"epoch {epoch}/{epochs}", total=len(work) if hasattr(work, "__len__") else None,
+                        unit="batch", leave=False, mininterval=1.0)
         for batch in work:
             out = step(batch)
             loss, n = out[0], out[1]
@@ -275,3 +292,4 @@ def describe(row: dict) -> str:
 
 def print_row(row: dict) -> None:
     tqdm.write(describe(row))
+    sys.stdout.flush()  # seen as the epoch ends, also in a log file

@@ -17,6 +17,10 @@ __all__ = [
     "roc_auc",
 ]
 
+ORDINAL_ONLY = ("ordinal_accuracy", "qwk")  # measured when there are more than two categories: on right/wrong data
+# every error is within one category (ordinal accuracy 1) and QWK is a plain kappa, which says nothing more
+BINARY_ONLY = ("auc", "accuracy")  # measured on right/wrong data (K = 2)
+
 
 def _labels(y: np.ndarray, n_cats: int, name: str) -> np.ndarray:
     """Validate integer labels in [0, n_cats): a silent out-of-range label corrupts every count."""
@@ -112,9 +116,9 @@ def expected_value(probs: np.ndarray) -> np.ndarray:
 def ordinal_metrics(probs: np.ndarray, targets: np.ndarray) -> dict[str, float]:
     """Summary metrics for predicted category distributions probs (N, K) against targets (N,).
 
-    Keys: categorical_accuracy, ordinal_accuracy (within one category), qwk, mae (of the
-    argmax category), nll (mean -log p_y, p clipped at 1e-12), n; plus auc (of probs[:, 1])
-    and accuracy when K == 2. Means over zero items are nan.
+    Keys: categorical_accuracy, mae (of the argmax category), nll (mean -log p_y, p clipped at
+    1e-12), n; plus ordinal_accuracy (within one category) and qwk when K > 2, auc (of
+    probs[:, 1]) and accuracy when K == 2 (ORDINAL_ONLY, BINARY_ONLY). Means over zero items are nan.
     """
     p = np.asarray(probs, dtype=np.float64)
     if p.ndim != 2 or p.shape[1] < 2:
@@ -130,14 +134,12 @@ def ordinal_metrics(probs: np.ndarray, targets: np.ndarray) -> dict[str, float]:
     def mean(x: np.ndarray) -> float:
         return float(x.mean()) if n else float("nan")
 
-    out = {
-        "categorical_accuracy": mean(err == 0),
-        "ordinal_accuracy": mean(err <= 1),
-        "qwk": quadratic_weighted_kappa(y, pred, K),
-        "mae": mean(err.astype(np.float64)),
-        "nll": mean(-np.log(np.clip(p[np.arange(n), y], 1e-12, None))),
-        "n": float(n),
-    }
+    out = {"categorical_accuracy": mean(err == 0)}
+    if K > 2:
+        out["ordinal_accuracy"] = mean(err <= 1)
+        out["qwk"] = quadratic_weighted_kappa(y, pred, K)
+    out.update(mae=mean(err.astype(np.float64)), nll=mean(-np.log(np.clip(p[np.arange(n), y], 1e-12, None))),
+               n=float(n))
     if K == 2:
         out["auc"] = roc_auc(y, p[:, 1])
         out["accuracy"] = out["categorical_accuracy"]

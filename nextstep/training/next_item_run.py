@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from ..models.gru4rec import GRU4Rec, GRU4RecConfig
-from ..models.mrn import MRN, MRNConfig
 from ..models.next_item import Markov, NextItemModel, Popularity
 from .data import Vocabulary, fingerprint
 from .export import load_weights
@@ -45,7 +44,7 @@ def _train_gru4rec(cfg: GRU4RecTrainConfig, train: SessionData, n_items: int, pr
 
 def _train_mrn(cfg: MRNTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
     torch.manual_seed(cfg.seed)
-    model = MRN(MRNConfig(n_items=n_items, **{"seed": cfg.seed, **cfg.model}))
+    model = family("mrn").build({"n_items": n_items, "seed": cfg.seed, **cfg.model})  # with the family's defaults
     return model, fit_mrn(model, train, cfg, progress=progress, log=log)
 
 

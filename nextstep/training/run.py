@@ -16,9 +16,15 @@ from .data import KTDataset, Vocabulary, fingerprint, split_students
 from .export import export_artifact, load_weights
 from .families import family, restore
 from .loop import Encoded, TrainConfig, fit, predict_sequences
+from .metrics import BINARY_ONLY, ORDINAL_ONLY
 from .report import write_report
 
 TASK = "knowledge_tracing"
+
+
+def say(line: str) -> None:
+    """A line of the run's log, at once (also in a log file)."""
+    print(line, flush=True)
 
 
 def encode(ds: KTDataset, vocab: Vocabulary) -> list[Encoded]:
@@ -58,6 +64,10 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
     train_ds, test_ds = read(data_dir, fmt)
+    unmeasured = ORDINAL_ONLY if train_ds.n_cats == 2 else BINARY_ONLY
+    if cfg.monitor in unmeasured:  # found before training, not as a KeyError after its first epoch
+        raise ValueError(f"monitor {cfg.monitor!r} is not measured on data with {train_ds.n_cats} response "
+                         f"categories ({train_ds.path}); choose another")
     fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
     if not len(fit_ds) or not len(valid_ds):
         raise ValueError(f"{train_ds.path}: {len(train_ds)} training sequences leave {len(fit_ds)} to fit and "
@@ -68,7 +78,12 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     model = entry.build({"n_questions": len(vocab), "n_cats": train_ds.n_cats, **cfg.model})
     # a model may start from what the fitting students alone say (Deep-GPCM: item parameters of a fitted IRT model)
     warm_start = getattr(model, "warm_start", None)
+    if warm_start is not None and log and getattr(model.cfg, "irt_init", False):  # it takes up to a minute
+        say(f"warm start: fitting a GPCM to the {len(fit_ds)} fitting students' answers for the item parameters")
+    warm_started = time.perf_counter()
     warm = warm_start(encode(fit_ds, vocab)) if warm_start is not None else None
+    if warm and log:
+        say(f"warm start: done in {time.perf_counter() - warm_started:.1f} s")
     out_dir.mkdir(parents=True, exist_ok=True)
     history = fit(model, encode(fit_ds, vocab), encode(valid_ds, vocab), cfg, batcher=batcher, loss=loss,
                   metrics=score, checkpoint=out_dir / "checkpoint.pt", progress=progress, log=log,

@@ -139,7 +139,7 @@ def test_dtransformer_errors(tmp_path):
     truncated = write(tmp_path / "train.txt", "2\n100,101\n5,6\n1,0\n2\n100,101\n5,6\n")
     with pytest.raises(DataFormatError) as exc:
         read_dtransformer(truncated)
-    assert_error(exc, "train.txt", 8, "a line of s")
+    assert_error(exc, "train.txt", 8, "a line of responses (s)")
     bad = write(tmp_path / "test.txt", "2\n100,101\n5,6\n1,2\n")
     with pytest.raises(DataFormatError) as exc:
         read_dtransformer(bad)
@@ -236,6 +236,16 @@ def test_empty_split_file_is_a_clear_error(tmp_path):
     write(tmp_path / "x_test.txt", "")
     with pytest.raises(DataFormatError, match=r"x_test.txt:1: expected at least one record"):
         load_dataset(tmp_path)
+
+
+def test_a_format_that_does_not_fit_names_the_field_and_the_format_asked(tmp_path):
+    """A three-line folder read with --format dtransformer said `expected 3 comma-separated s, got 1`."""
+    write(tmp_path / "x_train.txt", "3\n1,2,3\n0,1,1\n2\n4,5\n1,0\n")
+    write(tmp_path / "x_test.txt", "2\n1,2\n0,1\n")
+    with pytest.raises(DataFormatError) as exc:
+        load_dataset(tmp_path, fmt="dtransformer")  # pid = the ids, q = the responses, s = the next length line
+    assert str(exc.value) == (f"{tmp_path / 'x_train.txt'}:4: expected 3 comma-separated responses (s), got 1 "
+                              "(read as dtransformer, as asked; the files look like three_line)")
 
 
 # ----------------------------------------------------------------------------- splits and vocabulary

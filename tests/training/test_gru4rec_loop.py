@@ -1,5 +1,8 @@
 """GRU4Rec training: session-parallel batches, resets, no leak across slots, losses, optimiser, sampler."""
 
+import re
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -179,6 +182,20 @@ def test_training_learns_sequential_structure_that_popularity_cannot(loss):
     gru = evaluate_sessions(m, test)["recall@5"]
     pop = evaluate_sessions(Popularity.fit(enc.items, len(vocab)), test)["recall@5"]
     assert gru > pop + 0.2
+
+
+def test_the_progress_bar_counts_the_epochs_steps(monkeypatch):
+    from tests.training.test_loop import Terminal
+
+    data = zipf_sessions(60, 20, (2, 9), follow=0.5, seed=2)
+    vocab = Vocabulary.build(data.items)
+    enc = data.encode(vocab, drop_unknown=False)
+    steps = sum(1 for _ in session_parallel(enc.offsets, np.arange(len(enc)), 8))  # sessions by time: this order
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    fit_gru4rec(tiny_model(n_items=len(vocab)), enc, GRU4RecTrainConfig(epochs=1, batch_size=8, n_sample=4,
+                                                                        session_order="time"), log=False)
+    shown = sys.stderr.getvalue()
+    assert re.search(rf"epoch 1/1: +0%\|.*\| 0/{steps} \[", shown), shown
 
 
 def test_config_is_validated():

@@ -1,5 +1,8 @@
 """The shared training loop (loop.train_epochs) and the knowledge-tracing path for models without IRT outputs."""
 
+import io
+import re
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -181,6 +184,33 @@ def test_progress_in_a_log_file_is_one_line_per_epoch(capsys):
     assert len(lines) == 3 and lines[0].startswith("epoch   1  train_loss ") and "targets/s" in lines[0]
 
 
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal: the loop draws its progress bar into it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _written_seqs(n: int = 40, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(n):  # responses follow the question: learnable from the question alone
+        q = rng.integers(2, 8, size=rng.integers(5, 20))
+        seqs.append((q, (q % 2).astype(np.int64)))
+    return seqs
+
+
+def test_the_progress_bar_counts_the_epochs_batches(monkeypatch):
+    """The bar said `epoch 1/5: 9it [00:13, 1.74s/it]`: no total, so no share done and no time left."""
+    seqs = _written_seqs()
+    _, batcher, loss, metrics = family("dkt").parts()
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    fit(LogProbsOnly(8), seqs[:30], seqs[30:], TrainConfig(epochs=1, batch_size=8), batcher=batcher, loss=loss,
+        metrics=metrics, progress=True, log=False)
+    shown = sys.stderr.getvalue()
+    assert re.search(r"epoch 1/1: +0%\|.*\| 0/4 \[00:00<\?", shown), shown  # 30 sequences, 8 a batch: 4 batches
+
+
 class LogProbsOnly(torch.nn.Module):
     """A knowledge-tracing model shaped like DKT: an LSTM over (question, response), log_probs only."""
 
@@ -200,11 +230,7 @@ class LogProbsOnly(torch.nn.Module):
 
 
 def test_models_without_irt_outputs_train_and_evaluate():
-    rng = np.random.default_rng(0)
-    seqs = []
-    for _ in range(40):  # responses follow the question: learnable from the question alone
-        q = rng.integers(2, 8, size=rng.integers(5, 20))
-        seqs.append((q, (q % 2).astype(np.int64)))
+    seqs = _written_seqs()
     torch.manual_seed(0)
     model = LogProbsOnly(8)
     _, batcher, loss, metrics = family("dkt").parts()
