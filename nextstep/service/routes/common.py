@@ -5,6 +5,8 @@ import asyncio
 import contextlib
 import email.message
 import functools
+import time
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import Path, Request
@@ -13,7 +15,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, ValidationError
 from pydantic_core import to_json
 
-from ..errors import TooLarge, UnsupportedMediaType
+from ..errors import InvalidInput, TooLarge, UnsupportedMediaType
 
 MAX_ID = 200  # characters of any id: students, sessions, users, questions, items, cards, decks, events
 
@@ -25,7 +27,9 @@ ExternalId = IdText | Int64
 EventId = Annotated[IdText | None, Field(description="replays of an id are applied once")]
 # a time the app records and the model does not use: still a unix time, so that no NaN or year 1e300 is taken in
 UnusedTime = Annotated[float | None, Field(ge=0, allow_inf_nan=False,
-                                           description="unix seconds; recorded by the app, not used")]
+                                           description="unix seconds, at most NEXTSTEP_MAX_CLOCK_SKEW_SECONDS (a day "
+                                                       "by default) ahead of the server's clock; recorded by the app, "
+                                                       "not used")]
 
 
 def path_id(what: str) -> Path:
@@ -69,6 +73,20 @@ def answer(example: dict, *statuses: int) -> dict:
 def too_many(field: str, n: int, limit: int) -> None:
     if n > limit:
         raise TooLarge(field, f"{n} items; at most {limit} per request")
+
+
+def not_ahead(request: Request, times: Sequence[float | None], field: str) -> None:
+    """A 422 naming the first of a request's `times` (unix seconds; None: not given) that is more than
+    NEXTSTEP_MAX_CLOCK_SKEW_SECONDS ahead of the server's clock, as `field.format(i=its position)`. Such a time is a
+    clock or unit error, and a review at it would refuse every later review at the right time (they are kept in
+    time order). Times a request asks about (a prediction's, a schedule's `now`) may be any: they record nothing."""
+    skew = request.app.state.settings.max_clock_skew_seconds
+    now = time.time()
+    for i, value in enumerate(times):
+        if value is not None and value > now + skew:
+            raise InvalidInput(field.format(i=i), f"{value!r} is {value - now:.0f} s ahead of the server's clock "
+                                                  f"({now:.0f}); at most {skew:g} s is taken "
+                                                  "(NEXTSTEP_MAX_CLOCK_SKEW_SECONDS): times are unix seconds")
 
 
 def _json(content_type: str | None) -> bool:
