@@ -1,5 +1,6 @@
 """What a client may get wrong in a request, on every task, answered as a 4xx that says what and where (issue 36):
-times ahead of the server's clock. On the bundled demo models (one per task)."""
+times ahead of the server's clock, values of the wrong type for an id that may be a string or an integer, lone
+surrogates in the JSON, and a model name holding an encoded slash. On the bundled demo models (one per task)."""
 
 import time
 
@@ -82,3 +83,80 @@ def test_the_clock_skew_is_a_setting(serve):
             {"card_id": "c", "time": time.time(), "rating": 3}]})
         assert locked.status_code == 422 and locked.json()["field"] == "reviews[0].time", locked.text
         assert "ahead of the server's clock" in locked.json()["detail"] and "deleted" in locked.json()["detail"]
+
+
+@pytest.mark.parametrize("path, body, field, message", [
+    ("/v1/kt/deep_gpcm/events", {"student_id": "s", "events": [{"question_id": True, "response": 1}]},
+     "events[0].question_id", "Input should be a valid string or a valid integer"),
+    ("/v1/kt/deep_gpcm/events", {"student_id": "s", "events": [{"question_id": "", "response": 1}]},
+     "events[0].question_id", "String should have at least 1 character"),
+    ("/v1/kt/deep_gpcm/predict", {"student_id": "s", "question_ids": ["1", 2**64]},
+     "question_ids[1]", "Input should be less than or equal to 9223372036854775807"),
+    ("/v1/sessions/gru4rec/batch", {"sessions": [{"item_ids": [None]}]},
+     "sessions[0].item_ids[0]", "Input should be a valid string or a valid integer"),
+    ("/v1/srs/time_aware/predict", {"user_id": "u", "card_id": "c", "deck_id": 1.5},
+     "deck_id", "Input should be a valid string or a valid integer"),
+])
+def test_an_id_of_either_type_fails_as_one_error_on_its_own_field(demo, path, body, field, message):
+    url, _, _ = demo
+    reply = httpx.post(url + path, json=body)
+    problem = reply.json()
+    assert reply.status_code == 422 and problem["field"] == field, reply.text
+    assert problem["errors"] == [{"field": field, "message": message, "type": problem["errors"][0]["type"]}]
+    assert problem["detail"] == f"{field}: {message}"
+
+
+def test_every_faulty_field_is_listed_once_and_unknown_keys_keep_their_names(demo):
+    url, _, _ = demo
+    reply = httpx.post(url + "/v1/srs/time_aware/reviews", json={"user_id": "u", "reviews": [
+        {"card_id": [], "deck_id": {}, "time": 1.0, "rating": 0, "int": 1, "constrained-str": 2}]})
+    fields = [e["field"] for e in reply.json()["errors"]]
+    assert reply.status_code == 422 and fields == ["reviews[0].int", "reviews[0].constrained-str", "reviews[0].card_id",
+                                                   "reviews[0].deck_id", "reviews[0].rating"], reply.text
+
+
+@pytest.mark.parametrize("text, escape, column", [
+    (r'{"student_id": "\ud800", "question_ids": [1]}', r"\ud800", 17),
+    (r'{"student_id": "ok", "question_ids": ["\udc00"]}', r"\udc00", 40),
+    (r'{"student_id": "ab\ud800\u0041", "question_ids": [1]}', r"\ud800", 19),
+    ('{"student_id": "s",\n "question_ids": ["\\ud83d\\ude00", "\\udbff\\n"]}', r"\udbff", 36),
+])
+def test_a_lone_surrogate_in_the_json_is_named_with_where_it_is(demo, text, escape, column):
+    url, _, _ = demo
+    reply = httpx.post(url + "/v1/kt/deep_gpcm/predict", content=text, headers={"content-type": "application/json"})
+    problem = reply.json()
+    assert reply.status_code == 422 and problem["field"] == "body", reply.text
+    line = text.count("\n") + 1
+    assert f"lone surrogate {escape} at line {line}, column {column}" in problem["detail"], problem["detail"]
+    assert "hex escape" not in problem["detail"]
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_fine(demo):
+    url, question, _ = demo
+    for student in (r"\ud83d\ude00", r"\\ud800"):
+        text = f'{{"student_id": "{student}", "question_ids": ["{question}"]}}'
+        reply = httpx.post(url + "/v1/kt/deep_gpcm/predict", content=text, headers={"content-type": "application/json"})
+        assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("method, path", [
+    ("POST", "/v1/sessions/a%2Fb/events"), ("POST", "/v1/sessions/gru4rec%2Fx/recommend"),
+    ("GET", "/v1/sessions/a%2fb/v"), ("DELETE", "/v1/sessions/a%2Fb/v"),
+    ("POST", "/v1/kt/a%2Fb/events"), ("POST", "/v1/kt/a%2Fstudents/events"), ("GET", "/v1/kt/a%2Fb/students/s"),
+    ("POST", "/v1/srs/a%2Fb/reviews"), ("POST", "/v1/srs/a%2Fusers/x"), ("GET", "/v1/models/a%2Fb/ids"),
+])
+def test_a_model_name_with_an_encoded_slash_is_an_unknown_model(demo, method, path):
+    url, _, _ = demo
+    reply = httpx.request(method, url + path, json={} if method == "POST" else None)
+    problem = reply.json()
+    assert reply.status_code == 404 and problem["field"] == "model", reply.text
+    assert problem["type"] == "urn:nextstep:problem:unknown-model" and "'/'" in problem["detail"], problem
+
+
+def test_an_encoded_slash_in_an_entity_id_is_still_the_id(demo):
+    url, _, _ = demo
+    with httpx.Client(base_url=url) as http:
+        for path in ("/v1/sessions/gru4rec/org%2F42", "/v1/kt/deep_gpcm/students/org%2F42",
+                     "/v1/srs/time_aware/users/org%2F42"):
+            reply = http.get(path)
+            assert reply.status_code == 200 and reply.json()["exists"] is False, (path, reply.text)

@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import email.message
 import functools
+import re
 import time
 from collections.abc import Sequence
 from typing import Annotated
@@ -209,7 +210,35 @@ def invalid(exc: ValidationError, body: bytes) -> RequestValidationError:
             message = reason
         elif "recursion limit" in reason:
             message = f"the JSON is nested too deeply ({reason})"
+        elif ("surrogate" in reason or "hex escape" in reason) and (lone := _lone_surrogate(body.decode())):
+            message = lone
         else:
             message = f"the body is not valid JSON: {reason}"
         return RequestValidationError([{"loc": ("body",), "msg": message, "type": "json_invalid"}])
     return RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
+
+
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)  # a JSON string's escapes, \\ among them
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """Where a JSON text first escapes half of a UTF-16 surrogate pair without its other half (a \\ud800-\\udbff
+    escape not followed by a \\udc00-\\udfff one, or the second kind alone), in words; None if it does not.
+    pydantic-core (jiter) refuses such a string with "unexpected end of hex escape" or "lone leading surrogate"."""
+    high = None  # a first half, waiting for its second
+    for m in _ESCAPE.finditer(text):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        if high is not None and not (0xDC00 <= code <= 0xDFFF and m.start() == high.end()):
+            break
+        if high is None and 0xD800 <= code <= 0xDFFF:
+            high = m
+            if code >= 0xDC00:
+                break
+        else:
+            high = None
+    if high is None:
+        return None
+    at = high.start()
+    line, column = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+    return (f"the body is not valid JSON: a lone surrogate {high.group(0)} at line {line}, column {column}: half of a "
+            "UTF-16 surrogate pair (\\ud800-\\udbff, then \\udc00-\\udfff) without the other half encodes no character")
