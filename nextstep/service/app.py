@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import inspect
 import logging
+import re
 import time
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -24,7 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 
 from .banks import Banks, make_bank_store
-from .errors import KIND, STATUS, StoreUnavailable, problem
+from .errors import KIND, STATUS, StoreUnavailable, problem, shown
 from .fleet import FleetReloads
 from .kt import KnowledgeTracer
 from .metrics import Metrics
@@ -64,6 +65,21 @@ def _undecodable(scope):
         return problem(422, "path: its percent-escapes are not UTF-8 (encode ids as UTF-8 before escaping them)",
                        "path", "invalid-request")
     return None
+
+
+def _slashed_model(scope):
+    """A 404 for a path whose `{model}` segment holds an encoded slash (`/v1/sessions/a%2Fb/events`), else None.
+    The router sees the decoded path, where "a/b" is two segments: a route with an id of several segments would
+    take it (`/v1/sessions/{model}/{session_id:path}`: model "a", session "b/events", and so a 405 for a POST). No
+    model name holds a '/' (it is a directory). Called only when the raw path holds a percent-escape."""
+    parts = scope.get("raw_path", b"").split(b"?", 1)[0].split(b"/")
+    if len(parts) < 4 or parts[1] != b"v1" or parts[2].decode("latin-1") not in _PINNED_PREFIXES:
+        return None
+    if b"%2f" not in parts[3].lower():
+        return None
+    name = unquote_to_bytes(parts[3]).decode("utf-8", "replace")
+    return problem(404, f"no model {shown(name)}: a model name holds no '/' (the path's model segment has an encoded "
+                        "slash, %2F)", "model", "unknown-model")
 
 
 def _pin(scope, version: bytes):
@@ -110,23 +126,62 @@ def _too_large(limit: int) -> JSONResponse:
     return problem(413, f"request body over {limit} bytes", "body", "too-large")
 
 
-def _field(loc) -> str | None:
+# what pydantic adds to an error's location for the member of a union it tried (`IdText | Int64`: one error for
+# "constrained-str" and one for "constrained-int"): a validator's name, never a field of the API (snake_case)
+_UNION_MEMBER = re.compile(r"[a-z]+(-[a-z]+)+(\[.*\])?|[a-z]+\[.*\]|str|int|float|bool|bytes|none", re.S)
+
+
+def _field(loc, kind: str = "", member: list | None = None) -> str | None:
     """A validation error's location as one field name: ("body", "events", 0, "response") -> events[0].response;
-    ("body",), the body as a whole -> body."""
+    ("body",), the body as a whole -> body. A union member's name is left out (events[0].question_id, not
+    events[0].question_id.constrained-str; `member` gets it), but not the name of an unknown key (`kind`
+    extra_forbidden), which is the client's own."""
     parts = list(loc or ())
     if len(parts) > 1 and parts[0] in ("body", "path", "query", "header"):
         parts = parts[1:]
+    own = len(parts) - 1 if kind == "extra_forbidden" else len(parts)
     name = ""
-    for p in parts:
-        name += f"[{p}]" if isinstance(p, int) else (f".{p}" if name else str(p))
+    for n, p in enumerate(parts):
+        if isinstance(p, int):
+            name += f"[{p}]"
+        elif 0 < n < own and _UNION_MEMBER.fullmatch(p):
+            if member is not None:
+                member.append(p)
+        else:
+            name += f".{p}" if name else str(p)
     return name or None
+
+
+def _one_per_field(listed: list[dict], members: list[list]) -> list[dict]:
+    """The errors of one union's members (consecutive, on the same field) as one: the error of the members
+    that took the value's type (a string too long: the string member's), or else what each member expected
+    ("Input should be a valid string or a valid integer")."""
+    merged, i = [], 0
+    while i < len(listed):
+        j = i + 1
+        while members[i] and j < len(listed) and members[j] and listed[j]["field"] == listed[i]["field"]:
+            j += 1
+        group = listed[i:j]
+        fitting = [e for e in group if not (e["type"].endswith("_type") or e["type"] == "none_required")]
+        if len(group) == 1:
+            merged.append(group[0])
+        elif fitting:
+            merged.append({**fitting[0], "message": "; ".join(dict.fromkeys(e["message"] for e in fitting))})
+        else:
+            wanted = dict.fromkeys(e["message"].removeprefix("Input should be ") for e in group)
+            merged.append({**group[0], "message": "Input should be " + " or ".join(wanted)})
+        i = j
+    return merged
 
 
 def _validation_problem(errors: list[dict]) -> JSONResponse:
     """FastAPI's validation errors as one problem document: `detail` and `field` from the first, every one under
-    `errors` as {field, message, type}. The inputs are never echoed (an id may be megabytes long)."""
-    listed = [{"field": _field(e.get("loc")), "message": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-              for e in errors]
+    `errors` as {field, message, type}, one per field of a union (`_one_per_field`). The inputs are never echoed
+    (an id may be megabytes long)."""
+    members = [[] for _ in errors]  # each error's union members, if any
+    listed = [{"field": _field(e.get("loc"), str(e.get("type", "")), member), "message": str(e.get("msg", "")),
+               "type": str(e.get("type", ""))} for e, member in zip(errors, members, strict=True)]
+    listed = _one_per_field(listed, members)
     first = listed[0] if listed else {"field": None, "message": "invalid request"}
     detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
     return problem(422, detail, first["field"], "invalid-request", errors=listed)
@@ -206,6 +261,11 @@ class ServiceMiddleware:
 
         if "\ufffd" in scope["path"]:
             refused = _undecodable(scope)
+            if refused is not None:
+                return await self.refuse(refused, scope, receive, send)
+        raw = scope.get("raw_path")
+        if raw is not None and 37 in raw:  # a "%" (an int: memchr; a bytes needle costs about a microsecond)
+            refused = _slashed_model(scope)
             if refused is not None:
                 return await self.refuse(refused, scope, receive, send)
         pin = headers.get(b"x-model-version")

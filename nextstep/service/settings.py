@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     srs_max_schedule_cards: int = Field(default=100, ge=1)  # cards per srs schedule request
     cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
     max_event_ids: int = Field(default=10_000, ge=1)  # replay protection window per entity
+    # how far ahead of the server's clock a time from a client may be (srs review times, event timestamps; a query's
+    # time may be any): a day lets a device clock a time zone or a date off still sync, and a review taken at the
+    # limit holds that user's later reviews (which must not be older) back for at most a day
+    max_clock_skew_seconds: float = Field(default=86400.0, ge=0)
     # API keys (X-API-Key header). Normal keys may call every route but the admin ones; admin keys every route. With
     # no key of either kind set, nothing is authenticated (development), and the admin routes (model reload, bank
     # swaps, every DELETE) are served to loopback clients only: see docs/decisions.md, "Access".

@@ -343,8 +343,10 @@ class SpacedRepetition(StatefulTask):
             last = history.last_time
             if fresh and last is not None and reviews[fresh[0]].time < last:
                 i = fresh[0]
+                ahead = " (ahead of the server's clock: reviews at the right time are taken again once the clock " \
+                        "passes it, or once the user's reviews are deleted)" if last > _time.time() else ""
                 raise InvalidInput(f"reviews[{i}].time", f"{reviews[i].time!r} is before the user's last stored "
-                                                         f"review at {last!r}: reviews must be in time order")
+                                                         f"review at {last!r}{ahead}: reviews must be in time order")
             new = _new_rows([reviews[i] for i in fresh], history.count)
             added: dict[str, list[int]] = {}  # card id -> the positions in `new` of its reviews so far
 

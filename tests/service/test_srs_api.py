@@ -225,9 +225,9 @@ def test_served_predictions_equal_the_offline_model(srs_model, store_url, serve)
         check_answer(fresh, offline_onnx(art, [], "c", "", T0)[0])
         assert fresh["history_used"] == 0 and fresh["reviews_total"] == 0
         # the prediction asked with the reviews is the one /predict gives afterwards
-        more = review_log(8, n=5, days=1)
-        for r in more:
-            r["time"] += last + DAY
+        more = review_log(8, n=5, days=0.5)
+        for r in more:  # after the others, and ahead of the clock by less than NEXTSTEP_MAX_CLOCK_SKEW_SECONDS
+            r["time"] += time.time() + 3600 - T0
         both = http.post("/v1/srs/time_aware/reviews", json={
             "user_id": "learner", "reviews": more, "predict": {"card_id": stale, "deck_id": "deck-1"}}).json()
         assert both["applied"] == 5 and both["reviews_total"] == 305
@@ -265,7 +265,7 @@ def test_one_by_one_equals_one_batch_and_replays_apply_once(srs_model, store_url
         assert (again["applied"], again["replayed"], again["reviews_total"], again["state_version"]) == (0, 120, 120, 1)
         more = review_log(12, n=10, days=1)
         for r in more:
-            r["time"] += reviews[-1]["time"]
+            r["time"] += reviews[-1]["time"] - T0  # (after them, and not ahead of the clock)
         mixed = post_all(http, "batch", reviews[-10:] + more, 20)[0]
         assert (mixed["applied"], mixed["replayed"], mixed["reviews_total"]) == (10, 10, 130)
         # an id repeated within one request is one review

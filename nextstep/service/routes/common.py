@@ -5,6 +5,9 @@ import asyncio
 import contextlib
 import email.message
 import functools
+import re
+import time
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import Path, Request
@@ -13,7 +16,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, ValidationError
 from pydantic_core import to_json
 
-from ..errors import TooLarge, UnsupportedMediaType
+from ..errors import InvalidInput, TooLarge, UnsupportedMediaType
 
 MAX_ID = 200  # characters of any id: students, sessions, users, questions, items, cards, decks, events
 
@@ -25,7 +28,9 @@ ExternalId = IdText | Int64
 EventId = Annotated[IdText | None, Field(description="replays of an id are applied once")]
 # a time the app records and the model does not use: still a unix time, so that no NaN or year 1e300 is taken in
 UnusedTime = Annotated[float | None, Field(ge=0, allow_inf_nan=False,
-                                           description="unix seconds; recorded by the app, not used")]
+                                           description="unix seconds, at most NEXTSTEP_MAX_CLOCK_SKEW_SECONDS (a day "
+                                                       "by default) ahead of the server's clock; recorded by the app, "
+                                                       "not used")]
 
 
 def path_id(what: str) -> Path:
@@ -69,6 +74,20 @@ def answer(example: dict, *statuses: int) -> dict:
 def too_many(field: str, n: int, limit: int) -> None:
     if n > limit:
         raise TooLarge(field, f"{n} items; at most {limit} per request")
+
+
+def not_ahead(request: Request, times: Sequence[float | None], field: str) -> None:
+    """A 422 naming the first of a request's `times` (unix seconds; None: not given) that is more than
+    NEXTSTEP_MAX_CLOCK_SKEW_SECONDS ahead of the server's clock, as `field.format(i=its position)`. Such a time is a
+    clock or unit error, and a review at it would refuse every later review at the right time (they are kept in
+    time order). Times a request asks about (a prediction's, a schedule's `now`) may be any: they record nothing."""
+    skew = request.app.state.settings.max_clock_skew_seconds
+    now = time.time()
+    for i, value in enumerate(times):
+        if value is not None and value > now + skew:
+            raise InvalidInput(field.format(i=i), f"{value!r} is {value - now:.0f} s ahead of the server's clock "
+                                                  f"({now:.0f}); at most {skew:g} s is taken "
+                                                  "(NEXTSTEP_MAX_CLOCK_SKEW_SECONDS): times are unix seconds")
 
 
 def _json(content_type: str | None) -> bool:
@@ -191,7 +210,35 @@ def invalid(exc: ValidationError, body: bytes) -> RequestValidationError:
             message = reason
         elif "recursion limit" in reason:
             message = f"the JSON is nested too deeply ({reason})"
+        elif ("surrogate" in reason or "hex escape" in reason) and (lone := _lone_surrogate(body.decode())):
+            message = lone
         else:
             message = f"the body is not valid JSON: {reason}"
         return RequestValidationError([{"loc": ("body",), "msg": message, "type": "json_invalid"}])
     return RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
+
+
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)  # a JSON string's escapes, \\ among them
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """Where a JSON text first escapes half of a UTF-16 surrogate pair without its other half (a \\ud800-\\udbff
+    escape not followed by a \\udc00-\\udfff one, or the second kind alone), in words; None if it does not.
+    pydantic-core (jiter) refuses such a string with "unexpected end of hex escape" or "lone leading surrogate"."""
+    high = None  # a first half, waiting for its second
+    for m in _ESCAPE.finditer(text):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        if high is not None and not (0xDC00 <= code <= 0xDFFF and m.start() == high.end()):
+            break
+        if high is None and 0xD800 <= code <= 0xDFFF:
+            high = m
+            if code >= 0xDC00:
+                break
+        else:
+            high = None
+    if high is None:
+        return None
+    at = high.start()
+    line, column = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+    return (f"the body is not valid JSON: a lone surrogate {high.group(0)} at line {line}, column {column}: half of a "
+            "UTF-16 surrogate pair (\\ud800-\\udbff, then \\udc00-\\udfff) without the other half encodes no character")

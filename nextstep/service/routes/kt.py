@@ -6,7 +6,19 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
 from ..kt import Event, KnowledgeTracer
-from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, UnusedTime, answer, path_id, too_many
+from .common import (
+    MAX_ID,
+    EventId,
+    ExternalId,
+    IdText,
+    JsonRoute,
+    Strict,
+    UnusedTime,
+    answer,
+    not_ahead,
+    path_id,
+    too_many,
+)
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
 
@@ -135,6 +147,7 @@ def _events(items: list[KtEvent]) -> list[Event]:
 async def post_events(model: ModelName, body: KtEventsRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("events", len(body.events), settings.max_events)
+    not_ahead(request, [e.timestamp for e in body.events], "events[{i}].timestamp")
     if body.predict_question_ids:
         too_many("predict_question_ids", len(body.predict_question_ids), settings.max_questions)
     ids = [str(q) for q in body.predict_question_ids] if body.predict_question_ids else None
@@ -162,6 +175,8 @@ async def post_next_item(model: ModelName, body: KtNextItemRequest, kt: Tracer, 
 async def post_batch(model: ModelName, body: KtBatchRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("students", len(body.students), settings.max_batch_students)  # (events: the tracer's own limits)
+    for n, s in enumerate(body.students):
+        not_ahead(request, [e.timestamp for e in s.events], f"students[{n}].events[{{i}}].timestamp")
     students = [(s.student_id, _events(s.events),
                  [str(q) for q in s.predict_question_ids] if s.predict_question_ids else None) for s in body.students]
     return await kt.score_sequences(model, students)

@@ -6,7 +6,19 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from ..sessions import Click, SessionRecommender
-from .common import MAX_ID, EventId, ExternalId, IdText, JsonRoute, Strict, UnusedTime, answer, path_id, too_many
+from .common import (
+    MAX_ID,
+    EventId,
+    ExternalId,
+    IdText,
+    JsonRoute,
+    Strict,
+    UnusedTime,
+    answer,
+    not_ahead,
+    path_id,
+    too_many,
+)
 
 router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"], route_class=JsonRoute)
 
@@ -88,6 +100,7 @@ SUMMARY = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "exists"
              responses=answer(EVENTS, 404, 409, 503))
 async def post_events(model: ModelName, body: SessionEventsRequest, rec: Recommender, request: Request) -> dict:
     too_many("events", len(body.events), request.app.state.settings.max_events)
+    not_ahead(request, [e.timestamp for e in body.events], "events[{i}].timestamp")
     clicks = [Click(str(e.item_id), e.event_id) for e in body.events]
     return await rec.absorb(model, body.session_id, clicks, recommend_k=body.recommend_k,
                             exclude_seen=body.exclude_seen, unknown_items=body.unknown_items)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
 from ..srs import MS_LOOKING, Review, SpacedRepetition
-from .common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, path_id, too_many
+from .common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
 
 router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
 
@@ -43,7 +43,9 @@ Srs = Annotated[SpacedRepetition, Depends(service)]
 class SrsReview(Strict):
     card_id: CardId
     deck_id: DeckId = ""
-    time: UnixSeconds
+    time: Annotated[UnixSeconds, Field(description="unix time in seconds (not ms), at most "
+                                                   "NEXTSTEP_MAX_CLOCK_SKEW_SECONDS (a day by default) ahead of the "
+                                                   "server's clock")]
     rating: Annotated[StrictInt, Field(ge=1, le=4, description="1 Again, 2 Hard, 3 Good, 4 Easy")]
     duration: Annotated[float | None, Field(ge=0, le=1e6, allow_inf_nan=False,
                                             description="answer time in seconds; null: unknown")] = None
@@ -122,6 +124,7 @@ def _review(r: SrsReview) -> Review:
              responses=answer(REVIEWS, 404, 409, 503))
 async def post_reviews(model: ModelName, body: SrsReviewsRequest, srs: Srs, request: Request) -> dict:
     too_many("reviews", len(body.reviews), request.app.state.settings.max_events)
+    not_ahead(request, [r.time for r in body.reviews], "reviews[{i}].time")  # (a query's time may be any)
     query = (str(body.predict.card_id), str(body.predict.deck_id), body.predict.time) if body.predict else None
     return await srs.add_reviews(model, body.user_id, [_review(r) for r in body.reviews], query)
 
