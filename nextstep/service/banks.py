@@ -110,7 +110,7 @@ class RedisBankStore:
                  options: RedisOptions | None = None) -> None:
         options = replace(options or RedisOptions(), socket_timeout=socket_timeout,
                           connect_timeout=max(socket_timeout, (options or RedisOptions()).connect_timeout))
-        self.client, self._prefix = connect(url, options), key_prefix
+        self.client, self._prefix = connect(url, options, role="banks"), key_prefix
         self._execute = self.client.execute
 
     def _key(self, space: str, what: str) -> str:
@@ -291,6 +291,8 @@ class Banks:
             if self.uses_banks(model):
                 try:
                     await self._ready(model)
+                except StoreUnavailable as exc:  # (the client logs the outage itself, with the address)
+                    log.warning("memory banks of %s/%s not ready: %s", model.name, model.version, exc)
                 except Exception:  # the other models serve; this one's requests fail, naming the fault
                     log.exception("memory banks of %s/%s not ready", model.name, model.version)
 
@@ -307,7 +309,9 @@ class Banks:
                     await self._bank(model, served, version)  # loaded before this process switches to it
                     if swaps == served.swaps:
                         served.active = version
-            except Exception:  # keep serving the bank this process has; try again after the interval
+            except StoreUnavailable:  # keep serving the bank this process has; try again after the interval (the
+                pass  # client logs Redis outages once, not every interval: redis_clients.Health)
+            except Exception:  # (a fault of the version read: the log has it each interval, as a request would)
                 log.exception("active bank version of %s/%s not followed", model.name, model.version)
             finally:
                 served.checking, served.next_check = False, time.monotonic() + self.refresh

@@ -8,7 +8,10 @@ feeds, how its blob is laid out, and what it answers. What they share lives here
 * `operation` - each public operation counts itself in the engines while it runs, so that a request alone in
   the service runs its graphs inline (runtime.Engines).
 * `write` - the write protocol (writes.py): the per-key lock, compare-and-set attempts with backoff, and the
-  replayed-id filter; the task's `attempt` turns (stored state, fresh events) into a new blob and an answer.
+  replayed-id filter; the task's `attempt` turns (stored state, fresh events) into a new blob and an answer. A
+  compare-and-set whose answer was lost (sent, then a timeout or a dropped connection: OutcomeUnknown) is resolved
+  by reading the store once it answers (`_resolve`); when that cannot tell, the request fails with OutcomeUnknown
+  (503 outcome-unknown), whose message tells the client to retry with the same event ids.
 * `fold` - step a state through events, one graph call each; the last event's call also answers a query
   when the task passes a combined graph (step_predict, step_recommend): one call instead of two.
 """
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import OutcomeUnknown, StoreUnavailable
 from .registry import LoadedModel, ModelRegistry
 from .runtime import Engines
 from .state import StateStore, StoredState
@@ -86,12 +90,54 @@ class StatefulTask:
                 change = await attempt(stored, fresh, fresh_ids)
                 written = stored
                 if change.blob is not None:
-                    written = await self.store.compare_and_set(key, stored.version, change.blob, change.added,
-                                                               fresh_ids, fields=change.fields)
+                    try:
+                        written = await self.store.compare_and_set(key, stored.version, change.blob, change.added,
+                                                                   fresh_ids, fields=change.fields)
+                    except OutcomeUnknown as unknown:
+                        written = await self._resolve(key, stored, change, fresh_ids, len(fresh) - len(fresh_ids),
+                                                      unknown)
                     if written is None:
                         self.writers.lost(model)
                         continue
                 return await change.answer(written)
+
+    async def _resolve(self, key: str, stored: StoredState, change: Change, fresh_ids: list[str], without_ids: int,
+                       unknown: OutcomeUnknown) -> StoredState | None:
+        """After a compare-and-set at `stored.version` whose answer was lost: the state it wrote if it was applied,
+        None if it was not and never will be (the write loop goes on), else OutcomeUnknown telling the client what
+        to do. The lost write can apply only at `stored.version` (now, or when a hung server wakes up), whole or
+        not at all (one script), so: one of its event ids in the store means it ran; the version moved past it
+        without them means it never will; still at that version, it is sent once more, and whichever copy runs
+        first applies while the other finds the version moved. With no event id nothing tells it from another
+        writer's once the version moved: then the outcome stays unknown."""
+        for _ in range(2):  # a read, a second copy, a read: bounded by the store's timeouts
+            if not unknown.resolvable:
+                break
+            try:
+                now, seen = await self.store.read(key, fresh_ids[:1])
+                if seen:  # it ran: what it wrote
+                    return now if now.version == stored.version + 1 else \
+                        StoredState(stored.version + 1, stored.events + change.added, None, change.blob)
+                if now.version != stored.version:
+                    if fresh_ids:
+                        return None
+                    break
+                written = await self.store.compare_and_set(key, stored.version, change.blob, change.added, fresh_ids,
+                                                           fields=change.fields)
+            except OutcomeUnknown as again:
+                unknown = again
+                break
+            except StoreUnavailable:  # (the store still does not answer)
+                break
+            if written is not None:
+                return written
+            if not fresh_ids:
+                break
+        advice = "retry the request with the same event ids: an event id is applied at most once"
+        if without_ids:
+            advice += (f"; its {without_ids} event(s) without an event_id may have been applied, and are applied "
+                       "again by a retry")
+        raise OutcomeUnknown(f"{unknown}; {advice}", resolvable=False) from unknown
 
     async def fold(self, model: LoadedModel, state: dict[str, np.ndarray], events: Sequence[dict[str, np.ndarray]],
                    combined: str | None = None, query: dict[str, np.ndarray] | None = None,

@@ -6,7 +6,8 @@
     TooLarge            413  more items than the settings allow               field: the list
     UnsupportedMediaType 415 a body that is not declared application/json    field "Content-Type"
     ConcurrencyConflict 409  compare-and-set kept losing to other writers
-    StoreUnavailable    503  the state store cannot be reached
+    StoreUnavailable    503  the state store cannot be reached, or refused: nothing was changed
+    OutcomeUnknown      503  a write was sent, but its answer never came: it may have been applied
 
 The task modules raise them without knowing HTTP; `app.py` answers each with `STATUS` and `field`, as an RFC 9457
 problem document (`problem`): every 4xx and 5xx of the service has that one shape.
@@ -73,9 +74,22 @@ class ConcurrencyConflict(RuntimeError):
 
 
 class StoreUnavailable(RuntimeError):
-    """The backing store cannot be reached; the message says why. Raised in bounded time."""
+    """The backing store cannot be reached, or refused the operation; the message says why (without the server's
+    address: that is in the log). Raised in bounded time. Nothing was changed, or (a delete, a bank write) the
+    operation may be repeated as it is."""
 
     field = None
+
+
+class OutcomeUnknown(StoreUnavailable):
+    """A write was sent, and then the store stopped answering (a timeout, a lost connection) or too few replicas
+    acknowledged it: it may have been applied, now or when the store wakes up, or not at all. Only a retry that
+    the store can recognise is safe: one with the same event ids (core.py). `resolvable`: whether reading the
+    store later tells (False when the write stands on the primary but is not replicated: WAIT)."""
+
+    def __init__(self, message: str, *, resolvable: bool = True):
+        super().__init__(message)
+        self.resolvable = resolvable
 
 
 def problem(status: int, detail: str, field: str | None = None, kind: str | None = None, *,
@@ -96,11 +110,11 @@ def problem(status: int, detail: str, field: str | None = None, kind: str | None
 # each error's `type` in its problem document
 KIND = {UnknownModel: "unknown-model", UnknownId: "unknown-id", TooLarge: "too-large",
         UnsupportedMediaType: "unsupported-media-type", InvalidInput: "invalid-input", ConcurrencyConflict: "conflict",
-        StoreUnavailable: "store-unavailable"}
+        OutcomeUnknown: "outcome-unknown", StoreUnavailable: "store-unavailable"}
 
 # the HTTP status of each error; a subclass comes before its base (the first match in the MRO wins)
 STATUS = {UnknownModel: 404, UnknownId: 422, TooLarge: 413, UnsupportedMediaType: 415, InvalidInput: 422,
-          ConcurrencyConflict: 409, StoreUnavailable: 503}
+          ConcurrencyConflict: 409, OutcomeUnknown: 503, StoreUnavailable: 503}
 
 
 class ProblemError(BaseModel):

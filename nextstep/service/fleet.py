@@ -13,9 +13,11 @@ path costs nothing, and an idle replica follows too. The price is that the fleet
 The generation a process has seen is read at startup (the artifacts it loaded then are the newest). The reload
 route sets it to the value its INCR returns only when that is the next one (no other replica's reload went
 unseen in between); otherwise the next check reloads again, which is harmless: a reload of unchanged artifacts
-keeps what serves. A Redis failure while checking is logged and the check is tried again after the interval; it
-never fails a request. With no Redis configured (the in-process store) there is no fleet: `generation` is None,
-nothing runs in the background, and the route answers `"fleet_generation": null`.
+keeps what serves. A failed check is tried again after the interval; it never fails a request. A Redis outage is
+logged by the client (redis_clients.Health: a line when it starts, one when it ends, a reminder a minute), not by
+each check; any other failure (a reload that raises) is logged with its traceback once, then at most once a minute
+while it lasts, and its end is logged too. With no Redis configured (the in-process store) there is no fleet:
+`generation` is None, nothing runs in the background, and the route answers `"fleet_generation": null`.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
+from .errors import StoreUnavailable
 from .redis_clients import Client
 
 log = logging.getLogger(__name__)
+REMIND_SECONDS = 60.0  # a failure that lasts is logged again at most this often
 
 
 class FleetReloads:
@@ -47,7 +52,9 @@ class FleetReloads:
             return
         try:
             self.seen = await self._read()
-        except Exception:  # the first successful check below adopts the generation, reloading once to be sure
+        except StoreUnavailable as exc:  # the first successful check below adopts the generation, reloading once
+            log.warning("reload generation not read at startup (%s); following it from the next check", exc)
+        except Exception:
             log.exception("reload generation not read at startup; following it from the next check")
         self._task = asyncio.create_task(self._follow(reload), name="nextstep-fleet-reloads")
 
@@ -59,6 +66,9 @@ class FleetReloads:
         try:
             (generation,) = await self.client.execute("reload generation", (("INCR", self.key),),
                                                       idempotent=False, write=True)
+        except StoreUnavailable as exc:
+            log.warning("reload done here, but the other replicas were not told (%s): reload each one directly", exc)
+            return None
         except Exception:
             log.exception("reload done here, but the other replicas were not told (reload each one directly)")
             return None
@@ -77,14 +87,27 @@ class FleetReloads:
         return True
 
     async def _follow(self, reload: Callable[[], Awaitable[object]]) -> None:
+        failing, remind_at = None, 0.0  # the failure being logged (its first time), the next reminder's time
         while True:
             await asyncio.sleep(self.refresh)
             try:
                 await self.check(reload)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # keep serving what is loaded; try again after the interval
-                log.exception("reload generation not followed; trying again in %s s", self.refresh)
+            except StoreUnavailable:  # keep serving what is loaded; try again after the interval (the outage is
+                continue  # the client's to log)
+            except Exception as exc:  # keep serving what is loaded; try again after the interval
+                now = time.monotonic()
+                if failing is None:
+                    log.exception("reload generation not followed; trying again every %g s", self.refresh)
+                    failing, remind_at = now, now + REMIND_SECONDS
+                elif now >= remind_at:
+                    log.warning("reload generation still not followed after %.0f s: %s", now - failing, exc)
+                    remind_at = now + REMIND_SECONDS
+                continue
+            if failing is not None:
+                log.warning("reload generation followed again after %.0f s", time.monotonic() - failing)
+                failing = None
 
     async def close(self) -> None:
         if self._task is not None:

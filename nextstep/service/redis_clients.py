@@ -23,9 +23,11 @@ replies in order):
   of connections, each carrying one caller's commands at a time.
 
 Every client maps failures the same way: connection failures, timeouts, peers that do not speak RESP and the
-"cannot serve now" error replies (`UNAVAILABLE_REPLIES`) raise `StoreUnavailable` naming the server, the operation
-and the reply; NOSCRIPT is returned (the caller loads its script); any other error reply raises
-redis.exceptions.ResponseError (a bug).
+"cannot serve now" error replies (`UNAVAILABLE_REPLIES`) raise `StoreUnavailable` naming the operation and the
+reply; a write that was sent and then met a timeout or a lost connection raises `OutcomeUnknown` (it may have been
+applied); NOSCRIPT is returned (the caller loads its script); any other error reply raises
+redis.exceptions.ResponseError (a bug). The messages never name the server (they reach HTTP clients): the log does,
+once per outage (`Health`: a line when Redis stops answering, one when it answers again, a reminder a minute).
 
 Retries (docs/decisions.md): a call marked `idempotent` (every read, DEL, the bank writes) is retried up to
 `retries` times after a connection failure or a timeout; the compare-and-set is retried only when it was certainly
@@ -37,20 +39,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
+import os
+import re
 import ssl as _ssl
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import hiredis
 import redis.exceptions as rexc
 from redis.crc import key_slot
 
-from .errors import StoreUnavailable
+from .errors import OutcomeUnknown, StoreUnavailable
 from .resp import NotSent, ReplyError, pack
 from .resp import RespClient as _Resp
 
 Command = tuple  # (name, *args): bytes, str, int or float each
+log = logging.getLogger(__name__)
 
 # Error replies meaning "Redis cannot serve us now", each with what it means for the operator. A write is refused
 # whole in every case (Redis checks them before the command, or the script's first write, runs), so nothing is
@@ -120,7 +128,7 @@ class RedisTarget:
         scheme = ("rediss" if self.tls else "redis") + ("" if self.kind == "node" else f"+{self.kind}")
         if self.path:
             return f"unix://{self.path}"
-        hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
         tail = f"/{self.service}" if self.kind == "sentinel" else ""
         return f"{scheme}://{hosts}{tail}" + (f"/{self.db}" if self.kind != "cluster" else "")
 
@@ -137,6 +145,48 @@ _SCHEMES = {"redis": (False, "node"), "rediss": (True, "node"), "unix": (False, 
             "redis+sentinel": (False, "sentinel"), "rediss+sentinel": (True, "sentinel")}
 
 
+_SECRET_PARAMS = ("password", "ssl_password", "sentinel_password")
+
+
+def redacted(url: str) -> str:
+    """A Redis URL as messages show it: the passwords (in the user part and the parameters) as ***."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a URL that does not parse)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        credentials, _, hosts = netloc.rpartition("@")
+        user, colon, _ = credentials.partition(":")
+        netloc = f"{user}{':***' if colon else ''}@{hosts}"
+    query = urlencode([(k, "***" if k in _SECRET_PARAMS else v)
+                       for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="/*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _hosts(netloc: str, default_port: int, shown: str) -> tuple[tuple[str, int], ...]:
+    """host[:port][,host[:port]...] (an IPv6 address in brackets) -> ((host, port), ...); ValueError naming the
+    faulty part."""
+    hosts = ()
+    for item in netloc.split(","):
+        if item.startswith("["):  # [::1]:6379
+            host, closed, rest = item[1:].partition("]")
+            if not closed or (rest and not rest.startswith(":")):
+                raise ValueError(f"Redis URL {shown}: {item!r} is not host[:port] ([an IPv6 address] in brackets)")
+            port = rest[1:] if rest else None
+        elif item.count(":") > 1:
+            raise ValueError(f"Redis URL {shown}: {item!r}: an IPv6 address goes in brackets ([::1]:6379)")
+        else:
+            host, colon, port = item.partition(":")
+            port = port if colon else None
+        if not host:
+            raise ValueError(f"Redis URL {shown} without a host")
+        if port is not None and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"Redis URL {shown}: port {port!r} of host {host!r} is not a number from 1 to 65535")
+        hosts += ((host, int(port) if port else default_port),)
+    return hosts
+
+
 def _bool(name: str, value: str) -> bool:
     if value.lower() in ("1", "true", "yes", "on"):
         return True
@@ -146,9 +196,14 @@ def _bool(name: str, value: str) -> bool:
 
 
 def parse_url(url: str, options: RedisOptions | None = None) -> RedisTarget:
-    """A Redis URL (module docstring) with `options` as the defaults of its parameters; ValueError when malformed."""
+    """A Redis URL (module docstring) with `options` as the defaults of its parameters; ValueError when malformed
+    (the message shows the URL without its passwords)."""
     options = options or RedisOptions()
-    parts = urlsplit(url)
+    shown = redacted(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # (an unclosed "[")
+        raise ValueError(f"Redis URL {shown}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
         raise ValueError(f"Redis URL scheme {parts.scheme!r} not supported: one of {', '.join(_SCHEMES)}")
@@ -189,26 +244,23 @@ def parse_url(url: str, options: RedisOptions | None = None) -> RedisTarget:
     if scheme == "unix":
         path = parts.path
         if not path:
-            raise ValueError(f"unix:// Redis URL without a socket path: {url!r}")
+            raise ValueError(f"unix:// Redis URL without a socket path: {shown}")
     else:
-        netloc = parts.netloc.rpartition("@")[2]
-        for item in netloc.split(","):
-            host, _, port = item.rpartition(":") if item.rpartition(":")[2].isdigit() else (item, "", "")
-            if not host:
-                raise ValueError(f"Redis URL without a host: {url!r}")
-            hosts += ((host.strip("[]"), int(port) if port else (26379 if kind == "sentinel" else 6379)),)
+        hosts = _hosts(parts.netloc.rpartition("@")[2], 26379 if kind == "sentinel" else 6379, shown)
         if kind == "node" and len(hosts) > 1:
-            raise ValueError(f"several hosts in {url!r}: use redis+cluster:// or redis+sentinel://")
+            raise ValueError(f"several hosts in {shown}: use redis+cluster:// or redis+sentinel://")
         if kind == "sentinel":
             if not path_parts:
-                raise ValueError(f"redis+sentinel:// URL without the service name: {url!r} (.../mymaster)")
+                raise ValueError(f"redis+sentinel:// URL without the service name: {shown} (.../mymaster)")
             service, path_parts = path_parts[0], path_parts[1:]
+        if len(path_parts) > 1:
+            raise ValueError(f"Redis URL {shown}: the path is /db (a number), or /service[/db] for Sentinel")
         if path_parts:
             db = path_parts[0]
-    try:
-        db = int(db or 0)
-    except ValueError:
-        raise ValueError(f"Redis URL database {db!r}: not a number") from None
+    db = "0" if db is None or db == "" else db
+    if not (db.isascii() and db.isdigit()):
+        raise ValueError(f"Redis URL {shown}: database {db!r} is not a number (0, 1, ...)")
+    db = int(db)
     if kind == "cluster" and db:
         raise ValueError("a Redis Cluster has database 0 only")
     if options.client == "resp" and (kind != "node" or options.wait_replicas):
@@ -250,27 +302,83 @@ def is_error(reply) -> bool:
     return isinstance(reply, (ReplyError, rexc.RedisError))
 
 
-def refusal(where: str, what: str, error: BaseException) -> Exception:
+# host:port, [v6]:port and Python's ('host', port) address tuples, as OS and client errors write them
+_ADDRESS = re.compile(r"\('[^']*', \d+(?:, \d+, \d+)?\)|\[[0-9A-Fa-f:.%]+\](?::\d+)?|[\w.\-]+:\d+\b")
+
+
+def without_address(text: str) -> str:
+    """An error text with every server address taken out (messages reach HTTP clients; the log names the server)."""
+    return _ADDRESS.sub("<address>", text)
+
+
+def refusal(what: str, error: BaseException) -> Exception:
     """StoreUnavailable for an error reply that means Redis cannot serve now; ResponseError for any other."""
     text = reply_text(error)
     if text.startswith(_UNAVAILABLE_PREFIXES):
         meaning = next(v for k, v in UNAVAILABLE_REPLIES.items() if text.startswith(k))
-        return StoreUnavailable(f"Redis at {where} unavailable during {what}: {text} ({meaning})")
+        return StoreUnavailable(f"Redis unavailable during {what}: {without_address(text)} ({meaning})")
     return rexc.ResponseError(text)
 
 
+def _os_reason(error: BaseException) -> str | None:
+    """The OS's words for the first OSError with an errno in an exception's chain ("Connection refused")."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, _ssl.SSLError):  # (its errno is OpenSSL's; its text says what failed)
+            return None
+        if isinstance(error, OSError) and error.errno:
+            # (a resolver error has a negative errno and its own words; asyncio's connect errors carry the address)
+            return error.strerror if error.errno < 0 and error.strerror else os.strerror(error.errno)
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
 def _failure(error: BaseException, timeout: float) -> str:
-    """What went wrong with the connection, in words."""
+    """What went wrong with the connection, in words, without the server's address."""
     if isinstance(error, NotSent):
         cause = error.__cause__ or error
         if isinstance(cause, (TimeoutError, asyncio.TimeoutError, rexc.TimeoutError)):
             return "connection failed: no connection within the connect timeout"
-        return f"connection failed: {reply_text(cause) or type(cause).__name__}"
+        return f"connection failed: {_os_reason(cause) or without_address(reply_text(cause)) or type(cause).__name__}"
     if isinstance(error, (TimeoutError, asyncio.TimeoutError, rexc.TimeoutError)):
         return f"no reply within {timeout:g} s"
     if isinstance(error, (rexc.InvalidResponse, rexc.DataError)):
-        return f"not a Redis reply: {error}"
-    return f"connection lost: {reply_text(error) or type(error).__name__}"
+        return f"not a Redis reply: {without_address(str(error))}"
+    return f"connection lost: {_os_reason(error) or without_address(reply_text(error)) or type(error).__name__}"
+
+
+class Health:
+    """A client's outages in the log, with the server's address: one line when Redis stops answering (and why), one
+    when it answers again, and while it stays down a one-line reminder every `remind` seconds; a server that comes
+    and goes gets at most one "unavailable" line per `quiet` seconds (the next line counts the failed calls)."""
+
+    def __init__(self, name: str, *, remind: float = 60.0, quiet: float = 10.0) -> None:
+        self.name, self.remind, self.quiet = name, remind, quiet
+        self.down = False  # (read on every call: the one cost when all is well)
+        self.logged = False  # the current outage has been announced
+        self.since = self.remind_at = 0.0
+        self.quiet_until = -math.inf
+        self.failures = 0
+
+    def failed(self, reason: str) -> None:
+        now = time.monotonic()
+        if not self.down:
+            self.down, self.logged, self.since, self.failures = True, False, now, 0
+        self.failures += 1
+        if not self.logged and now >= self.quiet_until:
+            log.warning("%s unavailable: %s (logged again when it answers, and every %g s while it does not)",
+                        self.name, reason, self.remind)
+            self.logged, self.quiet_until, self.remind_at = True, now + self.quiet, now + self.remind
+        elif self.logged and now >= self.remind_at:
+            log.warning("%s still unavailable after %.0f s (%d failed calls): %s", self.name, now - self.since,
+                        self.failures, reason)
+            self.remind_at = now + self.remind
+
+    def ok(self) -> None:
+        if self.logged:
+            log.warning("%s answers again after %.1f s unavailable (%d failed calls)", self.name,
+                        time.monotonic() - self.since, self.failures)
+        self.down = self.logged = False
 
 
 _CONNECTION_ERRORS = (ConnectionError, TimeoutError, OSError, NotSent, rexc.ConnectionError, rexc.TimeoutError,
@@ -286,24 +394,32 @@ class Client:
       same connection); fewer within `wait_timeout_ms` raises StoreUnavailable (the write itself stands);
     * `idempotent`: may be retried after a connection failure or timeout (`retries`); otherwise only when nothing
       was sent;
+    * failures raise StoreUnavailable, or OutcomeUnknown for a `write` that was sent and not answered;
     * NOSCRIPT replies are returned; other error replies raise (module docstring)."""
 
     target: RedisTarget
     where: str
 
-    def __init__(self, target: RedisTarget) -> None:
+    def __init__(self, target: RedisTarget, role: str = "") -> None:
         self.target, self.where, self.options = target, target.where, target.options
+        self.health = Health(f"Redis{f' ({role})' if role else ''} at {self.where}")
 
     async def execute(self, what: str, commands: Sequence[Command], *, atomic: bool = False,
                       idempotent: bool = True, write: bool = False) -> list:
-        attempt = 0
+        attempt, sent = 0, False
         while True:
             try:
                 replies = await self._send(commands, atomic, write and self.options.wait_replicas > 0)
                 break
+            except OutcomeUnknown:  # (WAIT: the write stands, unreplicated)
+                raise
+            except StoreUnavailable as exc:  # the client's own finding (a cluster URL naming a plain server)
+                self.health.failed(str(exc))
+                raise
             except _CONNECTION_ERRORS as exc:
                 if isinstance(exc, (rexc.RedisError, hiredis.ReplyError)) and getattr(exc, "status_code", None):
-                    raise refusal(self.where, what, exc) from exc  # an error reply raised by the client (LOADING)
+                    raise refusal(what, exc) from exc  # an error reply raised by the client (LOADING)
+                sent = sent or not isinstance(exc, NotSent)
                 if attempt < self.options.retries and (idempotent or isinstance(exc, NotSent)):
                     attempt += 1
                     await asyncio.sleep(min(0.05 * 2 ** (attempt - 1), 0.5))
@@ -312,19 +428,25 @@ class Client:
                 if self.target.tls and "reset by peer" in reason.lower():  # TLS 1.3: a refused client certificate
                     reason += (" (over TLS this is how a server that refuses the client certificate, or its "
                                "absence, often answers: check ssl_certfile/ssl_keyfile)")  # can come as a reset
-                raise StoreUnavailable(f"Redis at {self.where} unavailable during {what}: {reason}") from exc
+                self.health.failed(f"{what}: {reason}")
+                if write and sent:  # it may have run (or may yet run, when a hung server wakes up)
+                    raise OutcomeUnknown(f"Redis unavailable during {what}: {reason}, after the write was sent: it "
+                                         "may or may not have been applied") from exc
+                raise StoreUnavailable(f"Redis unavailable during {what}: {reason}") from exc
+        if self.health.down:
+            self.health.ok()
         for reply in replies:
             if is_error(reply) and not is_noscript(reply):
-                raise refusal(self.where, what, reply)
+                raise refusal(what, reply)
         return replies
 
     def _check_wait(self, acknowledged) -> None:
         wanted = self.options.wait_replicas
         if not isinstance(acknowledged, int) or acknowledged < wanted:
-            raise StoreUnavailable(
-                f"Redis at {self.where}: the write was applied but only {acknowledged} of {wanted} replicas "
-                f"acknowledged it within {self.options.wait_timeout_ms} ms (NEXTSTEP_REDIS_WAIT_REPLICAS); "
-                "retrying the request with its event ids applies it once")
+            raise OutcomeUnknown(
+                f"Redis: the write was applied but only {acknowledged} of {wanted} replicas acknowledged it within "
+                f"{self.options.wait_timeout_ms} ms (NEXTSTEP_REDIS_WAIT_REPLICAS): a failover may still lose it; "
+                "retrying the request with its event ids applies it once", resolvable=False)
 
     async def _send(self, commands: Sequence[Command], atomic: bool, wait: bool) -> list:
         raise NotImplementedError
@@ -347,8 +469,8 @@ def _unwrap_exec(replies: list, n: int) -> list:
 class RespClient(Client):
     """One node through resp.RespClient: one connection, the commands of concurrent callers pipelined."""
 
-    def __init__(self, target: RedisTarget) -> None:
-        super().__init__(target)
+    def __init__(self, target: RedisTarget, role: str = "") -> None:
+        super().__init__(target, role)
         setup = []
         if target.password is not None:
             setup.append(pack("AUTH", target.username, target.password) if target.username
@@ -390,8 +512,8 @@ class PoolClient(Client):
     writes its commands in one packet and reads their replies (no response callbacks: the replies are RESP's, as
     the resp client's)."""
 
-    def __init__(self, target: RedisTarget) -> None:
-        super().__init__(target)
+    def __init__(self, target: RedisTarget, role: str = "") -> None:
+        super().__init__(target, role)
         import redis.asyncio as aioredis
 
         kwargs = _redis_py_kwargs(target)
@@ -478,8 +600,8 @@ class ClusterClient(Client):
     protocol errors on the server), and its transactions run each command on an event loop of their own in a
     thread (docs/decisions.md, "Redis clients")."""
 
-    def __init__(self, target: RedisTarget) -> None:
-        super().__init__(target)
+    def __init__(self, target: RedisTarget, role: str = "") -> None:
+        super().__init__(target, role)
         self._nodes: dict[tuple[str, int], PoolClient] = {}
         self._slots: list[tuple[str, int] | None] = [None] * 16384
         self._stale = True
@@ -492,20 +614,25 @@ class ClusterClient(Client):
         return node
 
     async def _refresh(self) -> None:
-        """The slot map from the first node (known ones, then the URL's) that answers CLUSTER SLOTS."""
+        """The slot map from the first node (known ones, then the URL's) that answers CLUSTER SLOTS. None answering:
+        NotSent (the call was not sent anywhere); only error replies: StoreUnavailable naming the first (a server
+        not in cluster mode says so), never a 500."""
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
             if not self._stale:
                 return
             error: BaseException | None = None
+            refused: BaseException | None = None
             for address in dict.fromkeys([*(a for a in self._slots if a), *self.target.hosts]):
                 try:
                     (reply,) = await self._node(address)._send([("CLUSTER", "SLOTS")], False, False)
                 except _CONNECTION_ERRORS as exc:
+                    if getattr(exc, "status_code", None):  # an error reply in the handshake (NOAUTH, LOADING ...)
+                        refused = refused or exc
                     error = exc
                     continue
                 if is_error(reply):
-                    error = reply
+                    refused = refused or reply
                     continue
                 slots: list[tuple[str, int] | None] = [None] * 16384
                 for start, end, primary, *_ in reply:
@@ -513,7 +640,17 @@ class ClusterClient(Client):
                     slots[start:end + 1] = [(host, int(primary[1]))] * (end - start + 1)
                 self._slots, self._stale = slots, False
                 return
-            raise error if error is not None else ConnectionError("no cluster node known")
+            if refused is not None:
+                text = reply_text(refused)
+                if "cluster support disabled" in text:
+                    raise StoreUnavailable(
+                        "NEXTSTEP_REDIS_URL is a redis+cluster:// URL, but the server is not in cluster mode (it "
+                        f"answers CLUSTER SLOTS with {without_address(text)!r}): use redis://host:port for a "
+                        "single server, or redis+sentinel:// for a Sentinel-watched primary")
+                unavailable = refusal("reading the cluster's slot map", refused)
+                raise unavailable if isinstance(unavailable, StoreUnavailable) else StoreUnavailable(
+                    f"Redis Cluster: reading the slot map (CLUSTER SLOTS) was refused: {without_address(text)}")
+            raise NotSent("no cluster node answered") from error
 
     async def _send(self, commands: Sequence[Command], atomic: bool, wait: bool) -> list:
         if self._stale:
@@ -547,12 +684,13 @@ class ClusterClient(Client):
             await node.close()
 
 
-def connect(url: str, options: RedisOptions | None = None) -> Client:
-    """The client for a Redis URL (module docstring). Nothing is opened until the first call."""
+def connect(url: str, options: RedisOptions | None = None, role: str = "") -> Client:
+    """The client for a Redis URL (module docstring). Nothing is opened until the first call. `role` names it in the
+    log ("banks")."""
     target = parse_url(url, options)
     client = target.options.client
     if client == "auto":
         client = "resp" if target.kind == "node" and not target.options.wait_replicas else "redis-py"
     if target.kind == "cluster":
-        return ClusterClient(target)
-    return RespClient(target) if client == "resp" else PoolClient(target)
+        return ClusterClient(target, role)
+    return (RespClient if client == "resp" else PoolClient)(target, role)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import TooLarge
@@ -44,7 +44,9 @@ DEFAULT_LIMITS = BatchLimits()
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="NEXTSTEP_", env_file=".env", extra="ignore")
+    # (hide_input_in_errors: a refused setting is named, its value not echoed: URLs and keys hold secrets)
+    model_config = SettingsConfigDict(env_prefix="NEXTSTEP_", env_file=".env", extra="ignore",
+                                      hide_input_in_errors=True)
 
     artifacts_dir: Path = Path("artifacts")  # <dir>/<model>/<version>/manifest.json
     redis_url: str | None = None  # unset: the in-process store (state lives and dies with the process)
@@ -103,6 +105,19 @@ class Settings(BaseSettings):
                             connect_timeout=self.redis_connect_timeout_seconds, pool_size=self.redis_pool_size,
                             retries=self.redis_retries, wait_replicas=self.redis_wait_replicas,
                             wait_timeout_ms=self.redis_wait_timeout_ms)
+
+    @model_validator(mode="after")
+    def _redis_url_parses(self):
+        """A malformed NEXTSTEP_REDIS_URL (scheme, port, database, parameters) is refused at start, not met later;
+        the message shows the URL without its passwords."""
+        if self.redis_url:
+            from .redis_clients import parse_url
+
+            try:
+                parse_url(self.redis_url, self.redis_options())
+            except ValueError as exc:
+                raise ValueError(f"NEXTSTEP_REDIS_URL: {exc}") from None
+        return self
 
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.max_events, self.max_batch_events, self.max_questions)

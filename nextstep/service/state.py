@@ -76,7 +76,8 @@ class StateStore(Protocol):
         """Atomically, if the current version == `expected_version`: write `blob`, version + 1,
         events += `added_events`, updated = now, record `event_ids`, set the companion `fields` given (others
         are kept), refresh the TTL, and return the new state. Otherwise write nothing and return None
-        (re-read and retry)."""
+        (re-read and retry). `StoreUnavailable`: nothing was written; its subclass `OutcomeUnknown`: the write
+        was sent but not answered, and may have been applied (whole), or may yet be (core.StatefulTask._resolve)."""
         ...
 
     async def delete(self, key: str) -> bool:
@@ -328,7 +329,8 @@ class RedisStore:
     The client (redis_clients.py) is chosen by the URL: one node, a cluster or a Sentinel-watched primary. Every
     operation either completes or raises `StoreUnavailable` within about `2 * socket_timeout` seconds per try
     (connect, then the reply); reads are retried after a connection failure, the compare-and-set only when it
-    was certainly not sent (docs/decisions.md). A store given a `client` shares it (and does not close it).
+    was certainly not sent, and once sent, a timeout or a lost connection raises `OutcomeUnknown` instead
+    (docs/decisions.md). A store given a `client` shares it (and does not close it).
     """
 
     def __init__(

@@ -56,7 +56,12 @@ PROBLEMS = {
     415: "The Content-Type header is missing or not application/json.",
     422: "The request is not valid: `field` names the offending one (every fault under `errors`); invalid JSON, "
          "unknown ids and values the model cannot take are 422 too.",
-    503: "The state store cannot be reached (or refused the write); nothing was changed.",
+    503: "The state store is unavailable; `type` says what became of the request. "
+         "`urn:nextstep:problem:store-unavailable`: the store could not be reached, or refused the operation; "
+         "nothing was changed: retry later. `urn:nextstep:problem:outcome-unknown`: a write was sent, and the store "
+         "stopped answering before confirming it; it may have been applied, or may still be. Repeat the same "
+         "request: events with an `event_id` are applied at most once, events without one may be applied twice "
+         "(repeating a DELETE is safe).",
 }
 
 
