@@ -122,6 +122,76 @@ def _matches(given: bytes, keys: list[bytes]) -> bool:
     return found
 
 
+class Access:
+    """Who may call what: API keys and roles, and the loopback rule (docs/decisions.md, "Access"). `check` decides
+    a request; `is_admin` whether a request would pass an admin route's check, which is who sees the service's
+    details (artifact paths, ONNX Runtime's and Redis's messages) where the others see the kind of fault."""
+
+    def __init__(self, settings: Settings):
+        self.keys = [k.encode() for k in settings.api_keys]
+        self.admin_keys = [k.encode() for k in settings.admin_keys]
+        self.on = bool(self.keys or self.admin_keys)
+
+    def check(self, scope, given: bytes | None, admin: bool):
+        """None if the request may go on, else the problem to answer. With keys set, a request needs one (401); an
+        admin route needs an admin key (403), or, while no admin key is set, a loopback client. With no keys at
+        all, everything but the admin routes is open, and those are served to loopback clients only (403)."""
+        route = f"{scope['method']} {scope['path'][:120]}"  # (a path may be long: not echoed whole)
+        if self.on:
+            if not given:  # (no key is empty: settings.py refuses one, and an empty header is no key)
+                return problem(401, f"{'missing' if given is None else 'empty'} X-API-Key header", "X-API-Key",
+                               "unauthorized")
+            is_admin = _matches(given, self.admin_keys)
+            if not is_admin and not _matches(given, self.keys):
+                return problem(401, "invalid X-API-Key", "X-API-Key", "unauthorized")
+            if not admin or is_admin:
+                return None
+            if self.admin_keys:
+                return problem(403, f"{route} needs an admin key (NEXTSTEP_ADMIN_KEYS); "
+                                    "this key has no admin role", "X-API-Key", "forbidden")
+        client = scope.get("client")
+        if is_loopback(client[0] if client else None):
+            return None
+        return problem(403, f"{route} is an admin route: with NEXTSTEP_ADMIN_KEYS unset it "
+                            "is served to loopback clients only; set NEXTSTEP_ADMIN_KEYS and send one as X-API-Key",
+                       "NEXTSTEP_ADMIN_KEYS", "forbidden")
+
+    def is_admin(self, scope) -> bool:
+        return self.check(scope, dict(scope["headers"]).get(b"x-api-key"), admin=True) is None  # (as __call__ reads it)
+
+
+# what of a state store's message is withheld from clients that are not admins: where the store is (URLs, host:port,
+# addresses); what went wrong (READONLY, a timeout, a certificate) stays
+_STORE_AT = re.compile(r" at (?:rediss?|unix)(?:\+\w+)?://\S*?(?=:? |$)")
+_ADDRESS = re.compile(r"\b(?:rediss?|unix)(?:\+\w+)?://\S*|\(\s*'[^']*',\s*\d+[^)]*\)|\[[0-9A-Fa-f:.]+\](?::\d+)?"
+                      r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b|(?<![\w.])[A-Za-z][\w.-]*:\d{2,5}\b")
+
+
+def _store_fault(exc: Exception, details: bool) -> str:
+    """A state store's failure as a 503 says it: the exception's message, without where the store is unless
+    `details` (an admin)."""
+    text = str(exc) or type(exc).__name__
+    return text if details else _ADDRESS.sub("(address withheld)", _STORE_AT.sub("", text))
+
+
+class _Throttled:
+    """A warning logged at most once per `every` seconds, with a count of those held back (a Redis outage fails
+    every request: one line each would flood the log)."""
+
+    def __init__(self, every: float = 10.0):
+        self.every, self.next, self.held = every, 0.0, 0
+
+    def warning(self, message: str, *args) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            self.held += 1
+            return
+        if self.held:
+            message, args = message + " (and %d more since the last such line)", (*args, self.held)
+        log.warning(message, *args)
+        self.next, self.held = now + self.every, 0
+
+
 def _too_large(limit: int) -> JSONResponse:
     return problem(413, f"request body over {limit} bytes", "body", "too-large")
 
@@ -194,35 +264,11 @@ class ServiceMiddleware:
     path parameter). Exceptions are mapped here, in place of Starlette's ExceptionMiddleware (`Service`): the
     routes' own handling reads the same tables from the scope, as Starlette's routes do."""
 
-    def __init__(self, app, *, settings: Settings, metrics: Metrics, handlers: dict):
+    def __init__(self, app, *, settings: Settings, metrics: Metrics, handlers: dict, access: Access | None = None):
         self.app, self.settings, self.metrics = app, settings, metrics
-        self.keys = [k.encode() for k in settings.api_keys]
-        self.admin_keys = [k.encode() for k in settings.admin_keys]
+        self.access = access or Access(settings)
         self.classes = {k: v for k, v in handlers.items() if isinstance(k, type)}
         self.statuses = {k: v for k, v in handlers.items() if isinstance(k, int)}
-
-    def access(self, scope, given: bytes | None, admin: bool):
-        """None if the request may go on, else the problem to answer. With keys set, a request needs one (401); an
-        admin route needs an admin key (403), or, while no admin key is set, a loopback client. With no keys at
-        all, everything but the admin routes is open, and those are served to loopback clients only (403)."""
-        route = f"{scope['method']} {scope['path'][:120]}"  # (a path may be long: not echoed whole)
-        if self.keys or self.admin_keys:
-            if given is None:
-                return problem(401, "missing X-API-Key header", "X-API-Key", "unauthorized")
-            is_admin = _matches(given, self.admin_keys)
-            if not is_admin and not _matches(given, self.keys):
-                return problem(401, "invalid X-API-Key", "X-API-Key", "unauthorized")
-            if not admin or is_admin:
-                return None
-            if self.admin_keys:
-                return problem(403, f"{route} needs an admin key (NEXTSTEP_ADMIN_KEYS); "
-                                    "this key has no admin role", "X-API-Key", "forbidden")
-        client = scope.get("client")
-        if is_loopback(client[0] if client else None):
-            return None
-        return problem(403, f"{route} is an admin route: with NEXTSTEP_ADMIN_KEYS unset it "
-                            "is served to loopback clients only; set NEXTSTEP_ADMIN_KEYS and send one as X-API-Key",
-                       "NEXTSTEP_ADMIN_KEYS", "forbidden")
 
     async def refuse(self, response, scope, receive, send) -> None:
         """Answer a request refused before routing (key, role, size, pin), counted under route "refused"."""
@@ -235,8 +281,8 @@ class ServiceMiddleware:
         headers = dict(scope["headers"])
         if scope["path"] not in OPEN_PATHS:
             admin = admin_route(scope["method"], scope["path"])
-            if admin or self.keys or self.admin_keys:
-                refused = self.access(scope, headers.get(b"x-api-key"), admin)
+            if admin or self.access.on:
+                refused = self.access.check(scope, headers.get(b"x-api-key"), admin)
                 if refused is not None:
                     return await self.refuse(refused, scope, receive, send)
         limit = self.settings.max_body_bytes
@@ -318,7 +364,8 @@ class Service(FastAPI):
         app = self.router
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
-        app = ServiceMiddleware(app, settings=self.state.settings, metrics=self.state.metrics, handlers=handlers)
+        app = ServiceMiddleware(app, settings=self.state.settings, metrics=self.state.metrics, handlers=handlers,
+                                access=self.state.access)
         last_resort = self.exception_handlers.get(500) or self.exception_handlers.get(Exception)
         return ServerErrorMiddleware(app, handler=last_resort, debug=self.debug)
 
@@ -415,6 +462,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "(the response to a question), next-item sessions (the next click) and flashcards (a "
                               "review's rating, recall and answer time, and when to review).")
     app.state.settings, app.state.metrics = settings, metrics
+    access = app.state.access = Access(settings)
+    store_faults = _Throttled()
     app.router.route_class = JsonRoute  # the system routes below too (Service's stack relies on it)
     # the task routes go first in the app's own route list: FastAPI's include_router would nest a router that
     # matches every request a second time, and the docs routes ahead of them would be tried on every request
@@ -432,7 +481,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def failed(request: Request, exc: Exception):  # errors.py: each error's status, field and kind
         cls = next(c for c in type(exc).__mro__ if c in STATUS)
         status = STATUS[cls]
-        return problem(status, f"state store unavailable: {exc}" if status == 503 else str(exc), exc.field, KIND[cls])
+        if status != 503:
+            return problem(status, str(exc), exc.field, KIND[cls])
+        store_faults.warning("state store unavailable: %s", exc)  # where it is: the log and admins only
+        detail = _store_fault(exc, access.is_admin(request.scope))
+        return problem(status, f"state store unavailable: {detail}", exc.field, KIND[cls])
 
     for error in STATUS:
         app.add_exception_handler(error, failed)
@@ -471,16 +524,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["system"], summary="Models loaded and the state store reachable; refused artifacts")
-    async def readyz(request: Request):
+    async def readyz(request: Request):  # (open: clients that are not admins see no paths or library messages)
         registry = request.app.state.registry
         models = registry.models()
+        details = access.is_admin(request.scope)
         try:
             await asyncio.wait_for(request.app.state.store.ping(), timeout=2.0)
         except (StoreUnavailable, TimeoutError) as exc:
-            return problem(503, f"state store unavailable: {exc}")
-        refused = [r.as_dict() for r in registry.report.refused]
+            if isinstance(exc, TimeoutError):
+                exc = StoreUnavailable("no answer to PING within 2 s")
+            store_faults.warning("not ready: state store unavailable: %s", exc)
+            return problem(503, f"state store unavailable: {_store_fault(exc, details)}")
+        refused = [r.as_dict(details) for r in registry.report.refused]
         if not models:
-            return problem(503, f"no model loaded from {settings.artifacts_dir}", refused=refused)
+            where = settings.artifacts_dir if details else "the artifacts directory (NEXTSTEP_ARTIFACTS_DIR)"
+            return problem(503, f"no model loaded from {where}", refused=refused)
         # refused artifacts do not make a replica unready: what serves, serves (docs/decisions.md)
         return {"status": "ready", "models": len(models), "serving": registry.report.serving, "refused": refused}
 
@@ -492,11 +550,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def models(request: Request) -> dict:
         registry = request.app.state.registry
         latest = registry.latest()
+        details = access.is_admin(request.scope)  # (as /readyz: the refusals' paths and messages for admins)
+        report = registry.report
         return {"models": [{"name": m.name, "version": m.version, "latest": latest.get(m.name) is m, "family": m.family,
                             "task": m.task, "n_cats": m.n_cats, "vocabulary": len(m.ids),
                             **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.window[0] else {}),
                             "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
-                "refused": [r.as_dict() for r in registry.report.refused], "errors": registry.errors}
+                "refused": [r.as_dict(details) for r in report.refused],
+                "errors": report.errors if details else report.summaries()}
 
     @app.get("/v1/models/{model}/ids", tags=["system"],
              summary="The ids a model knows (questions or items), a page at a time, and the version answering",
@@ -525,13 +586,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the other replicas on this Redis follow within NEXTSTEP_RELOAD_REFRESH_SECONDS; null: not told
         # (no Redis, or it failed: the log says so)
         generation = await request.app.state.fleet.announce()
+        details = access.is_admin(request.scope)  # (an admin route: always, as the rules stand)
         answer = {"models": [f"{m.name}/{m.version}" for m in registry.models()], "serving": report.serving,
-                  "withdrawn": list(report.withdrawn), "refused": [r.as_dict() for r in report.refused],
+                  "withdrawn": list(report.withdrawn), "refused": [r.as_dict(details) for r in report.refused],
                   "fleet_generation": generation}
         if not report.refused:
             return {**answer, "errors": {}}
-        named = "; ".join(f"{r.model}/{r.version}: {r.reason.removeprefix(r.path + ': ')} ({r.outcome})"
-                          for r in report.refused)
+        # the detail names each artifact and the kind of fault; the paths and messages are in `refused` and the log
+        named = "; ".join(f"{r.model}/{r.version}: {r.summary} ({r.outcome})" for r in report.refused)
         return problem(409, f"{len(report.refused)} artifact(s) refused, the rest loaded: {named}", None,
                        "artifact-refused", **answer)
 

@@ -20,6 +20,11 @@ A reload is all-or-nothing per artifact and never takes away what was serving:
 
 `get("name@version")` pins a version; "name" alone is the latest good version (docs/decisions.md).
 
+Every file a manifest names must resolve (symlinks too) inside its artifact's directory; one that does not refuses
+the artifact ("path outside the artifact") before anything opens it. A refusal has a `reason` for the log and the
+admin (the directory, the file, ONNX Runtime's message) and a `summary` for anyone (the kind of fault: no paths,
+no library messages).
+
 No torch here: the service reads artifacts with ONNX Runtime only.
 """
 
@@ -68,7 +73,14 @@ def register_task(spec: TaskSpec) -> TaskSpec:
 
 
 class ArtifactError(Exception):
-    """An artifact directory that cannot be served; the message names the directory and the fault."""
+    """An artifact directory that cannot be served; the message names the directory and the fault. `kind` is the
+    kind of fault and `summary` says it with what part it is in ("graph failed to load (step)"): words that
+    name no path and quote no library, safe to show any client."""
+
+    def __init__(self, message: str, kind: str = "manifest invalid", part: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.summary = f"{kind} ({part})" if part else kind
 
 
 @dataclass(eq=False)
@@ -150,13 +162,24 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
 def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
     """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault."""
 
-    def fail(what: str):
-        return ArtifactError(f"{path}: {what}")
+    def fail(what: str, kind: str = "manifest invalid", part: str | None = None):
+        # (the task modules' checks call fail(what): their faults are the manifest's)
+        return ArtifactError(f"{path}: {what}", kind, part)
+
+    root = path.resolve()
+
+    def inside(relative: str, part: str) -> Path:
+        """path / relative, unless it resolves (symlinks followed) outside the artifact's directory."""
+        p = path / relative
+        if not p.resolve().is_relative_to(root):
+            raise fail(f"{part} file {relative!r} is outside the artifact's directory", "path outside the artifact",
+                       part)
+        return p
 
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = json.loads(inside("manifest.json", "manifest").read_text())
     except FileNotFoundError:
-        raise fail("manifest.json missing") from None
+        raise fail("manifest.json missing", "manifest missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise fail(f"manifest.json is not valid JSON: {e}") from None
     if not isinstance(manifest, dict):
@@ -170,10 +193,10 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
     if task is None:
         raise fail(f"task {manifest['task']!r} is not one the service answers ({sorted(TASKS)})")
 
-    def file(relative: str, what: str) -> Path:
-        p = path / str(relative)
+    def file(relative: str, what: str, part: str) -> Path:
+        p = inside(str(relative), part)
         if not p.is_file():
-            raise fail(f"{what} file {relative!r} missing")
+            raise fail(f"{what} file {relative!r} missing", "file missing", part)
         return p
 
     # state: spec, initial values, serialised size
@@ -187,11 +210,12 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         except (KeyError, TypeError, ValueError) as e:
             raise fail(f"state entry {s!r} is malformed ({e})") from None
         try:
-            value = np.load(file(s.get("file", ""), f"initial state {name!r}"), allow_pickle=False)
+            value = np.load(file(s.get("file", ""), f"initial state {name!r}", "initial state"), allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
-            raise fail(f"initial state {name!r} is not a readable .npy file ({e})") from None
+            raise fail(f"initial state {name!r} is not a readable .npy file ({e})", "initial state invalid") from None
         if list(value.shape) != shape or value.dtype != dtype:
-            raise fail(f"initial state {name!r} is {value.dtype}{list(value.shape)}, manifest says {dtype}{shape}")
+            raise fail(f"initial state {name!r} is {value.dtype}{list(value.shape)}, manifest says {dtype}{shape}",
+                       "initial state invalid")
         value = np.array(value, order="C")  # (not ascontiguousarray: it turns 0-d into 1-d)
         value.flags.writeable = False
         initial[name] = value
@@ -203,27 +227,28 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
     for g in (*task.graphs, *optional):
         if g not in graphs or "onnx" not in graphs[g]:
             raise fail(f"manifest declares no {g!r} ONNX graph")
-        onnx_path = file(graphs[g]["onnx"], f"{g} graph")
+        onnx_path = file(graphs[g]["onnx"], f"{g} graph", f"{g} graph")
         try:
             session = ort.InferenceSession(str(onnx_path), session_options(intra_op_threads),
                                            providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT raises its own types for unreadable or invalid models
-            raise fail(f"{g} graph {onnx_path.name} does not open: {e}") from None
+            raise fail(f"{g} graph {onnx_path.name} does not open: {e}", "graph failed to load", g) from None
         actual = [(i.name, i.type) for i in session.get_inputs()]
         try:
             declared = [(i["name"], i["dtype"]) for i in graphs[g].get("inputs", [])]
             declared_out = [o["name"] for o in graphs[g].get("outputs", [])]
         except (KeyError, TypeError, AttributeError):
             raise fail(f"manifest's {g} graph inputs/outputs are not lists of {{name, dtype}}") from None
+        mismatch = "graph does not match the manifest"
         if actual != declared:
-            raise fail(f"{g} graph takes {actual}, manifest declares {declared}")
+            raise fail(f"{g} graph takes {actual}, manifest declares {declared}", mismatch, g)
         types = dict(actual)
         for s in spec if g in task.graphs else ():  # (an optional graph, e.g. bank_project, takes no state)
             if ONNX_DTYPES.get(types.get(s["name"], "")) != s["dtype"]:
-                raise fail(f"{g} graph has no {s['dtype']} input for state {s['name']!r}")
+                raise fail(f"{g} graph has no {s['dtype']} input for state {s['name']!r}", mismatch, g)
         if [o.name for o in session.get_outputs()] != declared_out:
             raise fail(f"{g} graph outputs {[o.name for o in session.get_outputs()]}, manifest declares "
-                       f"{declared_out}")
+                       f"{declared_out}", mismatch, g)
         sessions[g], input_names[g], output_names[g] = session, [name for name, _ in actual], declared_out
         opened[g] = (actual, declared_out)
 
@@ -234,15 +259,17 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         vocabularies = manifest["vocabularies"]
         if not isinstance(vocabularies, dict):
             raise fail(f"manifest vocabularies is not an object mapping kinds to files: {vocabularies!r}")
-        vocab_file = file(vocabularies.get(kind, ""), f"{kind} vocabulary")
+        vocab_file = file(vocabularies.get(kind, ""), f"{kind} vocabulary", "vocabulary")
         try:
             ids = [str(i) for i in json.loads(vocab_file.read_text())["ids"]]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-            raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})") from None
+            raise fail(f"{kind} vocabulary {vocab_file.name} is malformed ({e!r})", "vocabulary invalid") from None
         if len(set(ids)) != len(ids):
-            raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids")
+            raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids", "vocabulary invalid")
     name, version = path.parent.name, path.name
     fields = {"schema": schema_hash(name, version, spec), **task.check(name, manifest, opened, fail)}
+    if fields.get("banks"):  # SimAKT: the folder of its memory banks (banks.py reads it at startup and reload)
+        inside(fields["banks"]["dir"], "banks")
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
         manifest=manifest, state_spec=spec, initial_state=initial, ids=ids, sessions=sessions,
@@ -256,18 +283,23 @@ class Refusal:
     model: str  # <artifacts_dir>/<model>/<version>/
     version: str
     path: str
-    reason: str  # names the directory and the fault
+    reason: str  # names the directory and the fault: for the log and the admin
     kept: bool  # the version was serving and keeps serving (the object loaded before)
     serving: str | None  # the model's latest version serving now; None: the model is not served
+    kind: str = "unexpected error"  # ArtifactError's kind and summary: for anyone (no paths, no library messages)
+    summary: str = "unexpected error"
 
     @property
     def outcome(self) -> str:
         return (f"{self.model}/{self.version} keeps serving" if self.kept else
                 f"{self.model} serves version {self.serving}" if self.serving else f"{self.model} is not served")
 
-    def as_dict(self) -> dict:
-        return {"model": self.model, "version": self.version, "path": self.path, "reason": self.reason,
-                "kept": self.kept, "serving": self.serving, "outcome": self.outcome}
+    def as_dict(self, details: bool = True) -> dict:
+        """The refusal as the API shows it; without `details` (a client that is not an admin) `reason` is the
+        summary and there is no `path`."""
+        shown = {"path": self.path, "reason": self.reason} if details else {"reason": self.summary}
+        return {"model": self.model, "version": self.version, **shown, "kind": self.kind, "kept": self.kept,
+                "serving": self.serving, "outcome": self.outcome}
 
 
 @dataclass(frozen=True)
@@ -283,6 +315,10 @@ class LoadReport:
     def errors(self) -> dict[str, str]:
         """{artifact dir: what is wrong}, as load() has always returned."""
         return {r.path: r.reason for r in self.refused}
+
+    def summaries(self) -> dict[str, str]:
+        """{"model/version": the kind of fault}: `errors` as any client may see it."""
+        return {f"{r.model}/{r.version}": r.summary for r in self.refused}
 
 
 @dataclass(frozen=True)
@@ -303,10 +339,10 @@ class ModelRegistry:
         self._snapshot = _Snapshot({}, {}, LoadReport((), (), {}))
         self._loading = threading.Lock()  # one (re)scan at a time; readers never wait
 
-    def _scan(self) -> tuple[dict[str, dict[str, LoadedModel]], dict[str, dict[str, tuple[Path, str]]]]:
+    def _scan(self) -> tuple[dict[str, dict[str, LoadedModel]], dict[str, dict[str, tuple[Path, ArtifactError]]]]:
         """(name -> version -> model opened now, name -> version -> (directory, why it was refused))."""
         loaded: dict[str, dict[str, LoadedModel]] = {}
-        broken: dict[str, dict[str, tuple[Path, str]]] = {}
+        broken: dict[str, dict[str, tuple[Path, ArtifactError]]] = {}
         dirs = sorted(p for p in self.artifacts_dir.glob("*/*") if p.is_dir()) if self.artifacts_dir.is_dir() \
             else []
         for path in dirs:
@@ -315,11 +351,12 @@ class ModelRegistry:
             try:
                 model = load_artifact(path, intra_op_threads=self.intra_op_threads)
             except ArtifactError as e:
-                broken.setdefault(path.parent.name, {})[path.name] = (path, str(e))
+                broken.setdefault(path.parent.name, {})[path.name] = (path, e)
                 continue
             except Exception as e:  # a fault load_artifact did not foresee: still this artifact's alone
                 log.exception("artifact %s: unexpected error while loading", path)
-                broken.setdefault(path.parent.name, {})[path.name] = (path, f"{path}: {type(e).__name__}: {e}")
+                broken.setdefault(path.parent.name, {})[path.name] = (
+                    path, ArtifactError(f"{path}: {type(e).__name__}: {e}", "unexpected error"))
                 continue
             loaded.setdefault(model.name, {})[model.version] = model
         return loaded, broken
@@ -358,12 +395,13 @@ class ModelRegistry:
             refused = []
             for name in sorted(set(broken) | {n for n, _ in missing}):
                 serving = latest[name].version if name in latest else None
-                for version, (path, reason) in sorted(broken.get(name, {}).items()):
-                    refused.append(Refusal(name, version, str(path), reason, (name, version) in kept, serving))
+                for version, (path, error) in sorted(broken.get(name, {}).items()):
+                    refused.append(Refusal(name, version, str(path), str(error), (name, version) in kept, serving,
+                                           error.kind, error.summary))
                 for (n, version), path in sorted(missing.items()):
                     if n == name:
                         refused.append(Refusal(name, version, str(path), f"{path}: directory missing", True,
-                                               serving))
+                                               serving, "directory missing", "directory missing"))
             report = LoadReport(tuple(refused), tuple(withdrawn), {n: m.version for n, m in latest.items()})
             for r in refused:
                 log.error("artifact %s refused: %s; %s", r.path, r.reason, r.outcome)
@@ -393,7 +431,7 @@ class ModelRegistry:
             raise UnknownModel(f"no model {name!r}; available: {available}")
         model = snap.latest[name] if version == "latest" else versions.get(version)
         if model is None:
-            why = next((f"; version {version!r} was refused: {r.reason}" for r in snap.report.refused
+            why = next((f"; version {version!r} was refused: {r.summary}" for r in snap.report.refused
                         if r.model == name and r.version == version), "")
             raise UnknownModel(f"model {name!r} has no version {version!r}; available: "
                                f"{', '.join(sorted(versions))} (latest {snap.latest[name].version}){why}")

@@ -14,6 +14,12 @@ A request that misses its deadline is answered `408 Request Timeout` (when nothi
 connection is closed; an application still waiting for the body sees the client disconnect. Other connections are
 not affected. The cost is one timer per request (about 1.5 us).
 
+Nor does uvicorn bound a request's head in bytes: httptools buffers a header value of any size before the app (and
+its key check) sees the request, so a few connections sending 40 MB headers take hundreds of MB. The protocol
+counts each head's bytes as they arrive and answers `431 Request Header Fields Too Large` once they pass
+`max_header_bytes`, before the parser has them, and closes the connection. A request that does not parse is a 400.
+Each of these answers is a problem document (application/problem+json), as the app's own are.
+
     run(host=..., port=..., workers=..., access_log=...)    # what `nextstep serve` calls
     config(app, settings, **uvicorn_options) -> ServerConfig  # the same server for tests or embedding
 """
@@ -23,40 +29,93 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import sys
+from http import HTTPStatus
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .settings import Settings
 
 log = logging.getLogger("nextstep.service")
-_PROBLEM = json.dumps({"type": "about:blank", "title": "Request Timeout", "status": 408,
-                       "detail": "the request did not arrive in time (header and body read deadlines)"}).encode()
-_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\n"
-              b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(_PROBLEM), _PROBLEM))
+
+
+def _answer(status: int, detail: str) -> bytes:
+    """A whole HTTP response: a problem document (the app's shape, errors.problem) that closes the connection."""
+    phrase = HTTPStatus(status).phrase
+    body = json.dumps({"type": "about:blank", "title": phrase, "status": status, "detail": detail}).encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/problem+json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%b" % (status, phrase.encode(), len(body), body))
+
+
+_TIMED_OUT = _answer(408, "the request did not arrive in time (header and body read deadlines)")
 
 
 class ServerConfig(uvicorn.Config):
-    """uvicorn's Config with the read deadlines (picklable: `--workers` sends it to each worker process)."""
+    """uvicorn's Config with the read deadlines and the head's size limit (picklable: `--workers` sends it to each
+    worker process)."""
 
-    def __init__(self, app, *, header_timeout: float, body_timeout: float, **options) -> None:
+    def __init__(self, app, *, header_timeout: float, body_timeout: float, max_header_bytes: int = 65_536,
+                 **options) -> None:
         super().__init__(app, http=DeadlineProtocol, **options)
         self.header_timeout, self.body_timeout = header_timeout, body_timeout
+        self.max_header_bytes = max_header_bytes
 
 
 class DeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline for each request's head and one for its body (module doc)."""
+    """uvicorn's httptools protocol with a deadline for each request's head and one for its body, a size limit on
+    the head, and problem documents for the requests it refuses (module doc)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._head_timeout = getattr(self.config, "header_timeout", 10.0)
         self._body_timeout = getattr(self.config, "body_timeout", 30.0)
+        self._max_head = getattr(self.config, "max_header_bytes", 65_536)
         self._timer = None  # the deadline of the request being read; None between requests
         self._head_done: float | None = None  # loop time at which the request's head was complete
+        self._head_bytes: int | None = 0  # bytes of the head being read; None while a body is
+        self._heads = 0  # heads completed on this connection
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is closed too
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_bytes is None:  # a body (the app bounds it: NEXTSTEP_MAX_BODY_BYTES)
+            super().data_received(data)
+            return
+        room = self._max_head - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            return
+        # over the limit unless the head ends within the bytes it may still have: the parser gets those first,
+        # and the rest only if the head did end there (the rest is then a body or the next request's head; a
+        # pipelined head that starts within the same read is counted from the next read on)
+        heads = self._heads
+        self._head_bytes = self._max_head
+        super().data_received(data[:room])
+        if self.transport.is_closing():  # (a request that did not parse: answered 400 and closed)
+            return
+        if self._heads != heads:
+            self.data_received(data[room:])
+            return
+        log.info("closed a connection from %s: request line and headers over %d bytes", self.client,
+                 self._max_head)
+        cycle = self.cycle  # the previous request's, if any: never answer into the middle of its response
+        if cycle is None or cycle.response_complete:
+            self.transport.write(_answer(431, f"the request line and headers are over {self._max_head} bytes "
+                                              "(NEXTSTEP_MAX_HEADER_BYTES)"))
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to a request httptools cannot parse, as a problem document; called while that parser
+        # error is handled, whose message says what is wrong ("Invalid header value char") without the request
+        error = sys.exc_info()[1]
+        what = str(error) if isinstance(error, httptools.HttpParserError) and str(error) else msg
+        self.transport.write(_answer(400, f"malformed HTTP request: {what}"))
+        self.transport.close()
 
     def connection_lost(self, exc) -> None:
         self._disarm()
@@ -69,10 +128,12 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_done = self.loop.time()  # the timer, due at the head's deadline, then moves to the body's
+        self._head_bytes, self._heads = None, self._heads + 1
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._head_bytes = 0  # the next request's head
         super().on_message_complete()
 
     def _arm(self) -> None:
@@ -120,7 +181,8 @@ def is_loopback(host: str | None) -> bool:
 def config(app, settings: Settings, **options) -> ServerConfig:
     """The server configuration for `app` (an ASGI app, or an import string with factory=True)."""
     return ServerConfig(app, header_timeout=settings.header_timeout_seconds,
-                        body_timeout=settings.body_timeout_seconds, **options)
+                        body_timeout=settings.body_timeout_seconds, max_header_bytes=settings.max_header_bytes,
+                        **options)
 
 
 def run(*, host: str, port: int, workers: int = 1, access_log: bool = False, settings: Settings | None = None) -> None:

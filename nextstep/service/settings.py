@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import TooLarge
@@ -41,10 +41,29 @@ class BatchLimits:
 
 
 DEFAULT_LIMITS = BatchLimits()
+MIN_KEY_LENGTH = 16  # characters of an API key (docs/decisions.md, "API keys")
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be served: one line naming each setting at fault and why, never its value (a key)."""
+
+
+def _key_faults(keys: list[str]) -> str | None:
+    """What is wrong with a list of API keys, in words that never show a key; None when nothing is."""
+    for i, key in enumerate(keys, 1):
+        which = f"key {i} of {len(keys)}"
+        if not key.strip():
+            return f"{which} is empty (a stray comma, or \"\" in a JSON list)"
+        if not all("!" <= c <= "~" for c in key):  # (a header value loses its outer spaces; no client sends these)
+            return f"{which} holds a space or a character other than printable ASCII"
+        if len(key) < MIN_KEY_LENGTH:
+            return (f"{which} has {len(key)} characters, fewer than {MIN_KEY_LENGTH} (make keys with e.g. "
+                    "`openssl rand -hex 24`)")
+    return None
 
 
 class Settings(BaseSettings):
-    # (hide_input_in_errors: a refused setting is named, its value not echoed: URLs and keys hold secrets)
+    # (hide_input_in_errors: a refused setting is named, its value never echoed: URLs and keys hold secrets)
     model_config = SettingsConfigDict(env_prefix="NEXTSTEP_", env_file=".env", extra="ignore",
                                       hide_input_in_errors=True)
 
@@ -76,7 +95,8 @@ class Settings(BaseSettings):
     max_clock_skew_seconds: float = Field(default=86400.0, ge=0)
     # API keys (X-API-Key header). Normal keys may call every route but the admin ones; admin keys every route. With
     # no key of either kind set, nothing is authenticated (development), and the admin routes (model reload, bank
-    # swaps, every DELETE) are served to loopback clients only: see docs/decisions.md, "Access".
+    # swaps, every DELETE) are served to loopback clients only: see docs/decisions.md, "Access". Each key is at
+    # least MIN_KEY_LENGTH printable ASCII characters, and in one list only; anything else refuses to start.
     api_keys: Annotated[list[str], NoDecode] = []
     admin_keys: Annotated[list[str], NoDecode] = []
     max_batch: int = Field(default=64, ge=1)  # micro-batching: rows per ONNX Runtime call
@@ -89,6 +109,9 @@ class Settings(BaseSettings):
     # request takes a worker for a fraction of a second (docs/decisions.md)
     max_batch_events: int = Field(default=2_000, ge=1)
     max_body_bytes: int = Field(default=2_000_000, ge=1_024)
+    # the request line and headers together, in bytes: a longer head is answered 431 and its connection closed
+    # before it is read whole (server.py)
+    max_header_bytes: int = Field(default=65_536, ge=1_024)
     header_timeout_seconds: float = Field(default=10.0, gt=0)  # a request's line and headers must arrive within this
     body_timeout_seconds: float = Field(default=30.0, gt=0)  # and its body within this after them (server.py)
     cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
@@ -97,6 +120,19 @@ class Settings(BaseSettings):
     # reads the reload generation this often (fleet.py)
     reload_refresh_seconds: float = Field(default=2.0, gt=0)
     opentelemetry: bool = False  # FastAPI's native OpenTelemetry (needs a provider); /metrics is ours
+
+    def __init__(self, **values) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:  # one line naming each setting at fault (`nextstep serve` prints it)
+            faults = []
+            for error in exc.errors(include_url=False, include_input=False, include_context=False):
+                message = error["msg"].removeprefix("Value error, ")
+                if error["loc"]:  # (a model-wide fault names its settings itself)
+                    where = "".join(f"[{p}]" for p in error["loc"][1:])  # the entry of a list: [0]
+                    message = f"NEXTSTEP_{str(error['loc'][0]).upper()}{where}: {message}"
+                faults.append(message)
+            raise SettingsError("; ".join(faults)) from None
 
     def redis_options(self):
         from .redis_clients import RedisOptions
@@ -125,9 +161,30 @@ class Settings(BaseSettings):
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _comma_separated(cls, value):
-        if isinstance(value, str):  # NEXTSTEP_API_KEYS=key1,key2 (JSON lists work too); the same for ADMIN_KEYS
-            value = value.strip()
-            if value.startswith("["):
-                return json.loads(value)
-            return [k.strip() for k in value.split(",") if k.strip()]
+        # NEXTSTEP_API_KEYS=key1,key2 or a JSON list; the same for ADMIN_KEYS. Empty (or unset): no keys. Every
+        # entry is kept, empty ones too, so that `_keys` refuses them: a stray comma is a mistake to point out
+        if isinstance(value, str):
+            if value == "":
+                return []
+            if value.strip().startswith("["):
+                try:
+                    return json.loads(value)
+                except json.JSONDecodeError:
+                    raise ValueError("not a JSON list of keys (starts with '[' but does not parse)") from None
+            return [k.strip() for k in value.split(",")]
         return value
+
+    @field_validator("api_keys", "admin_keys")
+    @classmethod
+    def _keys(cls, keys: list[str]) -> list[str]:
+        fault = _key_faults(keys)
+        if fault:
+            raise ValueError(fault)
+        return keys
+
+    @model_validator(mode="after")
+    def _one_role_per_key(self):
+        if set(self.api_keys) & set(self.admin_keys):
+            raise ValueError("a key is in both NEXTSTEP_API_KEYS and NEXTSTEP_ADMIN_KEYS: give each key one role "
+                             "(admin keys may call every route already)")
+        return self

@@ -22,7 +22,7 @@ import yaml
 
 from nextstep.cli import build_parser
 from nextstep.service.app import create_app
-from nextstep.service.settings import Settings
+from nextstep.service.settings import Settings, SettingsError
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
@@ -243,13 +243,22 @@ def test_placeholder_or_missing_keys_stop_the_pod():
     assert result.returncode != 0
     assert "NEXTSTEP_API_KEYS" in result.stderr and "NEXTSTEP_ADMIN_KEYS" in result.stderr
     good = "3f6c1e0a9b7d42e8a1c5f0e2d4b6a8c9"
+    # an empty or blank entry beside good ones, a key with a space or not a string: the service refuses them too
+    entries = [(good, json.dumps(["", good[::-1]])), (good, json.dumps([" " * 20, good[::-1]])),
+               (f"{good},", good[::-1]), (f"{good},,{good[::-1]}", good[::-1]), (json.dumps([f" {good}"]), good[::-1]),
+               (json.dumps([good, 12]), good[::-1]), ("[not json", good[::-1])]
     for api_keys, admin_keys in [("", good), (good, ""), (good, "changeme"), (good, f"{good},REPLACE-ME-later"),
-                                 (f"{good},replace_me_please_xx", good), (" , ", good)]:
+                                 (f"{good},replace_me_please_xx", good), (" , ", good), *entries]:
         result = _check_keys({"NEXTSTEP_API_KEYS": api_keys, "NEXTSTEP_ADMIN_KEYS": admin_keys})
         assert result.returncode != 0, (api_keys, admin_keys)
+        assert "Traceback" not in result.stderr and "NEXTSTEP_" in result.stderr, result.stderr
+    for api_keys, admin_keys in entries:
+        with pytest.raises(SettingsError):
+            Settings(api_keys=api_keys, admin_keys=admin_keys)
     assert _check_keys({"NEXTSTEP_ADMIN_KEYS": good}).returncode != 0  # unset
+    admin = "a7c2e9f14b3d8e6052c1f9a8d7b3e4c1"
     for api_keys in (good, f"{good}, {good[::-1]}", json.dumps([good, good[::-1]])):
-        result = _check_keys({"NEXTSTEP_API_KEYS": api_keys, "NEXTSTEP_ADMIN_KEYS": good})
+        result = _check_keys({"NEXTSTEP_API_KEYS": api_keys, "NEXTSTEP_ADMIN_KEYS": admin})
         assert result.returncode == 0, result.stderr
         assert Settings(api_keys=api_keys).api_keys in ([good], [good, good[::-1]])  # what the service reads
 

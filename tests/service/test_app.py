@@ -68,7 +68,8 @@ def test_the_docs_pages_work_offline_and_without_an_api_key(artifacts, serve):
 
     art, _ = artifacts
     committed = json.loads((Path(__file__).resolve().parents[2] / "openapi" / "openapi.json").read_text())
-    with serve(Settings(artifacts_dir=art, api_keys=["k"])) as url, httpx.Client(base_url=url) as http:
+    key = "user-key-0123456789abcdef"
+    with serve(Settings(artifacts_dir=art, api_keys=[key])) as url, httpx.Client(base_url=url) as http:
         assert http.get("/v1/models").status_code == 401  # the keys are on
         assert http.get("/openapi.json").json() == committed
         pages = {"/docs": ("swagger-ui-bundle.js", "swagger-ui.css"), "/redoc": ("redoc.standalone.js",)}

@@ -139,15 +139,17 @@ def test_bad_input_is_a_4xx_naming_the_field(artifacts, body, status, field, ser
 def test_unknown_model_api_keys_and_body_limit(artifacts, serve):
     art, _ = artifacts
     body = {"student_id": "s", "question_ids": [3]}
-    with serve(Settings(artifacts_dir=art, api_keys=["k1", "k2"], max_body_bytes=2048)) as url:
+    k1, k2 = "key-one-0123456789abcdef", "key-two-0123456789abcdef"  # (keys are at least 16 characters)
+    with serve(Settings(artifacts_dir=art, api_keys=[k1, k2], max_body_bytes=2048)) as url:
         assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body).status_code == 401
-        assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body, headers={"X-API-Key": "k3"}).status_code == 401
-        ok = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body, headers={"X-API-Key": "k2"})
+        wrong = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body, headers={"X-API-Key": k2[::-1]})
+        assert wrong.status_code == 401
+        ok = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=body, headers={"X-API-Key": k2})
         assert ok.status_code == 200
-        missing = httpx.post(f"{url}/v1/kt/nope/predict", json=body, headers={"X-API-Key": "k1"})
+        missing = httpx.post(f"{url}/v1/kt/nope/predict", json=body, headers={"X-API-Key": k1})
         assert missing.status_code == 404 and "deep_gpcm" in missing.json()["detail"]
         big = {"student_id": "s", "question_ids": [3] * 2000}
-        assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=big, headers={"X-API-Key": "k1"}).status_code == 413
+        assert httpx.post(f"{url}/v1/kt/deep_gpcm/predict", json=big, headers={"X-API-Key": k1}).status_code == 413
         assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no key
 
         def chunked(n: int):  # no content-length: the limit applies while the body streams in
@@ -157,7 +159,7 @@ def test_unknown_model_api_keys_and_body_limit(artifacts, serve):
 
         for n, status in ((10, 200), (2000, 413)):
             reply = httpx.post(f"{url}/v1/kt/deep_gpcm/predict", content=chunked(n),
-                               headers={"X-API-Key": "k1", "content-type": "application/json"})
+                               headers={"X-API-Key": k1, "content-type": "application/json"})
             assert reply.status_code == status, reply.text
         metrics = httpx.get(f"{url}/metrics").text
         assert 'nextstep_requests_total{model="deep_gpcm",route="/v1/kt/{model}/predict",status="200"} 2.0' in metrics

@@ -2,6 +2,7 @@
 artifacts, and reloads that never pull a model from under a request."""
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from nextstep.service.errors import UnknownId, UnknownModel
-from nextstep.service.registry import ArtifactError, LoadedModel, ModelRegistry
+from nextstep.service.registry import ArtifactError, LoadedModel, ModelRegistry, load_artifact
 
 
 def edit_manifest(artifact: Path, **changes) -> dict:
@@ -330,3 +331,97 @@ def test_a_pin_names_a_version_and_an_unknown_one_lists_the_versions(registry):
         registry.get("gru4rec@1")
     with pytest.raises(UnknownModel, match="not a next_item one"):
         registry.get("deep_gpcm@1", task="next_item")
+
+
+# -- files a manifest names stay inside its artifact ---------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["absolute", "dot-dot", "symlink", "symlinked-directory"])
+def test_a_graph_outside_the_artifact_is_refused_even_a_good_one(scratch, tmp_path, where):
+    """A manifest that names a graph elsewhere (absolute, ../, or a link that leads out): before, a good graph there
+    was loaded and served."""
+    path = scratch / "deep_gpcm" / "2"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(path / "step.onnx", elsewhere / "step.onnx")
+    manifest = json.loads((path / "manifest.json").read_text())
+    if where == "absolute":
+        manifest["graphs"]["step"]["onnx"] = str(elsewhere / "step.onnx")
+    elif where == "dot-dot":
+        manifest["graphs"]["step"]["onnx"] = os.path.relpath(elsewhere / "step.onnx", path)
+    elif where == "symlink":
+        (path / "step.onnx").unlink()
+        (path / "step.onnx").symlink_to(elsewhere / "step.onnx")
+    else:
+        (path / "graphs").symlink_to(elsewhere, target_is_directory=True)
+        manifest["graphs"]["step"]["onnx"] = "graphs/step.onnx"
+    edit_manifest(path, graphs=manifest["graphs"])
+    with pytest.raises(ArtifactError) as refused:
+        load_artifact(path)
+    assert refused.value.kind == "path outside the artifact" and refused.value.summary == (
+        "path outside the artifact (step graph)")
+    assert str(path) in str(refused.value)  # the log's and the admin's message names the directory and the file
+
+
+def test_files_named_outside_are_never_opened(scratch, tmp_path):
+    """The issue's manifest: a vocabulary at ../../../../../etc/passwd was opened (and refused as malformed); an
+    initial state elsewhere was loaded."""
+    path = scratch / "deep_gpcm" / "2"
+    edit_manifest(path, vocabularies={"questions": "../../../../../etc/passwd"})
+    with pytest.raises(ArtifactError) as refused:
+        load_artifact(path)
+    assert refused.value.kind == "path outside the artifact" and "vocabulary" in refused.value.summary
+    state = json.loads((path / "manifest.json").read_text())["state"]
+    shutil.copy(path / state[0]["file"], tmp_path / "state.npy")
+    edit_manifest(path, vocabularies={"questions": "vocab_questions.json"},
+                  state=[{**state[0], "file": str(tmp_path / "state.npy")}, *state[1:]])
+    with pytest.raises(ArtifactError) as refused:
+        load_artifact(path)
+    assert refused.value.summary == "path outside the artifact (initial state)"
+    edit_manifest(path, state=state, banks={"heads": [], "inputs": [], "keys": [], "explain": [], "dir": "../.."})
+    with pytest.raises(ArtifactError) as refused:  # SimAKT's memory banks are read from a folder it names
+        load_artifact(path)
+    assert refused.value.summary == "path outside the artifact (banks)"
+
+
+def test_links_and_paths_that_stay_inside_load(scratch, tmp_path):
+    """Inside is where a path resolves to: `sub/../step.onnx`, a link to a file of the artifact, and an artifact
+    directory that is itself a link (the version directory resolved) all load."""
+    path = scratch / "deep_gpcm" / "2"
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "sub").mkdir()
+    (path / "linked.onnx").symlink_to(path / "predict.onnx")
+    manifest["graphs"]["step"]["onnx"] = "sub/../step.onnx"
+    manifest["graphs"]["predict"]["onnx"] = "linked.onnx"
+    edit_manifest(path, graphs=manifest["graphs"])
+    assert load_artifact(path).version == "2"
+    shutil.move(path, tmp_path / "stored-elsewhere")
+    path.symlink_to(tmp_path / "stored-elsewhere", target_is_directory=True)
+    assert load_artifact(path).version == "2"
+
+
+def test_a_refusal_shows_clients_the_kind_of_fault_and_admins_the_details(scratch, tmp_path):
+    """A serving version whose manifest now names a file outside keeps serving (a refusal like any other), and
+    what a client that is not an admin sees of a refusal names no path and quotes no ONNX Runtime message."""
+    reg = ModelRegistry(scratch)
+    reg.load()
+    held = reg.get("deep_gpcm")
+    edit_manifest(scratch / "deep_gpcm" / "2", vocabularies={"questions": str(tmp_path / "vocab.json")})
+    shutil.copytree(scratch / "attention_gpcm" / "1", scratch / "attention_gpcm" / "2")
+    corrupt_graph(scratch / "attention_gpcm" / "2", "step")
+    report = reg.reload()
+    assert reg.get("deep_gpcm") is held
+    (attention, deep) = report.refused
+    assert (deep.kind, deep.summary, deep.kept) == ("path outside the artifact",
+                                                    "path outside the artifact (vocabulary)", True)
+    assert (attention.kind, attention.summary) == ("graph failed to load", "graph failed to load (step)")
+    assert "step.onnx" in attention.reason and attention.reason.startswith(str(scratch))  # ONNX Runtime's words
+    for r in report.refused:
+        shown = r.as_dict(details=False)
+        assert "path" not in shown and shown["reason"] == r.summary and shown["kind"] == r.kind
+        assert str(scratch) not in json.dumps(shown) and "onnx" not in json.dumps(shown).lower()
+        assert r.as_dict()["path"] == r.path and r.as_dict()["reason"] == r.reason
+    assert report.summaries() == {"attention_gpcm/2": "graph failed to load (step)",
+                                  "deep_gpcm/2": "path outside the artifact (vocabulary)"}
+    with pytest.raises(UnknownModel) as unknown:  # a pin of a refused version says why, in the same words
+        reg.get("attention_gpcm@2")
+    assert str(unknown.value).endswith("version '2' was refused: graph failed to load (step)"), str(unknown.value)

@@ -265,3 +265,52 @@ def test_the_ids_a_model_knows_page_by_page(root, serve):
         missing = http.get("/v1/models/nobody/ids")
         assert missing.status_code == 404 and missing.json()["field"] == "model"
         assert http.get("/v1/models/deep_gpcm@9/ids").status_code == 404
+
+
+USER, ADMIN = "user-key-5e1b0c8d7a", "admin-key-2f9a4c6e1d"
+REMOTE = {"X-Forwarded-For": "203.0.113.9"}  # uvicorn trusts it from 127.0.0.1: a client behind a local proxy
+
+
+def test_clients_that_are_not_admins_see_the_kind_of_fault_and_admins_the_details(root, serve, tmp_path):
+    """/readyz (open to anyone), /v1/models and a pin's 404 (any key): the refused artifact by name and the kind of
+    fault, no paths, no ONNX Runtime messages. Admins (an admin key; with no keys, a loopback client) see those too,
+    and the reload's 409 names the kind of fault in its detail (the details are in its `refused`)."""
+    (root / "deep_gpcm" / "2" / "step.onnx").write_bytes(b"not an onnx graph")
+    summary = "graph failed to load (step)"
+    with serve(Settings(artifacts_dir=root, api_keys=[USER], admin_keys=[ADMIN])) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
+        for headers in ({}, {"X-API-Key": USER}):
+            ready = http.get("/readyz", headers=headers)
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["refused"] == [{"model": "deep_gpcm", "version": "2", "reason": summary,
+                                                "kind": "graph failed to load", "kept": False, "serving": "1",
+                                                "outcome": "deep_gpcm serves version 1"}]
+            shown = [ready.text]
+            if headers:
+                listed = http.get("/v1/models", headers=headers)
+                assert listed.json()["refused"] == ready.json()["refused"], listed.text
+                assert listed.json()["errors"] == {"deep_gpcm/2": summary}
+                pinned = http.post("/v1/kt/deep_gpcm@2/predict", json={"student_id": "s", "question_ids": [1]},
+                                   headers=headers)
+                assert pinned.status_code == 404 and pinned.json()["detail"].endswith(f"was refused: {summary}")
+                shown += [listed.text, pinned.text]
+            for text in shown:
+                assert str(root) not in text and "step.onnx" not in text and "ONNXRuntime" not in text, text
+        admin = {"X-API-Key": ADMIN}
+        for path in ("/readyz", "/v1/models"):
+            (refused,) = http.get(path, headers=admin).json()["refused"]
+            assert refused["path"] == str(root / "deep_gpcm" / "2") and "step.onnx" in refused["reason"]
+        assert http.get("/v1/models", headers=admin).json()["errors"] == {
+            str(root / "deep_gpcm" / "2"): refused["reason"]}
+        reply = http.post("/v1/models/reload", headers=admin)
+        assert reply.status_code == 409 and f"deep_gpcm/2: {summary} (deep_gpcm serves version 1)" in (
+            reply.json()["detail"]), reply.text
+        assert str(root) not in reply.json()["detail"] and reply.json()["refused"][0]["path"] == refused["path"]
+    with serve(Settings(artifacts_dir=root)) as url, httpx.Client(base_url=url) as http:  # no keys
+        assert http.get("/readyz", headers=REMOTE).json()["refused"][0]["reason"] == summary
+        assert http.get("/readyz").json()["refused"][0]["path"] == refused["path"]  # loopback: the admin rule
+    with serve(Settings(artifacts_dir=tmp_path / "empty")) as url, httpx.Client(base_url=url) as http:
+        unready = http.get("/readyz", headers=REMOTE)
+        assert unready.status_code == 503 and str(tmp_path) not in unready.text, unready.text
+        assert "NEXTSTEP_ARTIFACTS_DIR" in unready.json()["detail"]
+        assert str(tmp_path / "empty") in http.get("/readyz").json()["detail"]
