@@ -143,7 +143,8 @@ def test_rebase_reaches_the_stepped_state_with_either_bank():
 @pytest.mark.parametrize("similarity", [DUAL, PEERS], ids=["dual", "peers"])
 def test_no_future_leak(similarity):
     """Nothing after t (question or response), nor the response at t, moves the prediction at t.
-    (1e-6, not bit-identical: block 4's scan rescales by a running maximum that later keys can raise.)"""
+    (2e-6 on logits near 1.5, not bit-identical: block 4's scan rescales by a running maximum that later keys can
+    raise, a few float32 roundings; 1.07e-6 was seen under load. A leak moves them by more than 1e-3, below.)"""
     m = make(similarity)
     kv = m.bank_keys(peer_banks(m))
     q, r = data(T=30)
@@ -154,7 +155,7 @@ def test_no_future_leak(similarity):
             q2[:, t + 1:] = 3
             r2[:, t:] = 1 - r2[:, t:]
             other = m(q2, r2, kv).logits
-            assert (other[:, :t + 1] - base[:, :t + 1]).abs().max() <= 1e-6
+            assert (other[:, :t + 1] - base[:, :t + 1]).abs().max() <= 2e-6
             if t < 29:
                 assert (other[:, t + 1:] - base[:, t + 1:]).abs().max() > 1e-3  # the test can fail
 
