@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
 
-.PHONY: help setup run demo demo-artifacts test test-cluster test-ray lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
+.PHONY: help setup run demo demo-artifacts test test-all test-slow test-cluster test-ray lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -25,9 +25,17 @@ demo:  ## train small models on generated data, export them, replay a learner th
 demo-artifacts:  ## rebuild the demo models bundled in nextstep/demo_artifacts (generated data, fixed seeds; ~40 s)
 	OMP_NUM_THREADS=1 $(BIN)/python -m nextstep.demo
 
-test:  ## lint and run the test suite (all but the Redis Cluster and Sentinel tests)
+test:  ## the fast tier, after every change: lint and every test but the slow and cluster ones
+	$(BIN)/ruff check .
+	$(BIN)/pytest -m "not slow and not cluster"
+
+test-all:  ## what CI runs: lint and every test, the slow tier and the Redis Cluster and Sentinel tests included
 	$(BIN)/ruff check .
 	$(BIN)/pytest -m "not cluster"
+	$(BIN)/pytest -m cluster tests/service/test_cluster.py
+
+test-slow:  ## the slow tier alone (whole training runs, spawned processes, load, fuzzing)
+	$(BIN)/pytest -m "slow and not cluster"
 
 test-cluster:  ## the state stores on a real Redis Cluster (6 servers) and Sentinel, failovers under load (~2 min)
 	$(BIN)/pytest -m cluster tests/service/test_cluster.py

@@ -303,6 +303,7 @@ def test_commands_that_need_torch_say_what_to_install(argv):
     assert "pip install -c constraints.txt torch --extra-index-url https://download.pytorch.org/whl/cpu" in line
 
 
+@pytest.mark.slow
 def test_training_progress_in_a_log_file_is_one_line_per_epoch(tmp_path):
     """Output to a file (no terminal): one line per epoch, no progress-bar carriage returns."""
     data = write_gpcm_dataset(tmp_path / "data", n_students=40, n_questions=10, seq_len_range=(10, 20), seed=1)
@@ -325,6 +326,7 @@ def test_training_progress_in_a_log_file_is_one_line_per_epoch(tmp_path):
     assert all("valid_nll" in line and "targets/s" in line for line in epochs)
 
 
+@pytest.mark.slow
 def test_training_progress_on_a_terminal_is_a_bar(tmp_path):
     """On a terminal the loop keeps tqdm's bar (carriage-return updates) besides the epoch lines."""
     import fcntl

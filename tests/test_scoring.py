@@ -131,6 +131,7 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_jsonl_parts_are_the_single_process_lines(ray_local, single, tmp_path, capsys):
     parts, by_id = single
     out = tmp_path / "scored"
@@ -142,6 +143,7 @@ def test_ray_jsonl_parts_are_the_single_process_lines(ray_local, single, tmp_pat
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_ray_parquet_parts_in_and_out_match_the_single_process_scores(ray_local, single, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -166,6 +168,7 @@ def test_ray_parquet_parts_in_and_out_match_the_single_process_scores(ray_local,
         sorted((json.loads(line) for line in by_id.values()), key=lambda r: r["student_id"])
 
 
+@pytest.mark.slow
 def test_ray_failure_names_the_student_and_keeps_the_previous_output(ray_local, tmp_path, capsys):
     good = _write_parts(tmp_path / "good", _students(6), 2)
     out = tmp_path / "scored"

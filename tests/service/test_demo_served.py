@@ -146,6 +146,7 @@ def rebuilt(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_the_bundle_is_rebuilt_from_the_same_generated_data_and_settings(rebuilt):
     for name in demo.MODELS:
         bundled = json.loads((demo.BUNDLED / name / demo.VERSION / "manifest.json").read_text())
@@ -161,6 +162,7 @@ def test_the_bundle_is_rebuilt_from_the_same_generated_data_and_settings(rebuilt
                 (demo.BUNDLED / name / demo.VERSION / vocab).read_text()
 
 
+@pytest.mark.slow
 def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
     """Training is seeded and single-threaded: the rebuilt models answer the README's examples as the bundle does
     (a bundle left stale by a change to training or export fails here: rebuild it with `make demo-artifacts`).
@@ -194,6 +196,7 @@ def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
         [r["item_id"] for r in answers["rebuilt"]["sessions"]["recommendations"]]
 
 
+@pytest.mark.slow
 def test_slimming_drops_only_debug_metadata(rebuilt):
     """The bundled graphs are the exported ones without per-node metadata: same nodes, same weights."""
     checked = 0

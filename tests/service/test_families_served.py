@@ -14,6 +14,8 @@ from nextstep.training.loop import TrainConfig
 from nextstep.training.run import load_model, train_model
 from nextstep.training.synthetic import write_gpcm_dataset
 
+pytestmark = pytest.mark.slow  # trains and serves every knowledge-tracing family (make test-all)
+
 # small sizes for whichever of these settings a family's config has
 TINY = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8, "embed_dim": 8, "n_heads": 2, "window": 4,
         "hidden": 8}

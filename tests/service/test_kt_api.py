@@ -67,6 +67,7 @@ def test_state_survives_a_restart(artifacts, redis_url, serve):
     assert after["predictions"] == before["predictions"]
 
 
+@pytest.mark.slow
 def test_no_lost_updates_and_replays_change_nothing(artifacts, store_url, serve):
     art, _ = artifacts
     clients, per_client = 50, 40

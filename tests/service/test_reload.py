@@ -111,6 +111,7 @@ class Client(threading.Thread):
                 i += 1
 
 
+@pytest.mark.slow
 def test_reload_refuses_broken_artifacts_under_load_and_what_was_serving_keeps_serving(root, redis_url, serve):
     stop = threading.Event()
     step_predict = (root / "deep_gpcm" / "2" / "step_predict.onnx").read_bytes()

@@ -32,6 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.service.conftest import add_model_version, served_versions
 
+pytestmark = pytest.mark.slow  # three replica processes behind HAProxy (make test-all)
+
 REPO = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO / "docker" / "haproxy" / "haproxy.cfg"
 EVENTS_ROUTE = "/v1/kt/{model}/events"

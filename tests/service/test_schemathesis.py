@@ -8,6 +8,8 @@ from hypothesis import HealthCheck, settings
 
 from nextstep.service.settings import Settings
 
+pytestmark = pytest.mark.slow  # property-based fuzzing of every route (make test-all)
+
 SCHEMA = schemathesis.openapi.from_path(Path(__file__).resolve().parents[2] / "openapi" / "openapi.json")
 
 

@@ -17,6 +17,8 @@ from nextstep.service.registry import ModelRegistry
 from nextstep.service.runtime import MicroBatcher
 from nextstep.service.settings import Settings
 
+pytestmark = pytest.mark.slow  # trains SimAKT and streams a thousand events per learner (make test-all)
+
 W = 64  # the test model's window
 
 

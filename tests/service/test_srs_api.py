@@ -456,6 +456,7 @@ def test_state_survives_a_restart_and_expires_after_two_idle_years_by_default(sr
     assert set(asyncio.run(ttls("*srs:time_aware:*")).values()) == {-1}
 
 
+@pytest.mark.slow
 def test_concurrent_reviews_are_all_applied_exactly_once(srs_model, store_url, serve):
     """50 clients post reviews for one user at once (with Redis: through two service instances, whose writes
     race on the compare-and-set); then all of them again, as replays."""
@@ -559,6 +560,7 @@ def srs_url(srs_model, serve):
         yield url
 
 
+@pytest.mark.slow
 @SCHEMA.include(path_regex="^/v1/srs/").parametrize()
 @hypothesis.settings(max_examples=25, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
 def test_no_server_errors_on_the_srs_routes(case, srs_url):

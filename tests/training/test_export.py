@@ -14,6 +14,8 @@ from nextstep.models.deep_gpcm import MODELS, DeepGPCM, GPCMConfig, GPCMOutput
 from nextstep.training.export import ENGINE_TOLERANCE, STEP_TOLERANCE, ParityError, export_artifact
 from nextstep.training.run import load_model
 
+pytestmark = pytest.mark.slow  # trains and exports every family (make test-all; the fast tier exports in fixtures)
+
 TINY = GPCMConfig(n_questions=20, memory_size=8, key_dim=8, value_dim=16, summary_dim=8, embed_dim=16,
                   n_heads=2, window=5)
 K = TINY.n_cats

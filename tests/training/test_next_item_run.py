@@ -12,6 +12,8 @@ from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
 from nextstep.training.next_item_run import evaluate_next_item, load_next_item, train_next_item
 from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
 
+pytestmark = pytest.mark.slow  # whole next-item runs for every family (make test-all)
+
 KEYS = ("recall@1", "recall@5", "recall@10", "recall@20", "mrr@20", "ndcg@20")
 
 

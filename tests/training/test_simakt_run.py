@@ -20,6 +20,8 @@ from nextstep.training.simakt_run import (
 )
 from nextstep.training.synthetic import write_problem_dataset
 
+pytestmark = pytest.mark.slow  # whole SimAKT runs with banks (make test-all)
+
 SIM = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
                                          {"type": "knn", "size": 10, "k_neighbors": 3}],
        "answer_heads": [{"type": "peers", "size": 8, "d_key": 8}]}

@@ -14,6 +14,8 @@ from nextstep.training.time_aware_export import INPUTS, TimeAwareExporter, expor
 from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict, split_validation
 from nextstep.training.time_aware_run import load_time_aware, parity_inputs, tuning_split
 
+pytestmark = pytest.mark.slow  # whole flashcard runs under the srs-benchmark protocol (make test-all)
+
 SMALL = {"d_model": 16, "ffn_dim": 32, "window": 24, "card_window": 6}
 
 
