@@ -161,14 +161,20 @@ def _read_until_closed(sock: socket.socket, limit: float) -> tuple[bytes, float]
     return received, time.monotonic() - started
 
 
+@contextmanager
+def _server(artifacts, **settings):
+    """The app under `nextstep serve`'s server with these settings; yields (host, port)."""
+    art, _ = artifacts
+    chosen = Settings(artifacts_dir=art, **settings)
+    config = served.config(create_app(chosen), chosen, host="127.0.0.1", port=0, lifespan="on", log_level="warning")
+    with running(config) as address:
+        yield address
+
+
 @pytest.fixture
 def deadline_server(artifacts):
-    """The app under `nextstep serve`'s server with 1-second read deadlines; yields (host, port)."""
-    art, _ = artifacts
-    settings = Settings(artifacts_dir=art, header_timeout_seconds=1.0, body_timeout_seconds=1.0)
-    config = served.config(create_app(settings), settings, host="127.0.0.1", port=0, lifespan="on",
-                           log_level="warning")
-    with running(config) as address:
+    """The server with 1-second read deadlines; yields (host, port)."""
+    with _server(artifacts, header_timeout_seconds=1.0, body_timeout_seconds=1.0) as address:
         yield address
 
 
@@ -316,12 +322,8 @@ def test_nextstep_serve_refuses_an_empty_admin_key_in_one_line(artifacts):
 
 @pytest.fixture
 def small_head_server(artifacts):
-    """The app under `nextstep serve`'s server with a 4096-byte limit on a request's head; yields (host, port)."""
-    art, _ = artifacts
-    settings = Settings(artifacts_dir=art, max_header_bytes=4096, header_timeout_seconds=5.0)
-    config = served.config(create_app(settings), settings, host="127.0.0.1", port=0, lifespan="on",
-                           log_level="warning")
-    with running(config) as address:
+    """The server with a 4096-byte limit on a request's head; yields (host, port)."""
+    with _server(artifacts, max_header_bytes=4096, header_timeout_seconds=5.0) as address:
         yield address
 
 
