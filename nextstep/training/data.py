@@ -111,9 +111,9 @@ class KTDataset:
 
 
 # the first bytes of compressed files: gzip is read, the others are named in the error
-MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
-         (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"\x04\x22\x4d\x18", "lz4"),
-         (b"7z\xbc\xaf\x27\x1c", "7z"))
+MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"),
+         (b"PK\x05\x06", "zip"), (b"\x04\x22\x4d\x18", "lz4"), (b"7z\xbc\xaf\x27\x1c", "7z"),
+         *((b"BZh%d" % level, "bzip2") for level in range(1, 10)))
 COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".bz2", ".xz", ".zip", ".lz4", ".7z")
 
 
@@ -553,15 +553,15 @@ def find_split_files(data_dir: str | os.PathLike) -> tuple[Path, Path, str, dict
     train, test = _named(files)
     if len(train) != 1 or len(test) != 1:
         raise ValueError(
-            f"{data_dir}: expected exactly one *train* and one *test* data file (or a single data file, split "
-            f"by learner), found train={[p.name for p in train]}, test={[p.name for p in test]} among "
+            f"{data_dir}: expected exactly one *train* and one *test* data file (or one data file named neither, "
+            f"split by learner), found train={[p.name for p in train]}, test={[p.name for p in test]} among "
             f"{[p.name for p in files]}"
         )
     fmt = detect_format(train[0])
     return train[0], test[0], fmt, _reader_kwargs(data_dir, train[0], fmt)
 
 
-_READERS = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer,
+READERS = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer,
             "long_csv": read_long_csv}
 ONE_INTERACTION_SHARE = 0.9  # a file where more learners than this have a single interaction is refused ...
 ONE_INTERACTION_MIN = 10  # ... once it has this many learners
@@ -606,7 +606,7 @@ def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[K
 
     The train and test files are found by name (`find_split_files`); a directory holding a single data file
     whose name says neither is split by learner (`_single_file_split`)."""
-    if fmt is not None and fmt not in _READERS:
+    if fmt is not None and fmt not in READERS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     data_dir = Path(data_dir)
     files = data_files(data_dir) if data_dir.is_dir() else []
@@ -620,7 +620,7 @@ def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[K
     used = detected
     if fmt is not None and fmt != detected:
         used, kwargs = fmt, _reader_kwargs(data_dir, train_path, fmt)
-    read = _READERS[used]
+    read = READERS[used]
     try:
         train = read(train_path, **kwargs)
         # K comes from the training file (or metadata): a test response outside it is a format error
