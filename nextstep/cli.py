@@ -462,8 +462,14 @@ ALL_OPTIONS = {  # the family-specific options of each command (a family's entry
 }
 TRUE = ("1", "true", "yes", "on")
 VERSION_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")  # a bank version: a folder name
-KT_FORMATS = ("three_line", "pykt", "dtransformer")
-SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
+DATA_HELP = {  # --data of train, by task
+    "knowledge_tracing": "data set directory holding *train* and *test* files (or a single data file, whose learners "
+                         "are split 80/20 by a hash of their id); plain or gzipped",
+    "next_item": "data set directory holding *_train_full and *_test files (or a single raw file, split by time); "
+                 "plain or gzipped",
+    "srs": "a review log (a review-log CSV, plain or gzipped; an Anki collection; a py-fsrs CSV) or a directory "
+           "holding one",
+}
 
 
 def _int_in(low: int, high: int | None = None):
@@ -485,46 +491,67 @@ def _above_zero(text: str) -> float:
     return value
 
 
+def _train_parser(parser: argparse.ArgumentParser, entry) -> None:
+    """`train NAME`'s options: those every family takes, then the family's own. The others are there too, hidden
+    from its help, so that giving one is refused by name (`_options`, `_config`) rather than as unrecognised."""
+    def own(takes: bool, *flags: str, help: str, **kwargs) -> None:
+        parser.add_argument(*flags, help=help if takes else argparse.SUPPRESS,
+                            **{k: v for k, v in kwargs.items() if takes or k != "choices"})
+
+    parser.add_argument("--data", required=True, help=f"{DATA_HELP[entry.task]}; formats read: "
+                                                      f"{', '.join(entry.formats)} (detected)")
+    parser.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION); it is written only when "
+                                      "the run is complete (until then the run's files are in .OUT.partial-PID "
+                                      "beside it, removed if the run stops)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the artifact already in --out (by the new one, once it is complete)")
+    own("format" in entry.train_options, "--format", choices=entry.formats,
+        help="the data format, where detection is wrong")
+    flags = entry.flags
+    own("epochs" in flags, "--epochs", type=_int_in(1),
+        help="training epochs, an upper bound where the family stops early (default: its config's)")
+    own("seed" in flags, "--seed", type=int, help="random seed of the run (default: its config's, 0)")
+    own("loss" in flags, "--loss", help="training loss: cross-entropy, bpr or bpr-max")
+    options = entry.train_options
+    own("valid" in options, "--valid", action="store_true",
+        help="train on *_train_tr and evaluate on *_train_valid (tuning; test unread)")
+    own("day_columns" in options, "--day-columns", choices=["check", "ignore", "trust"],
+        help="a review-log CSV's day_offset/elapsed_days columns are checked against the times (default), "
+             "recomputed from the times (ignore), or taken as they are (trust)")
+    own("duration_cap_s" in options, "--duration-cap-s", type=_above_zero,
+        help="the app's answer-time cap in seconds, when the CSV cannot say (Anki: 60 by default; capped answers "
+             "are left out of the duration error)")
+    own("similarity_config" in options, "--similarity-config",
+        help="JSON or YAML file of block 3's inter-student heads (FILE#name picks one of several); default: none, "
+             "the DTransformer baseline")
+    own("device" in flags, "--device", help="torch device to train on (default cpu)")
+    parser.add_argument("--config", help="JSON file of training config fields (model overrides under 'model')")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=cmd_train)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nextstep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # the table stays
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train a model on a data set directory, evaluate it, export it")
-    train.add_argument("model", choices=sorted(FAMILIES), metavar="MODEL",
-                       help="; ".join(f"{f.name}: {f.help}" for f in FAMILIES.values()))
-    train.add_argument("--data", required=True, help="data set directory holding *train* and *test* files")
-    train.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION); it is written only when "
-                                     "the run is complete (until then the run's files are in .OUT.partial-PID "
-                                     "beside it, removed if the run stops)")
-    train.add_argument("--force", action="store_true",
-                       help="replace the artifact already in --out (by the new one, once it is complete)")
-    train.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
-    train.add_argument("--epochs", type=_int_in(1),
-                       help="training epochs, an upper bound where the family stops early (default: its config's)")
-    train.add_argument("--seed", type=int, help="random seed of the run (default: its config's, 0)")
-    train.add_argument("--loss", help="next-item training loss (gru4rec: cross-entropy, bpr, bpr-max)")
-    train.add_argument("--valid", action="store_true",
-                       help="next-item: train on *_train_tr and evaluate on *_train_valid (tuning; test unread)")
-    train.add_argument("--day-columns", choices=["check", "ignore", "trust"],
-                       help="time_aware: a review-log CSV's day_offset/elapsed_days columns are checked against the "
-                            "times (default), recomputed from the times (ignore), or taken as they are (trust)")
-    train.add_argument("--duration-cap-s", type=_above_zero,
-                       help="time_aware: the app's answer-time cap in seconds, when the CSV cannot say (Anki: 60 "
-                            "by default; capped answers are left out of the duration error)")
-    train.add_argument("--similarity-config",
-                       help="simakt: JSON or YAML file of block 3's inter-student heads (FILE#name picks one of "
-                            "several); default: none, the DTransformer baseline")
-    train.add_argument("--device", help="simakt: torch device to train on (default cpu)")
-    train.add_argument("--config", help="JSON file of training config fields (model overrides under 'model')")
-    train.add_argument("--quiet", action="store_true", help="no progress bars")
-    train.set_defaults(func=cmd_train)
+    train = sub.add_parser("train", help="train a model on a data set directory, evaluate it, export it",
+                           description="Train a registered family on a data set, evaluate it on held-out data, "
+                                       "export it. `nextstep train MODEL --help` lists that family's options and "
+                                       "the data formats it reads.")
+    models = train.add_subparsers(dest="model", required=True, metavar="MODEL", help="the family to train:")
+    for entry in FAMILIES.values():
+        _train_parser(models.add_parser(entry.name, help=entry.help, description=f"Train {entry.name}: "
+                                        f"{entry.help}. Data formats: {', '.join(entry.formats)}."), entry)
 
+    evaluate_formats = list(dict.fromkeys(f for e in FAMILIES.values() if "format" in e.evaluate_options
+                                          for f in e.formats))
     evaluate = sub.add_parser("evaluate", help="re-measure an artifact on a data set's test file")
     evaluate.add_argument("artifact", help="artifact directory (the --out of train)")
     evaluate.add_argument("--data", required=True,
                           help="data set directory: its *test* file is scored (*_train_valid with --valid)")
-    evaluate.add_argument("--format", choices=[*KT_FORMATS, *SESSION_FORMATS], help="override detection")
+    evaluate.add_argument("--format", choices=evaluate_formats,
+                          help="override detection (the formats of the artifact's family: see train MODEL --help)")
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")
     evaluate.add_argument("--max-len", type=_int_in(1), help="score chunks of this length, each from a fresh state")
     evaluate.add_argument("--banks", help="simakt: the bank version to use (default: the one exported with it)")

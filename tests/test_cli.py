@@ -235,6 +235,94 @@ def test_binary_data_gets_an_auc(tmp_path):
     assert "auc" in manifest["metrics"]["valid"]
 
 
+# -- the long format: one interaction per row, ids as text, gzip ------------------------------------------------
+
+SMALL_DKT = {"model": {"hidden": 16, "embed_dim": 8}}
+
+
+def test_a_data_set_in_the_long_format_trains_to_the_same_metrics_as_in_its_own(tmp_path):
+    """The same three-line data set as a gzipped long CSV with text ids ("q101") trains to the same metrics and
+    weights with the same seed; the log names the format read. (With the same ids the long CSV reads as the very
+    same sequences: tests/training/test_data.py.)"""
+    import torch
+
+    from nextstep.training.data import load_dataset, write_long_csv
+
+    native = tmp_path / "native"
+    _write_binary(native)
+    train, test = load_dataset(native)
+    (tmp_path / "text").mkdir()
+    write_long_csv(train, tmp_path / "text" / "x_train.csv.gz", question_prefix="q")
+    write_long_csv(test, tmp_path / "text" / "x_test.csv.gz", question_prefix="q")
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(SMALL_DKT))
+    runs = {}
+    for name in ("native", "text"):
+        out = tmp_path / f"out_{name}"
+        code, printed = _train(["train", "dkt", "--data", str(tmp_path / name), "--out", str(out), "--epochs", "2",
+                                "--seed", "3", "--config", str(config), "--quiet"])
+        assert code == 0
+        runs[name] = (json.loads((out / "manifest.json").read_text()), printed,
+                      json.loads((out / "vocab_questions.json").read_text())["ids"],
+                      torch.load(out / "weights.pt", weights_only=False))
+    manifest, printed, ids, weights = runs["native"]
+    assert "read as three_line: 20 training and 6 test sequences" in printed
+    assert ids == [101, 102, 103, 104, 105]
+    other, other_printed, other_ids, other_weights = runs["text"]
+    assert other["metrics"] == manifest["metrics"]
+    assert other_ids == [f"q{i}" for i in ids]  # what the service matches question ids against
+    state, other_state = weights["state_dict"], other_weights["state_dict"]
+    assert state.keys() == other_state.keys() and all(torch.equal(state[k], other_state[k]) for k in state)
+    assert "read as long_csv (gzip): 20 training and 6 test sequences" in other_printed
+    assert other["data"]["format"] == "long_csv" and other["data"]["compression"] == "gzip"
+    assert other["data"]["columns"]["learner"] == "learner_id"
+
+
+def test_a_file_of_one_row_per_learner_is_one_line_saying_why(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    header = "user_id,item_id,correct,time\n"
+    (data / "log_train.csv").write_text(header + "".join(f"row{i},q{i % 4},1,{i}\n" for i in range(30)))
+    (data / "log_test.csv").write_text(header + "u,q1,1,1\nu,q2,0,2\n")
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "dkt", "--data", str(data), "--out", str(out), "--quiet"])
+    message = str(caught.value.code)
+    assert "30 of 30 learners have a single interaction: this looks like one row per learner" in message
+    assert "column 'user_id'" in message and "\n" not in message
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+@pytest.mark.parametrize("model, listed, not_listed, has_format", [
+    ("dkt", ["three_line", "pykt", "dtransformer", "long_csv"], ["gru4rec", "diginetica", "review_csv"], True),
+    ("deep_gpcm", ["long_csv"], ["gru4rec"], True),
+    ("gru4rec", ["gru4rec", "diginetica", "csv"], ["long_csv", "three_line", "py_fsrs"], True),
+    ("simakt", ["three_line", "long_csv"], ["gru4rec"], False),  # detected; it takes no --format
+    ("time_aware", ["review_csv", "py_fsrs", "anki"], ["long_csv", "gru4rec"], False),
+])
+def test_each_familys_help_lists_only_the_formats_it_takes(model, listed, not_listed, has_format, capsys):
+    """`--format csv` was listed in `train --help` for every model but refused for knowledge tracing."""
+    with pytest.raises(SystemExit) as caught:
+        main(["train", model, "--help"])
+    assert caught.value.code == 0
+    text = capsys.readouterr().out
+    assert all(f in text for f in listed), text
+    assert not any(f in text for f in not_listed), text
+    assert ("--format" in text) == has_format
+    # what the help leaves out is still refused by name, not as an unrecognised argument
+    assert ("--valid" in text) == (model == "gru4rec") and ("--similarity-config" in text) == (model == "simakt")
+
+
+def test_a_format_the_family_does_not_take_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "dkt", "--data", str(tmp_path), "--format", "csv"])
+    assert caught.value.code == 2
+    assert "argument --format: invalid choice: 'csv' (choose from 'three_line', 'pykt', 'dtransformer', " \
+           "'long_csv')" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--format: not an option of train simakt"):
+        main(["train", "simakt", "--data", str(tmp_path), "--format", "pykt"])
+
+
 # -- faults a user meets first: a wrong model name, no torch, progress in a log file ---------------------------
 
 ROOT = Path(__file__).resolve().parents[1]

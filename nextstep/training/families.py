@@ -11,7 +11,8 @@ and no entry imports another family's code):
   signatures are the task's own). A run shared by several families takes them from the entry of the family it
   runs: the knowledge-tracing run all four, the next-item run its reader and metrics (GRU4Rec's and MRN's batcher
   and loss sit inside their own fit). A family's own run (SimAKT, time-aware) uses its parts directly;
-- which command-line options apply, and the keyword each becomes.
+- which command-line options apply, and the keyword each becomes, and the data formats its reader takes (what
+  `nextstep train NAME --help` lists).
 
 The CLI's `train`, `evaluate` and `export` are built from this table. A new family is a model file, an entry
 here, a config and its tests.
@@ -27,6 +28,11 @@ from pathlib import Path
 from typing import get_type_hints
 
 KT_RUN = "nextstep.training.run"
+# the formats of each reader, as its module names them (data.FORMATS, sessions.SESSION_FORMATS, the review readers'
+# meta["format"]); written out here so that `nextstep --help` imports neither numpy nor torch
+KT_FORMATS = ("three_line", "pykt", "dtransformer", "long_csv")
+SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
+REVIEW_FORMATS = ("review_csv", "py_fsrs", "anki")
 PARTS = ("reader", "batcher", "loss", "metrics")
 # config fields that come from the data or other files, never from --config
 DERIVED = {"n_questions", "n_cats", "n_items", "n_skills", "n_problems", "similarity"}
@@ -71,6 +77,7 @@ class Family:
     batcher: str | None  # "module:function" cutting training data into the batches of train_epochs
     loss: str | None  # "module:function" (or "module:Class.method") of the loss minimised
     metrics: str | None  # "module:function" scoring predictions on held-out data
+    formats: tuple[str, ...] = ()  # the data formats its reader reads (detected; --format, where it takes one, picks)
     named: bool = True  # train takes the family name as its first argument
     train_options: dict = field(default_factory=dict)  # CLI option -> keyword of train, or (keyword, "module:
     # function" turning the option's value into the keyword's)
@@ -146,7 +153,7 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
                   reader="nextstep.training.data:load_dataset", batcher="nextstep.training.loop:batches",
                   # (TrainConfig.loss, n_cats) -> the loss; its CORAL term takes a model's cumulative logits if any
                   loss="nextstep.training.losses:CombinedLoss.from_spec",
-                  metrics="nextstep.training.metrics:ordinal_metrics",
+                  metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS,
                   train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"},
                   restorer=restorer)
 
@@ -157,7 +164,7 @@ def _next_item(name: str, model: str, config: str, train_config: str, help: str,
                   "nextstep.training.next_item_export:NextItemExporter",
                   "nextstep.training.next_item_run:evaluate_next_item", help,
                   reader="nextstep.training.sessions:load_session_split", batcher=batcher, loss=loss,
-                  metrics="nextstep.training.ranking:evaluate_sessions", restorer=restorer,
+                  metrics="nextstep.training.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
                   train_options={"format": "fmt", "valid": "valid"},
                   evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags)
 
@@ -183,7 +190,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            reader="nextstep.training.data:load_dataset", batcher="nextstep.training.loop:batches",
            # the prediction loss; training adds the problem L2 and, with lambda_cl, the contrastive loss
            loss="torch.nn.functional:binary_cross_entropy_with_logits",
-           metrics="nextstep.training.simakt_run:binary_metrics",
+           metrics="nextstep.training.simakt_run:binary_metrics", formats=KT_FORMATS,
            named=False, evaluate_options={"banks": "bank_version"}, flags=("epochs", "seed", "device"), progress=None,
            train_options={"similarity_config": ("similarity", "nextstep.training.simakt_run:load_similarity")},
            user_error="nextstep.models.simakt:ConfigError"),
@@ -210,7 +217,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            reader="nextstep.training.reviews:read_reviews",
            batcher="nextstep.training.time_aware_loop:ReviewTensors.batch",
            loss="nextstep.models.time_aware:coral_loss", metrics="nextstep.training.srs_eval:evaluate_predictions",
-           named=False, flags=("seed",), restorer="nextstep.training.time_aware_export:restore_time_aware",
+           formats=REVIEW_FORMATS, named=False, flags=("seed",),
+           restorer="nextstep.training.time_aware_export:restore_time_aware",
            train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
            evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"}),
 )}

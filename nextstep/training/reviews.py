@@ -10,7 +10,8 @@ Three sources, each read into a `ReviewLog` (users contiguous, each user's revie
 * an Anki collection -- ``collection.anki2``, the SQLite file itself (not a zipped .colpkg/.apkg),
   opened read-only. `read_anki_collection`.
 
-`read_reviews` picks the reader for a file or a data set directory.
+`read_reviews` picks the reader for a file or a data set directory. The CSVs may be gzipped (found by their
+first bytes); another compression is refused, naming it.
 
 Days. ``elapsed_days`` counts scheduler days, not 24-hour periods: a day starts at a fixed hour, and a
 review's day is the number of such boundaries passed since the user's day 0 (``day_offset``). Each reader
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DataFormatError
+from .data import DataFormatError, base_name, open_text
 
 STATE_UNKNOWN = -1  # state column absent (py-fsrs logs)
 STATE_NEW, STATE_LEARNING, STATE_REVIEW, STATE_RELEARNING = 0, 1, 2, 3
@@ -266,7 +267,7 @@ def read_review_csv(path: str | os.PathLike, *, day_columns: str = "check", time
     cols: dict[str, list] = {k: [] for k in ("user", "card", "deck", "time", "rating", "state", "duration",
                                               "day", "elapsed", "line")}
     ms_unit, unit_line = (None if time_unit == "auto" else time_unit == "ms"), 0
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         reader = csv.reader(f)
         header = _header(path, reader, REVIEW_CSV_REQUIRED)
         has = {c: c in header for c in REVIEW_CSV_OPTIONAL}
@@ -416,7 +417,7 @@ def read_py_fsrs_csv(path: str | os.PathLike, user_id: str = "0", *, day_start_h
     """
     path = Path(path)
     card, time, rating, duration, lines = [], [], [], [], []
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         reader = csv.reader(f)
         header = _header(path, reader, PY_FSRS_REQUIRED)
         has_duration = "review_duration" in header
@@ -573,18 +574,19 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
 
 
 def _csv_header(path: Path) -> list[str]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         return [h.strip() for h in next(csv.reader(f), [])]
 
 
 def _pick_review_file(data_dir: Path) -> Path:
-    if (data_dir / "revlogs.csv").is_file():
-        return data_dir / "revlogs.csv"
+    for name in ("revlogs.csv", "revlogs.csv.gz"):
+        if (data_dir / name).is_file():
+            return data_dir / name
     files = sorted(p for p in data_dir.iterdir() if p.is_file() and not p.name.startswith("."))
     collections = [p for p in files if p.suffix.lower() == ".anki2"]
     if len(collections) == 1:
         return collections[0]
-    fsrs = [p for p in files if p.suffix.lower() == ".csv" and set(PY_FSRS_REQUIRED) <= set(_csv_header(p))]
+    fsrs = [p for p in files if base_name(p).lower().endswith(".csv") and set(PY_FSRS_REQUIRED) <= set(_csv_header(p))]
     if not collections and len(fsrs) == 1:
         return fsrs[0]
     raise FileNotFoundError(f"{data_dir}: expected revlogs.csv, one *.anki2 collection or one py-fsrs CSV; "
@@ -596,11 +598,11 @@ def read_reviews(path: str | os.PathLike, *, user_id: str = "0", day_columns: st
                  duration_cap_s: float | None = None) -> ReviewLog:
     """Read reviews from a file or a data set directory, choosing the reader.
 
-    A directory: its ``revlogs.csv`` if present, else its one ``*.anki2`` collection, else its one CSV in
-    the py-fsrs format. A file: a SQLite file is an Anki collection; a CSV is the review-log CSV or a py-fsrs
-    log as its header says. user_id names the user of single-user sources (Anki, py-fsrs); day_columns and
-    duration_cap_s (the app's answer-time cap, when the CSV cannot say) apply to the review-log CSV,
-    day_start_hour and utc_offset_hours wherever days are computed.
+    A directory: its ``revlogs.csv`` (or ``revlogs.csv.gz``) if present, else its one ``*.anki2`` collection,
+    else its one CSV in the py-fsrs format. A file: a SQLite file is an Anki collection; a CSV (plain or
+    gzipped) is the review-log CSV or a py-fsrs log as its header says. user_id names the user of single-user
+    sources (Anki, py-fsrs); day_columns and duration_cap_s (the app's answer-time cap, when the CSV cannot
+    say) apply to the review-log CSV, day_start_hour and utc_offset_hours wherever days are computed.
     """
     path = Path(path)
     if path.is_dir():

@@ -64,6 +64,8 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
     train_ds, test_ds = read(data_dir, fmt)
+    if log:
+        say(describe_data(train_ds, test_ds))
     unmeasured = ORDINAL_ONLY if train_ds.n_cats == 2 else BINARY_ONLY
     if cfg.monitor in unmeasured:  # found before training, not as a KeyError after its first epoch
         raise ValueError(f"monitor {cfg.monitor!r} is not measured on data with {train_ds.n_cats} response "
@@ -96,7 +98,7 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     metrics = {"test": {**score(test_pred["probs"], test_pred["targets"]), **unknown_share(test_enc)},
                "valid": {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}}
     truth = data_dir / "true_irt_parameters.json"
-    if truth.exists() and "theta" in test_pred:  # a model with IRT outputs
+    if truth.exists() and "theta" in test_pred and vocab.numeric:  # IRT outputs; the truth's item ids are integers
         metrics["irt_recovery"] = irt_recovery(model, vocab, truth, test_pred)
     write_report(out_dir / "report", metrics, history, test_pred["probs"], test_pred["targets"])
 
@@ -109,7 +111,7 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
         "data": {"dir": str(data_dir), "format": train_ds.fmt, "train_file": train_ds.path,
                  "test_file": test_ds.path, "fingerprint": fingerprint(train_ds.path, test_ds.path),
                  "n_train_students": len(fit_ds), "n_valid_students": len(valid_ds),
-                 "n_test_students": len(test_ds), "n_cats": train_ds.n_cats},
+                 "n_test_students": len(test_ds), "n_cats": train_ds.n_cats, **data_notes(train_ds, test_ds)},
         "responses": {"n_cats": train_ds.n_cats},
         "metrics": metrics,
         "train_config": asdict(cfg),
@@ -122,6 +124,34 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
                                parity_questions=parity_q, parity_responses=parity_r)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)  # weights.pt holds the best weights
     return manifest
+
+
+def data_notes(train: KTDataset, test: KTDataset) -> dict:
+    """How the data was read, beyond its format (the manifest's `data` holds them): the long format's columns,
+    replays dropped, gzip, a one-file split. Empty for a plain three-line, pykt or DTransformer data set."""
+    notes = {**test.notes, **train.notes}
+    replays = train.notes.get("replays_dropped", 0) + test.notes.get("replays_dropped", 0)
+    if replays:
+        notes["replays_dropped"] = replays
+    if "gzip" in (train.notes.get("compression"), test.notes.get("compression")):
+        notes["compression"] = "gzip"
+    return notes
+
+
+def describe_data(train: KTDataset, test: KTDataset) -> str:
+    """The log's line on the data: the files, the format they were read as, and how."""
+    notes = data_notes(train, test)
+    files = train.path if train.path == test.path else f"{train.path} and {test.path}"
+    line = (f"data: {files} read as {train.fmt}{' (gzip)' if 'compression' in notes else ''}: {len(train)} "
+            f"training and {len(test)} test sequences, {train.n_interactions + test.n_interactions} interactions, "
+            f"K = {train.n_cats}")
+    if "columns" in notes:
+        line += "; columns " + ", ".join(f"{role} {name!r}" for role, name in notes["columns"].items())
+    if "replays_dropped" in notes:
+        line += f"; {notes['replays_dropped']} rows dropped as replays of an event id"
+    if "split" in notes:
+        line += f"; {notes['split']}"
+    return line
 
 
 def _parity_batch(seqs: list[Encoded], length: int, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

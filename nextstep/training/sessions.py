@@ -8,7 +8,8 @@ in time order, sessions ordered by their first event's time):
 * ``csv``        -- any CSV with named session, item and time columns (``--session-col`` etc.).
 
 Item ids are integers (as in all three sources); a malformed row raises `DataFormatError` naming the
-file, line and column. Raw item ids map to model rows through `data.Vocabulary` (row 0 padding, row 1
+file, line and column. A file may be gzipped (``rsc15_train_full.tsv.gz``; found by its first bytes); another
+compression is refused, naming it. Raw item ids map to model rows through `data.Vocabulary` (row 0 padding, row 1
 unknown, both never recommended).
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DataFormatError, Vocabulary
+from .data import DataFormatError, Vocabulary, base_name, open_text
 
 SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 
@@ -83,7 +84,7 @@ def _read_rows(path: Path, columns: tuple[str, str, str], delimiter: str, parse_
     session_col, item_col, time_col = columns
     sessions: dict[str, int] = {}
     keys, items, times = [], [], []
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, None)
         if header is None:
@@ -134,7 +135,7 @@ def read_csv(path: str | os.PathLike, session_col: str = "session_id", item_col:
              time_col: str = "time", delimiter: str = ",") -> SessionData:
     """A CSV with named columns; times are numbers (unix seconds) or ISO 8601 timestamps."""
     path = Path(path)
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         header = [h.strip() for h in next(csv.reader(f, delimiter=delimiter), [])]
     ti = header.index(time_col) if time_col in header else 0
 
@@ -156,8 +157,13 @@ def write_gru4rec_tsv(data: SessionData, path: str | os.PathLike) -> None:
                 f.write(f"{name}\t{data.items[j]}\t{data.times[j]:.3f}\n")
 
 
+def _stem(path: Path) -> str:
+    """A file's name without its extension and compression suffix: ``x_train_full.tsv.gz`` -> ``x_train_full``."""
+    return Path(base_name(path)).stem
+
+
 def _find(data_dir: Path, suffix: str) -> Path:
-    found = sorted(p for p in data_dir.iterdir() if p.is_file() and p.stem.endswith(suffix))
+    found = sorted(p for p in data_dir.iterdir() if p.is_file() and _stem(p).endswith(suffix))
     if len(found) != 1:
         raise FileNotFoundError(f"{data_dir}: expected one file named *{suffix}.*, found "
                                 f"{[p.name for p in found] or 'none'}")
@@ -172,7 +178,7 @@ def load_session_split(data_dir: str | os.PathLike, valid: bool = False, fmt: st
     starting in the last 10% of the time span are the test sessions."""
     data_dir = Path(data_dir)
     files = sorted(p for p in data_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-    if any(p.stem.endswith("_train_full") for p in files):
+    if any(_stem(p).endswith("_train_full") for p in files):
         names = ("_train_tr", "_train_valid") if valid else ("_train_full", "_test")
         train, test = (_find(data_dir, n) for n in names)
         reader = _reader(fmt or "gru4rec", csv_columns)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +21,11 @@ from nextstep.training.data import (
     find_split_files,
     load_dataset,
     read_dtransformer,
+    read_long_csv,
     read_pykt_csv,
     read_three_line,
     split_students,
+    write_long_csv,
 )
 
 
@@ -280,6 +286,211 @@ def test_vocabulary_round_trip_and_unknown():
     assert restored == vocab and restored.encode(np.array([20])).tolist() == [3]
     assert Vocabulary([]).encode(np.array([1, 2])).tolist() == [1, 1] and len(Vocabulary([])) == 2
     assert Vocabulary([7, 3]).encode(np.array([3, 7])).tolist() == [3, 2]  # index follows ids order
+
+
+def test_text_ids_are_numbered_in_natural_order_and_matched_as_the_service_matches_them():
+    vocab = Vocabulary.build(np.array(["q12", "q7", "b", "q7", "q100", "a2"]))
+    assert vocab.ids == ["a2", "b", "q7", "q12", "q100"]  # digit runs compare as numbers
+    assert vocab.encode(np.array(["q12", "q1", "b"])).tolist() == [5, 1, 3]
+    assert Vocabulary.from_json(vocab.to_json()) == vocab
+    # an id is its text: 12 and "12" are the same id, "012" another, in a text or an integer vocabulary
+    text = Vocabulary(["12", "x"])
+    assert text.encode(np.array([12, 5])).tolist() == [2, 1]
+    numbers = Vocabulary.build([12, 3])
+    assert numbers.ids == [3, 12] and numbers.numeric and not text.numeric
+    assert numbers.encode(np.array(["12", "012", "3", "x"])).tolist() == [3, 1, 2, 1]
+    with pytest.raises(ValueError, match="unique"):
+        Vocabulary([12, "12"])
+
+
+# ----------------------------------------------------------------------------- the long format
+
+
+def test_long_csv_groups_learners_sorts_by_time_and_keeps_text_ids(tmp_path):
+    path = write(tmp_path / "log.csv", (
+        "user_id,item_id,score,time,skill_id,event_id\n"
+        "u2,q7,1,300,algebra,e1\n"
+        "u1,q12,0,200,,e2\n"
+        "u2,q12,0,100,algebra,e3\n"
+        "u1,q7,1,200,geometry,e4\n"   # the same time as u1's first row: file order
+        "u2,q9,1,300,algebra,e5\n"    # the same time as u2's row of line 2
+        "u2,q9,1,301,algebra,e5\n"    # a replay of u2's event e5: dropped
+        "u1,q7,2,250,geometry,e5\n"   # e5 again, but u1's: kept
+    ))
+    ds = read_long_csv(path)
+    assert (ds.fmt, ds.n_cats, ds.n_interactions) == ("long_csv", 3, 6)
+    u2, u1 = ds.sequences  # ordered by first interaction: u2's at 100, u1's at 200
+    assert (u2.student_id, u1.student_id) == ("u2", "u1")
+    assert u2.questions.tolist() == ["q12", "q7", "q9"] and u2.responses.tolist() == [0, 1, 1]
+    assert u1.questions.tolist() == ["q12", "q7", "q7"] and u1.responses.tolist() == [0, 1, 2]
+    assert u1.skills.tolist() == ["", "geometry", "geometry"]
+    assert ds.notes == {"columns": {"learner": "user_id", "question": "item_id", "response": "score",
+                                    "time": "time", "skill": "skill_id", "event": "event_id"},
+                        "replays_dropped": 1}
+
+
+def test_long_csv_row_order_does_not_matter(tmp_path):
+    rows = ["s1,3,1,10", "s1,1,0,11", "s2,2,1,5", "s2,3,0,20", "s1,2,1,12", "s3,1,1,7"]
+    first = read_long_csv(write(tmp_path / "a.csv", "learner_id,question_id,correct,timestamp\n" + "\n".join(rows)))
+    again = read_long_csv(write(tmp_path / "b.csv", "learner_id,question_id,correct,timestamp\n"
+                                + "\n".join(reversed(rows))))
+    for ds in (first, again):
+        assert [s.student_id for s in ds.sequences] == ["s2", "s3", "s1"]
+        assert [s.questions.tolist() for s in ds.sequences] == [[2, 3], [1], [3, 1, 2]]
+
+
+@pytest.mark.parametrize(("ids", "dtype", "expected"), [
+    (["12", "7", "-3"], np.int64, [12, 7, -3]),  # integers as written: the int ids of the other formats
+    (["12", "07", "3"], str, ["12", "07", "3"]),  # "07" is not the integer 7: all of the file's ids stay text
+    (["12", "x", "3"], str, ["12", "x", "3"]),
+    (["1", "99999999999999999999", "2"], str, ["1", "99999999999999999999", "2"]),  # beyond int64: text
+])
+def test_long_csv_ids_are_integers_only_when_every_one_is(tmp_path, ids, dtype, expected):
+    text = "student_id,problem_id,correct,order_id\n" + "".join(f"s,{q},1,{i}\n" for i, q in enumerate(ids))
+    (s,) = read_long_csv(write(tmp_path / "x.csv", text)).sequences
+    assert s.questions.dtype.kind == np.dtype(dtype).kind and s.questions.tolist() == expected
+
+
+def test_long_csv_header_names_iso_times_tabs_and_a_byte_order_mark(tmp_path):
+    text = "\ufeffAnon Student Id\tQuestion-ID\tCorrect\tStart Time\n" \
+           "a\tq1\t1.0\t2024-03-02T10:00:00\na\tq2\t0\t2024-03-02T09:00:00+00:00\n"
+    ds = read_long_csv(write(tmp_path / "x.tsv", text))
+    assert ds.sequences[0].questions.tolist() == ["q2", "q1"] and ds.sequences[0].responses.tolist() == [0, 1]
+    assert ds.notes["columns"] == {"learner": "Anon Student Id", "question": "Question-ID", "response": "Correct",
+                                   "time": "Start Time"}
+
+
+@pytest.mark.parametrize(("text", "line_no", "expected"), [
+    ("user_id,item_id,correct\nu,1,1\n", 1, "a header with learner, question, response and time columns "
+                                            "(missing time: timestamp / time / start_time...)"),
+    ("user_id,item_id,correct,time\nu,1,1,5\n,2,1,6\n", 3, "a learner id (column 'user_id')"),
+    ("user_id,item_id,correct,time\nu,,1,5\n", 2, "a question id (column 'item_id')"),
+    ("user_id,item_id,correct,time\nu,1,0.5,5\n", 2, "an integer response (column 'correct')"),
+    ("user_id,item_id,correct,time\nu,1,-1,5\n", 2, "a response >= 0 (column 'correct')"),
+    ("user_id,item_id,correct,time\nu,1,1,noon\n", 2, "a number or an ISO 8601 time (column 'time')"),
+    ("user_id,item_id,correct,time\nu,1,1,nan\n", 2, "a number or an ISO 8601 time (column 'time')"),
+    ("user_id,item_id,correct,time\nu,1,1\n", 2, "4 columns"),
+    ("user_id,item_id,correct,time\n", 2, "at least one interaction"),
+])
+def test_long_csv_errors_name_file_line_and_column(tmp_path, text, line_no, expected):
+    with pytest.raises(DataFormatError) as exc:
+        read_long_csv(write(tmp_path / "bad_train.csv", text))
+    assert_error(exc, "bad_train.csv", line_no, expected)
+
+
+def test_long_csv_test_responses_are_checked_against_the_training_k(tmp_path):
+    write(tmp_path / "x_train.csv", "user_id,item_id,correct,time\nu,a,1,1\nu,b,0,2\n")
+    write(tmp_path / "x_test.csv", "user_id,item_id,correct,time\nv,a,1,1\nv,b,2,2\n")
+    with pytest.raises(DataFormatError) as exc:
+        load_dataset(tmp_path)
+    assert_error(exc, "x_test.csv", 3, "a response in 0..1 (column 'correct')")
+
+
+def test_detect_format_tells_pykt_from_long_and_names_both_otherwise(tmp_path):
+    assert detect_format(write(tmp_path / "a.csv", "learner_id,question_id,correct,timestamp\n1,2,1,3\n")) == \
+        "long_csv"
+    assert detect_format(write(tmp_path / "b.csv", 'uid,questions,responses\n1,"1,2","0,1"\n')) == "pykt"
+    with pytest.raises(DataFormatError, match="a pykt header .* or a long-format one"):
+        detect_format(write(tmp_path / "c.csv", "who,what\n1,2\n"))
+
+
+def test_a_file_of_one_interaction_per_learner_is_refused_saying_why(tmp_path):
+    """A pykt-style file of one interaction per row trained as thousands of one-interaction students."""
+    rows = "".join(f"{i},{i % 5},{i % 2},{i}\n" for i in range(40))  # the learner column is a row number
+    write(tmp_path / "x_train.csv", "learner_id,question_id,correct,timestamp\n" + rows)
+    write(tmp_path / "x_test.csv", "learner_id,question_id,correct,timestamp\n1,1,1,1\n1,2,0,2\n")
+    with pytest.raises(ValueError) as exc:
+        load_dataset(tmp_path)
+    assert str(exc.value) == (f"{tmp_path / 'x_train.csv'}: 40 of 40 learners have a single interaction: this looks "
+                              "like one row per learner (the long format needs one row per interaction, with the "
+                              "learner's id in column 'learner_id' on every row of theirs)")
+    pykt = tmp_path / "pykt"
+    write(pykt / "train.csv", "uid,questions,responses\n" + "".join(f"u{i % 8},{i % 5},{i % 2}\n" for i in range(40)))
+    write(pykt / "test.csv", 'uid,questions,responses\n9,"1,2","0,1"\n')
+    with pytest.raises(ValueError, match=r"train.csv: 40 of 40 rows hold a single interaction: this looks like one "
+                                         r"interaction per row, read as pykt, .* read in the long format"):
+        load_dataset(pykt)
+    more = "".join(f"{i},1,1,99\n" for i in range(5))  # 5 of 40 learners with a second interaction: read
+    write(tmp_path / "x_train.csv", "learner_id,question_id,correct,timestamp\n" + rows + more)
+    assert len(load_dataset(tmp_path)[0]) == 40
+
+
+def gzipped(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    return path
+
+
+def test_gzip_is_read_whatever_the_file_is_named(tmp_path):
+    rec = "2\n1,2\n0,1\n3\n2,3,4\n1,1,0,\n"
+    gzipped(tmp_path / "x_train.txt.gz", rec)
+    gzipped(tmp_path / "x_test.txt", rec)  # gzipped, not named so
+    train, test = load_dataset(tmp_path)
+    assert (train.fmt, train.n_interactions, test.n_interactions) == ("three_line", 5, 5)
+    assert train.notes == test.notes == {"compression": "gzip"}
+    long = tmp_path / "long"
+    gzipped(long / "a_train.csv.gz", "user_id,item_id,correct,time\nu,q1,1,1\nu,q2,0,2\n")
+    gzipped(long / "a_test.csv.gz", "user_id,item_id,correct,time\nv,q1,1,1\n")
+    train, _ = load_dataset(long)
+    assert train.fmt == "long_csv" and train.sequences[0].questions.tolist() == ["q1", "q2"]
+
+
+@pytest.mark.parametrize(("name", "compress"), [
+    ("zstd", lambda b: b"\x28\xb5\x2f\xfd" + b"\x00" * 8),  # a zstd frame's magic number
+    ("bzip2", bz2.compress),
+    ("xz", lzma.compress),
+    ("zip", None),
+])
+def test_another_compression_is_refused_naming_it(tmp_path, name, compress):
+    rec = b"2\n1,2\n0,1\n"
+    train = tmp_path / "x_train.csv"
+    if compress is None:
+        with zipfile.ZipFile(train, "w") as z:
+            z.writestr("x_train.csv", rec)
+    else:
+        train.write_bytes(compress(rec))
+    write(tmp_path / "x_test.csv", rec.decode())
+    with pytest.raises(DataFormatError) as exc:
+        load_dataset(tmp_path)
+    assert str(exc.value) == (f"{train}:1: expected a plain or gzipped text file, got '{name}-compressed data' "
+                              "(decompress it first, or gzip it: only gzip is read)")
+
+
+def test_a_gzip_file_cut_short_is_a_format_error(tmp_path):
+    whole = gzip.compress(("user_id,item_id,correct,time\n" + "u,1,1,1\n" * 2000).encode())
+    path = tmp_path / "x.csv.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataFormatError, match="expected a whole gzip file.*the file is damaged or cut short"):
+        read_long_csv(path)
+
+
+def test_a_single_data_file_is_split_by_a_hash_of_the_learner_id(tmp_path):
+    rows = "".join(f"u{i},q{i % 7},{i % 2},{t}\n" for i in range(200) for t in range(3))
+    write(tmp_path / "log.csv", "user_id,item_id,correct,time\n" + rows)
+    train, test = load_dataset(tmp_path)
+    ids = lambda d: {s.student_id for s in d.sequences}  # noqa: E731
+    assert not ids(train) & ids(test) and len(ids(train) | ids(test)) == 200
+    assert 25 <= len(test) <= 55  # about 20%
+    assert train.path == test.path and "split" in train.notes
+    write(tmp_path / "log.csv", "user_id,item_id,correct,time\n" + "".join(reversed(rows.splitlines(True))))
+    assert ids(load_dataset(tmp_path)[1]) == ids(test)  # the same learners, whatever the order of the rows
+    write(tmp_path / "x_train.csv", "user_id,item_id,correct,time\nu,1,1,1\n")  # two files: names decide
+    with pytest.raises(ValueError, match=r"expected exactly one \*train\* and one \*test\*"):
+        load_dataset(tmp_path)
+
+
+def test_write_long_csv_round_trips_with_text_ids(tmp_path):
+    ds = read_three_line(write(tmp_path / "t.txt", "3\n5,17,5\n1,0,1\n2\n9,10\n0,1\n"))
+    path = write_long_csv(ds, tmp_path / "t.csv.gz", question_prefix="q")
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    back = read_long_csv(path)
+    assert [s.student_id for s in back.sequences] == ["s0", "s1"]
+    assert [s.questions.tolist() for s in back.sequences] == [["q5", "q17", "q5"], ["q9", "q10"]]
+    assert [s.responses.tolist() for s in back.sequences] == [[1, 0, 1], [0, 1]]
+    same = read_long_csv(write_long_csv(ds, tmp_path / "same.csv"))  # the same ids: the same sequences
+    assert [s.questions.tolist() for s in same.sequences] == [s.questions.tolist() for s in ds.sequences]
+    assert [s.responses.tolist() for s in same.sequences] == [s.responses.tolist() for s in ds.sequences]
+    assert same.sequences[0].questions.dtype == np.int64 and same.n_cats == ds.n_cats
 
 
 # ----------------------------------------------------------------------------- real data (optional)

@@ -52,6 +52,18 @@ def test_the_cli_offers_every_family_and_only_them(capsys):
     assert "invalid choice: 'nope'" in capsys.readouterr().err
 
 
+def test_each_entry_names_the_formats_its_reader_reads():
+    """The formats `train NAME --help` lists are those of the family's reader, written out in the registry."""
+    from nextstep.training.data import FORMATS
+    from nextstep.training.sessions import SESSION_FORMATS
+
+    by_reader = {"nextstep.training.data:load_dataset": FORMATS,
+                 "nextstep.training.sessions:load_session_split": SESSION_FORMATS,
+                 "nextstep.training.reviews:read_reviews": ("review_csv", "py_fsrs", "anki")}
+    for entry in FAMILIES.values():
+        assert entry.formats == by_reader[entry.reader], entry.name
+
+
 def test_unknown_family_and_tasks():
     with pytest.raises(ValueError, match="unknown model family 'nope'"):
         family("nope")

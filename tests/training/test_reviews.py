@@ -2,7 +2,9 @@
 when the shared data is present, agreement with the CSVs converted from the real sources."""
 
 import csv
+import gzip
 import json
+import lzma
 import sqlite3
 import zipfile
 
@@ -322,6 +324,23 @@ def test_read_reviews_picks_the_reader(collection, tmp_path):
         read_reviews(write(tmp_path / "x.csv", "a,b\n1,2\n"))
     with pytest.raises(FileNotFoundError):
         read_reviews(tmp_path / "empty_dir_missing")
+
+
+def test_gzipped_review_logs_are_read(collection, tmp_path):
+    log = read_anki_collection(collection)
+    plain = write_review_csv(log, tmp_path / "plain.csv")
+    folder = tmp_path / "gz"
+    folder.mkdir()
+    (folder / "revlogs.csv.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    assert_same_log(log, read_reviews(folder))  # found by name in a directory, read as the review-log CSV
+    assert_same_log(log, read_review_csv(folder / "revlogs.csv.gz"))
+    fsrs = tmp_path / "fsrs.csv"  # gzipped, not named so
+    fsrs.write_bytes(gzip.compress(b"card_id,review_rating,review_time\n1,3,2024-03-01T12:00:00Z\n"))
+    assert read_reviews(fsrs).meta["format"] == "py_fsrs"
+    xz = tmp_path / "revlogs.csv.xz"
+    xz.write_bytes(lzma.compress(plain.read_bytes()))
+    with pytest.raises(DataFormatError, match="expected a plain or gzipped text file, got 'xz-compressed data'"):
+        read_reviews(xz)
 
 
 def test_cli_import_anki(collection, tmp_path, capsys):

@@ -1,5 +1,8 @@
 """Session readers, the GRU4Rec split layout and the Zipf generator."""
 
+import bz2
+import gzip
+
 import numpy as np
 import pytest
 
@@ -85,6 +88,25 @@ def test_split_layout_train_full_test_and_valid(tmp_path):
     train, valid = load_session_split(tmp_path, valid=True)
     assert train.path.endswith("demo_train_tr.txt") and valid.path.endswith("demo_train_valid.txt")
     assert np.array_equal(train.items, data.items)
+
+
+def test_gzipped_split_files_are_found_and_read(tmp_path):
+    """Tmall_train_full.tsv.gz was not found (its stem is Tmall_train_full.tsv), and the error did not say why."""
+    data = zipf_sessions(30, 20, seed=0)
+    for name in ("train_full", "test"):
+        plain = tmp_path / f"Tmall_{name}.tsv"
+        write_gru4rec_tsv(data, plain)
+        (tmp_path / f"Tmall_{name}.tsv.gz").write_bytes(gzip.compress(plain.read_bytes()))
+        plain.unlink()
+    train, test = load_session_split(tmp_path)
+    assert train.path.endswith("Tmall_train_full.tsv.gz") and test.path.endswith("Tmall_test.tsv.gz")
+    assert np.array_equal(train.items, data.items) and train.session_ids == data.session_ids
+    other = tmp_path / "Tmall_test.tsv.gz"
+    other.rename(tmp_path / "Tmall_test.tsv.bz2")
+    (tmp_path / "Tmall_test.tsv.bz2").write_bytes(bz2.compress(b"SessionId\tItemId\tTime\n1\t2\t3\n"))
+    with pytest.raises(DataFormatError, match=r"Tmall_test.tsv.bz2:1: expected a plain or gzipped text file, got "
+                                              r"'bzip2-compressed data'"):
+        load_session_split(tmp_path)
 
 
 def test_single_raw_file_is_split_by_session_start_time(tmp_path):
