@@ -35,14 +35,12 @@ from .banks import (
     select_banks,
 )
 from .data import (
+    READERS,
     KTDataset,
     Vocabulary,
     find_split_files,
     fingerprint,
     load_dataset,
-    read_dtransformer,
-    read_pykt_csv,
-    read_three_line,
     split_students,
 )
 from .loop import batches, describe, train_epochs  # batches: padded, length-sorted, shuffled by rng
@@ -437,7 +435,7 @@ def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, vers
     if not (model.sim.active or model.answerers):
         raise ValueError(f"{artifact_dir}: the model has no active inter-student or answer head, so it uses no bank")
     train_path, _, fmt, kwargs = find_split_files(data_dir)
-    reader = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer}[fmt]
+    reader = READERS[fmt]  # every knowledge-tracing format, the long CSV included
     train = reader(train_path, **kwargs)
     vocab_json = json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text())
     vocab = KTVocab.from_json(vocab_json)
