@@ -476,24 +476,25 @@ def stateless_vs_stateful(base: str, question_ids: list[str], n_cats: int, n_req
 
 # -- Redis bytes per student -------------------------------------------------------------------------
 def student_bytes(redis_port: int, student: str, model: str = MODEL) -> dict | None:
+    """Every Redis key of one learner: the meta hash (with the state before November 2026), the version's state
+    hash, the event log (since November 2026), the replay window (a ring of 8-byte fingerprints; before November
+    2026 also 256 buckets of them, and before that a sorted set)."""
     import redis
 
     r = redis.Redis(host="127.0.0.1", port=redis_port, socket_timeout=5)
     try:
-        pattern = f"nextstep:{{kt:{model}:*:{student}}}"
-        keys = [k for k in r.scan_iter(match=pattern, count=1000)]
+        keys = sorted(r.scan_iter(match=f"nextstep:{{kt:{model}:*{student}}}*", count=1000))
         if not keys:
             return None
-        key = keys[0]
-        ids_key, ring_key = key + b":ids", key + b":ring"
-        hash_bytes = r.memory_usage(key, samples=0) or 0
-        # the replay window: 8-byte fingerprints in buckets (:ids) and a ring (:ring); before November 2026 a
-        # sorted set of the ids (:ids)
-        ids_bytes = (r.memory_usage(ids_key, samples=0) or 0) + (r.memory_usage(ring_key, samples=0) or 0)
-        ids = r.zcard(ids_key) if r.type(ids_key) == b"zset" else r.strlen(ring_key) // 8
-        return {"student": student, "key": key.decode(), "blob_bytes": r.hstrlen(key, "blob"),
-                "hash_bytes": hash_bytes, "ids_bytes": ids_bytes, "event_ids": ids,
-                "events": int(r.hget(key, "events") or 0), "total_bytes": hash_bytes + ids_bytes}
+        sizes = {k.decode(): r.memory_usage(k, samples=0) or 0 for k in keys}
+        part = {"ids_bytes": (":ids", ":ring"), "log_bytes": (":log",)}
+        out = {name: sum(v for k, v in sizes.items() if k.endswith(ends)) for name, ends in part.items()}
+        states = [k for k in keys if r.type(k) == b"hash" and r.hexists(k, "blob")]
+        ring = next((k for k in keys if k.endswith(b":ring")), None)
+        return {"student": student, "keys": sorted(sizes), "blob_bytes": r.hstrlen(states[0], "blob") if states else 0,
+                "hash_bytes": sum(sizes.values()) - out["ids_bytes"] - out["log_bytes"], **out,
+                "event_ids": r.strlen(ring) // 8 if ring else 0,
+                "events": int(r.hget(states[0], "events") or 0) if states else 0, "total_bytes": sum(sizes.values())}
     finally:
         r.close()
 
@@ -650,20 +651,20 @@ def run(args, work: Path, procs: Processes, results: dict, wall: float) -> int:
         info["what"] = what
         stored.append(info)
         print(f"  {sid:10s} ({what}): {info['events']} events, blob {info['blob_bytes']} B; MEMORY USAGE: "
-              f"hash {info['hash_bytes']} B + ids window {info['ids_bytes']} B ({info['event_ids']} ids) = "
-              f"{info['total_bytes']} B")
+              f"hashes {info['hash_bytes']} B + event log {info['log_bytes']} B + ids window {info['ids_bytes']} B "
+              f"({info['event_ids']} ids) = {info['total_bytes']} B")
     window = None
     if stored:
         big = max(stored, key=lambda s: s["event_ids"])
         if big["event_ids"]:
-            per_id = big["ids_bytes"] / big["event_ids"]
+            per_id = (big["ids_bytes"] + big["log_bytes"]) / big["event_ids"]
             max_ids = int(os.environ.get("NEXTSTEP_MAX_EVENT_IDS", "10000"))
-            window = {"bytes_per_event_id": per_id, "max_event_ids": max_ids,
+            window = {"bytes_per_event": per_id, "max_event_ids": max_ids,
                       "estimated_total_bytes": big["hash_bytes"] + per_id * max_ids}
-            print(f"  key: {big['key']} (+ ':ids')")
-            print(f"  the replay window costs about {per_id:.0f} B per event id (ids like {big['student']}'s); "
-                  f"once the replay window is full ({max_ids} ids) a student holds about "
-                  f"{window['estimated_total_bytes'] / 1024:.0f} KiB (estimate)")
+            print(f"  keys: {', '.join(big['keys'])}")
+            print(f"  the event log and replay window cost about {per_id:.0f} B per event with an id (ids like "
+                  f"{big['student']}'s); at {max_ids} events a student holds about "
+                  f"{window['estimated_total_bytes'] / 1024:.0f} KiB (estimate; bench/event_log.py measures it)")
     totals = redis_totals(redis_port)
     print(f"  Redis in all: {totals['keys']} keys, used_memory {totals['used_memory'] / 2**20:.1f} MiB")
     results["redis"] = {"students": stored, "full_window": window, "totals": totals}

@@ -418,7 +418,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         options = settings.redis_options()
         redis = connect(settings.redis_url, options) if settings.redis_url else None
         store = make_store(None, client=redis, ttl_seconds=settings.state_ttl_seconds,
-                           max_event_ids=settings.max_event_ids)
+                           max_event_ids=settings.max_event_ids, log=settings.log_bounds())
         engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
         banks = Banks(make_bank_store(settings.redis_url, options), refresh_seconds=settings.bank_refresh_seconds)
         await banks.prepare(registry.models())  # publish the artifacts' bank versions, project the active ones
@@ -429,7 +429,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                            on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # sessions expire much sooner than learners: their own store (same Redis, its own TTL)
         session_store = make_store(None, client=redis, ttl_seconds=settings.session_ttl_seconds,
-                                   max_event_ids=settings.max_event_ids)
+                                   max_event_ids=settings.max_event_ids, log=settings.log_bounds())
         app.state.sessions = SessionRecommender(registry, TimedStore(session_store, metrics), engines,
                                                 cas_retries=settings.cas_retries, limits=settings.batch_limits(),
                                                 cold_start_model=settings.cold_start_model,

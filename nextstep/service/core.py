@@ -1,9 +1,10 @@
 """The stateful core every task (kt.py, sessions.py, srs.py) is built on: per-entity state in the store,
 events folded in through the step graph, compare-and-set, an answer.
 
-A task subclasses `StatefulTask` with its TASK (the registry's task name) and PREFIX (of its state keys:
-`<prefix>:<model>:<schema>:<entity>`), and says only what differs: how a request's events become graph
-feeds, how its blob is laid out, and what it answers. What they share lives here:
+A task subclasses `StatefulTask` with its TASK (the registry's task name) and PREFIX (of its keys:
+`<prefix>:<model>:<entity>`, one per entity whatever the model version, holding the entity's event log and a state
+per version's schema; state.py), and says only what differs: how a request's events become graph feeds and log
+rows, how its blob is laid out, and what it answers. What they share lives here:
 
 * `operation` - each public operation counts itself in the engines while it runs, so that a request alone in
   the service runs its graphs inline (runtime.Engines).
@@ -12,6 +13,9 @@ feeds, how its blob is laid out, and what it answers. What they share lives here
   compare-and-set whose answer was lost (sent, then a timeout or a dropped connection: OutcomeUnknown) is resolved
   by reading the store once it answers (`_resolve`); when that cannot tell, the request fails with OutcomeUnknown
   (503 outcome-unknown), whose message tells the client to retry with the same event ids.
+* `behind` - the logged events a version's state has not folded in (another version took them, or the state never
+  existed: a new version's first request for an entity rebuilds its state from the log); the task folds them in
+  before the request's own events, and the compare-and-set holds only if the log did not move meanwhile.
 * `fold` - step a state through events, one graph call each; the last event's call also answers a query
   when the task passes a combined graph (step_predict, step_recommend): one call instead of two.
 """
@@ -25,7 +29,7 @@ import numpy as np
 from .errors import OutcomeUnknown, StoreUnavailable
 from .registry import LoadedModel, ModelRegistry
 from .runtime import Engines
-from .state import StateStore, StoredState
+from .state import LogRow, StateStore, StoredState
 from .writes import Writers, batched, unapplied
 
 
@@ -52,6 +56,19 @@ class Change:
     answer: Callable[[StoredState], Awaitable[dict]]
     added: int = 0
     fields: Mapping[str, bytes] = field(default_factory=dict)
+    rows: Sequence[LogRow] = ()  # the log rows of the events applied (their order)
+
+
+@dataclass(frozen=True)
+class Behind:
+    """What a version's state lacks of the entity's history: the logged events it has not folded in, oldest first,
+    and how many more it lacks that the log no longer holds (trimmed past its bounds)."""
+
+    rows: Sequence[LogRow] = ()
+    missing: int = 0
+
+
+UP_TO_DATE = Behind()
 
 
 class StatefulTask:
@@ -67,42 +84,59 @@ class StatefulTask:
         return self.registry.get(name, task=self.TASK)
 
     def key(self, model: LoadedModel, entity: str) -> str:
-        return f"{self.PREFIX}:{model.name}:{model.schema}:{entity}"
+        """The entity's key: its log, and a state per model version (`schema`)."""
+        return f"{self.PREFIX}:{model.name}:{entity}"
+
+    def schema(self, model: LoadedModel) -> str:
+        return model.schema
+
+    async def behind(self, key: str, stored: StoredState) -> Behind:
+        """The logged events `stored` lacks (read from the log only when it lags)."""
+        if stored.behind <= 0:
+            return UP_TO_DATE
+        base, rows = await self.store.log(key)
+        start = stored.logged if stored.exists else 0
+        rows = rows[max(start - base, 0):max(stored.total - base, 0)]  # (the log may have moved since: the CAS says)
+        return Behind(rows, max(base - start, 0))
 
     async def delete(self, model_name: str, entity: str) -> bool:
         model = self.model(model_name)
         return await self.store.delete(self.key(model, entity))
 
     async def write(self, model: LoadedModel, key: str, what: str, event_ids: Sequence[str | None],
-                    attempt: Callable[[StoredState, list[int], list[str]], Awaitable[Change]],
+                    attempt: Callable[[StoredState, list[int], list[str], Behind], Awaitable[Change]],
                     fields: Sequence[str] = ()) -> dict:
-        """Apply a request's events to the entity at `key` (`what` names it in a conflict): read the state, the
-        companion `fields` and which event ids were applied, in one round trip; `attempt(stored, positions of
-        the events to apply, their ids)` -> a Change; compare-and-set; on a lost race, again. The answer of
-        the attempt that was written."""
+        """Apply a request's events to the entity at `key` (`what` names it in a conflict) for `model`'s version:
+        read its state, the companion `fields` and which event ids were applied, in one round trip (and the log when
+        the state lags it); `attempt(stored, positions of the events to apply, their ids, what the state lacks)` -> a
+        Change; compare-and-set (with the Change's log rows, if the log is still as read); on a lost race, again.
+        The answer of the attempt that was written."""
+        schema = self.schema(model)
         async with self.writers.lock(key):
             tries = 0
             while True:  # (not `async for` over a generator: see Writers.backoff)
                 await self.writers.backoff(tries, what)
                 tries += 1
-                stored, already = await self.store.read(key, [i for i in event_ids if i is not None], fields=fields)
+                stored, already = await self.store.read(key, [i for i in event_ids if i is not None], fields=fields,
+                                                        schema=schema)
                 fresh, fresh_ids = unapplied(event_ids, already)
-                change = await attempt(stored, fresh, fresh_ids)
+                change = await attempt(stored, fresh, fresh_ids, await self.behind(key, stored))
                 written = stored
                 if change.blob is not None:
                     try:
-                        written = await self.store.compare_and_set(key, stored.version, change.blob, change.added,
-                                                                   fresh_ids, fields=change.fields)
+                        written = await self.store.compare_and_set(
+                            key, stored.version, change.blob, change.added, fresh_ids, fields=change.fields,
+                            schema=schema, rows=change.rows, expected_total=stored.total)
                     except OutcomeUnknown as unknown:
-                        written = await self._resolve(key, stored, change, fresh_ids, len(fresh) - len(fresh_ids),
-                                                      unknown)
+                        written = await self._resolve(key, schema, stored, change, fresh_ids,
+                                                      len(fresh) - len(fresh_ids), unknown)
                     if written is None:
                         self.writers.lost(model)
                         continue
                 return await change.answer(written)
 
-    async def _resolve(self, key: str, stored: StoredState, change: Change, fresh_ids: list[str], without_ids: int,
-                       unknown: OutcomeUnknown) -> StoredState | None:
+    async def _resolve(self, key: str, schema: str, stored: StoredState, change: Change, fresh_ids: list[str],
+                       without_ids: int, unknown: OutcomeUnknown) -> StoredState | None:
         """After a compare-and-set at `stored.version` whose answer was lost: the state it wrote if it was applied,
         None if it was not and never will be (the write loop goes on), else OutcomeUnknown telling the client what
         to do. The lost write can apply only at `stored.version` (now, or when a hung server wakes up), whole or
@@ -114,16 +148,19 @@ class StatefulTask:
             if not unknown.resolvable:
                 break
             try:
-                now, seen = await self.store.read(key, fresh_ids[:1])
+                now, seen = await self.store.read(key, fresh_ids[:1], schema=schema)
                 if seen:  # it ran: what it wrote
+                    total = stored.total + len(change.rows)
                     return now if now.version == stored.version + 1 else \
-                        StoredState(stored.version + 1, stored.events + change.added, None, change.blob)
-                if now.version != stored.version:
+                        StoredState(stored.version + 1, stored.events + change.added, None, change.blob, {}, total,
+                                    total, now.base)
+                if now.version != stored.version or now.total != stored.total:
                     if fresh_ids:
                         return None
                     break
-                written = await self.store.compare_and_set(key, stored.version, change.blob, change.added, fresh_ids,
-                                                           fields=change.fields)
+                written = await self.store.compare_and_set(
+                    key, stored.version, change.blob, change.added, fresh_ids, fields=change.fields, schema=schema,
+                    rows=change.rows, expected_total=stored.total)
             except OutcomeUnknown as again:
                 unknown = again
                 break

@@ -1,7 +1,10 @@
 """Knowledge tracing, protocol-neutral: absorb events, predict, rank next items, summarise, delete.
 
-A learner's state lives in the store under `kt:<model>:<schema>:<student>`; the schema hash covers the
-model version and state layout, so a state written by one version is never read by another. Absorbing
+A learner's key `kt:<model>:<student>` holds their event log (each event's time, response and question id as the
+app sent it) and a state per model version (its schema hash covers the version and the state layout, so a state
+written by one version is never read by another). A version whose state lags the log (new, or another version took
+the latest events) folds the events it lacks in first, through its own graphs: every version answers from the
+learner's whole logged history (`rebuilt_from_events` counts the events so folded in). Absorbing
 events is optimistic concurrency: read (state, version), step the model through the new events, write
 with compare-and-set; on a conflict, re-read and redo. Event ids make replays idempotent: ids already
 applied (in the store's window) and repeated ids within a request are skipped.
@@ -15,17 +18,18 @@ compare-and-set of its own, which may lose a race to a writer that stores a stat
 are [P(wrong), P(right)] without theta, alpha and beta (the graphs output none).
 """
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .banks import Bank, Banks, InProcessBankStore, check_banks
-from .core import Change, StatefulTask, operation
+from .core import UP_TO_DATE, Behind, Change, StatefulTask, operation
 from .errors import InvalidInput, UnknownId, UnknownModel
 from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
 from .runtime import Engines
 from .settings import DEFAULT_LIMITS, BatchLimits
-from .state import StateStore, StoredState
+from .state import LogRow, StateStore, StoredState
 from .writes import batched
 
 
@@ -47,6 +51,16 @@ class Event:
     question_id: str
     response: int
     event_id: str | None = None
+    time: float | None = None  # unix seconds the app gave; None: when the service received it
+
+
+def log_row(event: Event, now: float) -> LogRow:
+    """An event as the learner's log keeps it: the response (one byte), then the question id as the app sent it."""
+    return LogRow(now if event.time is None else event.time, bytes([event.response]) + event.question_id.encode())
+
+
+def logged_event(row: LogRow) -> Event:
+    return Event(row.payload[1:].decode(), row.payload[0], time=row.time)
 
 
 def question_index(model: LoadedModel, ids: list[str], field: str) -> np.ndarray:
@@ -154,16 +168,45 @@ class KnowledgeTracer(StatefulTask):
     def _blob(model: LoadedModel, state: dict[str, np.ndarray], bank: Bank | None) -> bytes:
         return model.serialize(state) + (bank.tag if bank else b"")
 
+    async def _catch_up(self, model: LoadedModel, state: dict[str, np.ndarray], behind: Behind, bank: Bank | None
+                        ) -> tuple[dict[str, np.ndarray], dict]:
+        """The state with the logged events it lacks folded in, and what the answer says about them: how many were
+        folded (`rebuilt_from_events`), and, where some could not be, how many the log no longer holds and how many
+        name a question this version does not know (left out)."""
+        steps, unknown = [], 0
+        for row in behind.rows:
+            event = logged_event(row)
+            try:
+                index = model.index([event.question_id], "question")
+            except UnknownId:
+                unknown += 1
+                continue
+            if event.response >= model.n_cats:
+                unknown += 1
+                continue
+            steps.append({"question": index, "response": np.array([event.response], dtype=np.int64)})
+        if steps:
+            state, _ = await self.fold(model, state, steps, shared=bank.kv if bank else None)
+        said = {"rebuilt_from_events": len(steps)}
+        if behind.missing:
+            said["events_not_in_log"] = behind.missing
+        if unknown:
+            said["events_not_understood"] = unknown
+        return state, said
+
     async def _state(self, model: LoadedModel, student_id: str, bank: Bank | None):
-        """(the stored state's record, the state for this bank); a rebased state is stored if nothing was written
-        meanwhile."""
+        """(the stored state's record, the state for this bank, what the answer says of a catch-up); a state rebased
+        or caught up with the log is stored if nothing was written meanwhile."""
         key = self.key(model, student_id)
-        stored = await self.store.get(key)
+        stored = await self.store.get(key, schema=self.schema(model))
         state, rebased = await self._decode(model, stored, bank)
-        if rebased:
-            stored = await self.store.compare_and_set(key, stored.version, self._blob(model, state, bank), 0) \
-                or stored
-        return stored, state
+        behind = await self.behind(key, stored)
+        state, said = await self._catch_up(model, state, behind, bank)
+        if rebased or behind.rows:
+            stored = await self.store.compare_and_set(key, stored.version, self._blob(model, state, bank),
+                                                      said["rebuilt_from_events"], schema=self.schema(model),
+                                                      expected_total=stored.total) or stored
+        return stored, state, said
 
     async def _predict(self, model: LoadedModel, state: dict[str, np.ndarray], indices: np.ndarray,
                        bank: Bank | None = None):
@@ -183,11 +226,13 @@ class KnowledgeTracer(StatefulTask):
         bank = await self.banks.current(model)  # this request's bank, to its end
         query = {"questions": predict_index[None]} if predict_index is not None else None
 
-        async def attempt(stored: StoredState, fresh: list[int], _) -> Change:
+        async def attempt(stored: StoredState, fresh: list[int], _, behind: Behind = UP_TO_DATE) -> Change:
             steps = [{"question": questions[i:i + 1], "response": responses[i:i + 1]} for i in fresh]
             state, rebased = await self._decode(model, stored, bank)
+            state, said = await self._catch_up(model, state, behind, bank)
             state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query,
                                              bank.kv if bank else None)
+            now = time.time()
 
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
@@ -196,12 +241,13 @@ class KnowledgeTracer(StatefulTask):
                 return {"student_id": student_id, "model": model.name, "version": model.version,
                         **self._bank_version(model, bank), "state_version": written.version,
                         "events_absorbed": len(fresh), "events_skipped": len(events) - len(fresh),
-                        "events_total": written.events,
+                        "events_total": written.events, **said,
                         "predictions": predictions(model, predict_ids, outputs) if predict_ids else None,
                         **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
-            return Change(self._blob(model, state, bank) if fresh or rebased else None, answer,
-                          len(fresh))  # nothing new: no write
+            return Change(self._blob(model, state, bank) if fresh or rebased or behind.rows else None, answer,
+                          len(fresh) + said["rebuilt_from_events"],  # nothing new: no write
+                          rows=[log_row(events[i], now) for i in fresh])
 
         return await self.write(model, self.key(model, student_id), f"student {student_id!r}",
                                 [e.event_id for e in events], attempt)
@@ -212,11 +258,11 @@ class KnowledgeTracer(StatefulTask):
         index = question_index(model, question_ids, "question_ids[]")
         self._explaining(model, explain)
         bank = await self.banks.current(model)
-        stored, state = await self._state(model, student_id, bank)
+        stored, state, said = await self._state(model, student_id, bank)
         outputs = await self._predict(model, state, index, bank)
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 **self._bank_version(model, bank), "state_version": stored.version, "events_total": stored.events,
-                "predictions": predictions(model, question_ids, outputs),
+                **said, "predictions": predictions(model, question_ids, outputs),
                 **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
     @operation
@@ -229,7 +275,7 @@ class KnowledgeTracer(StatefulTask):
         candidates = candidates if candidates else model.ids
         index = question_index(model, candidates, "candidate_question_ids[]")
         bank = await self.banks.current(model)
-        stored, state = await self._state(model, student_id, bank)
+        stored, state, said = await self._state(model, student_id, bank)
         outputs = [o[0] for o in await self._predict(model, state, index, bank)]
         probs, with_irt = outputs[0], irt(model)
         categories = np.arange(model.n_cats)
@@ -245,7 +291,7 @@ class KnowledgeTracer(StatefulTask):
         ranked = [{"question_id": candidates[i], "score": float(scores[i]),
                    **({"theta": float(outputs[1][i])} if with_irt else {})} for i in order[:k]]
         return {"student_id": student_id, "model": model.name, "version": model.version,
-                **self._bank_version(model, bank), "strategy": strategy, "state_version": stored.version,
+                **self._bank_version(model, bank), "strategy": strategy, "state_version": stored.version, **said,
                 "items": ranked}
 
     async def summary(self, model_name: str, student_id: str) -> dict:
@@ -253,7 +299,7 @@ class KnowledgeTracer(StatefulTask):
         without theta reports ability null and its mean predicted P(full credit) over the vocabulary instead."""
         model = self.model(model_name)
         bank = await self.banks.current(model)
-        stored, state = await self._state(model, student_id, bank)
+        stored, state, said = await self._state(model, student_id, bank)
         index = np.arange(2, len(model.ids) + 2, dtype=np.int64)
         outputs = await self._predict(model, state, index, bank)
         if irt(model):
@@ -266,7 +312,7 @@ class KnowledgeTracer(StatefulTask):
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 **self._bank_version(model, bank), "exists": stored.blob is not None,
                 "state_version": stored.version, "events_total": stored.events, "last_update": stored.updated,
-                **ability}
+                **said, **ability}
 
     async def score_sequences(self, model_name: str, students: list[tuple[str, list[Event], list[str] | None]]):
         """Stateless: replay each student's whole history from the initial state; nothing is stored. Each event's

@@ -1,6 +1,7 @@
 """Next-item sessions, protocol-neutral: absorb clicks, recommend, score many sessions, summarise, delete.
 
-A session's state lives in the store under `sess:<model>:<schema>:<session>`: the model's state tensors
+A session's key `sess:<model>:<session>` holds its log of clicks (time and item id) and a state per model
+version (core.py: a version whose state lags the log folds the clicks it lacks in first): the model's state tensors
 followed by the rows of the last `SEEN` items the session clicked (int64, 0-padded), so that any replica
 can leave seen items out of a recommendation. Absorbing clicks is the same optimistic loop as knowledge
 tracing (read, step the model, compare-and-set; event ids make replays idempotent), on a store whose TTL
@@ -11,16 +12,17 @@ the session goes on from the last known item (what the offline evaluation protoc
 has absorbed nothing yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers.
 """
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .core import Change, StatefulTask, operation
+from .core import UP_TO_DATE, Behind, Change, StatefulTask, operation
 from .errors import InvalidInput, UnknownId, UnknownModel
 from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
 from .runtime import Engines
 from .settings import DEFAULT_LIMITS, BatchLimits
-from .state import StateStore, StoredState
+from .state import LogRow, StateStore, StoredState
 from .writes import batched
 
 SEEN = 64  # items remembered per session for exclude_seen
@@ -40,6 +42,7 @@ SPEC = register_task(TaskSpec("next_item", ("step", "recommend", "step_recommend
 class Click:
     item_id: str
     event_id: str | None = None
+    time: float | None = None  # unix seconds the app gave; None: when the service received it
 
 
 class SessionRecommender(StatefulTask):
@@ -109,8 +112,10 @@ class SessionRecommender(StatefulTask):
             self._check_k(model, recommend_k)
         rows = self._rows(model, clicks, unknown_items, "events[{i}].item_id")
 
-        async def attempt(stored: StoredState, to_apply: list[int], fresh_ids: list[str]) -> Change:
+        async def attempt(stored: StoredState, to_apply: list[int], fresh_ids: list[str],
+                          behind: Behind = UP_TO_DATE) -> Change:
             state, seen = self._decode(model, stored)
+            state, seen, caught = await self._catch_up(model, state, seen, behind)
             fresh = [rows[i] for i in to_apply if rows[i] is not None]
             for row in fresh:
                 seen = _remember(seen, row)
@@ -123,7 +128,7 @@ class SessionRecommender(StatefulTask):
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
                           "events_skipped": len(clicks) - len(fresh) - unknown, "unknown_items_skipped": unknown,
-                          "events_total": written.events, "recommendations": None}
+                          "events_total": written.events, "rebuilt_from_events": caught, "recommendations": None}
                 if recommend_k is not None:
                     if outs is None:  # no new click: answer from the stored state
                         items, source = await self._recommend(model, state, seen, written.events, recommend_k,
@@ -133,11 +138,39 @@ class SessionRecommender(StatefulTask):
                     result.update(recommendations=items, source=source)
                 return result
 
-            # unknown clicks with ids still record their ids
-            return Change(self._encode(model, state, seen) if fresh_ids or fresh else None, answer, len(fresh))
+            # unknown clicks with ids still record their ids; every click is logged, known or not
+            now = time.time()
+            return Change(self._encode(model, state, seen) if fresh_ids or fresh or behind.rows else None, answer,
+                          len(fresh) + caught, rows=[LogRow(now if clicks[i].time is None else clicks[i].time,
+                                                            clicks[i].item_id.encode()) for i in to_apply])
 
         return await self.write(model, self.key(model, session_id), f"session {session_id!r}",
                                 [c.event_id for c in clicks], attempt)
+
+    async def _catch_up(self, model: LoadedModel, state: dict[str, np.ndarray], seen: np.ndarray, behind: Behind
+                        ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+        """The state and seen rows with the logged clicks they lack folded in (clicks on items this version does not
+        know are left out, as unknown_items=skip does); how many were folded."""
+        known = self._rows(model, [Click(row.payload.decode()) for row in behind.rows], "skip", "")
+        known = [r for r in known if r is not None]
+        for row in known:
+            seen = _remember(seen, row)
+        if known:
+            state, _ = await self.fold(model, state, [{"item": np.array([row], dtype=np.int64)} for row in known])
+        return state, seen, len(known)
+
+    async def _current(self, model: LoadedModel, session_id: str):
+        """(the stored record, state, seen rows, clicks folded in from the log); a caught-up state is stored if
+        nothing was written meanwhile."""
+        key = self.key(model, session_id)
+        stored = await self.store.get(key, schema=self.schema(model))
+        state, seen = self._decode(model, stored)
+        behind = await self.behind(key, stored)
+        state, seen, caught = await self._catch_up(model, state, seen, behind)
+        if behind.rows:
+            stored = await self.store.compare_and_set(key, stored.version, self._encode(model, state, seen), caught,
+                                                      schema=self.schema(model), expected_total=stored.total) or stored
+        return stored, state, seen, caught
 
     async def _recommend(self, model, state, seen, events, k, exclude_seen) -> tuple[list[dict], str]:
         if events == 0 and self.cold_start_model and self.cold_start_model != model.name:
@@ -157,18 +190,18 @@ class SessionRecommender(StatefulTask):
     async def recommend(self, model_name: str, session_id: str, k: int, exclude_seen: bool = True) -> dict:
         model = self.model(model_name)
         self._check_k(model, k)
-        stored = await self.store.get(self.key(model, session_id))
-        state, seen = self._decode(model, stored)
+        stored, state, seen, caught = await self._current(model, session_id)
         items, source = await self._recommend(model, state, seen, stored.events, k, exclude_seen)
         return {"session_id": session_id, "model": model.name, "version": model.version,
-                "state_version": stored.version, "events_total": stored.events, "source": source, "items": items}
+                "state_version": stored.version, "events_total": stored.events, "rebuilt_from_events": caught,
+                "source": source, "items": items}
 
     async def summary(self, model_name: str, session_id: str) -> dict:
         model = self.model(model_name)
-        stored = await self.store.get(self.key(model, session_id))
-        _, seen = self._decode(model, stored)
+        stored, _, seen, caught = await self._current(model, session_id)
         return {"session_id": session_id, "model": model.name, "version": model.version,
                 "exists": stored.blob is not None, "state_version": stored.version, "events_total": stored.events,
+                "rebuilt_from_events": caught,
                 "last_update": stored.updated, "recent_items": [model.ids[r - 2] for r in seen.tolist() if r >= 2]}
 
     async def score_sessions(self, model_name: str, sessions: list[tuple[str | None, list[str]]], k: int,

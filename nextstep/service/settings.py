@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import TooLarge
+from .state import LogBounds
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,12 @@ class Settings(BaseSettings):
     srs_max_schedule_cards: int = Field(default=100, ge=1)  # cards per srs schedule request
     cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
     max_event_ids: int = Field(default=10_000, ge=1)  # replay protection window per entity
+    # each learner's and session's event log (state.py), from which a new model version rebuilds its state: at most
+    # this many events (past it the oldest eighth goes at once) and none older than the age (unset: any age). 10,000
+    # events cost about 9 B each plus the question or item id's length (docs/scaling.md), and a rebuild steps every
+    # one of them once per learner and version
+    max_logged_events: int = Field(default=10_000, ge=1)
+    log_max_age_seconds: float | None = Field(default=None, gt=0)
     # how far ahead of the server's clock a time from a client may be (srs review times, event timestamps; a query's
     # time may be any): a day lets a device clock a time zone or a date off still sync, and a review taken at the
     # limit holds that user's later reviews (which must not be older) back for at most a day
@@ -157,6 +164,9 @@ class Settings(BaseSettings):
 
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.max_events, self.max_batch_events, self.max_questions)
+
+    def log_bounds(self) -> LogBounds:
+        return LogBounds(self.max_logged_events, self.log_max_age_seconds)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod

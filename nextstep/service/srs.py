@@ -266,6 +266,14 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
 class SpacedRepetition(StatefulTask):
     TASK, PREFIX = SPEC.name, "srs"
 
+    # a user's stored reviews are their log already (every version of the same layout reads them): one state per
+    # layout, under a key of its own
+    def key(self, model: LoadedModel, entity: str) -> str:
+        return f"{self.PREFIX}:{model.name}:{model.schema}:{entity}"
+
+    def schema(self, model: LoadedModel) -> str:
+        return ""
+
     async def _read(self, key: str, cards: Sequence[str]) -> History:
         stored, _ = await self.store.read(key, fields=list(dict.fromkeys(cards)))
         return _decode(stored)
@@ -338,7 +346,7 @@ class SpacedRepetition(StatefulTask):
         size, card_size = model.window
         asked = [r.card_id for r in reviews] + ([predict[0]] if predict is not None else [])
 
-        async def attempt(stored: StoredState, fresh: list[int], _) -> Change:
+        async def attempt(stored: StoredState, fresh: list[int], *_) -> Change:
             history = _decode(stored)
             last = history.last_time
             if fresh and last is not None and reviews[fresh[0]].time < last:

@@ -22,6 +22,8 @@ from nextstep.service.errors import OutcomeUnknown, StoreUnavailable
 from nextstep.service.state import (
     ABSENT,
     InProcessStore,
+    LogBounds,
+    LogRow,
     RedisStore,
     StateStore,
     StoredState,
@@ -225,6 +227,55 @@ def test_dedupe_window_keeps_the_newest_ids(open_store: Opener) -> None:
     asyncio.run(body())
 
 
+def test_the_log_is_written_with_the_state_and_shared_by_every_schema(open_store: Opener) -> None:
+    """Rows go in with the compare-and-set that writes a state; a schema's state records how much of the log it
+    reflects, so another schema's state (a model version that did not see those events) knows it lags; a write that
+    expected another log length writes nothing."""
+    rows = [LogRow(1_700_000_000.9, b"q1\x01"), LogRow(1_700_000_060, b""), LogRow(5, "é".encode() * 100)]
+
+    async def body() -> None:
+        async with open_store() as store:
+            v1 = await store.compare_and_set(KEY, 0, b"v1", 2, ["e1"], schema="one", rows=rows[:2], expected_total=0)
+            assert (v1.version, v1.logged, v1.total, v1.behind) == (1, 2, 2, 0)
+            other, seen = await store.read(KEY, ["e1"], schema="two")
+            assert (other.exists, other.total, other.behind, seen) == (False, 2, 2, {"e1"})  # one window per key
+            assert await store.compare_and_set(KEY, 0, b"v2", 1, schema="two", rows=rows[2:], expected_total=1) \
+                is None  # the log moved: nothing written
+            assert (await store.log(KEY)) == (0, [LogRow(1_700_000_000, b"q1\x01"), LogRow(1_700_000_060, b"")])
+            v2 = await store.compare_and_set(KEY, 0, b"v2", 3, schema="two", rows=rows[2:], expected_total=2)
+            assert (v2.logged, v2.total, v2.behind, v2.events) == (3, 3, 0, 3)
+            one = await store.get(KEY, schema="one")
+            assert (one.blob, one.logged, one.total, one.behind) == (b"v1", 2, 3, 1)
+            assert (await store.log(KEY))[1][2] == LogRow(5.0, "é".encode() * 100)  # a two-byte length
+            assert await store.delete(KEY)  # every schema's state and the log
+            assert (await store.get(KEY, schema="two")) == ABSENT and await store.log(KEY) == (0, [])
+            assert (await store.get(KEY, schema="one")).total == 0
+
+    asyncio.run(body())
+
+
+def test_the_log_keeps_its_bounds(open_store: Opener) -> None:
+    """Past max_rows the oldest eighth goes at once (base counts them); rows older than max_age_seconds go; the
+    states keep their counts."""
+    now = 1_800_000_000.0
+
+    async def body() -> None:
+        async with open_store(log=LogBounds(max_rows=8), clock=lambda: now) as store:
+            for version in range(10):
+                await store.compare_and_set(KEY, version, b"x", 1, rows=[LogRow(now, bytes([version]))])
+            base, rows = await store.log(KEY)
+            assert base == 2 and [r.payload for r in rows] == [bytes([i]) for i in range(2, 10)]  # 9 > 8: 7 kept
+            state = await store.get(KEY)
+            assert (state.events, state.total, state.base, state.behind) == (10, 10, 2, 0)
+        async with open_store(log=LogBounds(max_age_seconds=3600), clock=lambda: now) as store:
+            times = [now - 7200, now - 3601, now - 3599, now]
+            await store.compare_and_set("aged", 0, b"x", 4, rows=[LogRow(t, b"r") for t in times])
+            base, rows = await store.log("aged")
+            assert base == 2 and [r.time for r in rows] == times[2:]
+
+    asyncio.run(body())
+
+
 def test_no_lost_updates_under_concurrency(open_store: Opener) -> None:
     """50 tasks x 40 increments on one key, each a read / seen / CAS / retry loop: all 2,000 land.
 
@@ -269,35 +320,46 @@ def test_redis_key_layout_and_ttl(redis_url: str, client: str) -> None:
         store = RedisStore(_as(redis_url, client), ttl_seconds=60, key_prefix="ns", clock=lambda: 1234.5)
         raw = aioredis.Redis.from_url(redis_url)
         try:
-            await store.compare_and_set(KEY, 0, b"blob", 2, ["a", "b"])
-            state_key = f"ns:{{{KEY}}}"
-            assert await raw.hgetall(state_key) == {
+            await store.compare_and_set(KEY, 0, b"blob", 2, ["a", "b"], rows=[LogRow(7.0, b"x"), LogRow(300.5, b"")])
+            meta = f"ns:{{{KEY}}}"
+            assert await raw.hgetall(meta) == {  # the meta hash, also holding the state of schema ""
                 b"version": b"1",
                 b"events": b"2",
                 b"updated": b"1234.5",
                 b"blob": b"blob",
+                b"logged": b"2",  # the logged events this state reflects
+                b"total": b"2",  # events ever logged
+                b"base": b"0",  # of them trimmed from the log
                 b"ids": b"2",  # event ids recorded so far
             }
+            # the log: a list of 4-byte big-endian whole seconds and the payload, oldest first
+            assert await raw.lrange(f"{meta}:log", 0, -1) == [b"\0\0\0\x07x", b"\0\0\x01\x2c"]
             # the replay window: 8-byte BLAKE2b fingerprints of the ids, in a ring (oldest first until it wraps)
             # and in buckets keyed by their first byte
             fingerprints = [hashlib.blake2b(i, digest_size=8).digest() for i in (b"a", b"b")]
-            assert await raw.get(f"{state_key}:ring") == b"".join(fingerprints)
+            assert await raw.get(f"{meta}:ring") == b"".join(fingerprints)
             buckets: dict[bytes, bytes] = {}
             for fp in fingerprints:
                 buckets[fp[:1]] = buckets.get(fp[:1], b"") + fp
-            assert await raw.hgetall(f"{state_key}:ids") == buckets
-            window = (state_key, f"{state_key}:ids", f"{state_key}:ring")
+            assert await raw.hgetall(f"{meta}:ids") == buckets
+            window = (meta, f"{meta}:ring", f"{meta}:log", f"{meta}:ids")
             for k in window:
                 assert 59_000 < await raw.pttl(k) <= 60_000
             # companion fields: a hash of their own, written by the CAS, with the same TTL
             await store.compare_and_set(KEY, 1, b"blob", 0, fields={"card-1": b"rows"})
-            assert await raw.hgetall(f"{state_key}:fields") == {b"card-1": b"rows"}
-            assert 59_000 < await raw.pttl(f"{state_key}:fields") <= 60_000
-            window += (f"{state_key}:fields",)
+            assert await raw.hgetall(f"{meta}:fields") == {b"card-1": b"rows"}
+            assert 59_000 < await raw.pttl(f"{meta}:fields") <= 60_000
+            window += (f"{meta}:fields",)
+            # another schema's state: a hash of its own, named in the meta hash, sharing the log and the window
+            await store.compare_and_set(KEY, 0, b"v2", 2, schema="abc", fields={"f": b"1"})
+            assert (await raw.hgetall(f"{meta}:s:abc"))[b"blob"] == b"v2"
+            assert (await raw.hgetall(meta))[b"s:abc"] == b"1"
+            window += (f"{meta}:s:abc", f"{meta}:s:abc:fields")
             # ttl_seconds=None: no expiry, and a write removes an expiry set under an older setting
             forever = RedisStore(_as(redis_url, client), ttl_seconds=None, key_prefix="ns")
             await forever.compare_and_set(KEY, 2, b"blob", 1, ["c"])
-            assert [await raw.pttl(k) for k in window] == [-1, -1, -1, -1]
+            await forever.compare_and_set(KEY, 1, b"v2", 1, schema="abc")
+            assert [await raw.pttl(k) for k in window] == [-1] * 7
             assert await forever.delete(KEY) and not await raw.exists(*window)
             await forever.compare_and_set(KEY, 0, b"blob", 1)
             await forever.close()
@@ -520,8 +582,10 @@ def _sync(url: str):
 
 
 def _contents(raw) -> dict:
-    """Every key of a server with its value (hashes as dicts, strings as bytes) and whether it expires."""
-    return {k: (raw.hgetall(k) if raw.type(k) == b"hash" else raw.get(k), raw.pttl(k) > 0) for k in raw.keys("*")}
+    """Every key of a server with its value (hashes as dicts, lists as lists, strings as bytes) and whether it
+    expires."""
+    read = {b"hash": raw.hgetall, b"list": lambda k: raw.lrange(k, 0, -1)}
+    return {k: (read.get(raw.type(k), raw.get)(k), raw.pttl(k) > 0) for k in raw.keys("*")}
 
 
 def _wait_for(predicate, what: str, timeout: float = 10.0) -> None:
@@ -632,7 +696,8 @@ def test_redis_loading_its_dataset_is_unavailable_then_serves_what_was_saved(tmp
             store = RedisStore(_as(source.url, client), ttl_seconds=None)
             try:
                 written = await store.compare_and_set(KEY, 0, b"x", 1, ["e1"])
-                await store._call("fill", ("EVAL", "for i = 1, 1500 do redis.call('SET', 'pad' .. i, i) end", 0))
+                fill = "for i = 1, 1500 do redis.call('SET', 'pad' .. i, i) end"
+                await store.client.execute("fill", [("EVAL", fill, 0)])
                 return written
             finally:
                 await store.close()

@@ -10,6 +10,7 @@ though the service has closed that connection by then (Redis reads the command b
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 import time
@@ -21,16 +22,19 @@ import pytest
 from nextstep import demo
 from nextstep.service.redis_clients import parse_url
 from nextstep.service.settings import Settings
+from nextstep.service.state import _CAS_LUA
 
 PROBLEM = "urn:nextstep:problem:"
 CLIENTS = ("resp", "redis-py")
 
+CAS_SHA = hashlib.sha1(_CAS_LUA.encode()).hexdigest().encode()  # (reads are scripts too: only the write stalls)
+
 
 class StallingProxy:
     """A TCP relay to a `RedisProcess`, in a thread of its own. `arm()`: the next chunk the service sends that holds
-    a compare-and-set (EVALSHA) freezes the server before it is passed on; `stalled` is set then, and `gave_up`
-    once the service closes that connection (its timeout). With `resume_when_given_up`, the server is resumed
-    right then."""
+    a compare-and-set (its script's EVALSHA) freezes the server before it is passed on; `stalled` is set then,
+    and `gave_up` once the service closes that connection (its timeout). With `resume_when_given_up`, the server
+    is resumed right then."""
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
@@ -63,7 +67,7 @@ class StallingProxy:
         async def to_server() -> None:
             nonlocal stalling
             while data := await reader.read(65536):
-                if self._armed and b"EVALSHA" in data:
+                if self._armed and CAS_SHA in data:
                     self._armed, stalling = False, True
                     self.redis.pause()  # frozen before the script reaches it: it runs only once resumed
                     self.stalled.set()

@@ -29,8 +29,9 @@ EventId = Annotated[IdText | None, Field(description="replays of an id are appli
 # a time the app records and the model does not use: still a unix time, so that no NaN or year 1e300 is taken in
 UnusedTime = Annotated[float | None, Field(ge=0, allow_inf_nan=False,
                                            description="unix seconds, at most NEXTSTEP_MAX_CLOCK_SKEW_SECONDS (a day "
-                                                       "by default) ahead of the server's clock; recorded by the app, "
-                                                       "not used")]
+                                                       "by default) ahead of the server's clock; kept as the event's "
+                                                       "time in the event log (default: when it arrived), not used "
+                                                       "by the models")]
 
 
 def path_id(what: str) -> Path:

@@ -106,16 +106,20 @@ class KtBatchRequest(Strict):
 PREDICTION = {"question_id": "18", "probabilities": [0.325, 0.348, 0.227, 0.1], "expected_response": 1.102,
               "most_likely_response": 1, "theta": 0.286, "alpha": 0.707, "beta": [0.192, 0.89, 1.443]}
 STATE = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "state_version": 3}
-EVENTS = {**STATE, "events_absorbed": 1, "events_skipped": 0, "events_total": 3, "predictions": [PREDICTION]}
-PREDICT = {**STATE, "events_total": 3, "predictions": [PREDICTION, {**PREDICTION, "question_id": "19"}]}
+EVENTS = {**STATE, "events_absorbed": 1, "events_skipped": 0, "events_total": 3, "rebuilt_from_events": 0,
+          "predictions": [PREDICTION]}
+PREDICT = {**STATE, "events_total": 3, "rebuilt_from_events": 0,
+           "predictions": [PREDICTION, {**PREDICTION, "question_id": "19"}]}
 NEXT_ITEM = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "strategy": "fisher",
-             "state_version": 3, "items": [{"question_id": "7", "score": 1.035, "theta": 0.291},
-                                           {"question_id": "2", "score": 0.72, "theta": 0.294}]}
+             "state_version": 3, "rebuilt_from_events": 0,
+             "items": [{"question_id": "7", "score": 1.035, "theta": 0.291},
+                       {"question_id": "2", "score": 0.72, "theta": 0.294}]}
 BATCH = {"model": "deep_gpcm", "version": "1", "students": [{
     "student_id": "a", "events": 1, "event_predictions": [{**PREDICTION, "question_id": "17"}],
     "predictions": [PREDICTION]}]}
 SUMMARY = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "exists": True, "state_version": 3,
-           "events_total": 3, "last_update": 1767225600.0, "ability": 0.287, "ability_range": [0.272, 0.297]}
+           "events_total": 3, "last_update": 1767225600.0, "rebuilt_from_events": 0, "ability": 0.287,
+           "ability_range": [0.272, 0.297]}
 BANKS = {"model": "simakt", "version": "1", "active": "v2", "serving": "v2", "versions": [
     {"version": "v2", "loaded": True, "heads": {"knn": {"type": "knn", "entries": 512, "students": 40}},
      "provenance": {"created": "2026-01-01T00:00:00Z"}}]}
@@ -139,7 +143,7 @@ simakt) give probabilities only."""
 
 
 def _events(items: list[KtEvent]) -> list[Event]:
-    return [Event(str(e.question_id), e.response, e.event_id) for e in items]
+    return [Event(str(e.question_id), e.response, e.event_id, e.timestamp) for e in items]
 
 
 @router.post("/events", summary="Fold a learner's new responses into their state (and predict)",

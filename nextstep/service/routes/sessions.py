@@ -86,14 +86,14 @@ class SessionBatchRequest(Strict):
 # examples of the answers
 ITEMS = [{"item_id": "214536506", "score": 5.349}, {"item_id": "214536500", "score": 2.817}]
 EVENTS = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "state_version": 1, "events_absorbed": 1,
-          "events_skipped": 0, "unknown_items_skipped": 0, "events_total": 1, "recommendations": ITEMS,
-          "source": "model"}
+          "events_skipped": 0, "unknown_items_skipped": 0, "events_total": 1, "rebuilt_from_events": 0,
+          "recommendations": ITEMS, "source": "model"}
 RECOMMEND = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "state_version": 1, "events_total": 1,
-             "source": "model", "items": ITEMS}
+             "rebuilt_from_events": 0, "source": "model", "items": ITEMS}
 BATCH = {"model": "gru4rec", "version": "1", "sessions": [{"session_id": "a", "events": 2, "source": "model",
                                                            "items": ITEMS}]}
 SUMMARY = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "exists": True, "state_version": 1,
-           "events_total": 1, "last_update": 1767225600.0, "recent_items": ["214536502"]}
+           "events_total": 1, "rebuilt_from_events": 0, "last_update": 1767225600.0, "recent_items": ["214536502"]}
 
 
 @router.post("/events", summary="Fold a session's new clicks into its state (and recommend)",
@@ -101,7 +101,7 @@ SUMMARY = {"session_id": "visit-7", "model": "gru4rec", "version": "1", "exists"
 async def post_events(model: ModelName, body: SessionEventsRequest, rec: Recommender, request: Request) -> dict:
     too_many("events", len(body.events), request.app.state.settings.max_events)
     not_ahead(request, [e.timestamp for e in body.events], "events[{i}].timestamp")
-    clicks = [Click(str(e.item_id), e.event_id) for e in body.events]
+    clicks = [Click(str(e.item_id), e.event_id, e.timestamp) for e in body.events]
     return await rec.absorb(model, body.session_id, clicks, recommend_k=body.recommend_k,
                             exclude_seen=body.exclude_seen, unknown_items=body.unknown_items)
 
