@@ -347,13 +347,16 @@ SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
 
 
 @pytest.fixture(scope="session")
-def artifacts(tmp_path_factory) -> tuple[Path, Path]:
-    """(artifacts dir holding deep_gpcm/v1, data dir): a tiny model trained for real on generated data."""
-    root = tmp_path_factory.mktemp("kt")
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(12, 16), seed=5)
-    train_model("deep_gpcm", data, root / "artifacts" / "deep_gpcm" / "v1",
-                cfg=TrainConfig(epochs=2, model=SMALL), progress=False, log=False)
-    return root / "artifacts", data
+def artifacts(build_once) -> tuple[Path, Path]:
+    """(artifacts dir holding deep_gpcm/v1, data dir): a tiny model trained for real on generated data (once per
+    run; read-only: copy it to change it)."""
+    def build(root: Path) -> None:
+        data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(12, 16), seed=5)
+        train_model("deep_gpcm", data, root / "artifacts" / "deep_gpcm" / "v1",
+                    cfg=TrainConfig(epochs=2, model=SMALL), progress=False, log=False)
+
+    root = build_once("kt", build)
+    return root / "artifacts", root / "data"
 
 
 @contextmanager
@@ -385,21 +388,23 @@ def serve():
 
 
 @pytest.fixture(scope="session")
-def artifact_tree(tmp_path_factory) -> Path:
-    """deep_gpcm/1, deep_gpcm/2 (a copy marked newer) and attention_gpcm/1, tiny and trained once per session."""
-    import json
-
+def artifact_tree(build_once) -> Path:
+    """deep_gpcm/1, deep_gpcm/2 (a copy marked newer) and attention_gpcm/1, tiny and trained once per run
+    (read-only: copy it to change it)."""
     small = dict(memory_size=4, key_dim=8, value_dim=8, summary_dim=8, embed_dim=8, n_heads=2, window=4)
-    root = tmp_path_factory.mktemp("service-artifacts")
-    artifacts = root / "artifacts"
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 15), seed=3)
-    for name in ("deep_gpcm", "attention_gpcm"):
-        train_model(name, data, artifacts / name / "1", cfg=TrainConfig(epochs=1, model=small), progress=False,
-                    log=False)
-    shutil.copytree(artifacts / "deep_gpcm" / "1", artifacts / "deep_gpcm" / "2")
-    path = artifacts / "deep_gpcm" / "2" / "manifest.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z", "version": "2"}))
-    return artifacts
+
+    def build(root: Path) -> None:
+        artifacts = root / "artifacts"
+        data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 15), seed=3)
+        for name in ("deep_gpcm", "attention_gpcm"):
+            train_model(name, data, artifacts / name / "1", cfg=TrainConfig(epochs=1, model=small), progress=False,
+                        log=False)
+        shutil.copytree(artifacts / "deep_gpcm" / "1", artifacts / "deep_gpcm" / "2")
+        path = artifacts / "deep_gpcm" / "2" / "manifest.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z",
+                                    "version": "2"}))
+
+    return build_once("service-artifacts", build) / "artifacts"
 
 
 # ids as apps make them: slashes, spaces, percent signs, query and fragment marks, dot segments, non-ASCII, the
