@@ -68,6 +68,7 @@ class RedisProcess:
         assert self._proc is None, "already running"
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = [self.binary, "--save", "", "--appendonly", "no", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--repl-diskless-sync-delay", "0",  # a replica's sync starts at once, not after 5 s
                 *self.extra]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 -- owned by the child process
         self._proc = subprocess.Popen(argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)

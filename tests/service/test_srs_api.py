@@ -149,7 +149,15 @@ def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: 
 def onnx_drift(art: Path, reviews: list[dict]) -> tuple[list[float], np.ndarray]:
     """(the drift sums after `reviews`, each review's FSRS-6 error), stepped here: the graph answers each review from
     its window before it, and FSRS-6's error on it (rating > 1 minus fsrs_recall) is the review's error, and is added
-    to the sums, when it is scored (NaN otherwise)."""
+    to the sums, when it is scored (NaN otherwise). Stepped once per log (one graph call per review): the queries on
+    one log share it."""
+    drift, errors = _onnx_drift(art, json.dumps(reviews))
+    return list(drift), errors.copy()
+
+
+@functools.cache
+def _onnx_drift(art: Path, reviews_json: str) -> tuple[tuple[float, float], np.ndarray]:
+    reviews = json.loads(reviews_json)
     manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
     a = 0.5 ** (1 / manifest["drift"]["halflife_scored_reviews"])
     log, m, w = as_log(reviews), 0.0, 0.0
@@ -161,7 +169,7 @@ def onnx_drift(art: Path, reviews: list[dict]) -> tuple[list[float], np.ndarray]
         if scored:
             errors[i] = float(r["rating"] > 1) - float(fsrs_recall)
             m, w = a * m + errors[i], a * w + 1
-    return [m, w], errors
+    return (m, w), errors
 
 
 def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at) -> tuple[dict, np.ndarray]:
