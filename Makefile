@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
-# the tests run in one worker process per core (pytest-xdist), each test file whole on one worker;
-# make test WORKERS=0 runs them in this process
+# the tests run in one worker process per core (pytest-xdist), each test file whole on one worker, the slowest
+# files first (tests/conftest.py); make test WORKERS=0 runs them in this process
 WORKERS ?= auto
-XDIST   = -n $(WORKERS) --dist loadfile
+XDIST   = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help setup run demo demo-artifacts test test-all test-slow test-cluster test-ray lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
 

@@ -240,6 +240,7 @@ def test_binary_data_gets_an_auc(tmp_path):
 SMALL_DKT = {"model": {"hidden": 16, "embed_dim": 8}}
 
 
+@pytest.mark.slow  # two whole runs; the fast tier reads a long CSV as the same sequences (test_data.py)
 def test_a_data_set_in_the_long_format_trains_to_the_same_metrics_as_in_its_own(tmp_path):
     """The same three-line data set as a gzipped long CSV with text ids ("q101") trains to the same metrics and
     weights with the same seed; the log names the format read. (With the same ids the long CSV reads as the very
