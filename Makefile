@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 DATA   ?= ../shared/data
+# the tests run in one worker process per core (pytest-xdist), each test file whole on one worker, the slowest
+# files first (tests/conftest.py); make test WORKERS=0 runs them in this process
+WORKERS ?= auto
+XDIST   = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help setup run demo demo-artifacts test test-all test-slow test-cluster test-ray lint openapi bench train-synthetic train-assist2009 train-ankimath train-simakt ablation-simakt clean
 
@@ -27,15 +31,15 @@ demo-artifacts:  ## rebuild the demo models bundled in nextstep/demo_artifacts (
 
 test:  ## the fast tier, after every change: lint and every test but the slow and cluster ones
 	$(BIN)/ruff check .
-	$(BIN)/pytest -m "not slow and not cluster"
+	$(BIN)/pytest -m "not slow and not cluster" $(XDIST)
 
 test-all:  ## what CI runs: lint and every test, the slow tier and the Redis Cluster and Sentinel tests included
 	$(BIN)/ruff check .
-	$(BIN)/pytest -m "not cluster"
+	$(BIN)/pytest -m "not cluster" $(XDIST)
 	$(BIN)/pytest -m cluster tests/service/test_cluster.py
 
 test-slow:  ## the slow tier alone (whole training runs, spawned processes, load, fuzzing)
-	$(BIN)/pytest -m "slow and not cluster"
+	$(BIN)/pytest -m "slow and not cluster" $(XDIST)
 
 test-cluster:  ## the state stores on a real Redis Cluster (6 servers) and Sentinel, failovers under load (~2 min)
 	$(BIN)/pytest -m cluster tests/service/test_cluster.py

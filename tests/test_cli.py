@@ -212,14 +212,30 @@ def _write_binary(data_dir, seed: int = 0) -> int:
     return n_test
 
 
-def test_binary_data_gets_an_auc(tmp_path):
-    data = tmp_path / "binary"
+@pytest.fixture(scope="module")
+def replaced(tmp_path_factory, trained):
+    """A copy of `trained`'s artifact, then a coral_gpcm run on right/wrong data into its folder: refused, then
+    with --force. (folder, test interactions, the manifest before, the manifest after the refusal, the forced run's
+    exit code)."""
+    root = tmp_path_factory.mktemp("replaced")
+    data = root / "binary"
     n_test = _write_binary(data)
-    config = tmp_path / "small.json"
+    config = root / "small.json"
     config.write_text(json.dumps(SMALL_MODEL))
-    out = tmp_path / "artifact"
-    code, _ = _train(["train", "coral_gpcm", "--data", str(data), "--out", str(out), "--epochs", "2",
-                      "--config", str(config), "--quiet"])
+    out = root / "models" / "artifact"
+    shutil.copytree(trained[1], out)
+    before = (out / "manifest.json").read_text()
+    argv = ["train", "coral_gpcm", "--data", str(data), "--out", str(out), "--epochs", "2", "--config", str(config),
+            "--quiet"]
+    with pytest.raises(SystemExit, match="holds an artifact already; --force replaces it"):
+        main(argv)
+    refused = (out / "manifest.json").read_text()
+    code, _ = _train([*argv, "--force"])
+    return out, n_test, before, refused, code
+
+
+def test_binary_data_gets_an_auc(replaced):
+    out, n_test, _, _, code = replaced
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
     test = manifest["metrics"]["test"]
@@ -240,6 +256,7 @@ def test_binary_data_gets_an_auc(tmp_path):
 SMALL_DKT = {"model": {"hidden": 16, "embed_dim": 8}}
 
 
+@pytest.mark.slow  # two whole runs; the fast tier reads a long CSV as the same sequences (test_data.py)
 def test_a_data_set_in_the_long_format_trains_to_the_same_metrics_as_in_its_own(tmp_path):
     """The same three-line data set as a gzipped long CSV with text ids ("q101") trains to the same metrics and
     weights with the same seed; the log names the format read. (With the same ids the long CSV reads as the very
@@ -472,22 +489,14 @@ def test_help_keeps_the_command_table_and_every_argument_says_what_it_is():
     assert bare == []
 
 
-def test_force_replaces_an_artifact_only_once_the_new_one_is_complete(tmp_path, trained):
-    data, artifact = trained[0], trained[1]
-    out = tmp_path / "models" / "artifact"
-    shutil.copytree(artifact, out)
-    before = (out / "manifest.json").read_text()
-    config = tmp_path / "small.json"
-    config.write_text(json.dumps(SMALL_MODEL))
-    argv = ["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--epochs", "1", "--config", str(config),
-            "--quiet"]
-    with pytest.raises(SystemExit, match="holds an artifact already; --force replaces it"):
-        main(argv)
-    assert (out / "manifest.json").read_text() == before
-    code, _ = _train([*argv, "--force"])
+def test_force_replaces_an_artifact_only_once_the_new_one_is_complete(replaced):
+    """(The replacing run is test_binary_data_gets_an_auc's: another family on other data.)"""
+    out, _, before, refused, code = replaced
+    assert refused == before  # without --force: nothing written
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["train_config"]["epochs"] == 1 and manifest["parity"]["passed"]
+    assert manifest["family"] == "coral_gpcm" and manifest["train_config"]["epochs"] == 2
+    assert manifest["parity"]["passed"]
     assert sorted(p.name for p in out.parent.iterdir()) == ["artifact"]  # no partial or replaced folder left
 
 

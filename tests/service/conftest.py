@@ -29,7 +29,6 @@ from nextstep.service.app import create_app
 from nextstep.service.settings import Settings
 from nextstep.training.loop import TrainConfig
 from nextstep.training.run import train_model
-from nextstep.training.synthetic import write_gpcm_dataset
 
 
 def _free_port() -> int:
@@ -68,6 +67,7 @@ class RedisProcess:
         assert self._proc is None, "already running"
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = [self.binary, "--save", "", "--appendonly", "no", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--repl-diskless-sync-delay", "0",  # a replica's sync starts at once, not after 5 s
                 *self.extra]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 -- owned by the child process
         self._proc = subprocess.Popen(argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
@@ -342,20 +342,7 @@ def sentinels(tmp_path: Path) -> Iterator[SentinelProcesses]:
         group.stop()
 
 
-# -- a served model: a tiny deep_gpcm trained for real, and the app under uvicorn ---------------------------
-SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
-
-
-@pytest.fixture(scope="session")
-def artifacts(tmp_path_factory) -> tuple[Path, Path]:
-    """(artifacts dir holding deep_gpcm/v1, data dir): a tiny model trained for real on generated data."""
-    root = tmp_path_factory.mktemp("kt")
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(12, 16), seed=5)
-    train_model("deep_gpcm", data, root / "artifacts" / "deep_gpcm" / "v1",
-                cfg=TrainConfig(epochs=2, model=SMALL), progress=False, log=False)
-    return root / "artifacts", data
-
-
+# -- a served model (`artifacts`, tests/conftest.py), and the app under uvicorn -------------------------------------
 @contextmanager
 def serving(settings: Settings, app=None):
     """The app (`create_app(settings)` unless given) under uvicorn in a thread on a free loopback port; yields its
@@ -385,21 +372,23 @@ def serve():
 
 
 @pytest.fixture(scope="session")
-def artifact_tree(tmp_path_factory) -> Path:
-    """deep_gpcm/1, deep_gpcm/2 (a copy marked newer) and attention_gpcm/1, tiny and trained once per session."""
-    import json
-
+def artifact_tree(build_once, artifacts) -> Path:
+    """deep_gpcm/1 (the session's `artifacts` model), deep_gpcm/2 (a copy marked newer) and attention_gpcm/1 (tiny,
+    trained for real on the same data); once per run, read-only: copy it to change it."""
+    kt, data = artifacts
     small = dict(memory_size=4, key_dim=8, value_dim=8, summary_dim=8, embed_dim=8, n_heads=2, window=4)
-    root = tmp_path_factory.mktemp("service-artifacts")
-    artifacts = root / "artifacts"
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 15), seed=3)
-    for name in ("deep_gpcm", "attention_gpcm"):
-        train_model(name, data, artifacts / name / "1", cfg=TrainConfig(epochs=1, model=small), progress=False,
-                    log=False)
-    shutil.copytree(artifacts / "deep_gpcm" / "1", artifacts / "deep_gpcm" / "2")
-    path = artifacts / "deep_gpcm" / "2" / "manifest.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z", "version": "2"}))
-    return artifacts
+
+    def build(root: Path) -> None:
+        tree = root / "artifacts"
+        train_model("attention_gpcm", data, tree / "attention_gpcm" / "1", cfg=TrainConfig(epochs=1, model=small),
+                    progress=False, log=False)
+        for version in ("1", "2"):
+            shutil.copytree(kt / "deep_gpcm" / "v1", tree / "deep_gpcm" / version)
+        path = tree / "deep_gpcm" / "2" / "manifest.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z",
+                                    "version": "2"}))
+
+    return build_once("service-artifacts", build) / "artifacts"
 
 
 # ids as apps make them: slashes, spaces, percent signs, query and fragment marks, dot segments, non-ASCII, the

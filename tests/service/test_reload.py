@@ -9,46 +9,24 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-import torch
 
-from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
+from nextstep.demo import BUNDLED
 from nextstep.service.settings import Settings
-from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
-from nextstep.training.next_item_run import train_next_item
-from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
-from nextstep.training.time_aware_export import export_time_aware
 
 T0 = 1.7e9
 
 
 @pytest.fixture(scope="module")
 def tree(artifact_tree, tmp_path_factory) -> Path:
-    """deep_gpcm/1 and /2 (the newer), gru4rec/1 (trained briefly) and time_aware/1 (untrained weights, exported
-    through the real exporter and its parity check): one model of each task."""
-    root = tmp_path_factory.mktemp("reload")
-    art = root / "artifacts"
+    """deep_gpcm/1 and /2 (the newer, trained for real: the session's artifact_tree), gru4rec/1 and time_aware/1
+    (the bundled demo models, trained and exported for real by `make demo-artifacts`): one model of each task."""
+    art = tmp_path_factory.mktemp("reload") / "artifacts"
     for version in ("1", "2"):
         shutil.copytree(artifact_tree / "deep_gpcm" / version, art / "deep_gpcm" / version,
                         ignore=shutil.ignore_patterns("report", "*.pt"))
-    data = zipf_sessions(200, 40, (2, 8), follow=0.7, seed=1)
-    write_gru4rec_tsv(subset(data, np.arange(170)), root / "demo_train_full.txt")
-    write_gru4rec_tsv(subset(data, np.arange(170, 200)), root / "demo_test.txt")
-    train_next_item("gru4rec", root, art / "gru4rec" / "1", cfg=GRU4RecTrainConfig(
-        epochs=1, n_sample=8, model={"layers": (8,)}), progress=False, log=False, top_k=10)
-    torch.manual_seed(0)
-    model = TimeAwareTransformer(TimeAwareConfig(d_model=16, n_layers=1, ffn_dim=32, t2v_dim=4, window=16,
-                                                 card_window=4)).eval()
-    g = torch.Generator().manual_seed(0)
-    card = torch.randint(1, 6, (2, 12), generator=g)
-    times = T0 + torch.cumsum(torch.rand(2, 12, generator=g, dtype=torch.float64) * 3 * 86400, 1)
-    seq = Window(card, card % 3, times, torch.randint(1, 5, (2, 12), generator=g), torch.rand(2, 12) * 10,
-                 torch.full((2, 12), 2), torch.ones(2, 12, dtype=torch.bool))
-    export_time_aware(model, art / "time_aware" / "1", sequence=seq,
-                      manifest={"name": "time_aware", "version": "1", "created": "2026-01-01T00:00:00Z"})
-    for path in art.glob("*/*/report"):
-        shutil.rmtree(path)
+    for name in ("gru4rec", "time_aware"):
+        shutil.copytree(BUNDLED / name / "demo", art / name / "1")
     return art
 
 

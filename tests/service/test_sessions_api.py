@@ -16,17 +16,19 @@ from tests.service.conftest import ODD_IDS, encoded
 
 
 @pytest.fixture(scope="session")
-def rec_artifacts(tmp_path_factory):
-    """artifacts/{gru4rec,popularity}/1 trained for real on generated sessions (60 items)."""
-    root = tmp_path_factory.mktemp("rec")
-    data = zipf_sessions(300, 60, (2, 9), follow=0.7, seed=0)
-    write_gru4rec_tsv(subset(data, np.arange(250)), root / "demo_train_full.txt")
-    write_gru4rec_tsv(subset(data, np.arange(250, 300)), root / "demo_test.txt")
-    cfg = GRU4RecTrainConfig(epochs=2, n_sample=16, model={"layers": (12,)})
-    train_next_item("gru4rec", root, root / "artifacts" / "gru4rec" / "1", cfg=cfg, progress=False, log=False,
-                    top_k=30)
-    train_next_item("popularity", root, root / "artifacts" / "popularity" / "1", progress=False, log=False, top_k=30)
-    return root / "artifacts"
+def rec_artifacts(build_once):
+    """artifacts/{gru4rec,popularity}/1 trained for real on generated sessions (60 items); once per run, read-only."""
+    def build(root):
+        data = zipf_sessions(300, 60, (2, 9), follow=0.7, seed=0)
+        write_gru4rec_tsv(subset(data, np.arange(250)), root / "demo_train_full.txt")
+        write_gru4rec_tsv(subset(data, np.arange(250, 300)), root / "demo_test.txt")
+        cfg = GRU4RecTrainConfig(epochs=2, n_sample=16, model={"layers": (12,)})
+        train_next_item("gru4rec", root, root / "artifacts" / "gru4rec" / "1", cfg=cfg, progress=False, log=False,
+                        top_k=30)
+        train_next_item("popularity", root, root / "artifacts" / "popularity" / "1", progress=False, log=False,
+                        top_k=30)
+
+    return build_once("rec", build) / "artifacts"
 
 
 @pytest.fixture(params=["in-process", "redis"])

@@ -78,27 +78,32 @@ def as_log(reviews: list[dict], query: dict | None = None) -> ReviewLog:
 
 
 @pytest.fixture(scope="session")
-def srs_model(tmp_path_factory):
+def srs_model(build_once):
     """(artifacts dir with time_aware/1, the PyTorch model): the time-aware model trained for a few epochs on
-    three generated users (600 reviews), exported through the real exporter (which checks parity)."""
-    root = tmp_path_factory.mktemp("srs")
-    log = as_log([r for seed in (101, 102, 103) for r in review_log(seed, n=200)])
-    log.offsets = np.array([0, 200, 400, 600])
-    log.user_ids = ["a", "b", "c"]
-    rt = ReviewTensors(log, SIZE, CARD_SIZE)
-    threads = torch.get_num_threads()
-    try:
-        model, _ = fit(rt, np.arange(len(log)), CONFIG,
-                       TimeAwareTrainConfig(max_epochs=5, batch_size=64, lr=3e-3, seed=0, threads=1))
-    finally:
-        torch.set_num_threads(threads)
-    model.deck_drift_gain.fill_(1.5)  # the deck's drift in play whatever calibration made of this little data
-    seq = Window(*(torch.stack([x[:12], x[200:212]]) for x in (rt.card, rt.deck, rt.time, rt.rating, rt.duration,
-                                                                rt.state)), torch.ones(2, 12, dtype=torch.bool))
-    export_time_aware(model, root / "artifacts" / "time_aware" / "1",
-                      manifest={"name": "time_aware", "version": "1", "created": "2026-01-01T00:00:00Z"},
-                      sequence=seq)
-    return root / "artifacts", model
+    three generated users (600 reviews), exported through the real exporter (which checks parity); built once per
+    run (model.pt holds the model for the other workers)."""
+    def build(root: Path) -> None:
+        log = as_log([r for seed in (101, 102, 103) for r in review_log(seed, n=200)])
+        log.offsets = np.array([0, 200, 400, 600])
+        log.user_ids = ["a", "b", "c"]
+        rt = ReviewTensors(log, SIZE, CARD_SIZE)
+        threads = torch.get_num_threads()
+        try:
+            model, _ = fit(rt, np.arange(len(log)), CONFIG,
+                           TimeAwareTrainConfig(max_epochs=5, batch_size=64, lr=3e-3, seed=0, threads=1))
+        finally:
+            torch.set_num_threads(threads)
+        model.deck_drift_gain.fill_(1.5)  # the deck's drift in play whatever calibration made of this little data
+        seq = Window(*(torch.stack([x[:12], x[200:212]]) for x in (rt.card, rt.deck, rt.time, rt.rating,
+                                                                    rt.duration, rt.state)),
+                     torch.ones(2, 12, dtype=torch.bool))
+        export_time_aware(model, root / "artifacts" / "time_aware" / "1",
+                          manifest={"name": "time_aware", "version": "1", "created": "2026-01-01T00:00:00Z"},
+                          sequence=seq)
+        torch.save(model, root / "model.pt")
+
+    root = build_once("srs", build)
+    return root / "artifacts", torch.load(root / "model.pt", weights_only=False)
 
 
 @pytest.fixture(params=["in-process", "redis"])
@@ -144,7 +149,15 @@ def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: 
 def onnx_drift(art: Path, reviews: list[dict]) -> tuple[list[float], np.ndarray]:
     """(the drift sums after `reviews`, each review's FSRS-6 error), stepped here: the graph answers each review from
     its window before it, and FSRS-6's error on it (rating > 1 minus fsrs_recall) is the review's error, and is added
-    to the sums, when it is scored (NaN otherwise)."""
+    to the sums, when it is scored (NaN otherwise). Stepped once per log (one graph call per review): the queries on
+    one log share it."""
+    drift, errors = _onnx_drift(art, json.dumps(reviews))
+    return list(drift), errors.copy()
+
+
+@functools.cache
+def _onnx_drift(art: Path, reviews_json: str) -> tuple[tuple[float, float], np.ndarray]:
+    reviews = json.loads(reviews_json)
     manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
     a = 0.5 ** (1 / manifest["drift"]["halflife_scored_reviews"])
     log, m, w = as_log(reviews), 0.0, 0.0
@@ -156,7 +169,7 @@ def onnx_drift(art: Path, reviews: list[dict]) -> tuple[list[float], np.ndarray]
         if scored:
             errors[i] = float(r["rating"] > 1) - float(fsrs_recall)
             m, w = a * m + errors[i], a * w + 1
-    return [m, w], errors
+    return (m, w), errors
 
 
 def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at) -> tuple[dict, np.ndarray]:

@@ -1,14 +1,13 @@
 """The answer-order measurement: it finds no fall where the model is ordered by construction, it sees falls either
 way (a model and its mirror image share the steps between them), and it scores an artifact's own held-out students."""
 
+import json
+
 import pytest
 import torch
 
 from nextstep.models.deep_gpcm import GPCMConfig, deep_gpcm
 from nextstep.training.answer_order import answer_order, held_out, main
-from nextstep.training.loop import TrainConfig
-from nextstep.training.run import train_model
-from nextstep.training.synthetic import write_gpcm_dataset
 
 TINY = {"n_questions": 20, "memory_size": 3, "key_dim": 8, "value_dim": 16, "summary_dim": 8}
 
@@ -45,16 +44,17 @@ def test_a_model_and_its_mirror_image_fall_on_different_steps():
         assert 0 < a < 1 and 0 < b < 1 and 0.99 <= a + b <= 1.0, (where, a, b)
 
 
-def test_an_artifacts_validation_students_are_its_runs(tmp_path, capsys):
-    data = write_gpcm_dataset(tmp_path / "data", n_students=40, n_questions=8, n_cats=2, seq_len_range=(8, 12),
-                              seed=3)
-    manifest = train_model("deep_gpcm", data, tmp_path / "art", progress=False, log=False,
-                           cfg=TrainConfig(epochs=1, seed=5, model={"key_dim": 8, "order_penalty": 1.0}))
-    _, valid = held_out(tmp_path / "art", data, "valid")
-    _, test = held_out(tmp_path / "art", data, "test")
+def test_an_artifacts_validation_students_are_its_runs(artifacts, capsys):
+    """On the session's deep_gpcm artifact (trained by train_model, tests/conftest.py)."""
+    root, data = artifacts
+    art = root / "deep_gpcm" / "v1"
+    manifest = json.loads((art / "manifest.json").read_text())
+    _, valid = held_out(art, data, "valid")
+    _, test = held_out(art, data, "test")
     assert len(valid) == manifest["data"]["n_valid_students"] and len(test) == manifest["data"]["n_test_students"]
-    main([str(tmp_path / "art"), "--data", str(data), "--students", "valid", "--steps", "5"])
+    assert len(valid) > 0 and len(test) > 0
+    main([str(art), "--data", str(data), "--students", "valid", "--steps", "5"])
     assert '"same_theta"' in capsys.readouterr().out
     with pytest.raises(SystemExit):  # no steps is no measurement: refused, not an empty answer
-        main([str(tmp_path / "art"), "--data", str(data), "--steps", "0"])
+        main([str(art), "--data", str(data), "--steps", "0"])
     assert "--steps must be at least 1" in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""What every test shares, in one process or in several (pytest-xdist, `make test`'s `-n auto`).
+
+* Under xdist each worker runs torch (and what the tests spawn) on one thread: the workers already take the cores.
+* `build_once(name, build)` -- a folder of things that are slow to make (trained and exported models), made once per
+  test run and shared by the workers: the first worker to ask builds it while holding a file lock, the others wait
+  and read what it built. The folder is read-only by convention: a test that changes files copies it first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... in an xdist worker; None in a plain run
+
+if WORKER:
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if WORKER and "torch" in sys.modules:  # imported before this file (a plugin): its thread pool is already made
+        sys.modules["torch"].set_num_threads(1)
+
+
+# The files that take longest (most of it training and exporting models), slowest first (measured 2026-11-27 on
+# the 2-core development machine, both tiers). Under xdist they are handed out first, so that no worker is left
+# with one of them while the others have finished; the Makefile's --no-loadscope-reorder keeps this order (xdist
+# would otherwise start with the files that hold most tests).
+FIRST = (
+    "tests/service/test_simakt_api.py",
+    "tests/training/test_export.py",
+    "tests/training/test_time_aware_run.py",
+    "tests/service/test_srs_api.py",
+    "tests/test_cli.py",
+    "tests/training/test_simakt_run.py",
+    "tests/service/test_reload.py",
+    "tests/service/test_replicas.py",
+    "tests/service/test_kt_api.py",
+    "tests/service/test_demo_served.py",
+    "tests/training/test_warm_start.py",
+    "tests/training/test_answer_order.py",
+    "tests/training/test_mrn_loop.py",
+    "tests/training/test_families.py",
+    "tests/service/test_sessions_api.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if WORKER:  # a stable sort: each file's tests, and the other files, stay in their order
+        rank = {path: n for n, path in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))
+
+
+@pytest.fixture(scope="session")
+def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[Path], None]], Path]:
+    """`build_once(name, build)`: the folder `name` after `build(folder)` filled it, once per test run.
+
+    In a plain run the folder is a fresh temporary one. Under xdist it lies in the folder the workers' temporary
+    folders share (the run's own, `getbasetemp().parent`); a lock file beside it makes the other workers wait for
+    the first. A build that failed is retried by the next worker that asks (and fails there too, with its error)."""
+
+    def once(name: str, build: Callable[[Path], None]) -> Path:
+        if not WORKER:
+            folder = tmp_path_factory.mktemp(name)
+            build(folder)
+            return folder
+        from filelock import FileLock
+
+        shared = tmp_path_factory.getbasetemp().parent
+        folder, done = shared / f"shared-{name}", shared / f"shared-{name}.done"
+        with FileLock(str(shared / f"shared-{name}.lock")):
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+                folder.mkdir()
+                build(folder)
+                done.touch()
+        return folder
+
+    return once
+
+
+# -- a knowledge-tracing model trained for real: served by the service tests, measured by the training tests ---------
+SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
+
+
+@pytest.fixture(scope="session")
+def artifacts(build_once) -> tuple[Path, Path]:
+    """(artifacts dir holding deep_gpcm/v1, data dir): a tiny deep_gpcm trained for real on generated data (ordinal,
+    4 categories; seed 0, validation fraction 0.1) and exported; once per run, read-only: copy it to change it."""
+    def build(root: Path) -> None:
+        from nextstep.training.loop import TrainConfig
+        from nextstep.training.run import train_model
+        from nextstep.training.synthetic import write_gpcm_dataset
+
+        data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(12, 16), seed=5)
+        train_model("deep_gpcm", data, root / "artifacts" / "deep_gpcm" / "v1",
+                    cfg=TrainConfig(epochs=2, model=SMALL), progress=False, log=False)
+
+    root = build_once("kt", build)
+    return root / "artifacts", root / "data"
