@@ -263,14 +263,12 @@ def rating_ce(p4: np.ndarray, rating: np.ndarray) -> float:
 def duration_mask(log: ReviewLog) -> np.ndarray:
     """Reviews whose answer time is scored: scored, not a first review, duration known and below the cap.
 
-    The cap is `log.meta["duration_cap_s"]` when present (a duration at or above it was clipped by the app).
+    The cap is `log.meta["duration_cap_s"]` when present (a duration at or above it was clipped by the app), or each
+    user's in a log of several sources (`ReviewLog.duration_caps`).
     """
     duration = np.asarray(log.duration, dtype=np.float64)
     mask = scored_mask(log) & (np.asarray(log.elapsed_days) >= 0) & np.isfinite(duration)
-    cap = log.meta.get("duration_cap_s")
-    if cap is not None:
-        mask &= duration < float(cap)
-    return mask
+    return mask & (duration < log.duration_caps())
 
 
 def duration_errors(pred_s: np.ndarray, true_s: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
@@ -390,18 +388,15 @@ def fsrs6_rating_predictions(log: ReviewLog, folds: list[Fold], p_recall: np.nda
 def median_duration_predictions(log: ReviewLog, folds: list[Fold], by_grade: bool = True) -> np.ndarray:
     """Median answer time (seconds) of the user's training reviews, per grade or overall.
 
-    Training reviews count when they are not a first review and their duration is known and below
-    `meta["duration_cap_s"]` (same-day reviews included). by_grade=True predicts each test review with the
-    median of its TRUE rating (anki-time-benchmark's "median by grade" anchor: it knows the grade, which a
+    Training reviews count when they are not a first review and their duration is known and below the
+    answer-time cap (`ReviewLog.duration_caps`; same-day reviews included). by_grade=True predicts each test review
+    with the median of its TRUE rating (anki-time-benchmark's "median by grade" anchor: it knows the grade, which a
     model predicting before the answer does not); a grade without training reviews falls back to the
     overall median. The overall median falls back to that of all users' training rows of the fold.
     """
     duration = np.asarray(log.duration, dtype=np.float64)
     rating = np.asarray(log.rating)
-    usable = (np.asarray(log.elapsed_days) >= 0) & np.isfinite(duration)
-    cap = log.meta.get("duration_cap_s")
-    if cap is not None:
-        usable &= duration < float(cap)
+    usable = (np.asarray(log.elapsed_days) >= 0) & np.isfinite(duration) & (duration < log.duration_caps())
     pred = np.full(len(log), np.nan)
     fold_median = {}
     for k, (train, _) in enumerate(folds):
