@@ -65,6 +65,11 @@ class StateStore(Protocol):
         `fields` holds those of the named companion fields that exist, read atomically with the state."""
         ...
 
+    async def read_all(self, key: str) -> StoredState:
+        """The state with every companion field it has (its `fields`), read atomically: for the rare operation that
+        needs an entity's whole record (a flashcard user's every card), not for the per-request path."""
+        ...
+
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
         """Which of `event_ids` were already applied to `key` (within the de-duplication window)."""
         ...
@@ -170,6 +175,13 @@ class InProcessStore:
             values = {f: entry.fields[f] for f in fields if f in entry.fields}
             state = StoredState(entry.version, entry.events, entry.updated, entry.blob, values)
             return state, {i for i in event_ids if i in entry.ids}
+
+    async def read_all(self, key: str) -> StoredState:
+        async with self._lock:
+            entry = self._live(key, time.monotonic())
+            if entry is None:
+                return ABSENT
+            return StoredState(entry.version, entry.events, entry.updated, entry.blob, dict(entry.fields))
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),
@@ -423,6 +435,17 @@ class RedisStore:
             return state, seen
         found = {name: value for name, value in zip(fields, values, strict=True) if value is not None}
         return StoredState(state.version, state.events, state.updated, state.blob, found), seen
+
+    async def read_all(self, key: str) -> StoredState:
+        state_key, _, _, fields_key = self._keys(key)
+        reply, values = await self._execute("read all", (("HMGET", state_key, *_FIELDS), ("HGETALL", fields_key)),
+                                            atomic=True)
+        state = _state(reply)
+        if state.version == 0:
+            return state
+        values = dict(zip(values[::2], values[1::2], strict=True)) if isinstance(values, list) else values
+        found = {(k.decode() if isinstance(k, bytes) else k): v for k, v in values.items()}
+        return StoredState(state.version, state.events, state.updated, state.blob, found)
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),
