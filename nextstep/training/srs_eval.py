@@ -572,13 +572,15 @@ def evaluate_baselines(log: ReviewLog, n_splits: int = 5, split_on: str = "score
 # ------------------------------------------------------------------------------------------------- CLI
 
 
-def _read_log(data: str, day_columns: str) -> ReviewLog:
-    from nextstep.training import reviews
+def _read_log(data: str, day_columns: str, duration_cap_s: float | None = None) -> ReviewLog:
+    """--data as `nextstep train time_aware` reads it (one user's file or folder, or a folder of users' folders); a
+    cap given applies to the one source's log, and in a folder of users to each user whose data cannot say."""
+    from nextstep.training.reviews import read_review_data
 
-    reader = getattr(reviews, "read_reviews", None)
-    if reader is None:
-        raise SystemExit("nextstep.training.reviews.read_reviews is not available")
-    return reader(data, day_columns=day_columns)
+    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    if duration_cap_s is not None and "duration_cap_s_by_user" not in log.meta:
+        log.meta["duration_cap_s"] = duration_cap_s
+    return log
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -586,7 +588,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m nextstep.training.srs_eval",
         description="Baselines of a review log under the srs-benchmark protocol, printed as JSON.",
     )
-    parser.add_argument("--data", required=True, help="a data set directory or review file (reviews.read_reviews)")
+    parser.add_argument("--data", required=True, help="a review file, one user's folder, or a folder of users' "
+                                                      "folders (reviews.read_review_data)")
     parser.add_argument("--n-splits", type=int, default=5)
     parser.add_argument("--split-on", choices=SPLIT_UNITS, default="scored",
                         help="draw the TimeSeriesSplit blocks over scored reviews (srs-benchmark) or all reviews")
@@ -595,9 +598,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration-cap-s", type=float, default=None,
                         help="answer-time cap of the source (durations at or above it are not scored)")
     args = parser.parse_args(argv)
-    log = _read_log(args.data, args.day_columns)
-    if args.duration_cap_s is not None:
-        log.meta["duration_cap_s"] = args.duration_cap_s
+    log = _read_log(args.data, args.day_columns, args.duration_cap_s)
     print(json.dumps(evaluate_baselines(log, args.n_splits, args.split_on), indent=2))
 
 
