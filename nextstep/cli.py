@@ -467,8 +467,9 @@ DATA_HELP = {  # --data of train, by task
                          "are split 80/20 by a hash of their id); plain or gzipped",
     "next_item": "data set directory holding *_train_full and *_test files (or a single raw file, split by time); "
                  "plain or gzipped",
-    "srs": "a review log (a review-log CSV, plain or gzipped; an Anki collection; a py-fsrs CSV) or a directory "
-           "holding one",
+    "srs": "a review log (a review-log CSV, plain or gzipped; an Anki collection.anki2 or .colpkg backup; a py-fsrs "
+           "CSV), a directory holding one user's, or a directory of users' directories at any depth (each read as "
+           "one user; one whose data are refused is skipped, saying why)",
 }
 
 
@@ -605,7 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(func=cmd_score)
 
     anki = sub.add_parser("import-anki", help="write an Anki collection's reviews as a review-log CSV")
-    anki.add_argument("collection", help="the collection.anki2 file (SQLite; unzip a .colpkg first)")
+    anki.add_argument("collection", help="the collection: collection.anki2 (SQLite), or a .colpkg backup or .apkg "
+                                          "as Anki writes it (read inside the zip, nothing unpacked)")
     anki.add_argument("--out", required=True, help="the CSV to write")
     anki.add_argument("--user-id", default="0", help="user id written in the user_id column (default 0)")
     anki.set_defaults(func=cmd_import_anki)

@@ -439,6 +439,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                max_event_ids=settings.max_event_ids)
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,
                                          cas_retries=settings.cas_retries,
+                                         max_interval_days=settings.srs_max_interval_days,
                                          on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
         app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)

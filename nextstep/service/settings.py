@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     # has forgotten most of it), and Redis does not fill with abandoned histories.
     srs_ttl_seconds: float = Field(default=730 * 86400, ge=0)
     srs_max_schedule_cards: int = Field(default=100, ge=1)  # cards per srs schedule request
+    # the longest interval a flashcard is scheduled (and simulated) at, in days from the card's last review. Five
+    # years, not Anki's 36,500 days: no collection we hold shows a gap over 515 days (16 users, histories up to
+    # 1,026 days), so an interval of many years is the model's extrapolation, and the costs are lopsided: capping a
+    # card that would have waited 10 years costs one review in five years; letting it wait loses the card
+    srs_max_interval_days: int = Field(default=1825, ge=1, le=36500)
+    srs_max_simulate_cards: int = Field(default=10_000, ge=1)  # cards per srs simulate request (stored or given)
     cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
     max_event_ids: int = Field(default=10_000, ge=1)  # replay protection window per entity
     # each learner's and session's event log (state.py), from which a new model version rebuilds its state: at most

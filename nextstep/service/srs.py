@@ -45,7 +45,12 @@ live for years: their store's TTL, NEXTSTEP_SRS_TTL_SECONDS, is two years by def
 review recorded (0: never expire).
 
 Scheduling (`schedule`) is one batched call of the `schedule` graph: the model's recall is a forgetting curve,
-monotone in the time since the card's last review, and the graph inverts it in closed form.
+monotone in the time since the card's last review, and the graph inverts it in closed form. No card waits longer
+than the maximum interval (NEXTSTEP_SRS_MAX_INTERVAL_DAYS) after its last review.
+
+Simulation (`simulate`): the expected workload of several desired retentions over the next days, for the user's
+whole deck (`read_all`: every card's field) or the cards given; srs_simulate.py says how, with the model's own
+intervals and answer times measured on a sample of the deck (two graph calls, whatever its size).
 """
 
 from __future__ import annotations
@@ -61,14 +66,24 @@ import numpy as np
 
 from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
-from .errors import InvalidInput
+from .errors import InvalidInput, TooLarge
 from .registry import ONNX_DTYPES, LoadedModel, TaskSpec, register_task
+from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, shares
+from .srs_simulate import simulate as run_simulation
 from .state import StoredState
 
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1"), ("error", "<f4")])  # packed: 42 bytes
 HEADER = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards reviewed, drift sums (m, w)
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
+SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
+SIMULATE_MAX_RETENTIONS = 10
+SIMULATE_MAX_WORK = 20_000_000  # card-days x retentions a simulation may cover (5,000 cards, 365 days, 10 retentions)
+SIMULATE_SAMPLE_ROWS = 48  # schedule-graph rows a simulation runs on a sample of the deck: 24 cards x 2 retentions
+# fsrs-rs 0.9's default FSRS-6 parameters (nextstep/models/fsrs.py's DEFAULT_W), for an artifact whose manifest has
+# none (the service does not import the model's package, which needs torch)
+DEFAULT_FSRS6 = (0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796, 1.4835, 0.0614,
+                 0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542)
 MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a big schedule goes in several calls, so
 # that requests queued meanwhile (the calls share one ONNX Runtime thread) wait for one call, not all of them
 # what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
@@ -266,6 +281,10 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
 class SpacedRepetition(StatefulTask):
     TASK, PREFIX = SPEC.name, "srs"
 
+    def __init__(self, *args, max_interval_days: float = 1825.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_interval_days = float(max_interval_days)  # NEXTSTEP_SRS_MAX_INTERVAL_DAYS
+
     # a user's stored reviews are their log already (every version of the same layout reads them): one state per
     # layout, under a key of its own
     def key(self, model: LoadedModel, entity: str) -> str:
@@ -410,9 +429,11 @@ class SpacedRepetition(StatefulTask):
                        now: float | None = None, horizon_days: float = 36500.0) -> dict:
         """Per card, the time at which the predicted recall falls to `retention`, from the model's forgetting curve
         in closed form (the `schedule` graph, TimeAwareTransformer.schedule): one batched call for every card.
-        Status: `due_now` when the recall is already at or below `retention` at `now` (and for a card with no
-        review yet), `beyond_horizon` when it stays above it until the horizon (due = the horizon, with the
-        recall and answer time there), else `scheduled`."""
+        Status: `new` for a card with no review the model sees (due now), `due_now` when the recall is already at or
+        below `retention` at `now`, `max_interval` when the curve would wait past the maximum interval
+        (NEXTSTEP_SRS_MAX_INTERVAL_DAYS after the card's last review: due then, or now if that is past),
+        `beyond_horizon` when it stays above it until the horizon (due = the horizon), else `scheduled`; at a due
+        other than the curve's, the recall and answer time are the model's there."""
         model = self.model(model_name)
         if not cards:
             raise InvalidInput("cards", "at least one card is needed")
@@ -435,23 +456,180 @@ class SpacedRepetition(StatefulTask):
         out = await self._run(model, hist, np.arange(n), card_ids, deck_ids, np.full(n, now),
                               graph="schedule", retention=np.full(n, retention, dtype=np.float32))
         wait = np.expm1(out["log_wait_days"].astype(np.float64)) * 86400.0
-        far = np.flatnonzero(wait > horizon_days * 86400.0)
-        if len(far):  # the recall and answer time at the horizon
-            at = await self._run(model, hist, far, card_ids[far], deck_ids[far], np.full(len(far), now + horizon_days
-                                                                                         * 86400.0))
-            out["recall"][far], out["duration_s"][far] = at["recall"], at["duration_s"]
-        results = []
-        for i in range(n):
-            if wait[i] <= 0:
-                status, due = "due_now", now
-            elif wait[i] > horizon_days * 86400.0:
-                status, due = "beyond_horizon", now + horizon_days * 86400.0
-            else:
-                status, due = "scheduled", now + wait[i]
-            results.append(self._due(cards[i], status, now, due, out["recall"][i], out["duration_s"][i]))
+        last = np.array([w["time"][w["card"] == c].max() if np.any(w["card"] == c) else np.nan
+                         for w, c in zip(windows, card_ids, strict=True)])  # the card's last review the model sees
+        seen = np.isfinite(last)
+        capped = seen & (now + wait > last + self.max_interval_days * 86400.0)
+        horizon = now + horizon_days * 86400.0
+        due = np.where(capped, np.maximum(last + self.max_interval_days * 86400.0, now), now + wait)
+        status = np.where(~seen, "new", np.where(due > horizon, "beyond_horizon", np.where(
+            capped, np.where(due > now, "max_interval", "due_now"), np.where(wait <= 0, "due_now", "scheduled"))))
+        due = np.where(status == "beyond_horizon", horizon, np.where(status == "due_now", now, due))
+        moved = np.flatnonzero((status == "beyond_horizon") | (status == "max_interval"))
+        if len(moved):  # the recall and answer time at a due the curve did not choose
+            at = await self._run(model, hist, moved, card_ids[moved], deck_ids[moved], due[moved])
+            out["recall"][moved], out["duration_s"][moved] = at["recall"], at["duration_s"]
+        now_due = np.flatnonzero(capped & (status == "due_now") & (wait > 0))
+        if len(now_due):  # past the maximum interval already: the recall now, not at the curve's due
+            at = await self._run(model, hist, now_due, card_ids[now_due], deck_ids[now_due], np.full(len(now_due), now))
+            out["recall"][now_due], out["duration_s"][now_due] = at["recall"], at["duration_s"]
+        results = [self._due(cards[i], str(status[i]), now, due[i], out["recall"][i], out["duration_s"][i])
+                   for i in range(n)]
         return {"user_id": user_id, "model": model.name, "version": model.version, "now": now,
-                "desired_retention": retention, "horizon_days": horizon_days, "reviews_total": history.stored.events,
+                "desired_retention": retention, "horizon_days": horizon_days,
+                "max_interval_days": self.max_interval_days, "reviews_total": history.stored.events,
                 "cards": results}
+
+    @operation
+    async def simulate(self, model_name: str, user_id: str, cards: list[tuple[str, str]] | None, retentions:
+                       list[float], days: int, new_cards: int = 0, new_cards_per_day: int = 20,
+                       now: float | None = None, seed: int = 0, max_cards: int = 10_000) -> dict:
+        """Expected reviews and minutes a day over the next `days` days at each desired retention, for the user's
+        deck: `cards` (their stored reviews; a card without any is new), or every card the user has reviewed when
+        None, plus `new_cards` never-reviewed cards; new cards are introduced `new_cards_per_day` a day
+        (srs_simulate.py: FSRS-6 between reviews, stretched to the model's own intervals, the model's answer
+        times)."""
+        model = self.model(model_name)
+        if not 1 <= len(retentions) <= SIMULATE_MAX_RETENTIONS:
+            raise InvalidInput("desired_retentions", f"{len(retentions)} retentions; 1 to {SIMULATE_MAX_RETENTIONS}")
+        for i, r in enumerate(retentions):
+            if not 0 < r < 1:
+                raise InvalidInput(f"desired_retentions[{i}]", f"{r!r} is not a probability strictly between 0 and 1")
+        if len(set(retentions)) != len(retentions):
+            raise InvalidInput("desired_retentions", "the retentions must differ")
+        if not 1 <= days <= SIMULATE_MAX_DAYS:
+            raise InvalidInput("days", f"{days!r} is not a number of days 1..{SIMULATE_MAX_DAYS}")
+        if new_cards < 0 or new_cards_per_day < 0:
+            raise InvalidInput("new_cards" if new_cards < 0 else "new_cards_per_day", "must be >= 0")
+        if cards is not None:
+            for i, (card, _) in enumerate(cards):
+                if not card:
+                    raise InvalidInput(f"cards[{i}].card_id", "must not be empty")
+        if model.window[1] == 0 and cards is None:
+            raise InvalidInput("cards", "this model keeps no per-card reviews (card window 0): give the cards")
+        if now is not None:
+            check_time(now, "now")
+        key = self.key(model, user_id)
+        if cards is None:  # every card the user has: their fields, decoded together below
+            stored = await self.store.read_all(key)
+            asked = list(stored.fields)
+        else:
+            asked = list(dict.fromkeys(c for c, _ in cards))
+            stored, _ = await self.store.read(key, fields=asked)
+        history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
+        blobs = {c: stored.fields.get(c) or b"" for c in asked}
+        reviewed = [c for c in asked if blobs[c]]
+        n_new = new_cards + len(asked) - len(reviewed)
+        if len(reviewed) + n_new > max_cards:
+            raise TooLarge("cards", f"{len(reviewed)} reviewed and {n_new} new cards; at most {max_cards} per "
+                                    "simulation (NEXTSTEP_SRS_MAX_SIMULATE_CARDS): give the cards to simulate")
+        paths = max(len(reviewed) + n_new, MIN_PATHS)  # a small deck is simulated as several replicas
+        if paths * len(retentions) * days > SIMULATE_MAX_WORK:
+            raise InvalidInput("days", f"{days} days x {len(retentions)} retentions x {paths} cards (at least "
+                                       f"{MIN_PATHS}) is over {SIMULATE_MAX_WORK:,}: simulate fewer days, retentions "
+                                       "or cards")
+        now = self._query_time(history, now, "now")
+        fsrs = FSRS6.of((model.manifest.get("fsrs6") or {}).get("parameters") or DEFAULT_FSRS6)
+        day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0)) * 3600.0
+
+        def day(t) -> np.ndarray:
+            return np.floor((np.asarray(t, dtype=np.float64) - day_start) / 86400.0)
+
+        # every reviewed card's rows at once: its last card_size reviews, the rows the network's FSRS-6 anchor reads
+        lengths = np.array([len(blobs[c]) for c in reviewed], dtype=np.int64)
+        if np.any(lengths % ROW.itemsize):
+            raise ValueError(f"stored reviews of user {user_id!r} are not whole {ROW.itemsize}-byte rows")
+        lengths //= ROW.itemsize
+        rows = np.frombuffer(b"".join(blobs[c] for c in reviewed), dtype=ROW)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        width = int(lengths.max()) if len(lengths) else 1
+        owner = np.repeat(np.arange(len(reviewed)), lengths)
+        column = width - lengths[owner] + np.arange(len(rows)) - starts[owner]
+        rating, when = np.ones((len(reviewed), width)), np.zeros((len(reviewed), width))
+        present = np.zeros((len(reviewed), width), dtype=bool)
+        rating[owner, column], when[owner, column], present[owner, column] = rows["rating"], day(rows["time"]), True
+        stability, difficulty = fsrs.memory_state(rating, when, present)
+        last_time = rows["time"][ends - 1] if len(reviewed) else np.zeros(0)
+        last_day = (day(last_time) - day(now)).astype(np.int64)
+        deck = {c: rows[starts[i]:ends[i]] for i, c in enumerate(reviewed)}
+        retention = np.asarray(retentions, dtype=np.float64)
+        kappa, review_s, new_s, sampled = await self._calibrate(model, history, deck, reviewed, stability,
+                                                                 last_time, now, retention, fsrs, seed)
+        recent = history.recent
+        first = np.bincount(recent["rating"][recent["state"] == 0].astype(np.int64) - 1, minlength=4)[:4]
+        recalled = np.bincount(recent["rating"][recent["rating"] > 1].astype(np.int64) - 2, minlength=3)[:3]
+        max_interval = max(1, int(self.max_interval_days))
+        out = run_simulation(fsrs, retentions=retention, days=days, kappa=kappa, review_s=review_s, new_s=new_s,
+                             stability=stability, difficulty=difficulty, last_day=last_day, n_new=n_new,
+                             new_per_day=new_cards_per_day, first_shares=shares(first, DEFAULT_FIRST),
+                             recalled_shares=shares(recalled, DEFAULT_RECALLED), max_interval=max_interval, seed=seed)
+        results = []
+        for j, r in enumerate(retentions):
+            reviews, minutes = out["reviews"][j], out["seconds"][j] / 60.0
+            results.append({
+                "desired_retention": r, "reviews_per_day": np.round(reviews, 3).tolist(),
+                "minutes_per_day": np.round(minutes, 3).tolist(), "total_reviews": float(reviews.sum()),
+                "total_minutes": float(minutes.sum()), "mean_minutes_per_day": float(minutes.mean()),
+                "recalled_at_end": float(out["recalled_at_end"][j]),
+                "interval_ratio_to_fsrs6": float(kappa[j]), "seconds_per_review": float(review_s[j])})
+        return {"user_id": user_id, "model": model.name, "version": model.version, "now": now, "days": days,
+                "cards": len(reviewed), "new_cards": n_new, "new_cards_introduced": int(out["introduced"]),
+                "new_cards_per_day": new_cards_per_day, "seconds_per_new_card": new_s, "sampled_cards": sampled,
+                "replicas": int(out["replicas"]), "seed": seed, "max_interval_days": max_interval,
+                "reviews_total": history.stored.events, "retentions": results}
+
+    async def _calibrate(self, model: LoadedModel, history: History, deck: dict[str, np.ndarray], reviewed: list[str],
+                         stability: np.ndarray, last_time: np.ndarray, now: float, retention: np.ndarray,
+                         fsrs: FSRS6, seed: int) -> tuple[np.ndarray, np.ndarray, float, int]:
+        """The model's own curve and answer times on a sample of the deck: (kappa (R,), the median ratio of the
+        model's interval to FSRS-6's at each retention; seconds per review at each (the model's answer time at the
+        due, averaged); seconds for a new card's first review; the number of cards sampled).
+
+        Two graph calls of at most SIMULATE_SAMPLE_ROWS + 1 rows, whatever the deck's size: the schedule graph at the
+        lowest and the highest retention asked for, on the same cards; between those two, kappa and the answer
+        time are interpolated linearly in log(r^(-1/decay) - 1), the log of FSRS-6's interval factor (on whose
+        scale a model curve with another decay than FSRS-6's makes log kappa linear)."""
+        probes = np.unique(retention[[np.argmin(retention), np.argmax(retention)]])
+        take = min(len(reviewed), max(1, SIMULATE_SAMPLE_ROWS // len(probes)))
+        pick = np.sort(np.random.default_rng(seed).choice(len(reviewed), size=take, replace=False)) if take else \
+            np.zeros(0, dtype=np.int64)
+        fresh = "\x00simulate: a card never reviewed"
+        windows = [window(model, History(history.stored, history.recent, {c: deck[c]}, history.n_cards,
+                                         history.drift), c) for c in (reviewed[i] for i in pick)]
+        windows.append(window(model, history, fresh))
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift)
+        new = await self._run(model, hist, np.array([take]), np.array([id_hash(fresh)]), np.array([id_hash("")]),
+                              np.array([now], dtype=np.float64))
+        new_s = float(new["duration_s"][0])
+        if not take:
+            return np.ones(len(retention)), np.full(len(retention), new_s), new_s, 0
+        which = np.tile(np.arange(take), len(probes))
+        ids = np.array([id_hash(reviewed[i]) for i in pick], dtype=np.int64)
+        decks = np.array([deck[reviewed[i]]["deck"][-1] for i in pick], dtype=np.int64)
+        out = await self._run(model, hist, which, ids[which], decks[which], np.full(len(which), now), graph="schedule",
+                              retention=np.repeat(probes, take).astype(np.float32))
+        since = np.tile((now - last_time[pick]) / 86400.0, len(probes))
+        s_card = np.tile(stability[pick], len(probes))
+        wait = np.expm1(out["log_wait_days"].astype(np.float64))
+        # each card's ratio: where the model schedules it, its interval over FSRS-6's; where it is due already, the
+        # stretch of FSRS-6's curve that passes through the model's recall now (the interval alone would only bound it)
+        ratio = (since + wait) / np.maximum(fsrs.interval(s_card, np.repeat(probes, take)), 1e-9)
+        p_now = np.clip(out["recall"].astype(np.float64), 1e-6, 1 - 1e-6)
+        through = fsrs.factor * since / (s_card * (np.power(p_now, -1.0 / fsrs.decay) - 1.0))
+        ratio = np.where(wait > 0, ratio, np.where(since > 0, through, np.nan)).reshape(len(probes), take)
+        median = np.array([np.median(r[np.isfinite(r)]) if np.isfinite(r).any() else 1.0 for r in ratio])
+        log_kappa = np.log(np.maximum(median, 1e-6))
+        seconds = out["duration_s"].astype(np.float64).reshape(len(probes), take).mean(axis=1)
+
+        def scale(r):
+            return np.log(np.power(r, -1.0 / fsrs.decay) - 1.0)
+
+        if len(probes) == 1:
+            return np.full(len(retention), np.exp(log_kappa[0])), np.full(len(retention), seconds[0]), new_s, take
+        at = (scale(retention) - scale(probes[0])) / (scale(probes[1]) - scale(probes[0]))
+        return (np.exp(log_kappa[0] + at * (log_kappa[1] - log_kappa[0])), seconds[0] + at * (seconds[1] - seconds[0]),
+                new_s, take)
 
     @staticmethod
     def _due(card: tuple[str, str], status: str, now: float, due: float, recall, duration) -> dict:

@@ -98,6 +98,11 @@ class StateStore(Protocol):
         named companion fields that exist, read atomically with the state."""
         ...
 
+    async def read_all(self, key: str, *, schema: str = "") -> StoredState:
+        """The state with every companion field it has (its `fields`), read atomically: for the rare operation that
+        needs an entity's whole record (a flashcard user's every card), not for the per-request path."""
+        ...
+
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
         """Which of `event_ids` were already applied to `key` (within the de-duplication window)."""
         ...
@@ -247,6 +252,14 @@ class InProcessStore:
             if entry is None:
                 return ABSENT, set()
             return _stored(entry, entry.states.get(schema), fields), {i for i in event_ids if i in entry.ids}
+
+    async def read_all(self, key: str, *, schema: str = "") -> StoredState:
+        async with self._lock:
+            entry = self._live(key, time.monotonic())
+            if entry is None:
+                return ABSENT
+            state = entry.states.get(schema)
+            return _stored(entry, state, list(state.fields) if state else ())
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),
@@ -553,6 +566,18 @@ class RedisStore:
             return replace(ABSENT, total=total, base=base), seen
         found = {name: value for name, value in zip(fields, rest[:len(fields)], strict=True) if value is not None}
         return StoredState(int(version), int(events), float(updated), blob, found, _int(logged), total, base), seen
+
+    async def read_all(self, key: str, *, schema: str = "") -> StoredState:
+        meta, state_key, _, fields_key, _, _ = self._keys(key, schema)
+        reply, counts, values = await self._execute("read all", (
+            ("HMGET", state_key, *_FIELDS), ("HMGET", meta, "total", "base"), ("HGETALL", fields_key)), atomic=True)
+        (version, events, updated, blob, logged), (total, base) = reply, counts
+        if version is None:
+            return replace(ABSENT, total=_int(total), base=_int(base))
+        values = dict(zip(values[::2], values[1::2], strict=True)) if isinstance(values, list) else values
+        found = {(k.decode() if isinstance(k, bytes) else k): v for k, v in values.items()}
+        return StoredState(int(version), int(events), float(updated), blob, found, _int(logged), _int(total),
+                           _int(base))
 
     async def compare_and_set(
         self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),

@@ -7,8 +7,9 @@ Three sources, each read into a `ReviewLog` (users contiguous, each user's revie
   `write_review_csv` writes it. `read_review_csv`.
 * a raw py-fsrs log  -- ``card_id, review_rating, review_time`` (ISO 8601 with a UTC offset)
   ``[, review_duration]`` (ms), one user. `read_py_fsrs_csv`.
-* an Anki collection -- ``collection.anki2``, the SQLite file itself (not a zipped .colpkg/.apkg),
-  opened read-only. `read_anki_collection`.
+* an Anki collection -- ``collection.anki2``, the SQLite file itself, or a ``.colpkg`` backup / ``.apkg`` package
+  as Anki writes it (a zip archive; the collection inside is read, the archive is not unpacked beside it).
+  `read_anki_collection`.
 
 `read_reviews` picks the reader for a file or a data set directory. The CSVs may be gzipped (found by their
 first bytes); another compression is refused, naming it.
@@ -29,9 +30,13 @@ import csv
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import sqlite3
+import sys
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +56,12 @@ DAY_SLACK = 1.5  # `check`: elapsed_days may differ from the time since the prev
 DAY_COLUMN_MODES = ("check", "trust", "ignore")
 ANKI_REVIEW_TYPES = (0, 1, 2)  # learn, review, relearn; 3 filtered (cram), 4 manual, 5 rescheduled are skipped
 SQLITE_MAGIC = b"SQLite format 3\x00"
+ZIP_MAGIC = b"PK\x03\x04"
+# the collection inside an Anki package (.colpkg, .apkg), newest format first: Anki 2.1.50+ writes
+# collection.anki21b (zstd-compressed SQLite) and, beside it, a collection.anki2 stub that only asks for a newer
+# Anki; 2.1.x before that wrote collection.anki21 (plain SQLite) next to such a stub; older ones collection.anki2
+ANKI_PACKAGE_MEMBERS = ("collection.anki21b", "collection.anki21", "collection.anki2")
+ANKI_PACKAGE_SUFFIXES = (".colpkg", ".apkg")
 
 
 @dataclass
@@ -91,6 +102,16 @@ class ReviewLog:
     def take(self, rows: np.ndarray, user_ids: list[str], offsets: np.ndarray) -> ReviewLog:
         return ReviewLog(user_ids, offsets, self.card[rows], self.deck[rows], self.time[rows], self.rating[rows],
                          self.duration[rows], self.state[rows], self.elapsed_days[rows], self.path, dict(self.meta))
+
+    def duration_caps(self) -> np.ndarray:
+        """Each review's answer-time cap in seconds (inf where none): ``meta["duration_cap_s_by_user"]`` (a log of
+        several sources, `concat_users`) or the log's one ``meta["duration_cap_s"]``."""
+        by_user = self.meta.get("duration_cap_s_by_user")
+        if by_user is None:
+            cap = self.meta.get("duration_cap_s")
+            return np.full(len(self), np.inf if cap is None else float(cap))
+        caps = [np.inf if by_user.get(u) is None else float(by_user[u]) for u in self.user_ids]
+        return np.repeat(np.asarray(caps, dtype=np.float64), np.diff(self.offsets))
 
     def day_offsets(self) -> np.ndarray | None:
         """Each review's day (int64, day 0 = the user's day 0), from ``meta["day_start_ms"]``; None when
@@ -459,13 +480,66 @@ def _anki_config(con: sqlite3.Connection, tables: set[str]) -> tuple[int, dict, 
                 config[key] = json.loads(val)
             except ValueError:
                 continue
-    cap = None
+    caps = []
     try:
         caps = [float(c["maxTaken"]) for c in json.loads(dconf_text or "{}").values() if "maxTaken" in c]
-        cap = max(caps) if caps else None
     except (ValueError, TypeError, AttributeError):
-        cap = None
-    return int(crt), config, cap
+        caps = []
+    if "deck_config" in tables:  # schema 14+: one row per deck option group, col.dconf left empty
+        caps += [cap for (blob,) in con.execute("SELECT config FROM deck_config")
+                 if (cap := _deck_config_cap(blob)) is not None]
+    return int(crt), config, max(caps) if caps else None
+
+
+CAP_ANSWER_TIME_FIELD = 24  # DeckConfig.Config.cap_answer_time_to_secs in Anki's deck_config.proto
+
+
+def _deck_config_cap(blob) -> float | None:
+    """The answer-time cap (seconds) of one deck_config row: JSON with maxTaken (schema 14, 15) or Anki's
+    DeckConfig.Config protobuf message (schema 16+), whose field 24 is the cap; None when it says none."""
+    if isinstance(blob, str):
+        blob = blob.encode()
+    if not isinstance(blob, bytes) or not blob:
+        return None
+    if blob[:1] == b"{":
+        try:
+            cap = json.loads(blob).get("maxTaken")
+            return float(cap) if cap is not None else None
+        except (ValueError, TypeError, AttributeError):
+            return None
+    found, i = None, 0
+    try:
+        while i < len(blob):
+            key, i = _varint(blob, i)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, i = _varint(blob, i)
+                if number == CAP_ANSWER_TIME_FIELD:
+                    found = value
+            elif wire == 1:
+                i += 8
+            elif wire == 2:
+                length, i = _varint(blob, i)
+                i += length
+            elif wire == 5:
+                i += 4
+            else:
+                return None
+    except IndexError:
+        return None
+    return float(found) if found else None
+
+
+def _varint(blob: bytes, i: int) -> tuple[int, int]:
+    """A protobuf varint at blob[i:]: (value, the index after it)."""
+    value = shift = 0
+    while True:
+        byte = blob[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
 
 
 def _anki_day_start_ms(crt: int, config: dict, sched_ver: int) -> int:
@@ -492,8 +566,60 @@ def _sched_ver(config: dict) -> int:
     return int(config.get("schedVer", 1))
 
 
+def _zstd_decompress(src, out, path: Path, member: str) -> None:
+    """Copy the zstd stream src into the file out (Anki's collection.anki21b)."""
+    try:
+        import zstandard
+    except ImportError:
+        raise DataFormatError(path, 1, f"a Python zstd module to read {member} (zstd-compressed)", "none installed",
+                              "pip install zstandard (part of nextstep's train extra)") from None
+    stream = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        while chunk := src.read(1 << 20):
+            out.write(stream.decompress(chunk))
+    except zstandard.ZstdError as exc:
+        raise DataFormatError(path, 1, f"{member} compressed with zstd", str(exc), "the backup is damaged") from None
+    if not stream.eof:
+        raise DataFormatError(path, 1, f"{member} compressed with zstd", "a frame cut short", "the backup is damaged")
+
+
+def unpack_anki_package(path: str | os.PathLike, out: str | os.PathLike) -> str:
+    """Write the collection (SQLite) of an Anki package -- a ``.colpkg`` backup or an ``.apkg`` -- to `out`; return
+    the archive member it came from.
+
+    The member is the newest format the archive holds (ANKI_PACKAGE_MEMBERS): ``collection.anki21b`` is
+    zstd-compressed, the others are SQLite as they are; an older name beside a newer one is a stub Anki writes for
+    old versions, and is not read."""
+    path = Path(path)
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DataFormatError(path, 1, "an Anki package (a zip archive)", str(exc)) from None
+    with archive:
+        names = set(archive.namelist())
+        member = next((m for m in ANKI_PACKAGE_MEMBERS if m in names), None)
+        if member is None:
+            raise DataFormatError(path, 1, f"an Anki package holding one of {list(ANKI_PACKAGE_MEMBERS)}",
+                                  sorted(names)[:20])
+        try:
+            with archive.open(member) as src, open(out, "wb") as dst:
+                if member.endswith("b"):
+                    _zstd_decompress(src, dst, path, member)
+                else:
+                    shutil.copyfileobj(src, dst)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise DataFormatError(path, 1, f"a readable {member} in the archive", str(exc)) from None
+    with open(out, "rb") as f:
+        magic = f.read(len(SQLITE_MAGIC))
+    if magic != SQLITE_MAGIC:
+        raise DataFormatError(path, 1, f"an Anki collection (SQLite) in {member}", magic)
+    return member
+
+
 def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewLog:
-    """Read the review history of an Anki collection (the ``collection.anki2`` SQLite file, read-only).
+    """Read the review history of an Anki collection: the ``collection.anki2`` SQLite file (read-only), or a
+    ``.colpkg`` backup / ``.apkg`` package (a zip archive; `unpack_anki_package` picks the collection inside,
+    ``meta["package_member"]`` names it).
 
     Rows of ``revlog`` in id (= review time, ms) order. Kept: types 0 learn, 1 review, 2 relearn with ease
     1..4; skipped: type 3 (filtered-deck / cram reviews), 4 (manual rescheduling), 5 (rescheduled) and
@@ -502,26 +628,30 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
     (no row in ``cards``) are kept with deck 0. Rating = ease, except on
     learning and relearning rows of the old v1 scheduler, whose three buttons were Again / Good / Easy
     (ease 1, 2, 3 -> rating 1, 3, 4). State: type 0 on the card's first kept review is new (0), later type 0
-    rows learning (1); type 1 review (2), type 2 relearning (3). Duration ms -> s; the deck option's answer
-    time cap (``maxTaken``) is ``meta["duration_cap_s"]``. Card and deck ids are Anki's. Days: see
-    `_anki_day_start_ms`; elapsed_days counts only kept rows.
+    rows learning (1); type 1 review (2), type 2 relearning (3). Duration ms -> s; the deck options' answer
+    time cap (``maxTaken`` in col.dconf, or the deck_config table of newer collections; the largest of them)
+    is ``meta["duration_cap_s"]``. Card and deck ids are Anki's. Days: see `_anki_day_start_ms`; elapsed_days
+    counts only kept rows.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Anki collection not found: {path}")
     with open(path, "rb") as f:
         magic = f.read(len(SQLITE_MAGIC))
-    if magic != SQLITE_MAGIC:
-        got = "a zip archive (unzip it: the collection is the collection.anki2 inside)" if magic[:2] == b"PK" \
-            else magic
-        raise DataFormatError(path, 1, "an Anki collection (a SQLite database file)", got)
+    if magic != SQLITE_MAGIC and magic[:4] != ZIP_MAGIC:
+        raise DataFormatError(path, 1, "an Anki collection (a SQLite database file, or a .colpkg / .apkg zip "
+                                       "archive)", magic)
+    member = None
     # SQLite opens a WAL-mode database, even read-only, by creating -wal and -shm files beside it: read a copy
     # (with the -wal file, if Anki left one, so that its last reviews are there), and the user's folder stays as it is
     with tempfile.TemporaryDirectory(prefix="nextstep-anki-") as tmp:
         copy = Path(tmp) / "collection.anki2"
-        shutil.copyfile(path, copy)
-        if Path(f"{path}-wal").is_file():
-            shutil.copyfile(f"{path}-wal", f"{copy}-wal")
+        if magic[:4] == ZIP_MAGIC:
+            member = unpack_anki_package(path, copy)
+        else:
+            shutil.copyfile(path, copy)
+            if Path(f"{path}-wal").is_file():
+                shutil.copyfile(f"{path}-wal", f"{copy}-wal")
         con = sqlite3.connect(f"{copy.as_uri()}?mode=ro", uri=True)
         try:
             tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -564,6 +694,8 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
     start = _anki_day_start_ms(crt, config, sched_ver)
     days = (rid - start) // DAY_MS
     meta = {"format": "anki", "sched_ver": sched_ver, "day_start_ms": {user_id: start}, "skipped": skipped}
+    if member is not None:
+        meta["package_member"] = member
     if cap is not None:
         meta["duration_cap_s"] = cap
     return ReviewLog([user_id], np.array([0, n], dtype=np.int64), cid, did, rid / 1000.0, rating.astype(np.int64),
@@ -578,19 +710,34 @@ def _csv_header(path: Path) -> list[str]:
         return [h.strip() for h in next(csv.reader(f), [])]
 
 
+REVIEW_FILE_NAMES = ("revlogs.csv", "revlogs.csv.gz")
+ANKI_BACKUP_NAME = re.compile(r"backup-\d{4}-\d{2}-\d{2}-\d{2}\.\d{2}\.\d{2}\.colpkg")  # as Anki names them
+
+
+def _visible_files(data_dir: Path) -> list[Path]:
+    return sorted(p for p in data_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 def _pick_review_file(data_dir: Path) -> Path:
-    for name in ("revlogs.csv", "revlogs.csv.gz"):
+    """A user's folder's review data: its revlogs.csv, else its one *.anki2 collection, else its *.colpkg backup
+    (of several, Anki's latest backup, which holds every review of the earlier ones), else its one py-fsrs CSV."""
+    for name in REVIEW_FILE_NAMES:
         if (data_dir / name).is_file():
             return data_dir / name
-    files = sorted(p for p in data_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = _visible_files(data_dir)
     collections = [p for p in files if p.suffix.lower() == ".anki2"]
     if len(collections) == 1:
         return collections[0]
+    backups = [p for p in files if p.suffix.lower() == ".colpkg"]
+    if not collections and len(backups) == 1:
+        return backups[0]
+    if not collections and backups and all(ANKI_BACKUP_NAME.fullmatch(p.name) for p in backups):
+        return backups[-1]  # backup-YYYY-MM-DD-HH.MM.SS: the names sort in time order
     fsrs = [p for p in files if base_name(p).lower().endswith(".csv") and set(PY_FSRS_REQUIRED) <= set(_csv_header(p))]
-    if not collections and len(fsrs) == 1:
+    if not collections and not backups and len(fsrs) == 1:
         return fsrs[0]
-    raise FileNotFoundError(f"{data_dir}: expected revlogs.csv, one *.anki2 collection or one py-fsrs CSV; "
-                            f"found {[p.name for p in files] or 'nothing'}")
+    raise FileNotFoundError(f"{data_dir}: expected revlogs.csv, one *.anki2 collection, a *.colpkg backup or one "
+                            f"py-fsrs CSV; found {[p.name for p in files] or 'nothing'}")
 
 
 def read_reviews(path: str | os.PathLike, *, user_id: str = "0", day_columns: str = "check",
@@ -599,8 +746,10 @@ def read_reviews(path: str | os.PathLike, *, user_id: str = "0", day_columns: st
     """Read reviews from a file or a data set directory, choosing the reader.
 
     A directory: its ``revlogs.csv`` (or ``revlogs.csv.gz``) if present, else its one ``*.anki2`` collection,
-    else its one CSV in the py-fsrs format. A file: a SQLite file is an Anki collection; a CSV (plain or
-    gzipped) is the review-log CSV or a py-fsrs log as its header says. user_id names the user of single-user
+    else its ``*.colpkg`` backup (the latest of Anki's backups, if several), else its one CSV in the py-fsrs
+    format. A file: a SQLite file, ``*.anki2``, ``*.colpkg`` or ``*.apkg`` is an Anki collection; a CSV (plain or
+    gzipped) is the review-log CSV or a py-fsrs log as its header says. A folder of many users' folders:
+    `read_review_data`. user_id names the user of single-user
     sources (Anki, py-fsrs); day_columns and duration_cap_s (the app's answer-time cap, when the CSV cannot
     say) apply to the review-log CSV, day_start_hour and utc_offset_hours wherever days are computed.
     """
@@ -611,7 +760,7 @@ def read_reviews(path: str | os.PathLike, *, user_id: str = "0", day_columns: st
         raise FileNotFoundError(f"review data not found: {path}")
     with open(path, "rb") as f:
         magic = f.read(len(SQLITE_MAGIC))
-    if magic == SQLITE_MAGIC or path.suffix.lower() in (".anki2", ".colpkg", ".apkg"):
+    if magic == SQLITE_MAGIC or path.suffix.lower() in (".anki2", *ANKI_PACKAGE_SUFFIXES):
         return read_anki_collection(path, user_id=user_id)
     header = _csv_header(path)
     if set(REVIEW_CSV_REQUIRED) <= set(header):
@@ -623,6 +772,143 @@ def read_reviews(path: str | os.PathLike, *, user_id: str = "0", day_columns: st
     raise DataFormatError(path, 1, f"a review-log CSV header (columns {list(REVIEW_CSV_REQUIRED)}) or a py-fsrs "
                                    f"one (columns {list(PY_FSRS_REQUIRED)}), or an Anki collection",
                           ",".join(header))
+
+
+def _holds_review_data(folder: Path) -> bool:
+    """Whether a folder holds review data files of its own (then it is one user's folder, not a folder of them)."""
+    return any(p.name.lower() in REVIEW_FILE_NAMES or p.suffix.lower() in (".anki2", ".colpkg")
+               or base_name(p).lower().endswith(".csv") for p in _visible_files(folder))
+
+
+READ_ERRORS = (DataFormatError, FileNotFoundError, OSError, ValueError)  # a user's data refused: skip the user
+
+
+def read_users(path: str | os.PathLike, *, day_columns: str = "check", day_start_hour: float = 4,
+               utc_offset_hours: float = 0, duration_cap_s: float | None = None,
+               log_line=None) -> list[tuple[str, ReviewLog]]:
+    """Every user's reviews under `path`, as (user name, that user's review log), in path order.
+
+    A file, or a folder that holds review data itself (a user's folder), is read as `read_reviews` reads it, and a
+    read error ends the call: that is `--data` on one user. Otherwise every folder below `path`, at any depth, that
+    holds review data is one user's folder, read by `read_reviews` (its subfolders are not searched: an Anki
+    profile's backups are not another user), and named by its path relative to `path`; one whose data are refused
+    is skipped, with a line through `log_line` (default: standard error) saying why. A review-log CSV of several
+    users gives each of them, named FOLDER:USER_ID. Hidden files and folders are passed over. No user found is a
+    FileNotFoundError.
+    """
+    root = Path(path)
+    options = {"day_columns": day_columns, "day_start_hour": day_start_hour, "utc_offset_hours": utc_offset_hours,
+               "duration_cap_s": duration_cap_s}
+    if root.is_file() or (root.is_dir() and _holds_review_data(root)):
+        return _split_users(root.resolve().name if root.is_dir() else base_name(root), read_reviews(root, **options))
+    if not root.is_dir():
+        raise FileNotFoundError(f"review data not found: {root}")
+    if log_line is None:
+        def log_line(text: str) -> None:
+            print(text, file=sys.stderr, flush=True)
+    found: list[tuple[str, ReviewLog]] = []
+    seen: set[Path] = set()
+
+    def visit(folder: Path) -> None:
+        real = folder.resolve()
+        if real in seen:  # a link back up the tree
+            return
+        seen.add(real)
+        if folder != root and _holds_review_data(folder):
+            name = folder.relative_to(root).as_posix()
+            try:
+                found.extend(_split_users(name, _read_user_folder(folder, name, options, log_line)))
+            except READ_ERRORS as exc:
+                log_line(f"skipped {name}: {exc}")
+            return
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            visit(sub)
+
+    visit(root)
+    if not found:
+        raise FileNotFoundError(f"{root}: no user's review data in it or in any folder below it (a folder holding "
+                                "revlogs.csv, an *.anki2 collection, a *.colpkg backup or a py-fsrs CSV)")
+    return found
+
+
+def _read_user_folder(folder: Path, name: str, options: dict, log_line) -> ReviewLog:
+    """`read_reviews(folder)`; when the file it picks is refused, the folder's other sources of the same reviews
+    (its one *.anki2, its latest *.colpkg, its one py-fsrs CSV), the first that reads, with a line saying so;
+    else the first refusal."""
+    try:
+        return read_reviews(folder, **options)
+    except READ_ERRORS as first:
+        files = _visible_files(folder)
+        picked = next((folder / n for n in REVIEW_FILE_NAMES if (folder / n).is_file()), None)
+        others = [[p for p in files if p.suffix.lower() == ".anki2"],
+                  [p for p in files if p.suffix.lower() == ".colpkg"][-1:],
+                  [p for p in files if base_name(p).lower().endswith(".csv") and p.name not in REVIEW_FILE_NAMES
+                   and set(PY_FSRS_REQUIRED) <= set(_csv_header(p))]]
+        for candidates in others:
+            if len(candidates) != 1 or candidates[0] == picked:
+                continue
+            try:
+                log = read_reviews(candidates[0], **options)
+            except READ_ERRORS:
+                continue
+            log_line(f"{name}: {first}; read {candidates[0].name} instead")
+            return log
+        raise
+
+
+def _split_users(name: str, log: ReviewLog) -> list[tuple[str, ReviewLog]]:
+    """(name, that user's log, named `name`) per user: FOLDER:USER_ID where the log holds several users."""
+    names = [name] if log.n_users == 1 else [f"{name}:{uid}" for uid in log.user_ids]
+    out = []
+    for u, new in enumerate(names):
+        one = log if log.n_users == 1 else log.user(u)
+        meta = dict(one.meta)
+        if one.user_ids[0] in (meta.get("day_start_ms") or {}):
+            meta["day_start_ms"] = {new: meta["day_start_ms"][one.user_ids[0]]}
+        out.append((new, ReviewLog([new], one.offsets, one.card, one.deck, one.time, one.rating, one.duration,
+                                   one.state, one.elapsed_days, one.path, meta)))
+    return out
+
+
+def concat_users(users: list[tuple[str, ReviewLog]], path: str = "") -> ReviewLog:
+    """One review log of several users' logs (each of one user), the users named as given, in that order. Each
+    user's answer-time cap is kept in ``meta["duration_cap_s_by_user"]`` (see `ReviewLog.duration_caps`), their
+    day boundaries in ``meta["day_start_ms"]``, their source files in ``meta["files"]``."""
+    names = [name for name, _ in users]
+    if len(set(names)) != len(names):
+        raise ValueError(f"user names repeat: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    if any(log.n_users != 1 for _, log in users):
+        raise ValueError("concat_users takes one user per log (read_users splits logs of several users)")
+    logs = [log for _, log in users]
+    starts, caps = {}, {}
+    for name, log in users:  # (a log's one user may go by another name in it: "0", say)
+        start = (log.meta.get("day_start_ms") or {}).get(log.user_ids[0])
+        if start is not None:
+            starts[name] = start
+        caps[name] = log.meta.get("duration_cap_s")
+    meta = {"format": "users", "formats": {n: log.meta.get("format") for n, log in users}, "day_start_ms": starts,
+            "duration_cap_s_by_user": caps, "files": list(dict.fromkeys(log.path for log in logs if log.path))}
+    offsets = np.r_[0, np.cumsum([len(log) for log in logs])].astype(np.int64)
+
+    def joined(attr: str) -> np.ndarray:
+        return np.concatenate([getattr(log, attr) for log in logs])
+
+    return ReviewLog(names, offsets, joined("card"), joined("deck"), joined("time"), joined("rating"),
+                     joined("duration"), joined("state"), joined("elapsed_days"), path, meta)
+
+
+def read_review_data(path: str | os.PathLike, *, day_columns: str = "check", day_start_hour: float = 4,
+                     utc_offset_hours: float = 0, duration_cap_s: float | None = None, log_line=None) -> ReviewLog:
+    """`--data` of the flashcard commands: a file or one user's folder exactly as `read_reviews` reads it; a folder
+    of many users' folders (`read_users`) as one log of all of them (`concat_users`), users that cannot be read
+    skipped with a line saying why."""
+    root = Path(path)
+    options = {"day_columns": day_columns, "day_start_hour": day_start_hour, "utc_offset_hours": utc_offset_hours,
+               "duration_cap_s": duration_cap_s}
+    if root.is_file() or not root.is_dir() or _holds_review_data(root):
+        return read_reviews(root, **options)
+    users = read_users(root, log_line=log_line, **options)
+    return concat_users(users, str(root))
 
 
 def simulate_reviews(n_users: int = 2, n_cards: int = 40, n_decks: int = 3, n_days: int = 60,

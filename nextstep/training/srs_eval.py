@@ -263,14 +263,12 @@ def rating_ce(p4: np.ndarray, rating: np.ndarray) -> float:
 def duration_mask(log: ReviewLog) -> np.ndarray:
     """Reviews whose answer time is scored: scored, not a first review, duration known and below the cap.
 
-    The cap is `log.meta["duration_cap_s"]` when present (a duration at or above it was clipped by the app).
+    The cap is `log.meta["duration_cap_s"]` when present (a duration at or above it was clipped by the app), or each
+    user's in a log of several sources (`ReviewLog.duration_caps`).
     """
     duration = np.asarray(log.duration, dtype=np.float64)
     mask = scored_mask(log) & (np.asarray(log.elapsed_days) >= 0) & np.isfinite(duration)
-    cap = log.meta.get("duration_cap_s")
-    if cap is not None:
-        mask &= duration < float(cap)
-    return mask
+    return mask & (duration < log.duration_caps())
 
 
 def duration_errors(pred_s: np.ndarray, true_s: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
@@ -390,18 +388,15 @@ def fsrs6_rating_predictions(log: ReviewLog, folds: list[Fold], p_recall: np.nda
 def median_duration_predictions(log: ReviewLog, folds: list[Fold], by_grade: bool = True) -> np.ndarray:
     """Median answer time (seconds) of the user's training reviews, per grade or overall.
 
-    Training reviews count when they are not a first review and their duration is known and below
-    `meta["duration_cap_s"]` (same-day reviews included). by_grade=True predicts each test review with the
-    median of its TRUE rating (anki-time-benchmark's "median by grade" anchor: it knows the grade, which a
+    Training reviews count when they are not a first review and their duration is known and below the
+    answer-time cap (`ReviewLog.duration_caps`; same-day reviews included). by_grade=True predicts each test review
+    with the median of its TRUE rating (anki-time-benchmark's "median by grade" anchor: it knows the grade, which a
     model predicting before the answer does not); a grade without training reviews falls back to the
     overall median. The overall median falls back to that of all users' training rows of the fold.
     """
     duration = np.asarray(log.duration, dtype=np.float64)
     rating = np.asarray(log.rating)
-    usable = (np.asarray(log.elapsed_days) >= 0) & np.isfinite(duration)
-    cap = log.meta.get("duration_cap_s")
-    if cap is not None:
-        usable &= duration < float(cap)
+    usable = (np.asarray(log.elapsed_days) >= 0) & np.isfinite(duration) & (duration < log.duration_caps())
     pred = np.full(len(log), np.nan)
     fold_median = {}
     for k, (train, _) in enumerate(folds):
@@ -577,13 +572,15 @@ def evaluate_baselines(log: ReviewLog, n_splits: int = 5, split_on: str = "score
 # ------------------------------------------------------------------------------------------------- CLI
 
 
-def _read_log(data: str, day_columns: str) -> ReviewLog:
-    from nextstep.training import reviews
+def _read_log(data: str, day_columns: str, duration_cap_s: float | None = None) -> ReviewLog:
+    """--data as `nextstep train time_aware` reads it (one user's file or folder, or a folder of users' folders); a
+    cap given applies to the one source's log, and in a folder of users to each user whose data cannot say."""
+    from nextstep.training.reviews import read_review_data
 
-    reader = getattr(reviews, "read_reviews", None)
-    if reader is None:
-        raise SystemExit("nextstep.training.reviews.read_reviews is not available")
-    return reader(data, day_columns=day_columns)
+    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    if duration_cap_s is not None and "duration_cap_s_by_user" not in log.meta:
+        log.meta["duration_cap_s"] = duration_cap_s
+    return log
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -591,7 +588,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m nextstep.training.srs_eval",
         description="Baselines of a review log under the srs-benchmark protocol, printed as JSON.",
     )
-    parser.add_argument("--data", required=True, help="a data set directory or review file (reviews.read_reviews)")
+    parser.add_argument("--data", required=True, help="a review file, one user's folder, or a folder of users' "
+                                                      "folders (reviews.read_review_data)")
     parser.add_argument("--n-splits", type=int, default=5)
     parser.add_argument("--split-on", choices=SPLIT_UNITS, default="scored",
                         help="draw the TimeSeriesSplit blocks over scored reviews (srs-benchmark) or all reviews")
@@ -600,9 +598,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration-cap-s", type=float, default=None,
                         help="answer-time cap of the source (durations at or above it are not scored)")
     args = parser.parse_args(argv)
-    log = _read_log(args.data, args.day_columns)
-    if args.duration_cap_s is not None:
-        log.meta["duration_cap_s"] = args.duration_cap_s
+    log = _read_log(args.data, args.day_columns, args.duration_cap_s)
     print(json.dumps(evaluate_baselines(log, args.n_splits, args.split_on), indent=2))
 
 

@@ -24,7 +24,7 @@ from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
 from .data import fingerprint
 from .export import load_weights
 from .families import family, restore
-from .reviews import ReviewLog, read_reviews
+from .reviews import ReviewLog, read_review_data
 from .srs_eval import (
     bin_features,
     evaluate_baselines,
@@ -100,7 +100,7 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
     """Evaluate under the protocol (with the baselines side by side), export a model fitted on all reviews."""
     tcfg = cfg or TimeAwareTrainConfig()
     started = time.perf_counter()
-    log = read_reviews(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
     mcfg = model_config(tcfg, log)
     metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
     model_seconds = time.perf_counter() - started
@@ -109,13 +109,14 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
         metrics["baselines"] = evaluate_baselines(log, n_splits)
         metrics["baselines"]["seconds"] = round(time.perf_counter() - t0, 1)
     out_dir = Path(out_dir)
+    files = log.meta.get("files") or ([log.path] if log.path else [])  # a folder of users: each user's file
     manifest = {
         "name": "time_aware",
         "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "data": {"path": str(data), "file": log.path, "fingerprint": fingerprint(log.path) if log.path else None,
+        "data": {"path": str(data), "file": log.path, "fingerprint": fingerprint(*files) if files else None,
                  "n_users": log.n_users, "n_reviews": len(log), "day_columns": day_columns,
-                 "duration_cap_s": log.meta.get("duration_cap_s"),
+                 "duration_cap_s": log.meta.get("duration_cap_s", log.meta.get("duration_cap_s_by_user")),
                  "protocol": f"srs-benchmark: per-user TimeSeriesSplit({n_splits}) over scored reviews"},
         "metrics": {"test": metrics},
         "train_config": asdict(tcfg),
@@ -134,7 +135,7 @@ def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits:
     """Score an exported model, as it is (no refitting), on the protocol's test blocks of another review log
     (e.g. other users): every earlier review is history, as in serving."""
     model, _ = load_time_aware(artifact_dir)
-    log = read_reviews(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
     folds = protocol_folds(log, n_splits)
     rows = np.sort(np.concatenate([test for _, test in folds])) if folds else np.zeros(0, np.int64)
     rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window)
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = family("time_aware").read_train_config(args.config, {"seed": args.seed})
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    print(json.dumps(tuning_split(read_reviews(args.data, duration_cap_s=args.duration_cap_s), cfg=cfg)))
+    print(json.dumps(tuning_split(read_review_data(args.data, duration_cap_s=args.duration_cap_s), cfg=cfg)))
 
 
 if __name__ == "__main__":

@@ -290,7 +290,7 @@ def test_recall_falls_with_time_and_the_schedule_inverts_it(srs_model, store_url
     """The exported model's recall for every card, on the window the service uses, never rises with the time
     since the card's last review (1 minute to 10 years); /schedule answers in one call: at each scheduled due
     an independent /predict gives the desired retention, every earlier moment more; due_now and beyond_horizon
-    where the curve says so; a card never reviewed is due now; and a lower retention never schedules earlier."""
+    where the curve says so; a card never reviewed is new, due now; and a lower retention never schedules earlier."""
     art, _ = srs_model
     reviews = review_log(21)
     now = reviews[-1]["time"] + 3600
@@ -327,7 +327,9 @@ def test_recall_falls_with_time_and_the_schedule_inverts_it(srs_model, store_url
                 at_due = predict(cards[i], due["due"])
                 assert abs(at_due["p_recall"] - due["p_recall_at_due"]) < 1e-5
                 assert abs(at_due["expected_duration_s"] - due["expected_duration_s"]) < 1e-3
-                if i == len(cards) - 1 or curve[0] <= retention:
+                if i == len(cards) - 1:  # never reviewed: new (issue 38), due now
+                    assert due["status"] == "new" and due["due"] == now, (i, due, retention)
+                elif curve[0] <= retention:
                     assert due["status"] == "due_now" and due["due"] == now, (i, due, retention)
                 elif curve[-1] > retention:
                     assert due["status"] == "beyond_horizon", (i, due, retention)
@@ -632,3 +634,145 @@ def test_a_read_only_replica_gives_503_naming_readonly(srs_model, redis_process,
             assert user["reviews_total"] == 1 and user["cards"] == 1
     finally:
         replica.stop()
+
+
+# ------------------------------------------------------------------------- issue 38: maximum interval, new, simulate
+
+
+def test_schedule_stops_at_the_maximum_interval_and_names_new_cards(srs_model, serve):
+    """NEXTSTEP_SRS_MAX_INTERVAL_DAYS caps the due at the card's last review plus that many days (status max_interval,
+    the model's recall and answer time there), or now where that is past (due_now, the recall now); a card never
+    reviewed is new (issue 38: it was due_now)."""
+    art, _ = srs_model
+    reviews = review_log(21)
+    now = reviews[-1]["time"] + 3600
+    last = {}
+    for r in reviews:
+        last[r["card_id"]] = r["time"]
+    cards = [{"card_id": f"card-{c}", "deck_id": f"deck-{c % 3}"} for c in range(0, 40, 3)] + \
+        [{"card_id": "never-seen", "deck_id": "deck-0"}]
+    with serve(Settings(artifacts_dir=art, srs_max_interval_days=2)) as url, httpx.Client(base_url=url) as http:
+        post_all(http, "u", reviews, 100)
+        reply = http.post("/v1/srs/time_aware/schedule", json={"user_id": "u", "cards": cards, "now": now,
+                                                              "desired_retention": 0.05})
+        assert reply.status_code == 200, reply.text
+        got = reply.json()
+        assert got["max_interval_days"] == 2
+        statuses = {c["status"] for c in got["cards"]}
+        assert statuses <= {"max_interval", "due_now", "new"} and "max_interval" in statuses
+        for card, due in zip(cards, got["cards"], strict=True):
+            if card["card_id"] == "never-seen":
+                assert due["status"] == "new" and due["due"] == now
+                continue
+            cap = last[card["card_id"]] + 2 * DAY
+            if cap > now:
+                assert due["status"] == "max_interval" and due["due"] == pytest.approx(cap, abs=1e-3), due
+            else:
+                assert due["status"] == "due_now" and due["due"] == now, due
+            at = http.post("/v1/srs/time_aware/predict", json={"user_id": "u", **card, "time": due["due"]}).json()
+            assert due["p_recall_at_due"] == pytest.approx(at["p_recall"], abs=1e-5)
+            assert due["expected_duration_s"] == pytest.approx(at["expected_duration_s"], abs=1e-3)
+
+
+def test_simulate_answers_a_workload_per_retention_for_the_stored_deck(srs_model, store_url, serve):
+    art, _ = srs_model
+    reviews = review_log(31)
+    now = reviews[-1]["time"] + 3600
+    n_cards = len({r["card_id"] for r in reviews})
+    retentions = [0.7, 0.8, 0.9, 0.95]
+    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
+        post_all(http, "u", reviews, 100)
+
+        def simulate(**body):
+            reply = http.post("/v1/srs/time_aware/simulate", json={"user_id": "u", "now": now, **body})
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        got = simulate(days=60, desired_retentions=retentions)
+        assert got["cards"] == n_cards and got["new_cards"] == 0 and got["days"] == 60 and got["now"] == now
+        assert got["reviews_total"] == len(reviews) and got["replicas"] >= 2000 // n_cards
+        assert 0 < got["sampled_cards"] <= n_cards
+        assert [r["desired_retention"] for r in got["retentions"]] == retentions
+        for r in got["retentions"]:
+            assert len(r["reviews_per_day"]) == len(r["minutes_per_day"]) == 60
+            assert sum(r["reviews_per_day"]) == pytest.approx(r["total_reviews"], abs=0.1)
+            assert r["mean_minutes_per_day"] == pytest.approx(r["total_minutes"] / 60)
+            assert r["total_minutes"] == pytest.approx(r["total_reviews"] * r["seconds_per_review"] / 60, rel=1e-6)
+            assert 0 < r["recalled_at_end"] <= n_cards and r["interval_ratio_to_fsrs6"] > 0
+        totals = [r["total_reviews"] for r in got["retentions"]]
+        recalled = [r["recalled_at_end"] for r in got["retentions"]]
+        assert totals == sorted(totals) and recalled == sorted(recalled)  # more retention: more work, more kept
+        assert simulate(days=60, desired_retentions=retentions) == got  # seeded: the same answer again
+        # cards given: the stored ones and one never reviewed (new), plus new cards
+        given = simulate(days=30, cards=[{"card_id": "card-1"}, {"card_id": "card-2"}, {"card_id": "fresh"}],
+                         new_cards=4, new_cards_per_day=2)
+        assert (given["cards"], given["new_cards"], given["new_cards_introduced"]) == (2, 5, 5)
+        assert given["seconds_per_new_card"] > 0
+
+
+def test_simulate_introduces_new_cards_and_keeps_to_the_maximum_interval(srs_model, serve):
+    """A deck of new cards only: introduced new_cards_per_day a day, and with a maximum interval of one day each
+    is then reviewed every day: the counts are exact."""
+    art, _ = srs_model
+    with serve(Settings(artifacts_dir=art, srs_max_interval_days=1)) as url, httpx.Client(base_url=url) as http:
+        reply = http.post("/v1/srs/time_aware/simulate", json={
+            "user_id": "nobody", "cards": [], "new_cards": 25, "new_cards_per_day": 10, "days": 6,
+            "desired_retentions": [0.8, 0.9]})
+        assert reply.status_code == 200, reply.text
+        got = reply.json()
+        assert (got["cards"], got["new_cards"], got["new_cards_introduced"], got["max_interval_days"]) == (0, 25, 25, 1)
+        for r in got["retentions"]:
+            assert r["reviews_per_day"] == [10, 20, 25, 25, 25, 25]
+            assert r["interval_ratio_to_fsrs6"] == 1.0  # no reviewed card to ask the model about: FSRS-6's own
+
+
+SIMULATE_BAD = [
+    ({"days": 0}, 422, "days"),
+    ({"days": 3651}, 422, "days"),
+    ({"days": 3650, "desired_retentions": [0.8, 0.9, 0.95]}, 422, "days"),  # over the work bound
+    ({"desired_retentions": []}, 422, "desired_retentions"),
+    ({"desired_retentions": [0.9, 0.9]}, 422, "desired_retentions"),
+    ({"desired_retentions": [0.9, 1.0]}, 422, "desired_retentions[1]"),
+    ({"desired_retentions": [0.5 + i / 40 for i in range(11)]}, 422, "desired_retentions"),
+    ({"new_cards": -1}, 422, "new_cards"),
+    ({"new_cards_per_day": -1}, 422, "new_cards_per_day"),
+    ({"new_cards": 4}, 413, "cards"),  # the stored deck (3 cards) and 4 new: above the limit of 5
+    ({"new_cards": 6}, 413, "new_cards"),
+    ({"cards": [{"card_id": ""}]}, 422, "cards[0].card_id"),
+    ({"cards": [{"card_id": "c"}] * 6}, 413, "cards"),
+    ({"seed": -1}, 422, "seed"),
+    ({"now": T0 - 1}, 422, "now"),
+    ({"horizon_days": 3}, 422, "horizon_days"),
+]
+
+
+def test_simulate_refuses_bad_input_naming_the_field(srs_model, serve):
+    art, _ = srs_model
+    with serve(Settings(artifacts_dir=art, srs_max_simulate_cards=5)) as url, httpx.Client(base_url=url) as http:
+        seed = {"user_id": "u", "reviews": [{"card_id": c, "time": T0 + i, "rating": 3} for i, c in enumerate("abc")]}
+        assert http.post("/v1/srs/time_aware/reviews", json=seed).status_code == 200
+        for body, status, field in SIMULATE_BAD:
+            reply = http.post("/v1/srs/time_aware/simulate", json={"user_id": "u", **body})
+            assert reply.status_code == status, (body, reply.text)
+            assert reply.json()["field"] == field, (body, reply.text)
+        reply = http.post("/v1/srs/nope/simulate", json={"user_id": "u"})
+        assert reply.status_code == 404
+
+
+def test_the_services_fsrs6_is_the_models():
+    """srs_simulate.FSRS6 (numpy, in the service) gives the card states nextstep/models/fsrs.py (the graphs') gives."""
+    from nextstep.models import fsrs
+    from nextstep.service.srs import DEFAULT_FSRS6
+    from nextstep.service.srs_simulate import FSRS6
+
+    assert tuple(DEFAULT_FSRS6) == tuple(fsrs.DEFAULT_W)
+    rng = np.random.default_rng(4)
+    n, c = 400, 8
+    rating = rng.integers(1, 5, (n, c)).astype(np.float64)
+    day = np.cumsum(rng.choice([0, 0, 1, 2, 5, 20], (n, c)), axis=1).astype(np.float64)
+    present = np.arange(c)[None] >= rng.integers(0, c, n)[:, None]  # a suffix of each row
+    w = np.array(fsrs.DEFAULT_W) * rng.uniform(0.8, 1.2, 21)
+    s, d = FSRS6.of(w).memory_state(rating, day, present)
+    ts, td = fsrs.memory_state(torch.tensor(w), torch.tensor(rating), torch.tensor(day), torch.tensor(present))
+    np.testing.assert_allclose(s, ts.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(d, td.numpy(), rtol=1e-9)

@@ -19,7 +19,10 @@ from nextstep.training.reviews import (
     read_anki_collection,
     read_py_fsrs_csv,
     read_review_csv,
+    read_review_data,
     read_reviews,
+    read_users,
+    simulate_reviews,
     write_review_csv,
 )
 
@@ -166,7 +169,7 @@ def test_anki_errors_are_clear(tmp_path):
         read_anki_collection(write(tmp_path / "notsql.anki2", "user_id,card_id\n"))
     with zipfile.ZipFile(tmp_path / "c.colpkg", "w") as z:
         z.writestr("collection.anki2", b"")
-    with pytest.raises(DataFormatError, match="unzip it"):
+    with pytest.raises(DataFormatError, match=r"c.colpkg:1: expected an Anki collection \(SQLite\) in collection"):
         read_anki_collection(tmp_path / "c.colpkg")
     con = sqlite3.connect(tmp_path / "norevlog.anki2")
     con.execute("CREATE TABLE cards (id integer)")
@@ -176,6 +179,119 @@ def test_anki_errors_are_clear(tmp_path):
     bad = make_collection(tmp_path / "bad.anki2", REVLOG[:2] + [(at(0, 2), 101, 4, 0, 1000)], CARDS)
     with pytest.raises(DataFormatError, match=r"bad.anki2:3: expected ease in 1..3 on a v1 scheduler learning row"):
         read_anki_collection(bad)
+
+
+# ----------------------------------------------------------------------------- Anki packages (.colpkg, .apkg)
+
+
+def _proto_varint(value):
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def deck_config_blob(cap):
+    """A DeckConfig.Config message as Anki 2.1.50+ stores it: learn steps (packed floats, field 1), new cards a day
+    (varint, field 9), initial ease (fixed32, field 11), the answer-time cap (varint, field 24)."""
+    steps = np.float32([1.0, 10.0]).tobytes()
+    return (b"\x0a" + _proto_varint(len(steps)) + steps + _proto_varint(9 << 3) + _proto_varint(20)
+            + _proto_varint(11 << 3 | 5) + np.float32(2.5).tobytes() + _proto_varint(24 << 3) + _proto_varint(cap))
+
+
+def make_colpkg(path, revlog, cards, cap=45, member="collection.anki21b"):
+    """A .colpkg as Anki 2.1.50+ writes it: meta, the collection (schema 18 style: col.dconf empty, the deck options
+    in deck_config) as zstd-compressed SQLite in collection.anki21b, a stub collection.anki2 with no reviews and a
+    note asking for a newer Anki, and media. member="collection.anki21": the older layout, plain SQLite."""
+    import zstandard
+
+    work = path.parent / f".{path.name}.parts"
+    work.mkdir()
+    inner = make_collection(work / "inner.anki2", revlog, cards)
+    con = sqlite3.connect(inner)
+    con.execute("UPDATE col SET dconf = '', ver = 18")
+    con.execute("CREATE TABLE deck_config (id integer primary key not null, name text not null, "
+                "mtime_secs integer not null, usn integer not null, config blob not null)")
+    con.execute("INSERT INTO deck_config VALUES (1, 'Default', 0, 0, ?)", (deck_config_blob(cap),))
+    con.commit()
+    con.close()
+    stub = make_collection(work / "stub.anki2", [], {})
+    con = sqlite3.connect(stub)
+    con.execute("INSERT INTO notes VALUES (1, '', 0, 0, 0, '', ?, 0, 0, 0, '')", ("Please update to the latest Anki",))
+    con.commit()
+    con.close()
+    data = inner.read_bytes()
+    if member.endswith("b"):  # streamed, as Anki writes it: no content size in the frame header
+        compressor = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+        data = compressor.compress(data) + compressor.flush()
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("meta", b"\x08\x03")
+        z.writestr(member, data)
+        z.writestr("collection.anki2", stub.read_bytes())
+        z.writestr("media", b"")
+    return path
+
+
+def test_colpkg_is_read_from_its_zstd_collection_not_the_stub(collection, tmp_path):
+    package = make_colpkg(tmp_path / "backup-2024-01-02-03.04.05.colpkg", REVLOG, CARDS, cap=45)
+    log = read_anki_collection(package, user_id="7")
+    plain = read_anki_collection(collection, user_id="7")
+    assert log.meta["package_member"] == "collection.anki21b"
+    assert_same_log(plain, log)  # every review of the collection inside; the stub has none
+    assert log.meta["duration_cap_s"] == 45.0  # from the deck_config table's protobuf (col.dconf is empty)
+    assert log.path == str(package)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "backup-2024-01-02-03.04.05.colpkg", "collection.anki2"]  # nothing unpacked beside it
+    assert read_reviews(package).meta["package_member"] == "collection.anki21b"
+    folder = tmp_path / "user"
+    folder.mkdir()
+    package.rename(folder / package.name)
+    assert_same_log(plain, read_reviews(folder, user_id="7"))  # a folder holding one backup
+    legacy = make_colpkg(tmp_path / "legacy.colpkg", REVLOG, CARDS, member="collection.anki21")
+    assert read_anki_collection(legacy).meta["package_member"] == "collection.anki21"
+    assert len(read_anki_collection(legacy)) == len(plain)
+
+
+def test_colpkg_faults_are_named(tmp_path):
+    package = make_colpkg(tmp_path / "c.colpkg", REVLOG, CARDS)
+    with zipfile.ZipFile(package) as z:
+        parts = {name: z.read(name) for name in z.namelist()}
+    cut = tmp_path / "cut.colpkg"
+    with zipfile.ZipFile(cut, "w") as z:
+        for name, data in parts.items():
+            z.writestr(name, data[: len(data) // 2] if name == "collection.anki21b" else data)
+    with pytest.raises(DataFormatError, match=r"cut.colpkg:1: expected collection.anki21b compressed with zstd"):
+        read_anki_collection(cut)
+    other = tmp_path / "other.colpkg"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("notes.txt", b"hello")
+    with pytest.raises(DataFormatError, match=r"expected an Anki package holding one of \['collection.anki21b'"):
+        read_anki_collection(other)
+    with pytest.raises(DataFormatError, match="expected an Anki package"):
+        read_anki_collection(write(tmp_path / "torn.colpkg", "PK\x03\x04 not really a zip"))
+
+
+def test_deck_option_caps_of_newer_collections(tmp_path):
+    for blob, cap in ((deck_config_blob(90), 90.0), (json.dumps({"maxTaken": 30}).encode(), 30.0), (b"\xff", None)):
+        path = make_collection(tmp_path / f"c{cap}.anki2", REVLOG, CARDS)
+        con = sqlite3.connect(path)
+        con.execute("UPDATE col SET dconf = ''")
+        con.execute("CREATE TABLE deck_config (id integer primary key, name text, mtime_secs integer, usn integer, "
+                    "config blob)")
+        con.execute("INSERT INTO deck_config VALUES (1, 'Default', 0, 0, ?)", (blob,))
+        con.commit()
+        con.close()
+        assert read_anki_collection(path).meta.get("duration_cap_s") == cap
+
+
+def test_cli_import_anki_reads_a_colpkg(tmp_path, capsys):
+    package = make_colpkg(tmp_path / "backup.colpkg", REVLOG, CARDS)
+    out = tmp_path / "reviews.csv"
+    assert main(["import-anki", str(package), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote 9 reviews of 4 cards to {out}")
+    assert len(read_review_csv(out)) == 9
 
 
 # ----------------------------------------------------------------------------- review-log CSV
@@ -419,3 +535,67 @@ def test_py_fsrs_josh_rows_agree_with_the_converted_csv_but_its_days_do_not():
         read_review_csv(SRS / "py_fsrs_josh" / "revlogs.csv")
     recomputed = read_review_csv(SRS / "py_fsrs_josh" / "revlogs.csv", day_columns="ignore")
     assert np.array_equal(recomputed.elapsed_days, raw.elapsed_days)
+
+
+# ----------------------------------------------------------------------------- many users: --data DIR
+
+
+def test_a_folder_of_users_at_any_depth_reads_each_and_skips_the_refused(collection, tmp_path):
+    root = tmp_path / "users"
+    (root / "anki" / "alice").mkdir(parents=True)
+    make_collection(root / "anki" / "alice" / "collection.anki2", REVLOG, CARDS)
+    (root / "anki" / "alice" / "backups").mkdir()  # an Anki profile's backups: the same user, not searched
+    make_colpkg(root / "anki" / "alice" / "backups" / "backup-2024-01-01-00.00.00.colpkg", REVLOG, CARDS)
+    (root / "bob").mkdir()
+    make_colpkg(root / "bob" / "backup-2023-01-01-00.00.00.colpkg", REVLOG[:5], CARDS)
+    make_colpkg(root / "bob" / "backup-2024-01-01-00.00.00.colpkg", REVLOG, CARDS)  # the latest is read
+    (root / "deep" / "er" / "shared").mkdir(parents=True)
+    two = simulate_reviews(n_users=2, n_cards=5, n_days=5, seed=3)
+    write_review_csv(two, root / "deep" / "er" / "shared" / "revlogs.csv")
+    (root / "broken").mkdir()
+    write(root / "broken" / "revlogs.csv", "user_id,card_id,review_time,rating\n1,2,1700000000,9\n")
+    (root / "two_collections").mkdir()
+    for name in ("a.anki2", "b.anki2"):
+        make_collection(root / "two_collections" / name, REVLOG, CARDS)
+    (root / ".hidden").mkdir()
+    make_collection(root / ".hidden" / "collection.anki2", REVLOG, CARDS)
+    (root / "notes").mkdir()
+    write(root / "notes" / "README.md", "no reviews here")
+    lines = []
+    users = read_users(root, log_line=lines.append)
+    assert [name for name, _ in users] == ["anki/alice", "bob", "deep/er/shared:0", "deep/er/shared:1"]
+    assert all(log.user_ids == [name] and log.n_users == 1 for name, log in users)
+    assert [len(log) for _, log in users] == [9, 9, len(two.user(0)), len(two.user(1))]
+    assert users[1][1].path.endswith("backup-2024-01-01-00.00.00.colpkg")
+    assert len(lines) == 2 and lines[0].startswith("skipped broken: ") and "rating in 1..4" in lines[0]
+    assert lines[1].startswith("skipped two_collections: ") and "one *.anki2" in lines[1]
+    # --data: all of them in one log, each user with their own cap and day boundary
+    log = read_review_data(root, log_line=lines.append)
+    assert log.user_ids == [name for name, _ in users] and len(log) == sum(len(x) for _, x in users)
+    assert log.duration_caps().tolist() == [60.0] * 9 + [45.0] * 9 + [np.inf] * (len(log) - 18)
+    assert set(log.meta["day_start_ms"]) == {"anki/alice", "bob"}  # (the CSV has no fixed day boundary)
+    np.testing.assert_array_equal(log.user(1).card, users[1][1].card)
+    with pytest.raises(FileNotFoundError, match="no user's review data"):
+        read_users(root / "notes")
+
+
+def test_one_users_folder_reads_as_before(collection, tmp_path):
+    assert_same_log(read_reviews(tmp_path), read_review_data(tmp_path))  # a user's folder: read_reviews, as today
+    assert_same_log(read_reviews(collection), read_review_data(collection))
+    assert [name for name, _ in read_users(tmp_path)] == [tmp_path.name]
+    write(tmp_path / "revlogs.csv", "user_id,card_id,review_time,rating\n1,2,1700000000,9\n")
+    with pytest.raises(DataFormatError, match="rating in 1..4"):  # its own data refused: an error, not a skip
+        read_review_data(tmp_path)
+
+
+def test_a_refused_revlogs_csv_falls_back_to_the_users_other_file(tmp_path):
+    user = tmp_path / "users" / "josh"
+    user.mkdir(parents=True)
+    write(user / "revlogs.csv", "user_id,card_id,review_time,rating,day_offset,elapsed_days\n"
+                                "0,1,1700000000,3,0,-1\n0,1,1702000000,3,0,0\n")  # 23 days apart, elapsed 0
+    write(user / "review_logs_josh.csv", "card_id,review_rating,review_time\n1,3,2023-11-14T22:13:20Z\n"
+                                         "1,3,2023-12-07T21:46:40Z\n")
+    lines = []
+    (name, log), = read_users(tmp_path / "users", log_line=lines.append)
+    assert name == "josh" and log.meta["format"] == "py_fsrs" and log.elapsed_days.tolist() == [-1, 23]
+    assert len(lines) == 1 and "elapsed_days" in lines[0] and lines[0].endswith("read review_logs_josh.csv instead")

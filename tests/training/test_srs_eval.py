@@ -358,3 +358,24 @@ def test_fsrs6_on_ankimath_is_near_the_published_figures():
     m = evaluate_predictions(log, folds, fsrs6_predictions(log, folds).p_recall)
     assert m["log_loss"] == pytest.approx(0.1555, abs=0.001)
     assert m["rmse_bins"] == pytest.approx(0.0220, abs=0.001)
+
+
+def test_the_baselines_command_reads_a_folder_of_users_as_one_log(tmp_path, capsys):
+    """`python -m nextstep.training.srs_eval --data DIR` on a folder of users' folders gives what it gives on the same
+    users in one review-log CSV (per-user folds: the users' names do not matter)."""
+    import json
+
+    from nextstep.training.srs_eval import main
+
+    log = reviews.simulate_reviews(n_users=2, n_cards=30, n_days=40, seed=9)
+    reviews.write_review_csv(log, tmp_path / "all.csv")
+    for u in range(2):
+        (tmp_path / "users" / f"u{u}").mkdir(parents=True)
+        reviews.write_review_csv(log.user(u), tmp_path / "users" / f"u{u}" / "revlogs.csv")
+    main(["--data", str(tmp_path / "all.csv")])
+    one_file = json.loads(capsys.readouterr().out)
+    main(["--data", str(tmp_path / "users")])
+    folders = json.loads(capsys.readouterr().out)
+    for model in ("fsrs6", "base_rate"):
+        for key in ("n_scored", "log_loss", "rmse_bins"):
+            assert folders[model][key] == pytest.approx(one_file[model][key], rel=1e-6), (model, key)

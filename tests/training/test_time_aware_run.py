@@ -239,3 +239,18 @@ def test_weights_saved_before_the_drifts_and_the_duration_shift_restore_with_tho
         torch.testing.assert_close(old.readout(*batch).rating_probs, model.readout(*batch).rating_probs)
     with pytest.raises(RuntimeError, match="Missing key"):  # anything else missing is still an error
         restore(saved["family"], saved["config"], {k: v for k, v in saved["state_dict"].items() if k != "blend"})
+
+
+def test_evaluate_on_a_folder_of_users_scores_each_as_its_own_review_log(artifact, log, capsys):
+    users = artifact.parent / "users"
+    for u in range(log.n_users):  # each user in a folder of their own, one of them a level deeper
+        folder = users / ("a" if u == 0 else "b/deeper") / f"user{u}"
+        folder.mkdir(parents=True)
+        write_review_csv(log.user(u), folder / "revlogs.csv")
+    capsys.readouterr()
+    assert main(["evaluate", str(artifact), "--data", str(users)]) == 0
+    folders = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", str(artifact), "--data", str(artifact.parent / "reviews.csv")]) == 0
+    one_file = json.loads(capsys.readouterr().out)
+    for key in ("n_scored", "log_loss", "rmse_bins", "auc", "duration_mae_s"):
+        assert folders[key] == pytest.approx(one_file[key], rel=1e-6), key

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
-from ..srs import MS_LOOKING, Review, SpacedRepetition
+from ..srs import MS_LOOKING, SIMULATE_MAX_DAYS, SIMULATE_MAX_RETENTIONS, Review, SpacedRepetition
 from .common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
 
 router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
@@ -100,6 +100,30 @@ class SrsScheduleRequest(Strict):
         "user_id": "user-42", "cards": [{"card_id": "card-17", "deck_id": "spanish"}], "desired_retention": 0.9}]})
 
 
+Retention = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+
+
+class SrsSimulateRequest(Strict):
+    user_id: UserId
+    cards: Annotated[list[SrsCard] | None, Field(
+        description="the deck to simulate (cards without a stored review are new); default: every card the user "
+                    "has reviewed")] = None
+    new_cards: Annotated[StrictInt, Field(ge=0, description="never-reviewed cards to add to the deck")] = 0
+    new_cards_per_day: Annotated[StrictInt, Field(ge=0, le=10_000, description="new cards introduced a day, in "
+                                                                                "order, from today")] = 20
+    days: Annotated[StrictInt, Field(ge=1, le=SIMULATE_MAX_DAYS, description="days to simulate from today")] = 365
+    desired_retentions: Annotated[list[Retention], Field(min_length=1, max_length=SIMULATE_MAX_RETENTIONS,
+                                                         description="the retentions to compare (distinct)")] = \
+        [0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
+    now: Annotated[UnixSeconds | None, Field(description="default: now (or the last review, if later)")] = None
+    seed: Annotated[StrictInt, Field(ge=0, le=2**32 - 1, description="the simulation's random seed: the same "
+                                                                     "request gives the same answer")] = 0
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "user_id": "user-42", "days": 365, "new_cards": 200, "new_cards_per_day": 10,
+        "desired_retentions": [0.8, 0.85, 0.9, 0.95]}]})
+
+
 # examples of the answers
 PREDICTION = {"card_id": "card-17", "deck_id": "spanish", "time": 1767312000.0,
               "p_rating": {"1": 0.053, "2": 0.216, "3": 0.416, "4": 0.315}, "p_recall": 0.947,
@@ -108,9 +132,17 @@ USER = {"user_id": "user-42", "model": "time_aware", "version": "1"}
 REVIEWS = {**USER, "applied": 1, "replayed": 0, "reviews_total": 1, "last_review_time": 1767225600.0,
            "state_version": 1, "prediction": {**PREDICTION, "card_id": "card-18", "card_reviews": 0}}
 PREDICT = {**USER, "reviews_total": 1, **PREDICTION}
-SCHEDULE = {**USER, "now": 1767312000.0, "desired_retention": 0.9, "horizon_days": 36500.0, "reviews_total": 1,
+SCHEDULE = {**USER, "now": 1767312000.0, "desired_retention": 0.9, "horizon_days": 36500.0,
+            "max_interval_days": 1825.0, "reviews_total": 1,
             "cards": [{"card_id": "card-17", "deck_id": "spanish", "status": "scheduled", "due": 1767657600.0,
                        "interval_days": 4.0, "p_recall_at_due": 0.9, "expected_duration_s": 5.9}]}
+SIMULATE = {**USER, "now": 1767312000.0, "days": 3, "cards": 412, "new_cards": 200, "new_cards_introduced": 30,
+            "new_cards_per_day": 10, "seconds_per_new_card": 14.2, "sampled_cards": 64, "replicas": 5, "seed": 0,
+            "max_interval_days": 1825, "reviews_total": 2210,
+            "retentions": [{"desired_retention": 0.9, "reviews_per_day": [61.4, 38.2, 35.0],
+                            "minutes_per_day": [9.1, 5.9, 5.5], "total_reviews": 134.6, "total_minutes": 20.5,
+                            "mean_minutes_per_day": 6.83, "recalled_at_end": 391.7, "interval_ratio_to_fsrs6": 1.12,
+                            "seconds_per_review": 7.9}]}
 SUMMARY = {**USER, "exists": True, "reviews_total": 1, "last_review_time": 1767225600.0, "cards": 1,
            "state_version": 1, "last_update": 1767225601.0}
 
@@ -141,6 +173,18 @@ async def post_schedule(model: ModelName, body: SrsScheduleRequest, srs: Srs, re
     too_many("cards", len(body.cards), request.app.state.settings.srs_max_schedule_cards)
     return await srs.schedule(model, body.user_id, [(str(c.card_id), str(c.deck_id)) for c in body.cards],
                               body.desired_retention, body.now, body.horizon_days)
+
+
+@router.post("/simulate", summary="Expected daily reviews and minutes over the next days at several desired "
+                                  "retentions, for a user's deck", responses=answer(SIMULATE, 404, 413, 503))
+async def post_simulate(model: ModelName, body: SrsSimulateRequest, srs: Srs, request: Request) -> dict:
+    limit = request.app.state.settings.srs_max_simulate_cards
+    if body.cards is not None:
+        too_many("cards", len(body.cards), limit)
+    too_many("new_cards", body.new_cards, limit)
+    cards = [(str(c.card_id), str(c.deck_id)) for c in body.cards] if body.cards is not None else None
+    return await srs.simulate(model, body.user_id, cards, list(body.desired_retentions), body.days, body.new_cards,
+                              body.new_cards_per_day, body.now, body.seed, max_cards=limit)
 
 
 @router.get("/users/{user_id:path}", summary="Summary of a user's stored reviews",
