@@ -68,7 +68,7 @@ from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, TooLarge
 from .registry import ONNX_DTYPES, LoadedModel, TaskSpec, register_task
-from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, shares
+from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, ModelCurve, shares
 from .srs_simulate import simulate as run_simulation
 from .state import StoredState
 
@@ -78,8 +78,9 @@ HEADER = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards 
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
 SIMULATE_MAX_RETENTIONS = 10
+SIMULATE_RETENTIONS = (0.5, 0.99)  # the desired retentions a simulation takes (Anki's slider: 0.70 to 0.99)
 SIMULATE_MAX_WORK = 20_000_000  # card-days x retentions a simulation may cover (5,000 cards, 365 days, 10 retentions)
-SIMULATE_SAMPLE_ROWS = 48  # schedule-graph rows a simulation runs on a sample of the deck: 24 cards x 2 retentions
+SIMULATE_SAMPLE_ROWS = 32  # schedule-graph rows a simulation runs on a sample of the deck: 16 cards x 2 retentions
 # fsrs-rs 0.9's default FSRS-6 parameters (nextstep/models/fsrs.py's DEFAULT_W), for an artifact whose manifest has
 # none (the service does not import the model's package, which needs torch)
 DEFAULT_FSRS6 = (0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796, 1.4835, 0.0614,
@@ -492,9 +493,10 @@ class SpacedRepetition(StatefulTask):
         model = self.model(model_name)
         if not 1 <= len(retentions) <= SIMULATE_MAX_RETENTIONS:
             raise InvalidInput("desired_retentions", f"{len(retentions)} retentions; 1 to {SIMULATE_MAX_RETENTIONS}")
+        low, high = SIMULATE_RETENTIONS
         for i, r in enumerate(retentions):
-            if not 0 < r < 1:
-                raise InvalidInput(f"desired_retentions[{i}]", f"{r!r} is not a probability strictly between 0 and 1")
+            if not low <= r <= high:
+                raise InvalidInput(f"desired_retentions[{i}]", f"{r!r} is not a retention {low}..{high}")
         if len(set(retentions)) != len(retentions):
             raise InvalidInput("desired_retentions", "the retentions must differ")
         if not 1 <= days <= SIMULATE_MAX_DAYS:
@@ -517,8 +519,9 @@ class SpacedRepetition(StatefulTask):
             asked = list(dict.fromkeys(c for c, _ in cards))
             stored, _ = await self.store.read(key, fields=asked)
         history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
-        blobs = {c: stored.fields.get(c) or b"" for c in asked}
-        reviewed = [c for c in asked if blobs[c]]
+        fields = stored.fields
+        reviewed = [c for c in asked if fields.get(c)]
+        data = [fields[c] for c in reviewed]
         n_new = new_cards + len(asked) - len(reviewed)
         if len(reviewed) + n_new > max_cards:
             raise TooLarge("cards", f"{len(reviewed)} reviewed and {n_new} new cards; at most {max_cards} per "
@@ -536,11 +539,11 @@ class SpacedRepetition(StatefulTask):
             return np.floor((np.asarray(t, dtype=np.float64) - day_start) / 86400.0)
 
         # every reviewed card's rows at once: its last card_size reviews, the rows the network's FSRS-6 anchor reads
-        lengths = np.array([len(blobs[c]) for c in reviewed], dtype=np.int64)
+        lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
         if np.any(lengths % ROW.itemsize):
             raise ValueError(f"stored reviews of user {user_id!r} are not whole {ROW.itemsize}-byte rows")
         lengths //= ROW.itemsize
-        rows = np.frombuffer(b"".join(blobs[c] for c in reviewed), dtype=ROW)
+        rows = np.frombuffer(b"".join(data), dtype=ROW)
         ends = np.cumsum(lengths)
         starts = ends - lengths
         width = int(lengths.max()) if len(lengths) else 1
@@ -552,15 +555,15 @@ class SpacedRepetition(StatefulTask):
         stability, difficulty = fsrs.memory_state(rating, when, present)
         last_time = rows["time"][ends - 1] if len(reviewed) else np.zeros(0)
         last_day = (day(last_time) - day(now)).astype(np.int64)
-        deck = {c: rows[starts[i]:ends[i]] for i, c in enumerate(reviewed)}
         retention = np.asarray(retentions, dtype=np.float64)
-        kappa, review_s, new_s, sampled = await self._calibrate(model, history, deck, reviewed, stability,
-                                                                 last_time, now, retention, fsrs, seed)
+        curve, review_s, new_s, sampled = await self._calibrate(model, history, (rows, starts, ends), reviewed,
+                                                                 stability, last_time, now, retention, fsrs, seed)
+        ratio = curve.interval(1.0, retention) / fsrs.interval(1.0, retention)
         recent = history.recent
         first = np.bincount(recent["rating"][recent["state"] == 0].astype(np.int64) - 1, minlength=4)[:4]
         recalled = np.bincount(recent["rating"][recent["rating"] > 1].astype(np.int64) - 2, minlength=3)[:3]
         max_interval = max(1, int(self.max_interval_days))
-        out = run_simulation(fsrs, retentions=retention, days=days, kappa=kappa, review_s=review_s, new_s=new_s,
+        out = run_simulation(fsrs, retentions=retention, days=days, curve=curve, review_s=review_s, new_s=new_s,
                              stability=stability, difficulty=difficulty, last_day=last_day, n_new=n_new,
                              new_per_day=new_cards_per_day, first_shares=shares(first, DEFAULT_FIRST),
                              recalled_shares=shares(recalled, DEFAULT_RECALLED), max_interval=max_interval, seed=seed)
@@ -572,41 +575,42 @@ class SpacedRepetition(StatefulTask):
                 "minutes_per_day": np.round(minutes, 3).tolist(), "total_reviews": float(reviews.sum()),
                 "total_minutes": float(minutes.sum()), "mean_minutes_per_day": float(minutes.mean()),
                 "recalled_at_end": float(out["recalled_at_end"][j]),
-                "interval_ratio_to_fsrs6": float(kappa[j]), "seconds_per_review": float(review_s[j])})
+                "interval_ratio_to_fsrs6": float(ratio[j]), "seconds_per_review": float(review_s[j])})
         return {"user_id": user_id, "model": model.name, "version": model.version, "now": now, "days": days,
                 "cards": len(reviewed), "new_cards": n_new, "new_cards_introduced": int(out["introduced"]),
                 "new_cards_per_day": new_cards_per_day, "seconds_per_new_card": new_s, "sampled_cards": sampled,
+                "model_curve": {"stretch": curve.stretch, "decay": curve.decay},
                 "replicas": int(out["replicas"]), "seed": seed, "max_interval_days": max_interval,
                 "reviews_total": history.stored.events, "retentions": results}
 
-    async def _calibrate(self, model: LoadedModel, history: History, deck: dict[str, np.ndarray], reviewed: list[str],
-                         stability: np.ndarray, last_time: np.ndarray, now: float, retention: np.ndarray,
-                         fsrs: FSRS6, seed: int) -> tuple[np.ndarray, np.ndarray, float, int]:
-        """The model's own curve and answer times on a sample of the deck: (kappa (R,), the median ratio of the
-        model's interval to FSRS-6's at each retention; seconds per review at each (the model's answer time at the
-        due, averaged); seconds for a new card's first review; the number of cards sampled).
-
-        Two graph calls of at most SIMULATE_SAMPLE_ROWS + 1 rows, whatever the deck's size: the schedule graph at the
-        lowest and the highest retention asked for, on the same cards; between those two, kappa and the answer
-        time are interpolated linearly in log(r^(-1/decay) - 1), the log of FSRS-6's interval factor (on whose
-        scale a model curve with another decay than FSRS-6's makes log kappa linear)."""
+    async def _calibrate(self, model: LoadedModel, history: History, deck: tuple[np.ndarray, np.ndarray, np.ndarray],
+                         reviewed: list[str], stability: np.ndarray, last_time: np.ndarray, now: float,
+                         retention: np.ndarray, fsrs: FSRS6, seed: int) -> tuple[ModelCurve, np.ndarray, float, int]:
+        """The model's own curve and answer times on a sample of the deck: (the model's forgetting curve on FSRS-6's
+        stability (srs_simulate.ModelCurve) through the median ratios of the model's intervals to FSRS-6's at the
+        lowest and the highest retention asked for; seconds per review at each retention (the model's answer time at
+        the due, averaged over the sample, interpolated between those two linearly in log(r^(-1/decay) - 1)); seconds
+        for a new card's first review; the number of cards sampled). Two graph calls of at most
+        SIMULATE_SAMPLE_ROWS + 1 rows, whatever the deck's size."""
         probes = np.unique(retention[[np.argmin(retention), np.argmax(retention)]])
         take = min(len(reviewed), max(1, SIMULATE_SAMPLE_ROWS // len(probes)))
         pick = np.sort(np.random.default_rng(seed).choice(len(reviewed), size=take, replace=False)) if take else \
             np.zeros(0, dtype=np.int64)
         fresh = "\x00simulate: a card never reviewed"
-        windows = [window(model, History(history.stored, history.recent, {c: deck[c]}, history.n_cards,
-                                         history.drift), c) for c in (reviewed[i] for i in pick)]
+        rows, starts, ends = deck  # every reviewed card's stored rows, card i's at starts[i]:ends[i]
+        own = {i: rows[starts[i]:ends[i]] for i in pick}
+        windows = [window(model, History(history.stored, history.recent, {reviewed[i]: own[i]}, history.n_cards,
+                                         history.drift), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift)
         new = await self._run(model, hist, np.array([take]), np.array([id_hash(fresh)]), np.array([id_hash("")]),
                               np.array([now], dtype=np.float64))
         new_s = float(new["duration_s"][0])
         if not take:
-            return np.ones(len(retention)), np.full(len(retention), new_s), new_s, 0
+            return ModelCurve(1.0, fsrs.decay), np.full(len(retention), new_s), new_s, 0
         which = np.tile(np.arange(take), len(probes))
         ids = np.array([id_hash(reviewed[i]) for i in pick], dtype=np.int64)
-        decks = np.array([deck[reviewed[i]]["deck"][-1] for i in pick], dtype=np.int64)
+        decks = np.array([own[i]["deck"][-1] for i in pick], dtype=np.int64)
         out = await self._run(model, hist, which, ids[which], decks[which], np.full(len(which), now), graph="schedule",
                               retention=np.repeat(probes, take).astype(np.float32))
         since = np.tile((now - last_time[pick]) / 86400.0, len(probes))
@@ -618,18 +622,17 @@ class SpacedRepetition(StatefulTask):
         p_now = np.clip(out["recall"].astype(np.float64), 1e-6, 1 - 1e-6)
         through = fsrs.factor * since / (s_card * (np.power(p_now, -1.0 / fsrs.decay) - 1.0))
         ratio = np.where(wait > 0, ratio, np.where(since > 0, through, np.nan)).reshape(len(probes), take)
-        median = np.array([np.median(r[np.isfinite(r)]) if np.isfinite(r).any() else 1.0 for r in ratio])
-        log_kappa = np.log(np.maximum(median, 1e-6))
+        median = [float(np.median(r[np.isfinite(r)])) if np.isfinite(r).any() else 1.0 for r in ratio]
+        curve = ModelCurve.through(fsrs, [float(r) for r in probes], [max(m, 1e-6) for m in median])
         seconds = out["duration_s"].astype(np.float64).reshape(len(probes), take).mean(axis=1)
+        if len(probes) == 1:
+            return curve, np.full(len(retention), seconds[0]), new_s, take
 
         def scale(r):
             return np.log(np.power(r, -1.0 / fsrs.decay) - 1.0)
 
-        if len(probes) == 1:
-            return np.full(len(retention), np.exp(log_kappa[0])), np.full(len(retention), seconds[0]), new_s, take
         at = (scale(retention) - scale(probes[0])) / (scale(probes[1]) - scale(probes[0]))
-        return (np.exp(log_kappa[0] + at * (log_kappa[1] - log_kappa[0])), seconds[0] + at * (seconds[1] - seconds[0]),
-                new_s, take)
+        return curve, seconds[0] + at * (seconds[1] - seconds[0]), new_s, take
 
     @staticmethod
     def _due(card: tuple[str, str], status: str, now: float, due: float, recall, duration) -> dict:

@@ -5,16 +5,19 @@ The idea is FSRS's workload-versus-retention simulator: every card goes forward 
 scheduler says, recalled with its predicted probability, and its memory state updated by the outcome; summed over
 the deck, that is the day-by-day workload each desired retention costs. What NextStep puts in:
 
-* The memory model between simulated reviews is FSRS-6 (`FSRS6`) with the artifact's own parameters (the curve
+* The memory state between simulated reviews is FSRS-6's (`FSRS6`) with the artifact's own parameters (the curve
   its network corrects), started for each card from its stored reviews exactly as the network's anchor is (the
-  card's last `card_size` reviews, the same recurrence: nextstep/models/fsrs.py).
-* The model's own forgetting curve sets the intervals: the service asks the `schedule` graph, on a sample of the
-  deck's cards, when each card's predicted recall falls to each desired retention, and the median ratio of that
-  interval to FSRS-6's for the same card is the deck's correction `kappa` at that retention. Every simulated interval
-  is kappa times FSRS-6's, and a card's recall at a review is FSRS-6's curve stretched by kappa (so a card reviewed
-  on time is recalled with probability about the desired retention, as the model predicts). Running the graph on
-  every card at every step would be exact but costs 0.1-0.5 ms a row on one CPU core: a 5,000-card deck could not
-  be answered in a fraction of a second.
+  card's last `card_size` reviews, the same recurrence: nextstep/models/fsrs.py), and updated after each simulated
+  review by FSRS-6's rules at the recall the model predicted for it.
+* The model's own forgetting curve sets the intervals and the recall: the service asks the `schedule` graph, on a
+  sample of the deck's cards, when each card's predicted recall falls to the lowest and to the highest desired
+  retention, and fits to the median ratios of those intervals to FSRS-6's one power curve of FSRS-6's form,
+  R = (1 + f' t / (stretch S))^-decay' with f' = 0.9^(-1/decay') - 1 and S the card's FSRS-6 stability (`ModelCurve`:
+  the model's curve, as far as two points on it say, for every card of the deck). Every simulated interval is where
+  that curve falls to the retention, and a review's recall is that curve at its gap (so a card reviewed on time is
+  recalled with probability the desired retention, as the model predicts). Running the graph on every card at
+  every step would be exact but costs 0.1-0.5 ms a row on one CPU core: a 5,000-card deck could not be answered in
+  a fraction of a second.
 * The cost of a review is the model's predicted answer time at the due (the schedule graph's `duration_s`, averaged
   over the sample) at that retention; a new card's first review costs what the model predicts for a card the user
   has never reviewed.
@@ -29,6 +32,7 @@ request gives the same answer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +43,51 @@ DEFAULT_RECALLED = (0.20, 0.65, 0.15)  # P(Hard, Good, Easy) of a recalled revie
 PRIOR_REVIEWS = 20.0  # the weight of those defaults against the user's own shares, in reviews
 MIN_PATHS = 2000  # simulated paths per retention, at least (a small deck's cards are replicated)
 MAX_REPLICAS = 64
+
+
+@dataclass(frozen=True)
+class ModelCurve:
+    """A power forgetting curve of FSRS-6's form on a card's FSRS-6 stability S: R(t) = (1 + f t / (stretch S))^-decay,
+    f = 0.9^(-1/decay) - 1. stretch 1 with FSRS-6's decay is FSRS-6's own curve."""
+
+    stretch: float
+    decay: float
+
+    @property
+    def factor(self) -> float:
+        return 0.9 ** (-1.0 / self.decay) - 1.0
+
+    def interval(self, stability, retention):
+        """Days after which R falls to `retention`."""
+        return self.stretch * stability / self.factor * (np.power(retention, -1.0 / self.decay) - 1.0)
+
+    def retrievability(self, days, stability):
+        return np.power(1.0 + self.factor * np.maximum(days, 0.0) / (self.stretch * stability), -self.decay)
+
+    @classmethod
+    def through(cls, fsrs: FSRS6, retentions, ratios) -> ModelCurve:
+        """The curve whose intervals at two retentions are `ratios` times FSRS-6's (one retention: FSRS-6's decay,
+        stretched). Its decay is kept within DECAY_RANGE, the range the model's own decay correction spans."""
+        (r1, *rest), (q1, *more) = retentions, ratios
+        d = fsrs.decay
+        if rest and rest[0] != r1:
+            r2, q2 = rest[0], more[0]
+
+            def spread(decay: float) -> float:  # c(r1) / c(r2) with c(r) = r^(-1/decay) - 1: falls as decay grows
+                return (r1 ** (-1.0 / decay) - 1.0) / (r2 ** (-1.0 / decay) - 1.0)
+
+            target = q1 / q2 * spread(fsrs.decay)
+            lo, hi = DECAY_RANGE
+            for _ in range(60):  # bisection on log decay
+                mid = math.sqrt(lo * hi)
+                lo, hi = (mid, hi) if spread(mid) > target else (lo, mid)
+            d = math.sqrt(lo * hi)
+        unit = cls(1.0, d)
+        stretch = q1 * float(fsrs.interval(1.0, r1)) / float(unit.interval(1.0, r1))
+        return cls(stretch, d)
+
+
+DECAY_RANGE = (0.05, 1.0)  # TimeAwareTransformer.curve's decay: 0.05 + 0.95 sigmoid(...)
 
 
 @dataclass(frozen=True)
@@ -130,14 +179,15 @@ def replicas(n_cards: int) -> int:
     return int(min(MAX_REPLICAS, max(1, -(-MIN_PATHS // max(n_cards, 1)))))
 
 
-def simulate(fsrs: FSRS6, *, retentions: np.ndarray, days: int, kappa: np.ndarray, review_s: np.ndarray,
+def simulate(fsrs: FSRS6, *, retentions: np.ndarray, days: int, curve: ModelCurve, review_s: np.ndarray,
              new_s: float, stability: np.ndarray, difficulty: np.ndarray, last_day: np.ndarray, n_new: int,
              new_per_day: int, first_shares: np.ndarray, recalled_shares: np.ndarray, max_interval: int,
              seed: int = 0) -> dict:
     """Expected reviews and seconds per day, and the cards expected to be recalled at the end, per retention.
 
-    retentions, kappa, review_s: (R,) the desired retentions, the model's interval ratio to FSRS-6 and its seconds
-    per review at each. stability, difficulty, last_day: the reviewed cards' FSRS-6 state and last review day
+    retentions, review_s: (R,) the desired retentions and the model's seconds per review at each; curve: the model's
+    forgetting curve on FSRS-6's stability. stability, difficulty, last_day: the reviewed cards' FSRS-6 state and last
+    review day
     (scheduler days relative to today, <= 0). n_new cards never reviewed are introduced `new_per_day` a day, in
     order, from today. Returns {"reviews": (R, days), "seconds": (R, days), "new": (R, days), "recalled_at_end":
     (R,), "replicas": K}."""
@@ -152,9 +202,10 @@ def simulate(fsrs: FSRS6, *, retentions: np.ndarray, days: int, kappa: np.ndarra
     card_of = np.tile(np.arange(n), n_ret * k)
     # float32 along the paths (twice as fast as float64 in numpy's power and exp, and what the model's graphs use)
     f32 = np.float32
-    kap = np.asarray(kappa, f32)[ret_of]
-    # the model's interval at a path's retention is coef * S: kappa times FSRS-6's S / f (r^(-1/decay) - 1)
-    coef = kap * fsrs.interval(np.ones(n_ret), np.asarray(retentions, np.float64)).astype(f32)[ret_of]
+    # the model's interval at a path's retention is coef * S; its recall after gap days (1 + x / stretch)^-decay',
+    # x = f' gap / S
+    coef = curve.interval(np.ones(n_ret), np.asarray(retentions, np.float64)).astype(f32)[ret_of]
+    m_factor, m_decay, stretch = f32(curve.factor), f32(curve.decay), f32(curve.stretch)
     is_rev = card_of < n_rev
     s = np.concatenate([stability, np.ones(introduced)]).astype(f32)[card_of]
     d = np.concatenate([difficulty, np.full(introduced, 5.0)]).astype(f32)[card_of]
@@ -165,50 +216,64 @@ def simulate(fsrs: FSRS6, *, retentions: np.ndarray, days: int, kappa: np.ndarra
     size = n_ret * days
     reviews, seconds, new = np.zeros(size), np.zeros(size), np.zeros(size)
     cost = np.asarray(review_s, np.float64)[ret_of]
-    first_cum, recalled_cum = np.cumsum(first_shares), np.cumsum(recalled_shares)
-    w, factor, decay = fsrs.w.astype(f32), f32(fsrs.factor), f32(fsrs.decay)
+    first_cum = np.cumsum(first_shares) / np.sum(first_shares)
+    hard, good = (np.cumsum(recalled_shares) / np.sum(recalled_shares))[:2].astype(f32)  # Hard below, Easy above
+    w = fsrs.w.astype(f32)
     grow, lapse_cap = np.exp(w[8]), np.exp(w[17] * w[18])
+    bonuses = np.array([1, 1, w[15], 1, w[16]], dtype=f32)  # by rating: Hard's penalty, Easy's bonus
     d_target = f32(fsrs.initial_difficulty(4.0))  # difficulty's mean reversion target, D0(Easy)
-    active = np.flatnonzero(due < days)
-    while len(active):
-        at = due[active]
-        cell = ret_of[active] * days + at
-        first = fresh[active]
-        s_a, d_a = s[active], d[active]
-        g = np.empty(len(active), dtype=f32)
-        u = rng.random(len(active), dtype=f32)
-        f = np.flatnonzero(first)
-        if len(f):  # first reviews: a rating from the user's first-review shares, FSRS-6's initial state
-            g[f] = 1 + np.searchsorted(first_cum, u[f] * first_cum[-1], side="right")
-            s_a[f], d_a[f] = (x.astype(f32) for x in fsrs.first(np.minimum(g[f], 4)))
-            fresh[active[f]] = False
+    # the paths with a review to come, compacted: every step reviews each of them once, then drops those done
+    act = np.flatnonzero(due < days)
+    s_a, d_a, last_a, due_a, fresh_a = s[act], d[act], last[act], due[act], fresh[act]
+    coef_a, cost_a, base_a = coef[act], cost[act], (ret_of[act] * days).astype(np.int64)
+    while len(act):
+        cell = base_a + due_a
+        u = rng.random(len(act), dtype=f32)
+        spent = cost_a
+        if fresh_a.any():  # first reviews: a rating from the user's first-review shares, FSRS-6's initial state
+            f = np.flatnonzero(fresh_a)
+            g = np.minimum(1 + np.searchsorted(first_cum, u[f], side="right"), 4)
+            s_f, d_f = fsrs.first(g)
             new += np.bincount(cell[f], minlength=size)
-        o = np.flatnonzero(~first)
-        if len(o):  # later reviews: recalled with the model's probability; FSRS-6's update at FSRS-6's own R
-            x = factor * (at[o] - last[active[o]]).astype(f32) / s_a[o]
-            recalled = u[o] < np.power(1.0 + x / kap[active[o]], -decay)
-            r = np.power(1.0 + x, -decay)
-            g[o] = np.where(recalled, 2 + np.minimum(np.searchsorted(recalled_cum, rng.random(len(o), dtype=f32)
-                                                                     * recalled_cum[-1], side="right"), 2), 1)
-            so, do, go = s_a[o], d_a[o], g[o]
-            ok, lost = np.flatnonzero(recalled), np.flatnonzero(~recalled)
-            bonus = np.where(go[ok] == 2, w[15], np.where(go[ok] == 4, w[16], f32(1)))
-            s_new = np.empty(len(o), dtype=f32)
-            s_new[ok] = so[ok] * (1 + grow * bonus * (11 - do[ok]) * np.power(so[ok], -w[9])
-                                  * np.expm1((1 - r[ok]) * w[10]))
-            s_new[lost] = np.minimum(w[11] * np.power(do[lost], -w[12]) * (np.power(so[lost] + 1, w[13]) - 1)
-                                     * np.exp((1 - r[lost]) * w[14]), so[lost] / lapse_cap)
-            s_a[o] = np.clip(s_new, f32(S_MIN), f32(S_MAX))
-            lean = w[6] * (go - 3) / 9
-            d_a[o] = np.clip(do * (1 - w[7]) * (1 + lean) + w[7] * d_target - (1 - w[7]) * 10 * lean, 1, 10)
-        s[active], d[active] = s_a, d_a
+            spent = cost_a.copy()
+            spent[f] = new_s
+            o = np.flatnonzero(~fresh_a)
+        else:
+            f, o = None, slice(None)
+        # later reviews: recalled with the model's probability, FSRS-6's update at that recall
+        # (numpy's power, expm1 and searchsorted cost 2-6 times what exp(c log x), exp - 1 and two comparisons do)
+        so, do = s_a[o], d_a[o]
+        r = np.exp(-m_decay * np.log(1 + m_factor * (due_a[o] - last_a[o]).astype(f32) / (stretch * so)))
+        uo = u[o]
+        recalled = uo < r
+        v = uo / r  # given a recall, uniform on [0, 1) and independent of it: the rating's draw
+        go = np.where(recalled, f32(2) + (v >= hard) + (v >= good), f32(1))
+        s_new = np.empty(len(r), dtype=f32)
+        ok, lost = np.flatnonzero(recalled), np.flatnonzero(~recalled)
+        s_ok, d_ok, g_ok = so[ok], do[ok], go[ok]
+        bonus = bonuses[g_ok.astype(np.int64)]
+        s_new[ok] = s_ok * (1 + grow * bonus * (11 - d_ok) * np.exp(-w[9] * np.log(s_ok))
+                            * (np.exp((1 - r[ok]) * w[10]) - 1))
+        s_lost, d_lost = so[lost], do[lost]
+        s_new[lost] = np.minimum(w[11] * np.power(d_lost, -w[12]) * (np.power(s_lost + 1, w[13]) - 1)
+                                 * np.exp((1 - r[lost]) * w[14]), s_lost / lapse_cap)
+        lean = w[6] * (go - 3) / 9
+        s_a[o] = np.clip(s_new, f32(S_MIN), f32(S_MAX))
+        d_a[o] = np.clip(do * (1 - w[7]) * (1 + lean) + w[7] * d_target - (1 - w[7]) * 10 * lean, 1, 10)
+        if f is not None:
+            s_a[f], d_a[f], fresh_a[f] = s_f, d_f, False
         reviews += np.bincount(cell, minlength=size)
-        seconds += np.bincount(cell, weights=np.where(first, new_s, cost[active]), minlength=size)
-        last[active] = at
-        due[active] = at + _days(coef[active] * s_a, max_interval)
-        active = active[due[active] < days]
+        seconds += np.bincount(cell, weights=spent, minlength=size)
+        last_a = due_a
+        due_a = due_a + _days(coef_a * s_a, max_interval)
+        keep = due_a < days
+        if not keep.all():  # done: their state at the end
+            done = act[~keep]
+            s[done], last[done], fresh[done] = s_a[~keep], last_a[~keep], False
+            act, s_a, d_a, last_a, due_a, fresh_a, coef_a, cost_a, base_a = (
+                x[keep] for x in (act, s_a, d_a, last_a, due_a, fresh_a, coef_a, cost_a, base_a))
     seen = ~fresh  # reviewed at least once, in the past or in the simulation
-    r_end = np.where(seen, fsrs.retrievability((days - last).astype(np.float64), kap.astype(np.float64) * s), 0.0)
+    r_end = np.where(seen, curve.retrievability((days - last).astype(np.float64), s.astype(np.float64)), 0.0)
     recalled_at_end = np.bincount(ret_of, weights=r_end, minlength=n_ret) / k
     shape = (n_ret, days)
     return {"reviews": reviews.reshape(shape) / k, "seconds": seconds.reshape(shape) / k,

@@ -733,6 +733,7 @@ SIMULATE_BAD = [
     ({"desired_retentions": []}, 422, "desired_retentions"),
     ({"desired_retentions": [0.9, 0.9]}, 422, "desired_retentions"),
     ({"desired_retentions": [0.9, 1.0]}, 422, "desired_retentions[1]"),
+    ({"desired_retentions": [0.4]}, 422, "desired_retentions[0]"),
     ({"desired_retentions": [0.5 + i / 40 for i in range(11)]}, 422, "desired_retentions"),
     ({"new_cards": -1}, 422, "new_cards"),
     ({"new_cards_per_day": -1}, 422, "new_cards_per_day"),
@@ -776,3 +777,20 @@ def test_the_services_fsrs6_is_the_models():
     ts, td = fsrs.memory_state(torch.tensor(w), torch.tensor(rating), torch.tensor(day), torch.tensor(present))
     np.testing.assert_allclose(s, ts.numpy(), rtol=1e-9)
     np.testing.assert_allclose(d, td.numpy(), rtol=1e-9)
+
+
+def test_the_simulators_model_curve_goes_through_the_two_measured_points():
+    """ModelCurve.through recovers a power curve from its intervals' ratios to FSRS-6's at two retentions; one
+    retention keeps FSRS-6's decay; FSRS-6's own ratios give FSRS-6."""
+    from nextstep.service.srs import DEFAULT_FSRS6
+    from nextstep.service.srs_simulate import FSRS6, ModelCurve
+
+    fsrs = FSRS6.of(DEFAULT_FSRS6)
+    for stretch, decay in ((1.0, fsrs.decay), (2.5, 0.4), (0.3, 0.08)):
+        truth = ModelCurve(stretch, decay)
+        ratios = [float(truth.interval(1.0, r) / fsrs.interval(1.0, r)) for r in (0.75, 0.95)]
+        got = ModelCurve.through(fsrs, [0.75, 0.95], ratios)
+        assert got.decay == pytest.approx(decay, rel=1e-6) and got.stretch == pytest.approx(stretch, rel=1e-6)
+        assert got.retrievability(got.interval(7.0, 0.85), 7.0) == pytest.approx(0.85)
+    one = ModelCurve.through(fsrs, [0.9], [2.0])
+    assert one.decay == fsrs.decay and one.interval(3.0, 0.9) == pytest.approx(2 * fsrs.interval(3.0, 0.9))

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
-from ..srs import MS_LOOKING, SIMULATE_MAX_DAYS, SIMULATE_MAX_RETENTIONS, Review, SpacedRepetition
+from ..srs import MS_LOOKING, SIMULATE_MAX_DAYS, SIMULATE_MAX_RETENTIONS, SIMULATE_RETENTIONS, Review, SpacedRepetition
 from .common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
 
 router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
@@ -100,7 +100,7 @@ class SrsScheduleRequest(Strict):
         "user_id": "user-42", "cards": [{"card_id": "card-17", "deck_id": "spanish"}], "desired_retention": 0.9}]})
 
 
-Retention = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+Retention = Annotated[float, Field(ge=SIMULATE_RETENTIONS[0], le=SIMULATE_RETENTIONS[1], allow_inf_nan=False)]
 
 
 class SrsSimulateRequest(Strict):
@@ -137,7 +137,8 @@ SCHEDULE = {**USER, "now": 1767312000.0, "desired_retention": 0.9, "horizon_days
             "cards": [{"card_id": "card-17", "deck_id": "spanish", "status": "scheduled", "due": 1767657600.0,
                        "interval_days": 4.0, "p_recall_at_due": 0.9, "expected_duration_s": 5.9}]}
 SIMULATE = {**USER, "now": 1767312000.0, "days": 3, "cards": 412, "new_cards": 200, "new_cards_introduced": 30,
-            "new_cards_per_day": 10, "seconds_per_new_card": 14.2, "sampled_cards": 64, "replicas": 5, "seed": 0,
+            "new_cards_per_day": 10, "seconds_per_new_card": 14.2, "sampled_cards": 24,
+            "model_curve": {"stretch": 1.08, "decay": 0.19}, "replicas": 5, "seed": 0,
             "max_interval_days": 1825, "reviews_total": 2210,
             "retentions": [{"desired_retention": 0.9, "reviews_per_day": [61.4, 38.2, 35.0],
                             "minutes_per_day": [9.1, 5.9, 5.5], "total_reviews": 134.6, "total_minutes": 20.5,
