@@ -104,3 +104,28 @@ def artifacts(build_once) -> tuple[Path, Path]:
 
     root = build_once("kt", build)
     return root / "artifacts", root / "data"
+
+
+@pytest.fixture(scope="session")
+def artifact_tree(build_once, artifacts) -> Path:
+    """deep_gpcm/1 (the session's `artifacts` model), deep_gpcm/2 (a copy marked newer) and attention_gpcm/1 (tiny,
+    trained for real on the same data, one epoch, no warm start); once per run, read-only: copy it to change it."""
+    kt, data = artifacts
+    small = dict(memory_size=4, key_dim=8, value_dim=8, summary_dim=8, embed_dim=8, n_heads=2, window=4)
+
+    def build(root: Path) -> None:
+        import json
+
+        from nextstep.training.loop import TrainConfig
+        from nextstep.training.run import train_model
+
+        tree = root / "artifacts"
+        train_model("attention_gpcm", data, tree / "attention_gpcm" / "1", cfg=TrainConfig(epochs=1, model=small),
+                    progress=False, log=False)
+        for version in ("1", "2"):
+            shutil.copytree(kt / "deep_gpcm" / "v1", tree / "deep_gpcm" / version)
+        path = tree / "deep_gpcm" / "2" / "manifest.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z",
+                                    "version": "2"}))
+
+    return build_once("service-artifacts", build) / "artifacts"

@@ -27,8 +27,6 @@ import uvicorn
 
 from nextstep.service.app import create_app
 from nextstep.service.settings import Settings
-from nextstep.training.loop import TrainConfig
-from nextstep.training.run import train_model
 
 
 def _free_port() -> int:
@@ -342,7 +340,7 @@ def sentinels(tmp_path: Path) -> Iterator[SentinelProcesses]:
         group.stop()
 
 
-# -- a served model (`artifacts`, tests/conftest.py), and the app under uvicorn -------------------------------------
+# -- the app under uvicorn (the models it serves: `artifacts` and `artifact_tree`, tests/conftest.py) --------------
 @contextmanager
 def serving(settings: Settings, app=None):
     """The app (`create_app(settings)` unless given) under uvicorn in a thread on a free loopback port; yields its
@@ -369,26 +367,6 @@ def serving(settings: Settings, app=None):
 def serve():
     """`with serve(settings) as url:` runs the app under uvicorn on a free loopback port."""
     return serving
-
-
-@pytest.fixture(scope="session")
-def artifact_tree(build_once, artifacts) -> Path:
-    """deep_gpcm/1 (the session's `artifacts` model), deep_gpcm/2 (a copy marked newer) and attention_gpcm/1 (tiny,
-    trained for real on the same data); once per run, read-only: copy it to change it."""
-    kt, data = artifacts
-    small = dict(memory_size=4, key_dim=8, value_dim=8, summary_dim=8, embed_dim=8, n_heads=2, window=4)
-
-    def build(root: Path) -> None:
-        tree = root / "artifacts"
-        train_model("attention_gpcm", data, tree / "attention_gpcm" / "1", cfg=TrainConfig(epochs=1, model=small),
-                    progress=False, log=False)
-        for version in ("1", "2"):
-            shutil.copytree(kt / "deep_gpcm" / "v1", tree / "deep_gpcm" / version)
-        path = tree / "deep_gpcm" / "2" / "manifest.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), "created": "2999-01-01T00:00:00Z",
-                                    "version": "2"}))
-
-    return build_once("service-artifacts", build) / "artifacts"
 
 
 # ids as apps make them: slashes, spaces, percent signs, query and fragment marks, dot segments, non-ASCII, the

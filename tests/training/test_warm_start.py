@@ -47,9 +47,10 @@ def test_the_irt_fit_sees_the_fitting_students_only(tmp_path, monkeypatch):
     assert manifest["metrics"]["valid"]["nll"] == best["valid_nll"]
 
 
-def test_without_a_warm_start_there_is_no_epoch_0(tmp_path):
-    data = write_gpcm_dataset(tmp_path / "data", n_students=30, n_questions=8, seq_len_range=(10, 15), seed=5)
-    cfg = TrainConfig(epochs=1, model={**SMALL, "irt_init": False})
-    manifest = train_model("deep_gpcm", data, tmp_path / "out", cfg=cfg, progress=False, log=False)
-    history = json.loads((tmp_path / "out" / "report" / "metrics.json").read_text())["history"]
+def test_without_a_warm_start_there_is_no_epoch_0(artifact_tree):
+    """The session's attention_gpcm run (tests/conftest.py): a Deep-GPCM without irt_init, one epoch."""
+    run = artifact_tree / "attention_gpcm" / "1"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["model_config"]["irt_init"] is False and manifest["train_config"]["epochs"] == 1
+    history = json.loads((run / "report" / "metrics.json").read_text())["history"]
     assert [h["epoch"] for h in history] == [1] and "warm_start" not in manifest["training"]
