@@ -8,6 +8,8 @@
     openapi      write the service's OpenAPI document (openapi/openapi.json)
     score        score whole histories offline through the exported graphs
     import-anki  write an Anki collection's reviews as a review-log CSV
+    states migrate  rebuild every learner's or session's state for a version from their event logs
+    events export   write the event logs the service keeps as training files
     demo         train small models on generated data and replay a learner through ONNX Runtime
 
 `train`, `evaluate` and `export` are built from the family registry (nextstep/training/families.py).
@@ -212,6 +214,108 @@ def cmd_banks_build(args) -> int:
     if entry.name != "simakt":
         raise SystemExit(f"banks build: {args.artifact} is a {entry.name} artifact; only simakt artifacts have banks")
     print(json.dumps(build_artifact_banks(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
+    return 0
+
+
+def _service_settings(args, command: str):
+    """The service's settings (NEXTSTEP_* variables, --artifacts), for a command that works on its Redis."""
+    for module in ("fastapi", "onnxruntime"):
+        require(module, "serve", f"nextstep {command}")
+    from .service.settings import Settings
+
+    settings = Settings(**({"artifacts_dir": Path(args.artifacts)} if getattr(args, "artifacts", None) else {}))
+    if not settings.redis_url:
+        raise SystemExit(f"nextstep {command}: set NEXTSTEP_REDIS_URL to the service's Redis (without it the state "
+                         "lives inside the serving process, where POST /v1/models/{model}/migrate reaches it)")
+    return settings
+
+
+def cmd_states_migrate(args) -> int:
+    """Bring every entity's state for a version up to date with its event log, a page at a time, at most --rate
+    entities a second: the admin route's pages (POST /v1/models/{model}/migrate) run in this process."""
+    import asyncio
+
+    from .service.app import create_app, stateful_task
+    from .service.errors import StoreUnavailable, UnknownModel
+
+    settings = _service_settings(args, "states migrate")
+
+    async def run() -> dict:
+        app = create_app(settings)
+        async with app.router.lifespan_context(app):
+            model = app.state.registry.get(args.model, args.to)
+            task = stateful_task(app, model.task)
+            if task is None:
+                raise SystemExit(f"states migrate: {model.name} is a {model.task} model: its versions share their "
+                                 "users' stored reviews, there is nothing to migrate")
+            totals = {"model": model.name, "version": model.version, "entities": 0, "rebuilt": 0, "events": 0,
+                      "lagging": 0}
+            started, cursor = time.monotonic(), args.cursor
+            while True:
+                page_started = time.monotonic()
+                try:
+                    page = await task.migrate(model, cursor, args.page)
+                except ValueError as exc:
+                    raise SystemExit(f"states migrate: --cursor: {exc}") from None
+                for name in ("entities", "rebuilt", "events", "lagging"):
+                    totals[name] += page[name]
+                cursor = page["cursor"]
+                if not args.quiet:
+                    print(f"{totals['entities']} entities, {totals['rebuilt']} rebuilt from {totals['events']} "
+                          f"events; cursor {cursor}", file=sys.stderr)
+                if page["done"]:
+                    break
+                if args.rate:
+                    await asyncio.sleep(max(0.0, page["entities"] / args.rate - (time.monotonic() - page_started)))
+            seconds = time.monotonic() - started
+            return {**totals, "seconds": round(seconds, 3),
+                    "entities_per_second": round(totals["entities"] / seconds, 1) if seconds > 0 else None}
+
+    try:
+        print(json.dumps(asyncio.run(run()), indent=2))
+    except (UnknownModel, StoreUnavailable) as exc:
+        raise SystemExit(f"states migrate: {exc}") from None
+    return 0
+
+
+def _model_manifest(artifacts: Path, model: str) -> dict | None:
+    """The newest manifest of a model's versions under the artifacts directory, None when it has none."""
+    found = sorted(artifacts.glob(f"{glob.escape(model)}/*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(found[-1].read_text()) if found else None
+
+
+def cmd_events_export(args) -> int:
+    """Write a model's event logs as the files `nextstep train` reads (nextstep/service/event_export.py)."""
+    import asyncio
+
+    from .service.errors import StoreUnavailable
+    from .service.event_export import LAYOUTS, export_events
+    from .service.state import make_store
+
+    settings = _service_settings(args, "events export")
+    manifest = _model_manifest(settings.artifacts_dir, args.model)
+    task = args.task or (manifest or {}).get("task")
+    if task is None:
+        raise SystemExit(f"events export: no artifact of {args.model!r} under {settings.artifacts_dir} to tell its "
+                         f"task: pass --task ({', '.join(LAYOUTS)})")
+    if task not in LAYOUTS:
+        raise SystemExit(f"events export: {args.model} is a {task} model; events are exported for "
+                         f"{', '.join(LAYOUTS)} models (flashcard reviews: GET /v1/srs/{{model}}/users/{{id}})")
+    n_cats = ((manifest or {}).get("responses") or {}).get("n_cats") if task == "knowledge_tracing" else None
+
+    async def run() -> dict:
+        store = make_store(settings.redis_url, ttl_seconds=None, options=settings.redis_options())
+        try:
+            return await export_events(store, task, args.model, Path(args.out), test_fraction=args.test_fraction,
+                                       n_cats=n_cats, progress=None if args.quiet else lambda c: print(
+                                           f"{c['entities']} entities, {c['events']} events", file=sys.stderr))
+        finally:
+            await store.close()
+
+    try:
+        print(json.dumps(asyncio.run(run()), indent=2))
+    except StoreUnavailable as exc:
+        raise SystemExit(f"events export: {exc}") from None
     return 0
 
 
@@ -492,6 +596,13 @@ def _above_zero(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError("must be at least 0 and below 1")
+    return value
+
+
 def _train_parser(parser: argparse.ArgumentParser, entry) -> None:
     """`train NAME`'s options: those every family takes, then the family's own. The others are there too, hidden
     from its help, so that giving one is refused by name (`_options`, `_config`) rather than as unrecognised."""
@@ -621,6 +732,42 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--version", help="bank version (default: a UTC timestamp)")
     build.add_argument("--seed", type=int, default=0, help="random seed of the bank build (default 0)")
     build.set_defaults(func=cmd_banks_build)
+
+    states = sub.add_parser("states", help="learners' and sessions' stored state")
+    states_sub = states.add_subparsers(dest="states_command", required=True)
+    migrate = states_sub.add_parser(
+        "migrate", help="rebuild every entity's state for a version from its event log, before it becomes latest",
+        description="Rebuild, from their event logs, the state every learner or session has for a model version, "
+                    "so that no request waits for it once the version serves. Reads NEXTSTEP_* settings (the "
+                    "service's Redis and artifacts directory). Safe while serving and from several processes; "
+                    "stopped, it resumes from the last cursor printed (--cursor), or from the start at little "
+                    "cost: entities already up to date are one read each.")
+    migrate.add_argument("--model", required=True, help="the model's name")
+    migrate.add_argument("--to", required=True, help="the version to bring up to date (its directory's name)")
+    migrate.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR)")
+    migrate.add_argument("--rate", type=_above_zero, help="at most this many entities a second (default: as "
+                                                              "fast as one process goes)")
+    migrate.add_argument("--page", type=_int_in(1, 5000), default=500, help="entities per page (default 500)")
+    migrate.add_argument("--cursor", default="0", help="resume from this cursor (a progress line's)")
+    migrate.add_argument("--quiet", action="store_true", help="no progress lines")
+    migrate.set_defaults(func=cmd_states_migrate)
+
+    events = sub.add_parser("events", help="the event logs the service keeps")
+    events_sub = events.add_subparsers(dest="events_command", required=True)
+    export_ev = events_sub.add_parser(
+        "export", help="write a model's event logs as training files (train and test, split by entity)",
+        description="Write every learner's (or session's) logged events as the files `nextstep train` reads for "
+                    "the model's family: the long CSV for knowledge tracing, GRU4Rec's TSV for sessions, gzipped, "
+                    "split into train and test by a hash of the entity id. Reads NEXTSTEP_* settings.")
+    export_ev.add_argument("--model", required=True, help="the model's name (its entities' logs are read)")
+    export_ev.add_argument("--out", required=True, help="folder to write (files of an earlier export are refused)")
+    export_ev.add_argument("--test-fraction", type=_fraction, default=0.2,
+                           help="share of entities written to the test file (default 0.2; 0: all to train)")
+    export_ev.add_argument("--task", choices=("knowledge_tracing", "next_item"),
+                           help="the model's task (default: read from its artifact)")
+    export_ev.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR)")
+    export_ev.add_argument("--quiet", action="store_true", help="no progress lines")
+    export_ev.set_defaults(func=cmd_events_export)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")

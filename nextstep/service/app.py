@@ -21,11 +21,13 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 
 from .banks import Banks, make_bank_store
-from .errors import KIND, STATUS, StoreUnavailable, problem, shown
+from .core import StatefulTask
+from .errors import KIND, STATUS, InvalidInput, StoreUnavailable, problem, shown
 from .fleet import FleetReloads
 from .kt import KnowledgeTracer
 from .metrics import Metrics
@@ -35,7 +37,7 @@ from .registry import TASKS, LoadReport, ModelRegistry
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
 from .routes import srs as srs_routes
-from .routes.common import JsonRoute, answer
+from .routes.common import IdText, JsonRoute, Strict, answer
 from .runtime import Engines
 from .server import is_loopback
 from .sessions import SessionRecommender
@@ -404,6 +406,19 @@ class TimedStore:
         return timed
 
 
+class MigrateRequest(Strict):
+    version: Annotated[IdText, Field(description="the version to bring up to date (default: the latest)")] = "latest"
+    cursor: Annotated[IdText, Field(description="\"0\" to start; then the cursor of the previous answer")] = "0"
+    limit: Annotated[StrictInt, Field(ge=1, le=5000, description="entities in this page (about)")] = 500
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "2", "cursor": "0"}]})
+
+
+def stateful_task(app: FastAPI, task: str) -> StatefulTask | None:
+    """The service of a task whose entities have event logs (knowledge tracing, sessions); None for flashcards."""
+    return {"knowledge_tracing": app.state.tracer, "next_item": app.state.sessions}.get(task)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
@@ -575,6 +590,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"model": m.name, "version": m.version, "task": m.task, "vocabulary": kind, "total": len(m.ids),
                 "offset": offset, "limit": limit, "ids": m.ids[offset:end],
                 "next_offset": end if end < len(m.ids) else None}
+
+    @app.post("/v1/models/{model}/migrate", tags=["system"],
+              summary="Bring a page of entities' state for a version up to date with their event logs",
+              description="Each entity of the page (learners, sessions) gets its state for the version rebuilt "
+                          "from its event log, as its first request to that version would, so that no request "
+                          "waits for it after `latest` moves. Call again with the answer's `cursor` until "
+                          "`done`: each call is one page, so the caller sets the pace, and a walk can stop and "
+                          "resume anywhere; it is safe while serving, from any replica. Flashcard models need "
+                          "none: their versions share their users' stored reviews.",
+              responses=answer({"model": "deep_gpcm", "version": "2", "cursor": "1792", "done": False,
+                                "entities": 500, "rebuilt": 496, "events": 61390, "lagging": 0}, 404, 422))
+    async def migrate(request: Request, model: Annotated[str, PathParam(description="model name")],
+                      body: MigrateRequest) -> dict:
+        m = request.app.state.registry.get(model, body.version)
+        task = stateful_task(request.app, m.task)
+        if task is None:
+            raise InvalidInput("model", f"model {m.name} is a {m.task} model: its versions share their users' "
+                                        "stored reviews, there is nothing to migrate")
+        try:
+            return await task.migrate(m, body.cursor, body.limit)
+        except ValueError as exc:
+            raise InvalidInput("cursor", f"{exc}: pass \"0\" to start, then each answer's cursor") from None
 
     @app.post("/v1/models/reload", tags=["system"],
               summary="Rescan the artifacts directory, here and (through Redis) on every replica (409: refused)",

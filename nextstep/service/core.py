@@ -99,6 +99,35 @@ class StatefulTask:
         rows = rows[max(start - base, 0):max(stored.total - base, 0)]  # (the log may have moved since: the CAS says)
         return Behind(rows, max(base - start, 0))
 
+    async def entities(self, model: LoadedModel, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+        """A step of a walk over the entities that have a log or a state for `model`'s name (state.py's `scan`)."""
+        prefix = self.key(model, "")
+        following, keys = await self.store.scan(prefix, cursor, count)
+        return following, [k[len(prefix):] for k in keys]
+
+    async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
+        """Fold into the entity's state for `model` the logged events it lacks, and store it: (events folded,
+        whether the stored state is now current: False when another write came first)."""
+        raise NotImplementedError
+
+    async def migrate(self, model: LoadedModel, cursor: str = "0", count: int = 500, tries: int = 3) -> dict:
+        """One page of a migration to `model`'s version: each entity of the page (`entities`) caught up with its
+        log and stored (`catch_up`, again when another write came first, up to `tries`). Safe while serving and
+        from any number of processes: every write is a compare-and-set that holds only if the log did not move;
+        a second walk finds nothing to do for the entities the first brought up to date."""
+        following, entities = await self.entities(model, cursor, count)
+        rebuilt = events = lagging = 0
+        for entity in entities:
+            for _ in range(tries):
+                folded, current = await self.catch_up(model, entity)
+                if current:
+                    break
+            rebuilt += bool(folded and current)
+            events += folded if current else 0
+            lagging += not current
+        return {"model": model.name, "version": model.version, "cursor": following, "done": following == "0",
+                "entities": len(entities), "rebuilt": rebuilt, "events": events, "lagging": lagging}
+
     async def delete(self, model_name: str, entity: str) -> bool:
         model = self.model(model_name)
         return await self.store.delete(self.key(model, entity))

@@ -202,11 +202,15 @@ class KnowledgeTracer(StatefulTask):
         state, rebased = await self._decode(model, stored, bank)
         behind = await self.behind(key, stored)
         state, said = await self._catch_up(model, state, behind, bank)
-        if rebased or behind.rows:
+        if rebased or stored.behind > 0:
             stored = await self.store.compare_and_set(key, stored.version, self._blob(model, state, bank),
                                                       said["rebuilt_from_events"], schema=self.schema(model),
                                                       expected_total=stored.total) or stored
         return stored, state, said
+
+    async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
+        stored, _, said = await self._state(model, entity, await self.banks.current(model))
+        return said["rebuilt_from_events"], stored.behind == 0
 
     async def _predict(self, model: LoadedModel, state: dict[str, np.ndarray], indices: np.ndarray,
                        bank: Bank | None = None):

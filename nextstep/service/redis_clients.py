@@ -440,6 +440,14 @@ class Client:
                 raise refusal(what, reply)
         return replies
 
+    async def scan(self, cursor: str, match: str, count: int) -> tuple[str, list[bytes]]:
+        """One SCAN step over the hashes whose names match `match`: (the next cursor, "0" once the walk is over; the
+        names). A walk started at "0" and followed to "0" sees every key that existed throughout it (some maybe
+        twice); on a cluster, every primary's in turn."""
+        (reply,) = await self.execute("scan", (("SCAN", cursor, "MATCH", match, "COUNT", count, "TYPE", "hash"),))
+        following, names = reply
+        return (following.decode() if isinstance(following, bytes) else str(following)), list(names)
+
     def _check_wait(self, acknowledged) -> None:
         wanted = self.options.wait_replicas
         if not isinstance(acknowledged, int) or acknowledged < wanted:
@@ -678,6 +686,25 @@ class ClusterClient(Client):
             if not asking:
                 self._slots[redirect.slot_id] = address
         return replies
+
+    async def scan(self, cursor: str, match: str, count: int) -> tuple[str, list[bytes]]:
+        """Client.scan over every primary in turn (ordered by address): the cursor is "<primary>:<its cursor>".
+        Primaries added or removed during a walk may be missed or walked twice: a walk is to be repeated, not
+        trusted to be exact, while the cluster is resharded."""
+        if self._stale:
+            await self.execute("scan", (("PING",),))  # reads the slot map, with the client's failure handling
+        primaries = sorted({a for a in self._slots if a})
+        node, _, inner = cursor.partition(":") if cursor != "0" else ("0", "", "0")
+        try:
+            at = int(node)
+        except ValueError:
+            raise ValueError(f"not a cluster scan cursor: {cursor!r}") from None
+        if not 0 <= at < len(primaries):
+            return "0", []
+        following, names = await self._node(primaries[at]).scan(inner or "0", match, count)
+        if following == "0":
+            return ("0" if at + 1 >= len(primaries) else f"{at + 1}:0"), names
+        return f"{at}:{following}", names
 
     async def close(self) -> None:
         for node in self._nodes.values():

@@ -167,10 +167,14 @@ class SessionRecommender(StatefulTask):
         state, seen = self._decode(model, stored)
         behind = await self.behind(key, stored)
         state, seen, caught = await self._catch_up(model, state, seen, behind)
-        if behind.rows:
+        if stored.behind > 0:
             stored = await self.store.compare_and_set(key, stored.version, self._encode(model, state, seen), caught,
                                                       schema=self.schema(model), expected_total=stored.total) or stored
         return stored, state, seen, caught
+
+    async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
+        stored, _, _, caught = await self._current(model, entity)
+        return caught, stored.behind == 0
 
     async def _recommend(self, model, state, seen, events, k, exclude_seen) -> tuple[list[dict], str]:
         if events == 0 and self.cold_start_model and self.cold_start_model != model.name:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -123,6 +124,12 @@ class StateStore(Protocol):
 
     async def log(self, key: str) -> tuple[int, list[LogRow]]:
         """(how many logged events were trimmed before the first held, the held events oldest first)."""
+        ...
+
+    async def scan(self, prefix: str, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+        """A step of a walk over the keys that start with `prefix` and hold a log or a state: (the next cursor, "0"
+        once the walk is over; about `count` keys, maybe none). A walk from "0" to "0" sees every key that existed
+        throughout it, some maybe twice, in no particular order; on a Redis Cluster, every primary's."""
         ...
 
     async def delete(self, key: str) -> bool:
@@ -305,6 +312,17 @@ class InProcessStore:
             entry = self._live(key, time.monotonic())
             return (0, []) if entry is None else (entry.base, list(entry.rows))
 
+    async def scan(self, prefix: str, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+        if cursor != "0" and not cursor.startswith("k"):
+            raise ValueError(f"not a scan cursor: {cursor!r}")
+        after = cursor[1:] if cursor != "0" else None
+        async with self._lock:
+            now = time.monotonic()
+            keys = sorted(k for k, e in self._data.items() if k.startswith(prefix) and e.expires_at > now
+                          and (after is None or k > after))
+        page = keys[:max(1, count)]
+        return ("0" if len(keys) <= len(page) else "k" + page[-1]), page
+
     async def delete(self, key: str) -> bool:
         async with self._lock:
             if self._live(key, time.monotonic()) is None:
@@ -470,6 +488,14 @@ def _fingerprint(event_id: str) -> bytes:
     return hashlib.blake2b(event_id.encode(), digest_size=8).digest()
 
 
+_REDIS_CURSOR = re.compile(r"[0-9]{1,20}(:[0-9]{1,20})?")  # one node's SCAN cursor; "<primary>:<cursor>" (cluster)
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally by a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 def _int(value, default: int = 0) -> int:
     return default if value is None else int(value)
 
@@ -602,6 +628,20 @@ class RedisStore:
         meta, *_, log, _ = self._keys(key)
         base, items = await self._execute("log", (("HGET", meta, "base"), ("LRANGE", log, 0, -1)), atomic=True)
         return _int(base), decode_rows(items)
+
+    async def scan(self, prefix: str, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+        """SCAN over the meta hashes `<prefix>:{K}` with K starting with `prefix` (every primary's on a cluster)."""
+        if not _REDIS_CURSOR.fullmatch(cursor):
+            raise ValueError(f"not a scan cursor: {cursor!r}")
+        head = f"{self._prefix}:{{"
+        pattern = _glob_escape(head + prefix) + "*}"
+        following, names = await self.client.scan(cursor, pattern, count)
+        keys = []
+        for name in names:
+            text = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+            if text.startswith(head) and text.endswith("}"):  # (a state of another schema ends otherwise)
+                keys.append(text[len(head):-1])
+        return following, keys
 
     async def delete(self, key: str) -> bool:
         meta, _, ring, fields, log, ids = self._keys(key)

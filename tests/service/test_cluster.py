@@ -30,6 +30,7 @@ from tests.service.test_state import (  # noqa: F401 -- the contract, collected 
     test_get_missing_key,
     test_no_lost_updates_under_concurrency,
     test_read_returns_state_and_seen_ids_together,
+    test_scan_walks_every_key_of_a_prefix_once,
     test_set_then_get,
     test_stale_version_writes_nothing,
     test_ttl_expires_state_and_ids_and_writes_refresh_it,
@@ -75,6 +76,45 @@ def test_learners_on_every_node_are_served(artifacts, redis_cluster, serve):
             assert http.get(f"/v1/kt/{MODEL}/students/learner-{i}").json()["events_total"] == 1
     keys = {p: int(_raw(p, "DBSIZE").strip(b":\r\n")) for p in redis_cluster.primary_ports()}
     assert len(keys) == 3 and all(n > 0 for n in keys.values()), keys
+
+
+def test_migrate_and_export_cover_every_primary(tmp_path, redis_cluster, serve):
+    """The migrate route's walk and the event export reach the learners on each of the three primaries."""
+    from nextstep.service.event_export import export_events
+    from nextstep.training.data import read_long_csv
+    from tests.service.test_upgrades import add_version, learner_events
+
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    learners = learner_events(30, 4)
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_cluster.url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        for learner, events in learners.items():
+            assert http.post(f"/v1/kt/{MODEL}/events", json={"student_id": learner, "events": events}).status_code \
+                == 200
+        add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+        assert http.post("/v1/models/reload").status_code == 200
+        cursor, rebuilt, cursors = "0", 0, set()
+        while True:
+            page = http.post(f"/v1/models/{MODEL}/migrate", json={"cursor": cursor, "limit": 4}).json()
+            rebuilt += page["rebuilt"]
+            cursor = page["cursor"]
+            cursors.add(cursor.partition(":")[0])
+            if page["done"]:
+                break
+        assert rebuilt == 30 and {"0", "1", "2"} <= cursors  # every primary walked
+        assert all(http.get(f"/v1/kt/{MODEL}/students/{learner}").json()["rebuilt_from_events"] == 0
+                   for learner in learners)
+
+    async def export() -> dict:
+        store = RedisStore(redis_cluster.url, ttl_seconds=None)
+        try:
+            return await export_events(store, "knowledge_tracing", MODEL, tmp_path / "out", test_fraction=0)
+        finally:
+            await store.close()
+
+    assert asyncio.run(export())["entities"] == {"train": 30}
+    data = read_long_csv(tmp_path / "out" / f"{MODEL}_train.csv.gz")
+    assert sorted(s.student_id for s in data.sequences) == sorted(learners)
 
 
 def test_banks_on_the_cluster(redis_cluster):

@@ -103,3 +103,137 @@ def test_a_session_keeps_its_clicks_across_versions(tmp_path, store_url, serve):
         want = batch["sessions"][0]["items"]
         assert [i["item_id"] for i in served["items"]] == [i["item_id"] for i in want]
         np.testing.assert_allclose([i["score"] for i in served["items"]], [i["score"] for i in want], atol=1e-5)
+
+
+def learner_events(n_learners: int, n_events: int, seed: int = 1) -> dict[str, list[dict]]:
+    """Each learner's events, timed one minute apart from a start of their own (learner i's at 1.7e9 + i)."""
+    rng = np.random.default_rng(seed)
+    return {f"learner-{i}": [{"question_id": str(q), "response": int(r), "timestamp": 1.7e9 + i + 60 * t}
+                             for t, (q, r) in enumerate(zip(rng.integers(0, 20, n_events), rng.integers(0, 4, n_events),
+                                                            strict=True))]
+            for i in range(n_learners)}
+
+
+def test_migrate_brings_every_learner_to_the_new_version_a_page_at_a_time(tmp_path, store_url, serve):
+    """POST /v1/models/{model}/migrate, a page per call, rebuilds every learner's state for version 2 from their log;
+    after it their first request rebuilds nothing, and answers as version 2 replaying their history; a second walk
+    finds nothing to do; a bad cursor and a flashcard model are 422s naming the field."""
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    shutil.copytree(DEMO / "time_aware" / "demo", tmp_path / "time_aware" / "1")
+    learners = learner_events(7, 12)
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=store_url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        for learner, events in learners.items():
+            assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": events}).status_code \
+                == 200
+        add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+        assert http.post("/v1/models/reload").status_code == 200
+
+        def walk() -> list[dict]:
+            pages, cursor = [], "0"
+            while True:
+                page = http.post("/v1/models/deep_gpcm/migrate", json={"version": "2", "cursor": cursor, "limit": 3})
+                assert page.status_code == 200, page.text
+                pages.append(page.json())
+                cursor = page.json()["cursor"]
+                if page.json()["done"]:
+                    return pages
+
+        first = walk()
+        assert sum(p["entities"] for p in first) == 7 and len(first) >= 2 and first[-1]["cursor"] == "0"
+        assert (sum(p["rebuilt"] for p in first), sum(p["events"] for p in first)) == (7, 7 * 12)
+        assert all(p["lagging"] == 0 and p["version"] == "2" for p in first)
+        for learner, events in learners.items():
+            got = http.post("/v1/kt/deep_gpcm/predict", json={"student_id": learner, "question_ids": ["3"]}).json()
+            assert (got["version"], got["rebuilt_from_events"], got["events_total"]) == ("2", 0, 12)
+            replay = http.post("/v1/kt/deep_gpcm@2/batch", json={"students": [
+                {"student_id": "x", "events": events, "predict_question_ids": ["3"]}]}).json()
+            np.testing.assert_allclose(probabilities(got), probabilities(replay["students"][0]), atol=1e-5)
+        again = walk()
+        assert (sum(p["entities"] for p in again), sum(p["rebuilt"] for p in again)) == (7, 0)
+
+        bad = http.post("/v1/models/deep_gpcm/migrate", json={"cursor": "not-a-cursor"})
+        assert bad.status_code == 422 and bad.json()["field"] == "cursor", bad.text
+        cards = http.post("/v1/models/time_aware/migrate", json={})
+        assert cards.status_code == 422 and cards.json()["field"] == "model", cards.text
+        assert http.post("/v1/models/deep_gpcm/migrate", json={"version": "9"}).status_code == 404
+
+
+def test_states_migrate_command_before_the_version_serves(tmp_path, redis_url, serve, monkeypatch, capsys):
+    """`nextstep states migrate --to 2` runs before version 2 is loaded by the service (no reload yet), while
+    version 1 serves: once the reload makes 2 latest, no learner's request rebuilds anything."""
+    from nextstep.cli import main
+
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    learners = learner_events(5, 9)
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        for learner, events in learners.items():
+            assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": events}).status_code \
+                == 200
+        add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+        monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_url)
+        monkeypatch.setenv("NEXTSTEP_ARTIFACTS_DIR", str(tmp_path))
+        assert main(["states", "migrate", "--model", "deep_gpcm", "--to", "2", "--page", "2", "--quiet"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["version"], report["entities"], report["rebuilt"], report["events"]) == ("2", 5, 5, 45)
+        assert report["entities_per_second"] > 0
+        assert http.get("/v1/kt/deep_gpcm/students/learner-0").json()["version"] == "1"  # still serving 1
+        assert http.post("/v1/models/reload").status_code == 200
+        for learner in learners:
+            got = http.get(f"/v1/kt/deep_gpcm/students/{learner}").json()
+            assert (got["version"], got["rebuilt_from_events"], got["events_total"]) == ("2", 0, 9)
+        with pytest.raises(SystemExit, match="no version '7'"):
+            main(["states", "migrate", "--model", "deep_gpcm", "--to", "7"])
+
+
+def test_events_export_writes_what_training_reads(tmp_path, redis_url, serve, monkeypatch, capsys):
+    """`nextstep events export`: every learner's logged events, in order, in the long CSV that training reads (ids as
+    sent, odd ones included), split by a hash of the learner id; every session's clicks in GRU4Rec's TSV."""
+    from nextstep.cli import main
+    from nextstep.service.event_export import in_test
+    from nextstep.training.data import read_long_csv
+    from nextstep.training.sessions import read_gru4rec_tsv
+
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    add_version(tmp_path, "gru4rec", "1", 2026)
+    learners = learner_events(12, 6)
+    learners['odd, "quoted"\tid ✓'] = learner_events(1, 3, seed=5)["learner-0"]
+    items = [str(i) for i in json.loads((DEMO / "gru4rec" / "demo" / "vocab_items.json").read_text())["ids"][:9]]
+    sessions = {f"s{i}": [{"item_id": items[(i + t) % 9], "timestamp": 1.75e9 + 10 * i + t} for t in range(i + 2)]
+                for i in range(6)}
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        for learner, events in learners.items():
+            assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": events}).status_code \
+                == 200
+        for session, clicks in sessions.items():
+            assert http.post("/v1/sessions/gru4rec/events", json={"session_id": session, "events": clicks}) \
+                .status_code == 200
+    monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_url)
+    monkeypatch.setenv("NEXTSTEP_ARTIFACTS_DIR", str(tmp_path))
+    out = tmp_path / "export"
+    assert main(["events", "export", "--model", "deep_gpcm", "--out", str(out), "--test-fraction", "0.5",
+                 "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    test_side = {learner for learner in learners if in_test(learner, 0.5)}
+    assert 0 < len(test_side) < len(learners)
+    assert report["entities"] == {"test": len(test_side), "train": len(learners) - len(test_side)}
+    assert json.loads((out / "metadata.json").read_text()) == {"n_cats": 4}
+    for part, names in (("train", set(learners) - test_side), ("test", test_side)):
+        data = read_long_csv(out / f"deep_gpcm_{part}.csv.gz")
+        assert {s.student_id for s in data.sequences} == names
+        for s in data.sequences:
+            sent = learners[s.student_id]
+            assert [str(q) for q in s.questions] == [e["question_id"] for e in sent]
+            assert s.responses.tolist() == [e["response"] for e in sent]
+    with pytest.raises(SystemExit, match="empty folder"):  # files of an earlier export are never overwritten
+        main(["events", "export", "--model", "deep_gpcm", "--out", str(out), "--quiet"])
+
+    assert main(["events", "export", "--model", "gru4rec", "--out", str(out / "s"), "--test-fraction", "0",
+                 "--quiet"]) == 0
+    data = read_gru4rec_tsv(out / "s" / "gru4rec_train_full.tsv.gz")
+    got = {name: [str(data.items[j]) for j in range(data.offsets[i], data.offsets[i + 1])]
+           for i, name in enumerate(data.session_ids)}
+    assert got == {s: [c["item_id"] for c in clicks] for s, clicks in sessions.items()}
+    assert not (out / "s" / "gru4rec_test.tsv.gz").exists()  # (no test part asked for: no empty file)
