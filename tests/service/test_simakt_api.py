@@ -436,3 +436,37 @@ def test_a_bank_version_with_a_mangled_answer_bank_is_refused_and_the_rest_serve
         assert http.put("/v1/kt/simakt/banks/active", json={"version": "v2"}).status_code == 200
         ok = http.post("/v1/kt/simakt/predict", json={"student_id": "s", "question_ids": ["3"]})
         assert ok.status_code == 200, ok.text
+
+
+def test_a_new_version_rebuilds_a_learners_state_and_banks_from_their_log(simakt, redis_url, serve, tmp_path):
+    """The upgrade of issue 37 for SimAKT: a learner's 80 events (past the window) through version 1; version 2 (the
+    same weights exported with a float32 cache: other graphs) becomes latest; its first answer is rebuilt from the
+    log, with its own bank, and equals version 2's replay of the whole history; the migrate route finds nothing left
+    to do for that learner and rebuilds a second one."""
+    import shutil
+
+    for version, art, year in (("1", simakt["art"], 2026), ("2", simakt["art32"], 2027)):
+        out = tmp_path / "simakt" / version
+        shutil.copytree(art, out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        (out / "manifest.json").write_text(json.dumps({**manifest, "created": f"{year}-01-01T00:00:00Z"}))
+    shutil.move(tmp_path / "simakt" / "2", tmp_path / "later")
+    events, asked = history(simakt["ids"], W + 16, seed=4)
+    sent = [{"question_id": q, "response": r} for q, r in events]
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        for learner in ("ada", "bo"):
+            assert http.post("/v1/kt/simakt/events", json={"student_id": learner, "events": sent}).status_code == 200
+        v1 = http.post("/v1/kt/simakt/predict", json={"student_id": "ada", "question_ids": [asked[-1]]}).json()
+        shutil.move(tmp_path / "later", tmp_path / "simakt" / "2")
+        assert http.post("/v1/models/reload").status_code == 200
+        v2 = http.post("/v1/kt/simakt/predict", json={"student_id": "ada", "question_ids": [asked[-1]]}).json()
+        assert (v2["version"], v2["rebuilt_from_events"], v2["events_total"]) == ("2", len(events), len(events))
+        replay = http.post("/v1/kt/simakt/batch", json={"students": [
+            {"student_id": "x", "events": sent, "predict_question_ids": [asked[-1]]}]}).json()
+        assert replay["version"] == "2" and replay["bank_version"] == v2["bank_version"]
+        np.testing.assert_allclose(v2["predictions"][0]["probabilities"],
+                                   replay["students"][0]["predictions"][0]["probabilities"], atol=1e-5)
+        assert v1["version"] == "1"
+        page = http.post("/v1/models/simakt/migrate", json={"version": "2"}).json()
+        assert (page["entities"], page["rebuilt"], page["events"], page["done"]) == (2, 1, len(events), True)
