@@ -32,6 +32,7 @@ from .fleet import FleetReloads
 from .kt import KnowledgeTracer
 from .metrics import Metrics
 from .openapi import complete
+from .quality import Quality
 from .redis_clients import connect
 from .registry import TASKS, LoadReport, ModelRegistry
 from .routes import kt as kt_routes
@@ -438,7 +439,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         banks = Banks(make_bank_store(settings.redis_url, options), refresh_seconds=settings.bank_refresh_seconds)
         await banks.prepare(registry.models())  # publish the artifacts' bank versions, project the active ones
         app.state.registry, app.state.store = registry, store
+        quality = app.state.quality = Quality(redis, on_record=metrics.on_live_scores)
+        await quality.start()
         app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
+                                           quality=quality if settings.live_quality else None,
                                            cas_retries=settings.cas_retries, banks=banks,
                                            limits=settings.batch_limits(),
                                            on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
@@ -461,6 +465,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await app.state.fleet.start(lambda: reload_models(app))
         yield
         await app.state.fleet.close()
+        await quality.close()
         await engines.close()
         await banks.close()
         await store.close()
@@ -590,6 +595,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"model": m.name, "version": m.version, "task": m.task, "vocabulary": kind, "total": len(m.ids),
                 "offset": offset, "limit": limit, "ids": m.ids[offset:end],
                 "next_offset": end if end < len(m.ids) else None}
+
+    @app.get("/v1/models/{model}/quality", tags=["system"],
+             summary="Live quality of each version: its predictions scored on the events that followed",
+             description="For every event with a response, the prediction the version would have made for it from "
+                         "the learner's state before it, scored when the event came (knowledge tracing): the mean "
+                         "log loss and Brier score, the AUC of P(full credit) estimated from 200 buckets, and a "
+                         "calibration table (predicted against observed share of full credit), over the last "
+                         "`window` seconds, every replica's scores added.",
+             responses=answer({"model": "deep_gpcm", "window_seconds": 3600, "versions": [
+                 {"version": "2", "role": "serving", "scored": 1200, "log_loss": 0.512, "brier": 0.331,
+                  "auc": 0.781, "calibration": [{"from": 0.0, "to": 0.1, "count": 40, "predicted": 0.06,
+                                                 "observed": 0.05}], "since": 1767225600.0}]}, 404))
+    async def quality(request: Request, model: Annotated[str, PathParam(description="model name")],
+                      window: Annotated[int, Query(ge=60, le=90 * 86400, description="seconds back from now "
+                                                   "(minute buckets up to 6 hours, hour buckets past it)")] = 3600
+                      ) -> dict:
+        registry = request.app.state.registry
+        latest = registry.get(model)
+        versions = [(m.version, "serving") for m in registry.models() if m.name == latest.name]
+        return {"model": latest.name, "window_seconds": window,
+                "versions": await request.app.state.quality.report(latest.name, versions, window)}
 
     @app.post("/v1/models/{model}/migrate", tags=["system"],
               summary="Bring a page of entities' state for a version up to date with their event logs",

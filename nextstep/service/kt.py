@@ -26,6 +26,7 @@ import numpy as np
 from .banks import Bank, Banks, InProcessBankStore, check_banks
 from .core import UP_TO_DATE, Behind, Change, StatefulTask, operation
 from .errors import InvalidInput, UnknownId, UnknownModel
+from .quality import Quality
 from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
 from .runtime import Engines
 from .settings import DEFAULT_LIMITS, BatchLimits
@@ -110,10 +111,12 @@ class KnowledgeTracer(StatefulTask):
     TASK, PREFIX = SPEC.name, "kt"
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
-                 on_retry=None, banks: Banks | None = None, limits: BatchLimits = DEFAULT_LIMITS):
+                 on_retry=None, banks: Banks | None = None, limits: BatchLimits = DEFAULT_LIMITS,
+                 quality: Quality | None = None):
         super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
         self.banks = banks or Banks(InProcessBankStore())
         self.limits = limits
+        self.quality = quality  # live scores of each event's prediction (None: not scored)
 
     @staticmethod
     def _bank_version(model: LoadedModel, bank: Bank | None) -> dict:
@@ -208,6 +211,33 @@ class KnowledgeTracer(StatefulTask):
                                                       expected_total=stored.total) or stored
         return stored, state, said
 
+    async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], questions: np.ndarray,
+                           responses: np.ndarray, fresh: list[int], query: dict | None, bank: Bank | None):
+        """`fold` through the fresh events that also gives what the model predicted for each event's question from
+        the state before it, P(each response) (n, K), for live quality (quality.py): the first event's from a
+        `predict` call, each later one's from the fused `step_predict` call that steps the event before it, asked
+        for the next event's question; the last event's call answers the request's `query` (or is a plain step).
+        One graph call more than `fold`, whatever the number of events."""
+        shared = bank.kv if bank else None
+        n_state = len(model.state_spec)
+        first = fresh[0]
+        before = [(await self._predict(model, state, questions[first:first + 1], bank))[0][0, 0]]
+        outputs = None
+        for j, i in enumerate(fresh):
+            feeds = {**batched(state), "question": questions[i:i + 1], "response": responses[i:i + 1]}
+            last = j == len(fresh) - 1
+            ask = query if last else {"questions": questions[fresh[j + 1]:fresh[j + 1] + 1][None]}
+            if ask is None:
+                outs = await self.engines.run(model, "step", feeds, shared=shared)
+            else:
+                outs = await self.engines.run(model, "step_predict", {**feeds, **ask}, shared=shared)
+                if last:
+                    outputs = outs[n_state:]
+                else:
+                    before.append(outs[n_state][0, 0])
+            state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=False)}
+        return state, outputs, np.array(before)
+
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, said = await self._state(model, entity, await self.banks.current(model))
         return said["rebuilt_from_events"], stored.behind == 0
@@ -234,12 +264,19 @@ class KnowledgeTracer(StatefulTask):
             steps = [{"question": questions[i:i + 1], "response": responses[i:i + 1]} for i in fresh]
             state, rebased = await self._decode(model, stored, bank)
             state, said = await self._catch_up(model, state, behind, bank)
-            state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query,
-                                             bank.kv if bank else None)
+            if self.quality is not None and fresh:
+                state, outputs, before = await self._fold_scored(model, state, questions, responses, fresh, query,
+                                                                 bank)
+            else:
+                state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query,
+                                                 bank.kv if bank else None)
+                before = None
             now = time.time()
 
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
+                if before is not None:  # (once: the attempt that was written)
+                    self.quality.record(model.name, model.version, before, responses[fresh])
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state
                     outputs = await self._predict(model, state, predict_index, bank)
                 return {"student_id": student_id, "model": model.name, "version": model.version,

@@ -34,6 +34,15 @@ class Metrics:
         self.reloads = Counter("nextstep_reloads_total", "reloads by outcome (ok: nothing refused): POST "
                                "/v1/models/reload, and those run when another replica's reload moved the generation",
                                ["outcome"], registry=r)
+        live = ["model", "version", "role"]
+        self.live_scored = Counter("nextstep_live_scored_total", "events whose prediction was scored when they came "
+                                   "(live quality, quality.py)", live, registry=r)
+        self.live_log_loss = Counter("nextstep_live_log_loss_sum", "sum of the scored events' log loss", live,
+                                     registry=r)
+        self.live_brier = Counter("nextstep_live_brier_sum", "sum of the scored events' Brier score", live, registry=r)
+        self.live_buckets = Counter("nextstep_live_predictions_total", "scored events by predicted P(full credit) "
+                                    "(bucket: its tenth, 0-9) and whether it was full credit (outcome 1/0)",
+                                    [*live, "bucket", "outcome"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
         self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request
         self.in_flight.set_function(lambda: self.serving)
@@ -65,6 +74,18 @@ class Metrics:
                 self.requests.labels(route, model, str(status)), self.request_seconds.labels(route))
         children[0].inc()
         children[1].observe(seconds)
+
+    def on_live_scores(self, key: tuple[str, str, str], fields: dict[str, float]) -> None:
+        """A batch of live scores (quality.fields_of: n, ll, br and per fine bucket p<b> / q<b>)."""
+        from .quality import BINS
+
+        self.live_scored.labels(*key).inc(fields["n"])
+        self.live_log_loss.labels(*key).inc(fields["ll"])
+        self.live_brier.labels(*key).inc(fields["br"])
+        for name, count in fields.items():
+            if name[0] in "pq" and name[1:].isdigit():
+                tenth = str(min(9, int(name[1:]) * 10 // BINS))
+                self.live_buckets.labels(*key, tenth, "1" if name[0] == "p" else "0").inc(count)
 
     def on_batch(self, model_name: str, graph: str, rows: int, seconds: float) -> None:
         children = self._batch_children.get((model_name, graph))

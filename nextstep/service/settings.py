@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     # one of them once per learner and version
     max_logged_events: int = Field(default=10_000, ge=1)
     log_max_age_seconds: float | None = Field(default=None, gt=0)
+    # live quality (quality.py): each knowledge-tracing event scores the prediction the serving version would have
+    # made for it (one graph call more per request); GET /v1/models/{model}/quality and the nextstep_live_* metrics
+    live_quality: bool = True
     # how far ahead of the server's clock a time from a client may be (srs review times, event timestamps; a query's
     # time may be any): a day lets a device clock a time zone or a date off still sync, and a review taken at the
     # limit holds that user's later reviews (which must not be older) back for at most a day

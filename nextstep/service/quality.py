@@ -1,0 +1,197 @@
+"""Live model quality: every prediction a version would have made for an event, scored on that event when it comes.
+
+Knowledge tracing: before each event with a response, the version's P(each response) for the event's question, from
+the learner's state before the event (kt.py computes it in the graph calls that step the state: the first event of
+a request by one extra `predict` call, each later one by the fused `step_predict` call that steps the event before
+it). The score of one event:
+
+* log loss: -ln P(the observed response), the quantity `nextstep evaluate` averages (its NLL);
+* Brier score: the squared distance between the predicted distribution and the observed response (one-hot), summed
+  over the responses (binary data: twice the usual binary Brier score);
+* for the calibration table and the AUC: P(full credit) (the highest response; binary data: P(right)) against
+  whether the response was full credit, counted in `BINS` fixed buckets of width 1/BINS.
+
+Sums, not means, are kept (per model, version and role), so that replicas and minutes add: in process, flushed every
+`flush_seconds` into Redis hashes (a minute's and an hour's, `<prefix>:quality:{<model>}:<version>:<role>:m:<minute>`
+and `:h:<hour>`, kept `MINUTE_TTL` and `HOUR_TTL`) by a background task, off the request path. `report` adds the
+buckets of a window (minutes up to `MINUTE_WINDOW`, hours past it). Without Redis the buckets stay in this process.
+The same sums are Prometheus counters (metrics.py) with bounded labels: model, version, role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from .errors import StoreUnavailable
+from .redis_clients import Client
+
+log = logging.getLogger(__name__)
+
+BINS = 200  # P(full credit) buckets kept for the AUC and calibration (width 0.005)
+TABLE_BINS = 10  # rows of the calibration table answered (each adds BINS // TABLE_BINS buckets)
+MINUTE_TTL = 2 * 86400  # seconds a minute bucket is kept
+HOUR_TTL = 90 * 86400
+MINUTE_WINDOW = 6 * 3600  # windows up to this long are added from minute buckets, longer ones from hour buckets
+MAX_WINDOW = 90 * 86400
+EPS = 1e-12  # a predicted probability of 0 scores -ln(1e-12), not infinity
+
+Key = tuple[str, str, str]  # (model, version, role)
+
+
+def event_scores(probs: np.ndarray, responses: np.ndarray) -> dict[str, np.ndarray]:
+    """Each event's log loss, Brier score, P(full credit) and whether it was full credit, from the predicted
+    distributions (n, K) and the observed responses (n,)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    responses = np.asarray(responses, dtype=np.int64)
+    rows = np.arange(len(responses))
+    observed = probs[rows, responses]
+    onehot = np.zeros_like(probs)
+    onehot[rows, responses] = 1.0
+    top = probs.shape[1] - 1
+    return {"log_loss": -np.log(np.maximum(observed, EPS)), "brier": ((probs - onehot) ** 2).sum(1),
+            "p_full": probs[:, top], "full": responses == top}
+
+
+def fields_of(probs: np.ndarray, responses: np.ndarray) -> dict[str, float]:
+    """The sums one batch of scored events adds: n, ll, br, and per bucket b: p<b> (full credit) and q<b> (not)."""
+    s = event_scores(probs, responses)
+    bins = np.minimum((s["p_full"] * BINS).astype(np.int64), BINS - 1)
+    out: dict[str, float] = {"n": float(len(bins)), "ll": float(s["log_loss"].sum()), "br": float(s["brier"].sum())}
+    for b, full in zip(bins.tolist(), s["full"].tolist(), strict=True):
+        name = f"{'p' if full else 'q'}{b}"
+        out[name] = out.get(name, 0.0) + 1.0
+    return out
+
+
+def summary(sums: dict[str, float]) -> dict:
+    """The answer's figures from added sums: means, the AUC estimated from the buckets (ties within a bucket count
+    half), and the calibration table (TABLE_BINS rows: predicted mean and observed share of full credit)."""
+    n = sums.get("n", 0.0)
+    pos = np.array([sums.get(f"p{b}", 0.0) for b in range(BINS)])
+    neg = np.array([sums.get(f"q{b}", 0.0) for b in range(BINS)])
+    centers = (np.arange(BINS) + 0.5) / BINS
+    auc = None
+    if pos.sum() > 0 and neg.sum() > 0:
+        below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])  # negatives in lower buckets
+        auc = float((pos * (below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))
+    table = []
+    width = BINS // TABLE_BINS
+    for r in range(TABLE_BINS):
+        part = slice(r * width, (r + 1) * width)
+        count = pos[part].sum() + neg[part].sum()
+        table.append({"from": r / TABLE_BINS, "to": (r + 1) / TABLE_BINS, "count": int(count),
+                      "predicted": float((centers[part] * (pos[part] + neg[part])).sum() / count) if count else None,
+                      "observed": float(pos[part].sum() / count) if count else None})
+    return {"scored": int(n), "log_loss": sums.get("ll", 0.0) / n if n else None,
+            "brier": sums.get("br", 0.0) / n if n else None, "auc": auc, "calibration": table}
+
+
+def _add(into: dict[str, float], fields: dict[str, float]) -> None:
+    for name, value in fields.items():
+        into[name] = into.get(name, 0.0) + value
+
+
+class Quality:
+    """Live scores per (model, version, role): `record` adds to this process's pending sums (no I/O); `flush`
+    writes them to the buckets; `report` answers GET /v1/models/{model}/quality."""
+
+    def __init__(self, client: Client | None, *, prefix: str = "nextstep", flush_seconds: float = 1.0,
+                 clock: Callable[[], float] = time.time, on_record: Callable[[Key, dict], None] | None = None):
+        self.client, self.prefix, self.flush_seconds, self.clock = client, prefix, flush_seconds, clock
+        self.on_record = on_record
+        self._pending: dict[Key, dict[str, float]] = defaultdict(dict)
+        self._local: dict[str, dict[str, float]] = defaultdict(dict)  # bucket key -> sums (no Redis)
+        self._since: dict[str, float] = {}  # bucket key -> the time of its first record (no Redis)
+        self._task: asyncio.Task | None = None
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def record(self, model: str, version: str, probs: np.ndarray, responses: np.ndarray, role: str = "serving"
+               ) -> None:
+        if not len(responses):
+            return
+        fields = fields_of(probs, responses)
+        _add(self._pending[(model, version, role)], fields)
+        if self.on_record is not None:
+            self.on_record((model, version, role), fields)
+
+    def _bucket(self, key: Key, kind: str, at: float) -> str:
+        model, version, role = key
+        step = 60 if kind == "m" else 3600
+        return f"{self.prefix}:quality:{{{model}}}:{version}:{role}:{kind}:{int(at // step) * step}"
+
+    async def flush(self) -> None:
+        """Write the pending sums to the current minute's and hour's buckets (kept pending if Redis fails)."""
+        pending, self._pending = self._pending, defaultdict(dict)
+        now = self.clock()
+        for key, fields in pending.items():
+            buckets = [(self._bucket(key, "m", now), MINUTE_TTL), (self._bucket(key, "h", now), HOUR_TTL)]
+            if self.client is None:
+                for name, _ in buckets:
+                    _add(self._local[name], fields)
+                    self._since.setdefault(name, now)
+                continue
+            commands = [("HSETNX", name, "since", repr(now)) for name, _ in buckets]
+            commands += [("HINCRBYFLOAT", name, field, repr(value)) for name, _ in buckets
+                         for field, value in fields.items()]
+            commands += [("EXPIRE", name, ttl) for name, ttl in buckets]
+            try:
+                await self.client.execute("quality flush", commands, idempotent=False, write=True)
+            except StoreUnavailable as exc:  # (an OutcomeUnknown too: counted again at worst)
+                log.warning("live quality not written (kept for the next flush): %s", exc)
+                _add(self._pending[key], fields)
+
+    async def start(self) -> None:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(self.flush_seconds)
+                await self.flush()
+
+        self._task = asyncio.create_task(loop())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(StoreUnavailable):
+            await self.flush()
+
+    # -- reading ------------------------------------------------------------------------------------------
+    async def report(self, model: str, versions: Iterable[tuple[str, str]], window: float) -> list[dict]:
+        """Per (version, role) given: the summary of the buckets that end within the last `window` seconds, and
+        `since`, the time of the first score they hold (null: none)."""
+        await self.flush()  # this replica's latest scores too
+        now = self.clock()
+        kind, step = ("m", 60) if window <= MINUTE_WINDOW else ("h", 3600)
+        first = int((now - window) // step) * step
+        starts = range(first, int(now // step) * step + 1, step)
+        out = []
+        for version, role in versions:
+            names = [self._bucket((model, version, role), kind, t) for t in starts]
+            sums: dict[str, float] = {}
+            since = math.inf
+            for fields in await self._read(names):
+                if fields:
+                    since = min(since, fields.pop("since", math.inf))
+                    _add(sums, fields)
+            out.append({"version": version, "role": role, **summary(sums),
+                        "since": None if since == math.inf else since})
+        return out
+
+    async def _read(self, names: list[str]) -> list[dict[str, float]]:
+        if self.client is None:
+            return [{**self._local[n], "since": self._since[n]} if n in self._local else {} for n in names]
+        replies = await self.client.execute("quality", [("HGETALL", n) for n in names])
+        out = []
+        for reply in replies:
+            pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
+            out.append({(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in pairs})
+        return out
