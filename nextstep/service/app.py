@@ -450,6 +450,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         session_store = make_store(None, client=redis, ttl_seconds=settings.session_ttl_seconds,
                                    max_event_ids=settings.max_event_ids, log=settings.log_bounds())
         app.state.sessions = SessionRecommender(registry, TimedStore(session_store, metrics), engines,
+                                                quality=quality if settings.live_quality else None,
                                                 cas_retries=settings.cas_retries, limits=settings.batch_limits(),
                                                 cold_start_model=settings.cold_start_model,
                                                 on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
@@ -598,12 +599,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/models/{model}/quality", tags=["system"],
              summary="Live quality of each version: its predictions scored on the events that followed",
-             description="For every event with a response, the prediction the version would have made for it from "
-                         "the learner's state before it, scored when the event came (knowledge tracing): the mean "
+             description="Knowledge tracing: for every event with a response, the prediction the version would "
+                         "have made for it from the learner's state before it, scored when the event came: the mean "
                          "log loss and Brier score, the AUC of P(full credit) estimated from 200 buckets, and a "
-                         "calibration table (predicted against observed share of full credit), over the last "
-                         "`window` seconds, every replica's scores added.",
-             responses=answer({"model": "deep_gpcm", "window_seconds": 3600, "versions": [
+                         "calibration table (predicted against observed share of full credit). Sessions: each "
+                         "click after a session's first, ranked in the list the state before it recommends (every "
+                         "item a candidate): `mrr` and `hit_rate` at 1, 5, 10 and 20. Over the last `window` "
+                         "seconds, every replica's scores added.",
+             responses=answer({"model": "deep_gpcm", "task": "knowledge_tracing", "window_seconds": 3600, "versions": [
                  {"version": "2", "role": "serving", "scored": 1200, "log_loss": 0.512, "brier": 0.331,
                   "auc": 0.781, "calibration": [{"from": 0.0, "to": 0.1, "count": 40, "predicted": 0.06,
                                                  "observed": 0.05}], "since": 1767225600.0}]}, 404))
@@ -613,9 +616,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                       ) -> dict:
         registry = request.app.state.registry
         latest = registry.get(model)
+        if latest.task not in ("knowledge_tracing", "next_item"):
+            raise InvalidInput("model", f"model {latest.name} is a {latest.task} model: live quality is scored for "
+                                        "knowledge-tracing and next-item models")
         versions = [(m.version, "serving") for m in registry.models() if m.name == latest.name]
-        return {"model": latest.name, "window_seconds": window,
-                "versions": await request.app.state.quality.report(latest.name, versions, window)}
+        return {"model": latest.name, "task": latest.task, "window_seconds": window,
+                "versions": await request.app.state.quality.report(latest.name, versions, window, latest.task)}
 
     @app.post("/v1/models/{model}/migrate", tags=["system"],
               summary="Bring a page of entities' state for a version up to date with their event logs",

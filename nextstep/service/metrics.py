@@ -43,6 +43,11 @@ class Metrics:
         self.live_buckets = Counter("nextstep_live_predictions_total", "scored events by predicted P(full credit) "
                                     "(bucket: its tenth, 0-9) and whether it was full credit (outcome 1/0)",
                                     [*live, "bucket", "outcome"], registry=r)
+        self.live_reciprocal_rank = Counter("nextstep_live_reciprocal_rank_sum", "sessions: sum of the clicked "
+                                            "items' reciprocal ranks in the list recommended before each click",
+                                            live, registry=r)
+        self.live_hits = Counter("nextstep_live_hits_total", "sessions: clicks on an item ranked within the first k "
+                                 "(k: 1, 5, 10, 20) of the list recommended before", [*live, "k"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
         self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request
         self.in_flight.set_function(lambda: self.serving)
@@ -80,6 +85,12 @@ class Metrics:
         from .quality import BINS
 
         self.live_scored.labels(*key).inc(fields["n"])
+        if "rr" in fields:  # clicks (sessions)
+            self.live_reciprocal_rank.labels(*key).inc(fields["rr"])
+            for name, count in fields.items():
+                if name[0] == "h":
+                    self.live_hits.labels(*key, name[1:]).inc(count)
+            return
         self.live_log_loss.labels(*key).inc(fields["ll"])
         self.live_brier.labels(*key).inc(fields["br"])
         for name, count in fields.items():

@@ -71,10 +71,27 @@ def fields_of(probs: np.ndarray, responses: np.ndarray) -> dict[str, float]:
     return out
 
 
-def summary(sums: dict[str, float]) -> dict:
-    """The answer's figures from added sums: means, the AUC estimated from the buckets (ties within a bucket count
-    half), and the calibration table (TABLE_BINS rows: predicted mean and observed share of full credit)."""
+HIT_KS = (1, 5, 10, 20)  # sessions: the hit rates kept (a click ranked within the first k recommended)
+
+
+def ranking_fields(ranks: np.ndarray) -> dict[str, float]:
+    """The sums a batch of scored clicks adds: n, rr (reciprocal ranks; 0 for a click not in the list) and h<k>
+    (clicks ranked within the first k), from 1-based ranks (inf: not recommended)."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    out = {"n": float(len(ranks)), "rr": float(np.where(np.isfinite(ranks), 1.0 / ranks, 0.0).sum())}
+    out.update({f"h{k}": float((ranks <= k).sum()) for k in HIT_KS})
+    return out
+
+
+def summary(sums: dict[str, float], task: str = "knowledge_tracing") -> dict:
+    """The answer's figures from added sums. Knowledge tracing: means, the AUC estimated from the buckets (ties
+    within a bucket count half), and the calibration table (TABLE_BINS rows: predicted mean and observed share of
+    full credit). Sessions: the mean reciprocal rank of the clicked item in the recommended list and the hit
+    rates at HIT_KS (the offline protocol's mrr@K and recall@k, K the list's length)."""
     n = sums.get("n", 0.0)
+    if task == "next_item":
+        return {"scored": int(n), "mrr": sums.get("rr", 0.0) / n if n else None,
+                "hit_rate": {str(k): sums.get(f"h{k}", 0.0) / n if n else None for k in HIT_KS}}
     pos = np.array([sums.get(f"p{b}", 0.0) for b in range(BINS)])
     neg = np.array([sums.get(f"q{b}", 0.0) for b in range(BINS)])
     centers = (np.arange(BINS) + 0.5) / BINS
@@ -115,12 +132,19 @@ class Quality:
     # -- writing -------------------------------------------------------------------------------------------
     def record(self, model: str, version: str, probs: np.ndarray, responses: np.ndarray, role: str = "serving"
                ) -> None:
-        if not len(responses):
-            return
-        fields = fields_of(probs, responses)
-        _add(self._pending[(model, version, role)], fields)
+        """Knowledge-tracing events: the predicted distributions (n, K) and the observed responses (n,)."""
+        if len(responses):
+            self._record((model, version, role), fields_of(probs, responses))
+
+    def record_ranks(self, model: str, version: str, ranks: list[float], role: str = "serving") -> None:
+        """Clicks: where each clicked item stood in the list recommended before it (1-based; inf: not in it)."""
+        if ranks:
+            self._record((model, version, role), ranking_fields(np.array(ranks)))
+
+    def _record(self, key: Key, fields: dict[str, float]) -> None:
+        _add(self._pending[key], fields)
         if self.on_record is not None:
-            self.on_record((model, version, role), fields)
+            self.on_record(key, fields)
 
     def _bucket(self, key: Key, kind: str, at: float) -> str:
         model, version, role = key
@@ -165,7 +189,8 @@ class Quality:
             await self.flush()
 
     # -- reading ------------------------------------------------------------------------------------------
-    async def report(self, model: str, versions: Iterable[tuple[str, str]], window: float) -> list[dict]:
+    async def report(self, model: str, versions: Iterable[tuple[str, str]], window: float,
+                     task: str = "knowledge_tracing") -> list[dict]:
         """Per (version, role) given: the summary of the buckets that end within the last `window` seconds, and
         `since`, the time of the first score they hold (null: none)."""
         await self.flush()  # this replica's latest scores too
@@ -182,7 +207,7 @@ class Quality:
                 if fields:
                     since = min(since, fields.pop("since", math.inf))
                     _add(sums, fields)
-            out.append({"version": version, "role": role, **summary(sums),
+            out.append({"version": version, "role": role, **summary(sums, task),
                         "since": None if since == math.inf else since})
         return out
 

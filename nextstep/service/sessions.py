@@ -12,6 +12,7 @@ the session goes on from the last known item (what the offline evaluation protoc
 has absorbed nothing yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers.
 """
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .core import UP_TO_DATE, Behind, Change, StatefulTask, operation
 from .errors import InvalidInput, UnknownId, UnknownModel
+from .quality import Quality
 from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
 from .runtime import Engines
 from .settings import DEFAULT_LIMITS, BatchLimits
@@ -49,10 +51,12 @@ class SessionRecommender(StatefulTask):
     TASK, PREFIX = SPEC.name, "sess"
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
-                 cold_start_model: str | None = None, on_retry=None, limits: BatchLimits = DEFAULT_LIMITS):
+                 cold_start_model: str | None = None, on_retry=None, limits: BatchLimits = DEFAULT_LIMITS,
+                 quality: Quality | None = None):
         super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
         self.cold_start_model = cold_start_model
         self.limits = limits
+        self.quality = quality  # live ranks of each click in the list recommended before it (None: not scored)
 
     # ------------------------------------------------------------------ state blob: model state + seen rows
 
@@ -120,11 +124,18 @@ class SessionRecommender(StatefulTask):
             for row in fresh:
                 seen = _remember(seen, row)
             query = {"exclude": self._exclude(seen, exclude_seen)} if recommend_k is not None else None
-            state, outs = await self.fold(model, state, [{"item": np.array([row], dtype=np.int64)} for row in fresh],
-                                          "step_recommend" if query else None, query)
+            ranks = None
+            if self.quality is not None and fresh:
+                state, outs, ranks = await self._fold_scored(model, state, stored.events + caught > 0, fresh, query)
+            else:
+                state, outs = await self.fold(model, state, [{"item": np.array([row], dtype=np.int64)}
+                                                             for row in fresh], "step_recommend" if query else None,
+                                              query)
             unknown = len(to_apply) - len(fresh)
 
             async def answer(written: StoredState) -> dict:
+                if ranks:  # (once: the attempt that was written)
+                    self.quality.record_ranks(model.name, model.version, ranks)
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
                           "events_skipped": len(clicks) - len(fresh) - unknown, "unknown_items_skipped": unknown,
@@ -146,6 +157,36 @@ class SessionRecommender(StatefulTask):
 
         return await self.write(model, self.key(model, session_id), f"session {session_id!r}",
                                 [c.event_id for c in clicks], attempt)
+
+    async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], clicked_before: bool,
+                           fresh: list[int], query: dict | None):
+        """`fold` through the fresh clicks that also gives, for live quality (quality.py), each click's rank in the
+        list the state before it recommends, as the offline protocol ranks it (ranking.py): not after the session's
+        first click, over every item (seen ones included), ties counted against the model; inf when the item is not
+        in the list (the manifest's top_k). The first fresh click's list from a `recommend` call (none for a
+        session's first click), each later one's from the `step_recommend` call that steps the click before it;
+        the last click's call answers the request's `query` (or is a plain step)."""
+        everything = {"exclude": np.zeros((1, 1), dtype=np.int64)}
+        n_state = len(model.state_spec)
+        ranks = []
+        if clicked_before:
+            ranks.append(_rank(await self.engines.run(model, "recommend", {**batched(state), **everything}),
+                               fresh[0]))
+        outputs = None
+        for j, row in enumerate(fresh):
+            feeds = {**batched(state), "item": np.array([row], dtype=np.int64)}
+            last = j == len(fresh) - 1
+            ask = query if last else everything
+            if ask is None:
+                outs = await self.engines.run(model, "step", feeds)
+            else:
+                outs = await self.engines.run(model, "step_recommend", {**feeds, **ask})
+                if last:
+                    outputs = outs
+                else:
+                    ranks.append(_rank(outs, fresh[j + 1]))
+            state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs[:n_state], strict=True)}
+        return state, outputs, ranks
 
     async def _catch_up(self, model: LoadedModel, state: dict[str, np.ndarray], seen: np.ndarray, behind: Behind
                         ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
@@ -226,6 +267,16 @@ class SessionRecommender(StatefulTask):
             items, source = await self._recommend(model, state, seen, len(rows), k, exclude_seen)
             results.append({"session_id": session_id, "events": len(rows), "source": source, "items": items})
         return {"model": model.name, "version": model.version, "sessions": results}
+
+
+def _rank(outs: list, row: int) -> float:
+    """The 1-based rank of model row `row` in a recommend graph's list (rows and scores its last two outputs, best
+    first), ties counted against the model (every listed item scored at least as high); inf when not listed."""
+    rows, scores = outs[-2][0], outs[-1][0]
+    at = np.flatnonzero(rows == row)
+    if not len(at) or scores[at[0]] == -np.inf:
+        return math.inf
+    return float((scores >= scores[at[0]]).sum())
 
 
 def _remember(seen: np.ndarray, row: int) -> np.ndarray:

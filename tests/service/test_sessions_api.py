@@ -207,3 +207,31 @@ def test_batch_cost_is_bounded_per_session_and_in_all(rec_artifacts, serve):
         reply = http.post("/v1/sessions/gru4rec/batch", json={"sessions": [{"item_ids": items}] * 2 + [
             {"item_ids": items[:5]}], "k": 5})
         assert reply.status_code == 200 and [s["events"] for s in reply.json()["sessions"]] == [10, 10, 5]
+
+
+def test_live_quality_of_replayed_test_sessions_is_the_offline_protocols(rec_artifacts, store_url, serve):
+    """Issue 35, part 5 for sessions: every test session's clicks through POST /v1/sessions/{model}/events (two
+    requests each, a recommendation asked with seen items left out, as apps do); the live MRR and hit rates, scored on
+    each click after a session's first against the list recommended before it, are `evaluate`'s mrr@20 and recall@k
+    (one target's worth apart at most: ONNX Runtime against eager PyTorch may swap two items of equal score)."""
+    from nextstep.training.next_item_run import evaluate_next_item
+    from nextstep.training.sessions import read_gru4rec_tsv
+
+    offline = evaluate_next_item(rec_artifacts / "gru4rec" / "1", rec_artifacts.parent)
+    test = read_gru4rec_tsv(rec_artifacts.parent / "demo_test.txt")
+    with serve(Settings(artifacts_dir=rec_artifacts, redis_url=store_url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        for i, name in enumerate(test.session_ids):
+            clicks = [{"item_id": str(test.items[j])} for j in range(test.offsets[i], test.offsets[i + 1])]
+            for part in (clicks[:2], clicks[2:]):
+                if part:
+                    reply = http.post("/v1/sessions/gru4rec/events", json={
+                        "session_id": f"test-{name}", "events": part, "recommend_k": 5, "unknown_items": "skip"})
+                    assert reply.status_code == 200, reply.text
+        (live,) = http.get("/v1/models/gru4rec/quality").json()["versions"]
+        assert http.get("/v1/models/popularity/quality").json()["versions"][0]["scored"] == 0
+    n = offline["n_targets"]
+    assert live["scored"] == n
+    assert live["mrr"] == pytest.approx(offline["mrr@20"], abs=1 / n)
+    for k in ("1", "5", "10", "20"):
+        assert live["hit_rate"][k] == pytest.approx(offline[f"recall@{k}"], abs=1 / n)
