@@ -11,7 +11,7 @@ import re
 import time
 from contextlib import asynccontextmanager
 from importlib.resources import files
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import quote, unquote_to_bytes
 
 from fastapi import FastAPI, Query, Request
@@ -27,7 +27,7 @@ from starlette.middleware.errors import ServerErrorMiddleware
 
 from .banks import Banks, make_bank_store
 from .core import StatefulTask
-from .errors import KIND, STATUS, InvalidInput, StoreUnavailable, problem, shown
+from .errors import KIND, STATUS, InvalidInput, StoreUnavailable, UnknownModel, problem, shown
 from .fleet import FleetReloads
 from .kt import KnowledgeTracer
 from .metrics import Metrics
@@ -35,6 +35,7 @@ from .openapi import complete
 from .quality import Quality
 from .redis_clients import connect
 from .registry import TASKS, LoadReport, ModelRegistry
+from .rollouts import Rollout, Rollouts
 from .routes import kt as kt_routes
 from .routes import sessions as session_routes
 from .routes import srs as srs_routes
@@ -415,6 +416,17 @@ class MigrateRequest(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "2", "cursor": "0"}]})
 
 
+class RolloutRequest(Strict):
+    candidate: Annotated[IdText, Field(description="the version to try (a loaded one)")]
+    mode: Annotated[Literal["canary"], Field(description="canary: the candidate answers the entities in the "
+                                                         "fraction")] = "canary"
+    fraction: Annotated[float, Field(ge=0, le=1, description="share of the model's entities the candidate "
+                                                             "answers, chosen by a hash of their id")]
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"candidate": "2", "mode": "canary", "fraction": 0.1}]})
+
+
 def stateful_task(app: FastAPI, task: str) -> StatefulTask | None:
     """The service of a task whose entities have event logs (knowledge tracing, sessions); None for flashcards."""
     return {"knowledge_tracing": app.state.tracer, "next_item": app.state.sessions}.get(task)
@@ -426,7 +438,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads)
+        registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads,
+                                 new_versions=settings.new_versions)
         metrics.set_refused(registry.reload().refused)  # (the registry logs each refusal)
         metrics.set_models(registry.models())
         # one Redis client for the three state stores (its connections pipeline or pool their requests), one for
@@ -461,11 +474,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                          cas_retries=settings.cas_retries,
                                          max_interval_days=settings.srs_max_interval_days,
                                          on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
+        # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
+        rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)
+        app.state.tracer.rollouts = app.state.sessions.rollouts = rollouts
+        await rollouts.start(lambda current: registry.set_serving({m: r.serving for m, r in current.items()}))
         # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
         app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)
         await app.state.fleet.start(lambda: reload_models(app))
         yield
         await app.state.fleet.close()
+        await rollouts.close()
         await quality.close()
         await engines.close()
         await banks.close()
@@ -619,9 +637,78 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if latest.task not in ("knowledge_tracing", "next_item"):
             raise InvalidInput("model", f"model {latest.name} is a {latest.task} model: live quality is scored for "
                                         "knowledge-tracing and next-item models")
-        versions = [(m.version, "serving") for m in registry.models() if m.name == latest.name]
+        rollout = request.app.state.rollouts.current.get(latest.name)
+        versions = [(m.version, rollout.mode if rollout and rollout.candidate == m.version and rollout.mode
+                     else "serving") for m in registry.models() if m.name == latest.name]
         return {"model": latest.name, "task": latest.task, "window_seconds": window,
                 "versions": await request.app.state.quality.report(latest.name, versions, window, latest.task)}
+
+    def rollout_answer(request: Request, name: str) -> dict:
+        registry = request.app.state.registry
+        latest = registry.get(name)
+        rollout = request.app.state.rollouts.current.get(latest.name)
+        return {"model": latest.name, "serving": latest.version, "new_versions": settings.new_versions,
+                "candidate": rollout.candidate if rollout else None, "mode": rollout.mode if rollout else None,
+                "fraction": rollout.fraction if rollout and rollout.candidate else None,
+                "updated": rollout.updated if rollout else None,
+                "versions": sorted(m.version for m in registry.models() if m.name == latest.name)}
+
+    ROLLOUT_EXAMPLE = {"model": "deep_gpcm", "serving": "1", "new_versions": "manual", "candidate": "2",
+                       "mode": "canary", "fraction": 0.1, "updated": 1767225600.0, "versions": ["1", "2"]}
+
+    @app.get("/v1/models/{model}/rollout", tags=["system"], summary="Which version serves, and a candidate's rollout",
+             responses=answer(ROLLOUT_EXAMPLE, 404))
+    async def get_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
+        return rollout_answer(request, model)
+
+    @app.put("/v1/models/{model}/rollout", tags=["system"],
+             summary="Put a candidate version on a stable fraction of the model's entities (canary)",
+             description="Learners, sessions or users whose hash falls in the fraction get the candidate, on every "
+                         "replica (within NEXTSTEP_RELOAD_REFRESH_SECONDS) and every request; raising the fraction "
+                         "only adds entities. Their states move between versions through the event log, so no "
+                         "learner loses history either way. Every answer names the version that answered.",
+             responses=answer(ROLLOUT_EXAMPLE, 404, 422))
+    async def put_rollout(request: Request, model: Annotated[str, PathParam(description="model name")],
+                          body: RolloutRequest) -> dict:
+        registry, rollouts = request.app.state.registry, request.app.state.rollouts
+        latest = registry.get(model)
+        if settings.new_versions != "manual":
+            raise InvalidInput("model", "rollouts need NEXTSTEP_NEW_VERSIONS=manual: with auto, a new version "
+                                        "serves everyone at the reload that loads it")
+        if latest.task == "srs":
+            raise InvalidInput("model", f"model {latest.name} is a flashcard model: rollouts are for "
+                                        "knowledge-tracing and next-item models")
+        try:
+            registry.get(latest.name, body.candidate)
+        except UnknownModel as exc:
+            raise InvalidInput("candidate", str(exc)) from None
+        rollout = rollouts.current.get(latest.name)
+        serving = rollout.serving if rollout else latest.version
+        if body.candidate == serving:
+            raise InvalidInput("candidate", f"version {body.candidate} is the one serving {latest.name}")
+        await rollouts.put(latest.name, Rollout(serving, body.candidate, body.mode, body.fraction))
+        return rollout_answer(request, latest.name)
+
+    @app.post("/v1/models/{model}/rollout/promote", tags=["system"],
+              summary="Make the candidate the version serving every entity", responses=answer(ROLLOUT_EXAMPLE, 404,
+                                                                                             422))
+    async def promote_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
+        latest = request.app.state.registry.get(model)
+        rollout = request.app.state.rollouts.current.get(latest.name)
+        if rollout is None or rollout.candidate is None:
+            raise InvalidInput("model", f"model {latest.name} has no candidate to promote (PUT a rollout first)")
+        await request.app.state.rollouts.put(latest.name, Rollout(rollout.candidate))
+        return rollout_answer(request, latest.name)
+
+    @app.delete("/v1/models/{model}/rollout", tags=["system"],
+                summary="Abort a rollout: the candidate serves no one; the serving version stays",
+                responses=answer(ROLLOUT_EXAMPLE, 404))
+    async def abort_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
+        latest = request.app.state.registry.get(model)
+        rollout = request.app.state.rollouts.current.get(latest.name)
+        if rollout is not None and rollout.candidate is not None:
+            await request.app.state.rollouts.put(latest.name, Rollout(rollout.serving))
+        return rollout_answer(request, latest.name)
 
     @app.post("/v1/models/{model}/migrate", tags=["system"],
               summary="Bring a page of entities' state for a version up to date with their event logs",

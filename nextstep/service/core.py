@@ -20,14 +20,16 @@ rows, how its blob is laid out, and what it answers. What they share lives here:
   when the task passes a combined graph (step_predict, step_recommend): one call instead of two.
 """
 
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import OutcomeUnknown, StoreUnavailable
+from .errors import OutcomeUnknown, StoreUnavailable, UnknownModel
 from .registry import LoadedModel, ModelRegistry
+from .rollouts import Rollouts
 from .runtime import Engines
 from .state import LogRow, StateStore, StoredState
 from .writes import Writers, batched, unapplied
@@ -80,8 +82,18 @@ class StatefulTask:
         self.registry, self.store, self.engines = registry, store, engines
         self.writers = Writers(cas_retries, on_retry)
 
-    def model(self, name: str) -> LoadedModel:
-        return self.registry.get(name, task=self.TASK)
+    rollouts: Rollouts | None = None  # a canary's candidate answers the entities in its fraction (rollouts.py)
+
+    def model(self, name: str, entity: str | None = None) -> LoadedModel:
+        """The version that answers `name` (a pinned `name@version` as named); for an entity, the candidate of a
+        canary rollout when the entity falls in its fraction."""
+        model = self.registry.get(name, task=self.TASK)
+        if entity is not None and self.rollouts is not None and "@" not in name:
+            candidate = self.rollouts.version_for(model.name, entity)
+            if candidate is not None and candidate != model.version:
+                with contextlib.suppress(UnknownModel):  # (a candidate withdrawn meanwhile: the serving version)
+                    return self.registry.get(model.name, candidate, task=self.TASK)
+        return model
 
     def key(self, model: LoadedModel, entity: str) -> str:
         """The entity's key: its log, and a state per model version (`schema`)."""
@@ -98,6 +110,12 @@ class StatefulTask:
         start = stored.logged if stored.exists else 0
         rows = rows[max(start - base, 0):max(stored.total - base, 0)]  # (the log may have moved since: the CAS says)
         return Behind(rows, max(base - start, 0))
+
+    def role(self, model: LoadedModel) -> str:
+        """What a version is to its model now: "canary" (a rollout's candidate), else "serving"."""
+        rollout = self.rollouts.current.get(model.name) if self.rollouts is not None else None
+        return rollout.mode if rollout is not None and rollout.candidate == model.version and rollout.mode \
+            else "serving"
 
     async def entities(self, model: LoadedModel, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
         """A step of a walk over the entities that have a log or a state for `model`'s name (state.py's `scan`)."""

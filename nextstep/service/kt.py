@@ -251,7 +251,7 @@ class KnowledgeTracer(StatefulTask):
     async def absorb(self, model_name: str, student_id: str, events: list[Event],
                      predict_ids: list[str] | None = None, explain: bool = False) -> dict:
         """Apply events in order (skipping replayed ids) and optionally predict afterwards, in one round trip."""
-        model = self.model(model_name)
+        model = self.model(model_name, student_id)
         questions = question_index(model, [e.question_id for e in events], "events[].question_id")
         responses = self._responses(model, events)
         predict_index = question_index(model, predict_ids, "predict_question_ids[]") if predict_ids else None
@@ -276,7 +276,7 @@ class KnowledgeTracer(StatefulTask):
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
                 if before is not None:  # (once: the attempt that was written)
-                    self.quality.record(model.name, model.version, before, responses[fresh])
+                    self.quality.record(model.name, model.version, before, responses[fresh], self.role(model))
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state
                     outputs = await self._predict(model, state, predict_index, bank)
                 return {"student_id": student_id, "model": model.name, "version": model.version,
@@ -295,7 +295,7 @@ class KnowledgeTracer(StatefulTask):
 
     @operation
     async def predict(self, model_name: str, student_id: str, question_ids: list[str], explain: bool = False) -> dict:
-        model = self.model(model_name)
+        model = self.model(model_name, student_id)
         index = question_index(model, question_ids, "question_ids[]")
         self._explaining(model, explain)
         bank = await self.banks.current(model)
@@ -312,7 +312,7 @@ class KnowledgeTracer(StatefulTask):
         """Rank candidate questions: maximum Fisher information at the learner's current state (GPCM: alpha^2
         Var(Y | theta); right/wrong without IRT outputs: Bernoulli p(1 - p)), or predicted probability of full
         credit closest to `target`."""
-        model = self.model(model_name)
+        model = self.model(model_name, student_id)
         candidates = candidates if candidates else model.ids
         index = question_index(model, candidates, "candidate_question_ids[]")
         bank = await self.banks.current(model)
@@ -338,7 +338,7 @@ class KnowledgeTracer(StatefulTask):
     async def summary(self, model_name: str, student_id: str) -> dict:
         """The stored state's counts and the learner's ability: mean theta over the vocabulary (GPCM); a model
         without theta reports ability null and its mean predicted P(full credit) over the vocabulary instead."""
-        model = self.model(model_name)
+        model = self.model(model_name, student_id)
         bank = await self.banks.current(model)
         stored, state, said = await self._state(model, student_id, bank)
         index = np.arange(2, len(model.ids) + 2, dtype=np.int64)

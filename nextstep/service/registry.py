@@ -34,7 +34,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -333,11 +333,39 @@ def _newest(versions: dict[str, LoadedModel]) -> LoadedModel:
 
 
 class ModelRegistry:
-    def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1):
+    """`new_versions`: "auto" (a model's latest is its newest good version) or "manual" (a version added after the
+    model served keeps out of `latest` until a rollout names it: `set_serving`)."""
+
+    def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1, new_versions: str = "auto"):
+        if new_versions not in ("auto", "manual"):
+            raise ValueError(f"new_versions must be 'auto' or 'manual', got {new_versions!r}")
         self.artifacts_dir = Path(artifacts_dir)
         self.intra_op_threads = intra_op_threads
+        self.new_versions = new_versions
+        self._serving: dict[str, str] = {}  # name -> the version a rollout made latest (rollouts.py)
         self._snapshot = _Snapshot({}, {}, LoadReport((), (), {}))
         self._loading = threading.Lock()  # one (re)scan at a time; readers never wait
+
+    def _latest(self, name: str, versions: dict[str, LoadedModel], before: dict[str, LoadedModel]) -> LoadedModel:
+        """The version requests without a pin get: the one a rollout names, if loaded; else, with manual new
+        versions, the one that was latest, if still loaded; else the newest."""
+        named = versions.get(self._serving.get(name, ""))
+        if named is not None:
+            return named
+        kept = before.get(name)
+        if self.new_versions == "manual" and kept is not None and versions.get(kept.version) is not None:
+            return versions[kept.version]
+        return _newest(versions)
+
+    def set_serving(self, serving: dict[str, str]) -> None:
+        """Make these versions (name -> version) latest, where loaded, from now on and at every reload; a model left
+        out goes back to the rule of `new_versions`."""
+        with self._loading:
+            self._serving = dict(serving)
+            snap = self._snapshot
+            latest = {name: self._latest(name, versions, snap.latest) for name, versions in snap.models.items()}
+            report = replace(snap.report, serving={n: m.version for n, m in latest.items()})
+            self._snapshot = _Snapshot(snap.models, latest, report)
 
     def _scan(self) -> tuple[dict[str, dict[str, LoadedModel]], dict[str, dict[str, tuple[Path, ArtifactError]]]]:
         """(name -> version -> model opened now, name -> version -> (directory, why it was refused))."""
@@ -391,7 +419,7 @@ class ModelRegistry:
                     withdrawn += [f"{name}/{v}" for v in sorted(gone)]
                 if versions:
                     models[name] = versions
-            latest = {name: _newest(versions) for name, versions in models.items()}
+            latest = {name: self._latest(name, versions, before.latest) for name, versions in models.items()}
             refused = []
             for name in sorted(set(broken) | {n for n, _ in missing}):
                 serving = latest[name].version if name in latest else None

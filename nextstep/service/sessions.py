@@ -111,7 +111,7 @@ class SessionRecommender(StatefulTask):
     async def absorb(self, model_name: str, session_id: str, clicks: list[Click], *, recommend_k: int | None = None,
                      exclude_seen: bool = True, unknown_items: str = "error") -> dict:
         """Apply clicks in order (skipping replayed event ids); optionally recommend afterwards, one round trip."""
-        model = self.model(model_name)
+        model = self.model(model_name, session_id)
         if recommend_k is not None:
             self._check_k(model, recommend_k)
         rows = self._rows(model, clicks, unknown_items, "events[{i}].item_id")
@@ -135,7 +135,7 @@ class SessionRecommender(StatefulTask):
 
             async def answer(written: StoredState) -> dict:
                 if ranks:  # (once: the attempt that was written)
-                    self.quality.record_ranks(model.name, model.version, ranks)
+                    self.quality.record_ranks(model.name, model.version, ranks, self.role(model))
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
                           "events_skipped": len(clicks) - len(fresh) - unknown, "unknown_items_skipped": unknown,
@@ -233,7 +233,7 @@ class SessionRecommender(StatefulTask):
 
     @operation
     async def recommend(self, model_name: str, session_id: str, k: int, exclude_seen: bool = True) -> dict:
-        model = self.model(model_name)
+        model = self.model(model_name, session_id)
         self._check_k(model, k)
         stored, state, seen, caught = await self._current(model, session_id)
         items, source = await self._recommend(model, state, seen, stored.events, k, exclude_seen)
@@ -242,7 +242,7 @@ class SessionRecommender(StatefulTask):
                 "source": source, "items": items}
 
     async def summary(self, model_name: str, session_id: str) -> dict:
-        model = self.model(model_name)
+        model = self.model(model_name, session_id)
         stored, _, seen, caught = await self._current(model, session_id)
         return {"session_id": session_id, "model": model.name, "version": model.version,
                 "exists": stored.blob is not None, "state_version": stored.version, "events_total": stored.events,

@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     # live quality (quality.py): each knowledge-tracing event scores the prediction the serving version would have
     # made for it (one graph call more per request); GET /v1/models/{model}/quality and the nextstep_live_* metrics
     live_quality: bool = True
+    # a model version added to the artifacts directory after the model served: `auto` makes it latest at the next
+    # reload (the newest version serves); `manual` loads and validates it but serves it to no one until a rollout
+    # names it (PUT /v1/models/{model}/rollout, then promote)
+    new_versions: str = Field(default="auto", pattern="^(auto|manual)$")
     # how far ahead of the server's clock a time from a client may be (srs review times, event timestamps; a query's
     # time may be any): a day lets a device clock a time zone or a date off still sync, and a review taken at the
     # limit holds that user's later reviews (which must not be older) back for at most a day

@@ -1,0 +1,92 @@
+"""Rollouts (issue 35, parts 2 and 3): with NEXTSTEP_NEW_VERSIONS=manual a new version is loaded but serves no one
+until a rollout names it; a canary puts it on a stable, hash-chosen fraction of learners, the same on two replicas
+sharing one Redis; promote and abort; no learner loses history. Real HTTP, real ONNX Runtime, a real Redis."""
+
+import time
+
+import httpx
+
+from nextstep.service.rollouts import in_fraction
+from nextstep.service.settings import Settings
+from tests.service.test_upgrades import add_version, learner_events
+
+LEARNERS = [f"learner-{i}" for i in range(40)]
+
+
+def test_the_hash_is_stable_and_a_larger_fraction_only_adds_entities():
+    chosen = {f: {e for e in LEARNERS * 5 if in_fraction("m", e, f)} for f in (0.0, 0.2, 0.5, 1.0)}
+    assert chosen[0.0] == set() and chosen[1.0] == set(LEARNERS)
+    assert chosen[0.2] <= chosen[0.5] and 0 < len(chosen[0.2]) < len(chosen[0.5]) < len(LEARNERS)
+    assert in_fraction("m", "x", 0.5) == in_fraction("m", "x", 0.5)
+    assert {e for e in LEARNERS if in_fraction("other", e, 0.5)} != chosen[0.5]  # a model's own draw
+
+
+def test_manual_versions_wait_then_a_canary_a_promotion_and_an_abort_on_two_replicas(tmp_path, redis_url, serve):
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    events = learner_events(len(LEARNERS), 3)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual",
+                        reload_refresh_seconds=0.2)
+    with serve(settings) as a_url, serve(settings) as b_url, httpx.Client(base_url=a_url, timeout=30) as a, \
+            httpx.Client(base_url=b_url, timeout=30) as b:
+
+        def versions(http: httpx.Client) -> dict[str, str]:
+            return {learner: http.get(f"/v1/kt/deep_gpcm/students/{learner}").json()["version"]
+                    for learner in LEARNERS}
+
+        for learner, history in zip(LEARNERS, events.values(), strict=True):
+            assert a.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": history[:2]}) \
+                .status_code == 200
+        add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+        assert a.post("/v1/models/reload").status_code == 200
+        time.sleep(1)  # (b follows the reload generation)
+        for http in (a, b):
+            rollout = http.get("/v1/models/deep_gpcm/rollout").json()
+            assert (rollout["serving"], rollout["candidate"], rollout["versions"]) == ("1", None, ["1", "2"])
+        assert set(versions(b).values()) == {"1"}  # loaded, serving no one
+
+        put = a.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "mode": "canary", "fraction": 0.3})
+        assert put.status_code == 200, put.text
+        assert (put.json()["candidate"], put.json()["fraction"]) == ("2", 0.3)
+        canary = {e for e in LEARNERS if in_fraction("deep_gpcm", e, 0.3)}
+        assert 0 < len(canary) < len(LEARNERS)
+        assert {e for e, v in versions(a).items() if v == "2"} == canary
+        time.sleep(1)  # b reads the rollout within its refresh interval
+        assert versions(b) == versions(a)
+        reply = b.post("/v1/kt/deep_gpcm/events", json={"student_id": sorted(canary)[0], "events": [
+            {"question_id": "3", "response": 1}], "predict_question_ids": ["3"]}).json()
+        assert (reply["version"], reply["events_total"]) == ("2", 3)  # the candidate goes on from the whole log
+
+        assert a.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "fraction": 0.6}).status_code == 200
+        wider = {e for e, v in versions(a).items() if v == "2"}
+        assert canary < wider  # only added
+        quality = a.get("/v1/models/deep_gpcm/quality").json()["versions"]
+        assert {q["version"]: q["role"] for q in quality} == {"1": "serving", "2": "canary"}
+        assert next(q for q in quality if q["version"] == "2")["scored"] == 1
+
+        assert a.delete("/v1/models/deep_gpcm/rollout").json()["candidate"] is None
+        assert set(versions(a).values()) == {"1"}
+        assert a.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "fraction": 0.1}).status_code == 200
+        promoted = a.post("/v1/models/deep_gpcm/rollout/promote").json()
+        assert (promoted["serving"], promoted["candidate"]) == ("2", None)
+        time.sleep(1)
+        for http in (a, b):
+            seen = versions(http)
+            assert set(seen.values()) == {"2"}
+        totals = [a.get(f"/v1/kt/deep_gpcm/students/{e}").json()["events_total"] for e in LEARNERS]
+        assert sum(totals) == 2 * len(LEARNERS) + 1  # no learner lost an event at any step
+
+        bad = [a.put("/v1/models/deep_gpcm/rollout", json={"candidate": "9", "fraction": 0.1}),
+               a.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "fraction": 0.1}),
+               a.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "fraction": 1.5}),
+               a.post("/v1/models/deep_gpcm/rollout/promote")]
+        assert [r.status_code for r in bad] == [422] * 4, [r.text for r in bad]
+        assert [r.json()["field"] for r in bad] == ["candidate", "candidate", "fraction", "model"]
+
+
+def test_rollouts_need_manual_new_versions(tmp_path, serve):
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    add_version(tmp_path, "deep_gpcm", "2", 2027)
+    with serve(Settings(artifacts_dir=tmp_path)) as url, httpx.Client(base_url=url) as http:
+        assert http.get("/v1/models/deep_gpcm/rollout").json()["serving"] == "2"  # auto: the newest serves
+        reply = http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "fraction": 0.5})
+        assert reply.status_code == 422 and "NEXTSTEP_NEW_VERSIONS=manual" in reply.json()["detail"]
