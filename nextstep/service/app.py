@@ -418,8 +418,10 @@ class MigrateRequest(Strict):
 
 class RolloutRequest(Strict):
     candidate: Annotated[IdText, Field(description="the version to try (a loaded one)")]
-    mode: Annotated[Literal["canary"], Field(description="canary: the candidate answers the entities in the "
-                                                         "fraction")] = "canary"
+    mode: Annotated[Literal["canary", "shadow"], Field(
+        description="canary: the candidate answers the entities in the fraction; shadow: it answers no one, and its "
+                    "own state of each entity in the fraction follows their events, scored for live quality")
+    ] = "canary"
     fraction: Annotated[float, Field(ge=0, le=1, description="share of the model's entities the candidate "
                                                              "answers, chosen by a hash of their id")]
 
@@ -476,7 +478,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                          on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
         rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)
-        app.state.tracer.rollouts = app.state.sessions.rollouts = rollouts
+        shadow_workers = []
+        for task in (app.state.tracer, app.state.sessions):
+            task.rollouts = rollouts
+            task.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
+            shadow_workers.append(asyncio.create_task(task.run_shadows(settings.shadow_queue)))
         await rollouts.start(lambda current: registry.set_serving({m: r.serving for m, r in current.items()}))
         # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
         app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)
@@ -484,6 +490,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         await app.state.fleet.close()
         await rollouts.close()
+        for worker in shadow_workers:
+            worker.cancel()
+        await asyncio.gather(*shadow_workers, return_exceptions=True)
         await quality.close()
         await engines.close()
         await banks.close()

@@ -20,8 +20,10 @@ rows, how its blob is laid out, and what it answers. What they share lives here:
   when the task passes a combined graph (step_predict, step_recommend): one call instead of two.
 """
 
+import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -29,10 +31,12 @@ import numpy as np
 
 from .errors import OutcomeUnknown, StoreUnavailable, UnknownModel
 from .registry import LoadedModel, ModelRegistry
-from .rollouts import Rollouts
+from .rollouts import Rollouts, in_fraction
 from .runtime import Engines
 from .state import LogRow, StateStore, StoredState
 from .writes import Writers, batched, unapplied
+
+log = logging.getLogger(__name__)
 
 
 def operation(method):
@@ -83,6 +87,8 @@ class StatefulTask:
         self.writers = Writers(cas_retries, on_retry)
 
     rollouts: Rollouts | None = None  # a canary's candidate answers the entities in its fraction (rollouts.py)
+    shadows: asyncio.Queue | None = None  # (model, candidate version, entity, events) for a shadow to follow
+    on_shadow: Callable[[str, str], None] = staticmethod(lambda model, outcome: None)  # (model, done/dropped/failed)
 
     def model(self, name: str, entity: str | None = None) -> LoadedModel:
         """The version that answers `name` (a pinned `name@version` as named); for an entity, the candidate of a
@@ -110,6 +116,51 @@ class StatefulTask:
         start = stored.logged if stored.exists else 0
         rows = rows[max(start - base, 0):max(stored.total - base, 0)]  # (the log may have moved since: the CAS says)
         return Behind(rows, max(base - start, 0))
+
+    def shadow(self, model: LoadedModel, entity: str, written: StoredState, events: int) -> None:
+        """After a write (`written`) that logged `events` events for an entity through the serving `model`: when a
+        shadow rollout covers the entity, queue its candidate to follow (`follow_log`), off the request path, scoring
+        from the first of those events on; a full queue drops the turn (counted): the candidate catches up unscored
+        on its next one."""
+        rollout = self.rollouts.current.get(model.name) if self.rollouts is not None else None
+        if (rollout is None or rollout.mode != "shadow" or rollout.candidate in (None, model.version) or not events
+                or self.shadows is None or not in_fraction(model.name, entity, rollout.fraction)):
+            return
+        try:
+            self.shadows.put_nowait((model.name, rollout.candidate, entity, written.total - events))
+        except asyncio.QueueFull:
+            self.on_shadow(model.name, "dropped")
+
+    async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
+        """A shadow's turn: the entity's state for `model` caught up with its log and stored, the logged events from
+        log position `since` on scored for live quality (role "shadow"; those before it are folded unscored). Whether
+        it was stored (or already current)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _split(stored: StoredState, behind: Behind, since: int) -> int:
+        """How many of the rows a state lacks come before log position `since` (folded unscored)."""
+        first = max(stored.logged if stored.exists else 0, stored.base)  # the log position of behind.rows[0]
+        return min(len(behind.rows), max(0, since - first))
+
+    async def run_shadows(self, size: int) -> None:
+        """The shadow worker: follows what `shadow` queues, one at a time, until cancelled."""
+        self.shadows = asyncio.Queue(maxsize=size)
+        while True:
+            name, version, entity, since = await self.shadows.get()
+            try:
+                model = self.registry.get(name, version, task=self.TASK)
+                for _ in range(3):  # (another write came first: again, from the log as it is now)
+                    if await self.follow_log(model, entity, since):
+                        break
+                self.on_shadow(name, "done")
+            except asyncio.CancelledError:
+                raise
+            except UnknownModel:  # the candidate was withdrawn meanwhile
+                self.on_shadow(name, "failed")
+            except Exception:
+                log.exception("shadow %s@%s did not follow %r", name, version, entity)
+                self.on_shadow(name, "failed")
 
     def role(self, model: LoadedModel) -> str:
         """What a version is to its model now: "canary" (a rollout's candidate), else "serving"."""

@@ -238,6 +238,31 @@ class KnowledgeTracer(StatefulTask):
             state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=False)}
         return state, outputs, np.array(before)
 
+    async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
+        key, schema = self.key(model, entity), self.schema(model)
+        bank = await self.banks.current(model)
+        stored = await self.store.get(key, schema=schema)
+        behind = await self.behind(key, stored)
+        if stored.behind <= 0:
+            return True
+        state, _ = await self._decode(model, stored, bank)
+        split = self._split(stored, behind, since)
+        state, said = await self._catch_up(model, state, Behind(behind.rows[:split], behind.missing), bank)
+        events = [logged_event(row) for row in behind.rows[split:]]
+        known = [i for i, e in enumerate(events) if e.question_id in model._index and e.response < model.n_cats]
+        questions = model.index([events[i].question_id for i in known]) if known else np.zeros(0, np.int64)
+        responses = np.array([events[i].response for i in known], dtype=np.int64)
+        before = None
+        if known:
+            state, _, before = await self._fold_scored(model, state, questions, responses, list(range(len(known))),
+                                                       None, bank)
+        written = await self.store.compare_and_set(key, stored.version, self._blob(model, state, bank),
+                                                   said["rebuilt_from_events"] + len(known), schema=schema,
+                                                   expected_total=stored.total)
+        if written is not None and before is not None and self.quality is not None:
+            self.quality.record(model.name, model.version, before, responses, "shadow")
+        return written is not None
+
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, said = await self._state(model, entity, await self.banks.current(model))
         return said["rebuilt_from_events"], stored.behind == 0
@@ -277,6 +302,7 @@ class KnowledgeTracer(StatefulTask):
                 nonlocal outputs
                 if before is not None:  # (once: the attempt that was written)
                     self.quality.record(model.name, model.version, before, responses[fresh], self.role(model))
+                self.shadow(model, student_id, written, len(fresh))
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state
                     outputs = await self._predict(model, state, predict_index, bank)
                 return {"student_id": student_id, "model": model.name, "version": model.version,

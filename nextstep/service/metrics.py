@@ -48,6 +48,8 @@ class Metrics:
                                             live, registry=r)
         self.live_hits = Counter("nextstep_live_hits_total", "sessions: clicks on an item ranked within the first k "
                                  "(k: 1, 5, 10, 20) of the list recommended before", [*live, "k"], registry=r)
+        self.shadow = Counter("nextstep_shadow_total", "shadow turns by model and outcome (done; dropped: the queue "
+                              "was full; failed)", ["model", "outcome"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
         self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request
         self.in_flight.set_function(lambda: self.serving)

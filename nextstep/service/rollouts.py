@@ -9,6 +9,9 @@ A rollout is kept per model in one Redis hash shared by the fleet, one field per
 * with a `candidate` in mode `canary`, an entity (learner, session, user) whose hash falls below `fraction` gets the
   candidate instead: `in_fraction` hashes the model name and the entity id (BLAKE2b), so the same entity gets the
   same version on every replica and every request, and raising the fraction only adds entities;
+* in mode `shadow`, the candidate answers no one: after each write through the serving version for an entity in
+  the fraction, the candidate's own state of that entity follows the event log (a bounded queue, off the request
+  path: core.StatefulTask.shadow), scoring the new events for live quality (role "shadow");
 * `promote` makes the candidate the serving version for everyone; `abort` drops the candidate.
 
 Every replica reads the hash every `refresh_seconds` (NEXTSTEP_RELOAD_REFRESH_SECONDS) in a background task and
@@ -32,7 +35,7 @@ from .errors import StoreUnavailable
 from .redis_clients import Client
 
 log = logging.getLogger(__name__)
-MODES = ("canary",)
+MODES = ("canary", "shadow")
 
 
 @dataclass(frozen=True)

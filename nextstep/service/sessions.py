@@ -136,6 +136,7 @@ class SessionRecommender(StatefulTask):
             async def answer(written: StoredState) -> dict:
                 if ranks:  # (once: the attempt that was written)
                     self.quality.record_ranks(model.name, model.version, ranks, self.role(model))
+                self.shadow(model, session_id, written, len(fresh))
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
                           "events_skipped": len(clicks) - len(fresh) - unknown, "unknown_items_skipped": unknown,
@@ -212,6 +213,28 @@ class SessionRecommender(StatefulTask):
             stored = await self.store.compare_and_set(key, stored.version, self._encode(model, state, seen), caught,
                                                       schema=self.schema(model), expected_total=stored.total) or stored
         return stored, state, seen, caught
+
+    async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
+        key, schema = self.key(model, entity), self.schema(model)
+        stored = await self.store.get(key, schema=schema)
+        if stored.behind <= 0:
+            return True
+        behind = await self.behind(key, stored)
+        state, seen = self._decode(model, stored)
+        split = self._split(stored, behind, since)
+        state, seen, caught = await self._catch_up(model, state, seen, Behind(behind.rows[:split], behind.missing))
+        clicks = [Click(row.payload.decode()) for row in behind.rows[split:]]
+        fresh = [r for r in self._rows(model, clicks, "skip", "") if r is not None]
+        ranks: list[float] = []
+        if fresh:
+            state, _, ranks = await self._fold_scored(model, state, stored.events + caught > 0, fresh, None)
+            for row in fresh:
+                seen = _remember(seen, row)
+        written = await self.store.compare_and_set(key, stored.version, self._encode(model, state, seen),
+                                                   caught + len(fresh), schema=schema, expected_total=stored.total)
+        if written is not None and ranks and self.quality is not None:
+            self.quality.record_ranks(model.name, model.version, ranks, "shadow")
+        return written is not None
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, _, caught = await self._current(model, entity)

@@ -109,6 +109,10 @@ class Settings(BaseSettings):
     # reload (the newest version serves); `manual` loads and validates it but serves it to no one until a rollout
     # names it (PUT /v1/models/{model}/rollout, then promote)
     new_versions: str = Field(default="auto", pattern="^(auto|manual)$")
+    # a shadow rollout's candidate follows each learner's log off the request path, through a queue of this many
+    # learners per task; when it is full a learner is skipped (nextstep_shadow_total{outcome="dropped"}) and caught up
+    # unscored on its next turn
+    shadow_queue: int = Field(default=1_000, ge=1)
     # how far ahead of the server's clock a time from a client may be (srs review times, event timestamps; a query's
     # time may be any): a day lets a device clock a time zone or a date off still sync, and a review taken at the
     # limit holds that user's later reviews (which must not be older) back for at most a day

@@ -5,6 +5,7 @@ sharing one Redis; promote and abort; no learner loses history. Real HTTP, real 
 import time
 
 import httpx
+import numpy as np
 
 from nextstep.service.rollouts import in_fraction
 from nextstep.service.settings import Settings
@@ -59,7 +60,7 @@ def test_manual_versions_wait_then_a_canary_a_promotion_and_an_abort_on_two_repl
         assert a.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "fraction": 0.6}).status_code == 200
         wider = {e for e, v in versions(a).items() if v == "2"}
         assert canary < wider  # only added
-        quality = a.get("/v1/models/deep_gpcm/quality").json()["versions"]
+        quality = b.get("/v1/models/deep_gpcm/quality").json()["versions"]  # (b scored it: flushed by its read)
         assert {q["version"]: q["role"] for q in quality} == {"1": "serving", "2": "canary"}
         assert next(q for q in quality if q["version"] == "2")["scored"] == 1
 
@@ -90,3 +91,39 @@ def test_rollouts_need_manual_new_versions(tmp_path, serve):
         assert http.get("/v1/models/deep_gpcm/rollout").json()["serving"] == "2"  # auto: the newest serves
         reply = http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "fraction": 0.5})
         assert reply.status_code == 422 and "NEXTSTEP_NEW_VERSIONS=manual" in reply.json()["detail"]
+
+
+def test_a_shadow_follows_every_learner_without_answering_and_is_scored_on_the_same_events(
+        tmp_path, redis_url, serve):
+    """Issue 35, part 4: a 100% shadow of version 2: every answer is version 1's; version 2's own state of each
+    learner follows their log off the request path (a pinned read of it then rebuilds nothing and equals its replay);
+    /quality scores both versions on the same events."""
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+    history = learner_events(8, 6, seed=3)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        assert http.get("/v1/models/deep_gpcm/rollout").json()["serving"] == "2"  # (both new at start: the newest)
+        assert http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "mode": "shadow",
+                                                              "fraction": 1.0}).status_code == 200
+        for learner, events in history.items():
+            for part in (events[:2], events[2:]):
+                reply = http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": part})
+                assert reply.json()["version"] == "2"  # the shadow never answers
+        deadline = time.monotonic() + 10
+        while True:
+            quality = {q["version"]: q for q in http.get("/v1/models/deep_gpcm/quality").json()["versions"]}
+            if quality["1"]["scored"] == 48 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert (quality["2"]["role"], quality["2"]["scored"]) == ("serving", 48)
+        assert (quality["1"]["role"], quality["1"]["scored"]) == ("shadow", 48)
+        assert quality["1"]["log_loss"] != quality["2"]["log_loss"]
+        for learner, events in history.items():
+            shadowed = http.post("/v1/kt/deep_gpcm@1/predict", json={"student_id": learner, "question_ids": ["3"]})
+            assert shadowed.json()["rebuilt_from_events"] == 0  # its state followed the log
+            replay = http.post("/v1/kt/deep_gpcm@1/batch", json={"students": [
+                {"student_id": "x", "events": events, "predict_question_ids": ["3"]}]}).json()
+            np.testing.assert_allclose(shadowed.json()["predictions"][0]["probabilities"],
+                                       replay["students"][0]["predictions"][0]["probabilities"], atol=1e-5)
+        assert 'nextstep_shadow_total{model="deep_gpcm",outcome="done"} 16.0' in http.get("/metrics").text
