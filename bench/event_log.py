@@ -10,6 +10,9 @@ path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and
     rebuild    learners with 200 and 1,000 logged events (through version 1); the first predict through version
                2 folds them all in (one step graph call each) and stores the state: its median time over --learners
                learners, against a predict on a state already up to date
+    migrate    --migrate-learners learners of 50 events through version 1, then every page of a migration to
+               version 2 (KnowledgeTracer.migrate, as `nextstep states migrate` runs it): learners and events a second
+    export     every learner above written by the event export (the long CSV, gzipped): events a second
 
     python bench/event_log.py [--learners 5] [--json OUT]
 
@@ -70,7 +73,7 @@ async def measure(args, work: Path, redis_port: int) -> dict:
         sizes = {k.decode().rsplit("}", 1)[1] or "(meta)": raw.memory_usage(k, samples=0) for k in keys}
         return {"keys": sizes, "total": sum(sizes.values())}
 
-    out = {"bytes": {}, "rebuild": {}}
+    out = {"bytes": {}, "rebuild": {}, "migrate": {}, "export": {}}
     try:
         for n in (200, 10_000):
             await feed(f"bytes{n}", n)
@@ -98,6 +101,36 @@ async def measure(args, work: Path, redis_port: int) -> dict:
             print(f"  rebuild of {n:5d} events: first predict through version 2, median "
                   f"{out['rebuild'][n]['median_ms']:.1f} ms ({args.learners} learners); then "
                   f"{out['rebuild'][n]['up_to_date_median_ms']:.2f} ms")
+        # migrate: --migrate-learners learners of 50 events through version 1, then every page to version 2
+        n_learners, n_events = args.migrate_learners, 50
+        for k in range(n_learners):
+            qs, rs = rng.integers(0, len(questions), n_events), rng.integers(0, 2, n_events)
+            await tracer.absorb("deep_gpcm@1", f"migrate-{k}", [Event(questions[qs[i]], int(rs[i]))
+                                                                for i in range(n_events)])
+        target = registry.get("deep_gpcm", "2")
+        t0 = time.perf_counter()
+        cursor, rebuilt, folded = "0", 0, 0
+        while True:
+            page = await tracer.migrate(target, cursor, 500)
+            rebuilt, folded = rebuilt + page["rebuilt"], folded + page["events"]
+            cursor = page["cursor"]
+            if page["done"]:
+                break
+        seconds = time.perf_counter() - t0
+        out["migrate"] = {"learners_rebuilt": rebuilt, "events_folded": folded, "seconds": seconds,
+                          "learners_per_second": rebuilt / seconds, "events_per_second": folded / seconds}
+        print(f"  migrate to version 2: {rebuilt} learners ({n_learners} of {n_events} events, and the bytes "
+              f"learners), {folded} events in {seconds:.1f} s: {rebuilt / seconds:.0f} learners/s, "
+              f"{folded / seconds:.0f} events/s")
+        from nextstep.service.event_export import export_events
+
+        t0 = time.perf_counter()
+        exported = await export_events(store, "knowledge_tracing", "deep_gpcm", work / "export", test_fraction=0.2)
+        seconds = time.perf_counter() - t0
+        events = sum(exported["events"].values())
+        out["export"] = {**exported, "events_per_second": events / seconds}
+        print(f"  export: {sum(exported['entities'].values())} learners, {events} events in {seconds:.1f} s "
+              f"({events / seconds:.0f} events/s)")
     finally:
         await engines.close()
         await store.close()
@@ -118,6 +151,7 @@ def run(args, work: Path, procs) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--learners", type=int, default=5, help="learners per rebuild size (default 5)")
+    parser.add_argument("--migrate-learners", type=int, default=500, help="learners migrated (default 500)")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
     if shutil.which("redis-server") is None:
