@@ -82,15 +82,13 @@ def test_migrate_and_export_cover_every_primary(tmp_path, redis_cluster, serve):
     """The migrate route's walk and the event export reach the learners on each of the three primaries."""
     from nextstep.service.event_export import export_events
     from nextstep.training.data import read_long_csv
-    from tests.service.test_upgrades import add_version, learner_events
+    from tests.service.test_upgrades import add_version, learner_events, send
 
     add_version(tmp_path, "deep_gpcm", "1", 2026)
     learners = learner_events(30, 4)
     with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_cluster.url)) as url, \
             httpx.Client(base_url=url, timeout=30) as http:
-        for learner, events in learners.items():
-            assert http.post(f"/v1/kt/{MODEL}/events", json={"student_id": learner, "events": events}).status_code \
-                == 200
+        send(http, learners)
         add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
         assert http.post("/v1/models/reload").status_code == 200
         cursor, rebuilt, cursors = "0", 0, set()

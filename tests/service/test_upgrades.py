@@ -114,6 +114,13 @@ def learner_events(n_learners: int, n_events: int, seed: int = 1) -> dict[str, l
             for i in range(n_learners)}
 
 
+def send(http: httpx.Client, learners: dict[str, list[dict]], model: str = "deep_gpcm") -> None:
+    """Each learner's events through POST /v1/kt/{model}/events, one request per learner."""
+    for learner, events in learners.items():
+        reply = http.post(f"/v1/kt/{model}/events", json={"student_id": learner, "events": events})
+        assert reply.status_code == 200, reply.text
+
+
 def test_migrate_brings_every_learner_to_the_new_version_a_page_at_a_time(tmp_path, store_url, serve):
     """POST /v1/models/{model}/migrate, a page per call, rebuilds every learner's state for version 2 from their log;
     after it their first request rebuilds nothing, and answers as version 2 replaying their history; a second walk
@@ -123,9 +130,7 @@ def test_migrate_brings_every_learner_to_the_new_version_a_page_at_a_time(tmp_pa
     learners = learner_events(7, 12)
     with serve(Settings(artifacts_dir=tmp_path, redis_url=store_url)) as url, \
             httpx.Client(base_url=url, timeout=30) as http:
-        for learner, events in learners.items():
-            assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": events}).status_code \
-                == 200
+        send(http, learners)
         add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
         assert http.post("/v1/models/reload").status_code == 200
 
@@ -168,9 +173,7 @@ def test_states_migrate_command_before_the_version_serves(tmp_path, redis_url, s
     learners = learner_events(5, 9)
     with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_url)) as url, \
             httpx.Client(base_url=url, timeout=30) as http:
-        for learner, events in learners.items():
-            assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": events}).status_code \
-                == 200
+        send(http, learners)
         add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
         monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_url)
         monkeypatch.setenv("NEXTSTEP_ARTIFACTS_DIR", str(tmp_path))
@@ -204,9 +207,7 @@ def test_events_export_writes_what_training_reads(tmp_path, redis_url, serve, mo
                 for i in range(6)}
     with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_url)) as url, \
             httpx.Client(base_url=url, timeout=30) as http:
-        for learner, events in learners.items():
-            assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": events}).status_code \
-                == 200
+        send(http, learners)
         for session, clicks in sessions.items():
             assert http.post("/v1/sessions/gru4rec/events", json={"session_id": session, "events": clicks}) \
                 .status_code == 200
