@@ -483,7 +483,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             task.rollouts = rollouts
             task.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
             shadow_workers.append(asyncio.create_task(task.run_shadows(settings.shadow_queue)))
-        await rollouts.start(lambda current: registry.set_serving({m: r.serving for m, r in current.items()}))
+        # (in a thread: set_serving waits for a reload in progress, which takes seconds)
+        await rollouts.start(lambda current: asyncio.to_thread(
+            registry.set_serving, {m: r.serving for m, r in current.items()}))
         # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
         app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)
         await app.state.fleet.start(lambda: reload_models(app))

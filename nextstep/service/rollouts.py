@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
 from .errors import StoreUnavailable
@@ -66,7 +66,7 @@ class Rollouts:
         self.client, self.refresh, self.clock = client, refresh_seconds, clock
         self.key = f"{key_prefix}:{{rollouts}}"
         self.current: dict[str, Rollout] = {}  # this process's view: model -> rollout
-        self._apply: Callable[[dict[str, Rollout]], None] = lambda _: None
+        self._apply: Callable[[dict[str, Rollout]], Awaitable[None]] | None = None
         self._task: asyncio.Task | None = None
 
     async def _read(self) -> dict[str, Rollout]:
@@ -83,17 +83,18 @@ class Rollouts:
                 log.error("rollout of %s in Redis is not one this version reads: ignored", name)
         return out
 
-    def _use(self, rollouts: dict[str, Rollout]) -> None:
+    async def _use(self, rollouts: dict[str, Rollout]) -> None:
         self.current = rollouts
-        self._apply(rollouts)
+        if self._apply is not None:
+            await self._apply(rollouts)
 
-    async def start(self, apply: Callable[[dict[str, Rollout]], None]) -> None:
-        """Read the rollouts, apply them (`apply(model -> rollout)`), and follow them in the background."""
+    async def start(self, apply: Callable[[dict[str, Rollout]], Awaitable[None]]) -> None:
+        """Read the rollouts, apply them (`await apply(model -> rollout)`), and follow them in the background."""
         self._apply = apply
         if self.client is None:
             return
         with contextlib.suppress(StoreUnavailable):
-            self._use(await self._read())
+            await self._use(await self._read())
         self._task = asyncio.create_task(self._follow(), name="nextstep-rollouts")
 
     async def _follow(self) -> None:
@@ -109,7 +110,7 @@ class Rollouts:
                 log.exception("rollouts not followed; trying again in %g s", self.refresh)
                 continue
             if rollouts != self.current:
-                self._use(rollouts)
+                await self._use(rollouts)
 
     async def put(self, model: str, rollout: Rollout | None) -> None:
         """Store a model's rollout (None: remove it) for the fleet, and apply it here at once."""
@@ -121,7 +122,7 @@ class Rollouts:
             await self.client.execute("rollouts", (command,), idempotent=False, write=True)
         rollouts = {**self.current, model: rollout} if rollout is not None else \
             {k: v for k, v in self.current.items() if k != model}
-        self._use(rollouts)
+        await self._use(rollouts)
 
     def version_for(self, model: str, entity: str) -> str | None:
         rollout = self.current.get(model)
