@@ -56,6 +56,7 @@ class Metrics:
         # labelled children, looked up once per label set (labels() costs a lock and a dict lookup per call)
         self._request_children: dict[tuple, tuple] = {}
         self._batch_children: dict[tuple, tuple] = {}
+        self._live_children: dict[tuple, object] = {}
         self._models: frozenset[str] = frozenset()  # names a `model` label may take
 
     def set_models(self, models) -> None:
@@ -83,22 +84,26 @@ class Metrics:
         children[1].observe(seconds)
 
     def on_live_scores(self, key: tuple[str, str, str], fields: dict[str, float]) -> None:
-        """A batch of live scores (quality.fields_of: n, ll, br and per fine bucket p<b> / q<b>)."""
+        """A batch of live scores (quality.fields_of: n, ll, br and per fine bucket p<b> / q<b>; ranking_fields:
+        n, rr, h<k>). Each labelled child is looked up once (this runs on every request)."""
+        children = self._live_children
+        for name, value in fields.items():
+            child = children.get((key, name))
+            if child is None:
+                child = children[(key, name)] = self._live_child(key, name)
+            child.inc(value)
+
+    def _live_child(self, key: tuple[str, str, str], name: str):
         from .quality import BINS
 
-        self.live_scored.labels(*key).inc(fields["n"])
-        if "rr" in fields:  # clicks (sessions)
-            self.live_reciprocal_rank.labels(*key).inc(fields["rr"])
-            for name, count in fields.items():
-                if name[0] == "h":
-                    self.live_hits.labels(*key, name[1:]).inc(count)
-            return
-        self.live_log_loss.labels(*key).inc(fields["ll"])
-        self.live_brier.labels(*key).inc(fields["br"])
-        for name, count in fields.items():
-            if name[0] in "pq" and name[1:].isdigit():
-                tenth = str(min(9, int(name[1:]) * 10 // BINS))
-                self.live_buckets.labels(*key, tenth, "1" if name[0] == "p" else "0").inc(count)
+        if name == "n":
+            return self.live_scored.labels(*key)
+        if name in ("ll", "br", "rr"):
+            return {"ll": self.live_log_loss, "br": self.live_brier, "rr": self.live_reciprocal_rank}[name].labels(*key)
+        if name[0] == "h":
+            return self.live_hits.labels(*key, name[1:])
+        tenth = str(min(9, int(name[1:]) * 10 // BINS))
+        return self.live_buckets.labels(*key, tenth, "1" if name[0] == "p" else "0")
 
     def on_batch(self, model_name: str, graph: str, rows: int, seconds: float) -> None:
         children = self._batch_children.get((model_name, graph))

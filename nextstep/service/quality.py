@@ -62,14 +62,19 @@ def event_scores(probs: np.ndarray, responses: np.ndarray) -> dict[str, np.ndarr
 
 
 def fields_of(probs: np.ndarray, responses: np.ndarray) -> dict[str, float]:
-    """The sums one batch of scored events adds: n, ll, br, and per bucket b: p<b> (full credit) and q<b> (not)."""
-    s = event_scores(probs, responses)
-    bins = np.minimum((s["p_full"] * BINS).astype(np.int64), BINS - 1)
-    out: dict[str, float] = {"n": float(len(bins)), "ll": float(s["log_loss"].sum()), "br": float(s["brier"].sum())}
-    for b, full in zip(bins.tolist(), s["full"].tolist(), strict=True):
-        name = f"{'p' if full else 'q'}{b}"
+    """The sums one batch of scored events adds: n, ll, br, and per bucket b: p<b> (full credit) and q<b> (not).
+    (`event_scores`' figures, in plain Python: a request scores a few events, for which numpy's per-call cost is
+    most of the work; it runs on every request.)"""
+    rows, observed = np.asarray(probs, dtype=np.float64).tolist(), np.asarray(responses).tolist()
+    top = len(rows[0]) - 1 if rows else 0
+    log_loss = brier = 0.0
+    out: dict[str, float] = {}
+    for p, r in zip(rows, observed, strict=True):
+        log_loss -= math.log(max(p[r], EPS))
+        brier += sum(x * x for x in p) - 2.0 * p[r] + 1.0
+        name = f"{'p' if r == top else 'q'}{min(int(p[top] * BINS), BINS - 1)}"
         out[name] = out.get(name, 0.0) + 1.0
-    return out
+    return {"n": float(len(observed)), "ll": log_loss, "br": brier, **out}
 
 
 HIT_KS = (1, 5, 10, 20)  # sessions: the hit rates kept (a click ranked within the first k recommended)
@@ -78,9 +83,9 @@ HIT_KS = (1, 5, 10, 20)  # sessions: the hit rates kept (a click ranked within t
 def ranking_fields(ranks: np.ndarray) -> dict[str, float]:
     """The sums a batch of scored clicks adds: n, rr (reciprocal ranks; 0 for a click not in the list) and h<k>
     (clicks ranked within the first k), from 1-based ranks (inf: not recommended)."""
-    ranks = np.asarray(ranks, dtype=np.float64)
-    out = {"n": float(len(ranks)), "rr": float(np.where(np.isfinite(ranks), 1.0 / ranks, 0.0).sum())}
-    out.update({f"h{k}": float((ranks <= k).sum()) for k in HIT_KS})
+    ranks = [float(r) for r in ranks]
+    out = {"n": float(len(ranks)), "rr": sum(1.0 / r for r in ranks if math.isfinite(r))}
+    out.update({f"h{k}": float(sum(r <= k for r in ranks)) for k in HIT_KS})
     return out
 
 
@@ -140,7 +145,7 @@ class Quality:
     def record_ranks(self, model: str, version: str, ranks: list[float], role: str = "serving") -> None:
         """Clicks: where each clicked item stood in the list recommended before it (1-based; inf: not in it)."""
         if ranks:
-            self._record((model, version, role), ranking_fields(np.array(ranks)))
+            self._record((model, version, role), ranking_fields(ranks))
 
     def _record(self, key: Key, fields: dict[str, float]) -> None:
         _add(self._pending[key], fields)
