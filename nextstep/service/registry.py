@@ -105,15 +105,14 @@ class LoadedModel:
     banks: dict | None = None  # SimAKT: the manifest's `banks` (heads, inputs, keys, explain, default, dir); with
     # heads, predict and step_predict take the projected banks (`keys`) and bank_project makes them from `inputs`
     _index: dict[str, int] = field(init=False, repr=False)
-    # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section counts the
-    # training interactions given through it; an artifact trained before it had none: row 1 is then untrained)
+    # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section says so:
+    # `answers`; an artifact trained before that section existed has an untrained row 1)
     unknown_row: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self._index = {qid: i + 2 for i, qid in enumerate(self.ids)}
         unknown = self.manifest.get("unknown")
-        self.unknown_row = isinstance(unknown, dict) and isinstance(unknown.get("interactions"), int) \
-            and unknown["interactions"] > 0
+        self.unknown_row = isinstance(unknown, dict) and unknown.get("answers") is True
 
     def rows(self, ids: Sequence[str | int]) -> tuple[np.ndarray, list[int]]:
         """(model indices of external ids with every unknown id at the unknown row 1, the positions of those ids)."""

@@ -785,9 +785,11 @@ def hide_ids(rows: list[np.ndarray], share: float, seed: int) -> list[np.ndarray
     return out
 
 
-def unknown_record(vocab_ids: int, seen_ids: int, min_count: int, share: float, rows: list[np.ndarray]) -> dict:
+def unknown_record(vocab_ids: int, seen_ids: int, min_count: int, share: float, rows: list[np.ndarray],
+                   answers: bool | None = None) -> dict:
     """The manifest's `unknown` section: how the unknown row (1) was trained. `interactions` is the number of fitting
-    interactions given through it; 0 means the row is untrained (the service then refuses unknown ids, 422)."""
-    return {"row": Vocabulary.UNKNOWN, "min_count": min_count, "share": share,
-            "rare_ids": seen_ids - vocab_ids, "interactions": int(sum(int((r == Vocabulary.UNKNOWN).sum())
-                                                                      for r in rows))}
+    interactions given through it; `answers` whether the service may answer an id the model never saw through it:
+    by default when it was trained (interactions > 0; else the service refuses unknown ids, 422)."""
+    interactions = int(sum(int((r == Vocabulary.UNKNOWN).sum()) for r in rows))
+    return {"row": Vocabulary.UNKNOWN, "min_count": min_count, "share": share, "rare_ids": seen_ids - vocab_ids,
+            "interactions": interactions, "answers": interactions > 0 if answers is None else answers}

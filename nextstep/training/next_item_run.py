@@ -78,10 +78,13 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
     # items clicked fewer than min_item_count times share the unknown row (1), and a seeded unknown_share of the
     # training clicks go through it: the row then stands for an item added after training (never recommended)
     vocab = Vocabulary.build(train.items, min_count=cfg.min_item_count)
+    # (popularity's answer does not depend on the clicks: nothing to hide, and an unknown click changes nothing)
+    counts_only = model_name == "popularity"
+    share = 0.0 if counts_only else cfg.unknown_share
     train_enc = train.encode(vocab, drop_unknown=False)
-    train_enc.items = hide_ids([train_enc.items], cfg.unknown_share, cfg.seed)[0]
-    unknown = unknown_record(len(vocab.ids), len(np.unique(train.items)), cfg.min_item_count, cfg.unknown_share,
-                             [train_enc.items])
+    train_enc.items = hide_ids([train_enc.items], share, cfg.seed)[0]
+    unknown = unknown_record(len(vocab.ids), len(np.unique(train.items)), cfg.min_item_count, share,
+                             [train_enc.items], answers=True if counts_only else None)
     test_enc = encode_eval(test, vocab, train.items)
     if not (test_enc.lengths() > 1).any():  # checked before training, which would be wasted
         raise ValueError(f"{test.path}: no session there has two clicks on items the training data has, so there is "

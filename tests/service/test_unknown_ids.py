@@ -23,6 +23,8 @@ from nextstep.training.run import load_model, train_model
 from nextstep.training.sessions import write_gru4rec_tsv, zipf_sessions
 from nextstep.training.synthetic import write_gpcm_dataset
 
+pytestmark = pytest.mark.slow  # trains three tiny models (make test-all)
+
 DEMO = Path(nextstep.__file__).parent / "demo_artifacts"
 TINY = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8, "irt_init": False}
 
