@@ -760,7 +760,8 @@ class Vocabulary:
 # ----------------------------------------------------------------------------- the unknown row
 
 MIN_COUNT = 5  # an id seen fewer times than this in the fitting data shares the unknown row (docs/decisions.md)
-UNKNOWN_SHARE = 0.01  # and this share of the fitting interactions is given as unknown, so the row always trains
+UNKNOWN_SHARE = 0.05  # and this share of the fitting interactions is given as unknown, so the row always trains
+ITEM_UNKNOWN_SHARE = 0.01  # the same for next-item clicks (not validated: the smaller share, docs/decisions.md)
 
 
 def check_unknown_options(min_count, share) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from ..models.gru4rec import GRU4Rec, GRU4RecConfig
 from ..models.next_item import Markov, NextItemModel, Popularity
-from .data import UNKNOWN_SHARE, Vocabulary, check_unknown_options, fingerprint, hide_ids, unknown_record
+from .data import ITEM_UNKNOWN_SHARE, Vocabulary, check_unknown_options, fingerprint, hide_ids, unknown_record
 from .export import load_weights
 from .families import family, restore
 from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
@@ -36,7 +36,7 @@ class CountConfig:
     width: int = 100
     seed: int = 0
     min_item_count: int = 1
-    unknown_share: float = UNKNOWN_SHARE
+    unknown_share: float = ITEM_UNKNOWN_SHARE
 
     def __post_init__(self):
         check_unknown_options(self.min_item_count, self.unknown_share)
