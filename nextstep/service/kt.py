@@ -145,11 +145,13 @@ class KnowledgeTracer(StatefulTask):
         self.on_unknown = on_unknown  # (model, count): ids answered by the unknown row (a metric)
 
     def _rows(self, model: LoadedModel, ids: list[str], field: str) -> tuple[np.ndarray, list[int]]:
-        """question_rows under this service's setting; the ids answered by the unknown row are counted."""
-        index, unknown = question_rows(model, ids, field, self.unknown_questions)
-        if unknown and self.on_unknown is not None:
-            self.on_unknown(model, len(unknown))
-        return index, unknown
+        """question_rows under this service's setting."""
+        return question_rows(model, ids, field, self.unknown_questions)
+
+    def _count(self, model: LoadedModel, n: int) -> None:
+        """`n` ids answered through the unknown row (once the answer is made: a refused request counts none)."""
+        if n and self.on_unknown is not None:
+            self.on_unknown(model, n)
 
     @staticmethod
     def _bank_version(model: LoadedModel, bank: Bank | None) -> dict:
@@ -255,8 +257,7 @@ class KnowledgeTracer(StatefulTask):
                      predict_ids: list[str] | None = None, explain: bool = False) -> dict:
         """Apply events in order (skipping replayed ids) and optionally predict afterwards, in one round trip."""
         model = self.model(model_name)
-        questions, unknown = question_rows(model, [e.question_id for e in events], "events[].question_id",
-                                           self.unknown_questions)
+        questions, unknown = self._rows(model, [e.question_id for e in events], "events[].question_id")
         responses = self._responses(model, events)
         predict_index, predict_unknown = self._rows(model, predict_ids, "predict_question_ids[]") if predict_ids \
             else (None, [])
@@ -277,8 +278,7 @@ class KnowledgeTracer(StatefulTask):
 
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
-                if fresh_unknown and self.on_unknown is not None:  # (once: the attempt that was written)
-                    self.on_unknown(model, len(fresh_unknown))
+                self._count(model, len(fresh_unknown) + len(predict_unknown))  # (once: the attempt written)
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state
                     outputs = await self._predict(model, state, predict_index, bank)
                 return {"student_id": student_id, "model": model.name, "version": model.version,
@@ -306,6 +306,7 @@ class KnowledgeTracer(StatefulTask):
         bank = await self.banks.current(model)
         stored, state, said = await self._state(model, student_id, bank)
         outputs = await self._predict(model, state, index, bank)
+        self._count(model, len(unknown))
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 **self._bank_version(model, bank), "state_version": stored.version, "events_total": stored.events,
                 **said, "predictions": predictions(model, question_ids, outputs, unknown),
@@ -338,6 +339,7 @@ class KnowledgeTracer(StatefulTask):
         ranked = [{"question_id": candidates[i], "score": float(scores[i]),
                    **({"theta": float(outputs[1][i])} if with_irt else {}),
                    **({"known": False} if i in unknown else {})} for i in order[:k]]
+        self._count(model, len(unknown))
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 **self._bank_version(model, bank), "strategy": strategy, "state_version": stored.version, **said,
                 "items": ranked}
@@ -371,7 +373,7 @@ class KnowledgeTracer(StatefulTask):
         model = self.model(model_name)
         bank = await self.banks.current(model)
         shared = bank.kv if bank else None
-        results = []
+        results, answered_unknown = [], 0
         for s, (student_id, events, predict_ids) in enumerate(students):
             try:
                 questions, unknown = self._rows(model, [e.question_id for e in events], "events[].question_id")
@@ -381,6 +383,7 @@ class KnowledgeTracer(StatefulTask):
             index, predict_unknown = self._rows(model, predict_ids, f"students[{s}].predict_question_ids[]") \
                 if predict_ids else (None, [])
             unknown = set(unknown)
+            answered_unknown += len(unknown) + len(predict_unknown)
             state, per_event, outputs = model.initial_state, [], None
             if events:
                 outputs = await self._predict(model, state, questions[:1], bank)
@@ -398,5 +401,6 @@ class KnowledgeTracer(StatefulTask):
                 final = predictions(model, predict_ids, outputs, predict_unknown)
             results.append({"student_id": student_id, "events": len(events), "event_predictions": per_event,
                             "predictions": final})
+        self._count(model, answered_unknown)
         return {"model": model.name, "version": model.version, **self._bank_version(model, bank),
                 "students": results}

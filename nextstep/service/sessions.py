@@ -101,12 +101,11 @@ class SessionRecommender(StatefulTask):
                 rows.append(None)
         return rows
 
-    def _count(self, model: LoadedModel, rows: list[int | None]) -> list[int | None]:
-        """The rows, after counting those of the unknown row (the metric)."""
+    def _count(self, model: LoadedModel, rows: list[int | None]) -> None:
+        """Count the clicks stepped through the unknown row (the metric), once the answer is made."""
         n = sum(r == UNKNOWN_ROW for r in rows)
         if n and self.on_unknown is not None:
             self.on_unknown(model, n)
-        return rows
 
     @staticmethod
     def _items(model: LoadedModel, outs: list, k: int) -> list[dict]:
@@ -241,11 +240,11 @@ class SessionRecommender(StatefulTask):
         self.limits.check("sessions", [len(items) for _, items in sessions], "item_ids")
         model = self.model(model_name)
         self._check_k(model, k)
-        results = []
+        results, stepped = [], []
         for s, (session_id, item_ids) in enumerate(sessions):
-            given = self._count(model, self._rows(model, [Click(i) for i in item_ids], unknown_items,
-                                                  f"sessions[{s}].item_ids[{{i}}]"))
+            given = self._rows(model, [Click(i) for i in item_ids], unknown_items, f"sessions[{s}].item_ids[{{i}}]")
             rows = [r for r in given if r is not None]
+            stepped += rows
             unknown = list(dict.fromkeys(i for i, r in zip(item_ids, given, strict=True) if r == UNKNOWN_ROW))
             seen = np.zeros(SEEN, dtype=np.int64)
             for row in rows:
@@ -254,6 +253,7 @@ class SessionRecommender(StatefulTask):
             items, source = await self._recommend(model, state, seen, len(rows), k, exclude_seen)
             results.append({"session_id": session_id, "events": len(rows), "source": source, "items": items,
                             **({"unknown_item_ids": unknown} if unknown else {})})
+        self._count(model, stepped)
         return {"model": model.name, "version": model.version, "sessions": results}
 
 
