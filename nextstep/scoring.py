@@ -226,8 +226,9 @@ class Scorer:
 
     def score(self, student: Student) -> dict:
         """{student_id, events, event_predictions, predictions} of one student, as `POST /v1/kt/{model}/batch`
-        gives it; a student the model refuses (unknown question, response out of range, too many events) is a
-        ScoringError naming the student."""
+        gives it (a question the model never saw is answered through its unknown row, `"known": false`, where the
+        version has one); a student the model refuses (an unknown question of a version without that row, a response
+        out of range, too many events) is a ScoringError naming the student."""
         try:
             return self._loop.run_until_complete(self._score(student))
         except InvalidInput as exc:  # (TooLarge is one too)
@@ -245,13 +246,15 @@ def to_line(result: dict) -> str:
 
 
 def result_schema(model: LoadedModel):
-    """The Arrow schema of a student's result for this model (theta, alpha, beta where its graphs give them)."""
+    """The Arrow schema of a student's result for this model (theta, alpha, beta where its graphs give them; `known`
+    false for a question answered through the unknown row, null for the others, which JSONL leaves out)."""
     import pyarrow as pa
 
     fields = [("question_id", pa.string()), ("probabilities", pa.list_(pa.float64())),
               ("expected_response", pa.float64()), ("most_likely_response", pa.int64())]
     if irt(model):
         fields += [("theta", pa.float64()), ("alpha", pa.float64()), ("beta", pa.list_(pa.float64()))]
+    fields.append(("known", pa.bool_()))  # false: answered through the unknown row; null (JSONL: absent): known
     prediction = pa.list_(pa.struct(fields))
     return pa.schema([("student_id", pa.string()), ("events", pa.int64()), ("event_predictions", prediction),
                       ("predictions", prediction)])

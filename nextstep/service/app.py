@@ -460,7 +460,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                            quality=quality if settings.live_quality else None,
                                            cas_retries=settings.cas_retries, banks=banks,
                                            limits=settings.batch_limits(),
-                                           on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
+                                           on_retry=lambda m: metrics.cas_retries.labels(m.name).inc(),
+                                           unknown_questions=settings.unknown_questions,
+                                           on_unknown=metrics.on_unknown)
         # sessions expire much sooner than learners: their own store (same Redis, its own TTL)
         session_store = make_store(None, client=redis, ttl_seconds=settings.session_ttl_seconds,
                                    max_event_ids=settings.max_event_ids, log=settings.log_bounds())
@@ -468,7 +470,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                 quality=quality if settings.live_quality else None,
                                                 cas_retries=settings.cas_retries, limits=settings.batch_limits(),
                                                 cold_start_model=settings.cold_start_model,
-                                                on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
+                                                on_retry=lambda m: metrics.cas_retries.labels(m.name).inc(),
+                                                unknown_items=settings.unknown_questions,
+                                                on_unknown=metrics.on_unknown)
         # spaced-repetition users keep their reviews for years: their own store and TTL (two years idle by default)
         srs_store = make_store(None, client=redis, ttl_seconds=settings.srs_ttl_seconds or None,
                                max_event_ids=settings.max_event_ids)

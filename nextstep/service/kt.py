@@ -9,6 +9,12 @@ events is optimistic concurrency: read (state, version), step the model through 
 with compare-and-set; on a conflict, re-read and redo. Event ids make replays idempotent: ids already
 applied (in the store's window) and repeated ids within a request are skipped.
 
+Question ids the version never saw (added to the app after training): with NEXTSTEP_UNKNOWN_QUESTIONS=answer (the
+default) and a version trained with an unknown row (its manifest's `unknown` section), they are stepped and predicted
+through that row, their predictions say `"known": false`, an events answer lists them (`unknown_question_ids`), and
+they are counted (`on_unknown`); otherwise they are a 422 naming the field. Either way the log keeps the id as sent,
+so a version that knows it steps it through its own row when it rebuilds the state.
+
 Models with memory banks (SimAKT, banks.py): a request takes the active bank once, when it starts, feeds its
 projected keys and values to every step and predict call as shared inputs, and names its version
 (`bank_version`). Stepping folds the bank into the state, so the stored blob ends with the 8-byte tag of the
@@ -64,14 +70,29 @@ def logged_event(row: LogRow) -> Event:
     return Event(row.payload[1:].decode(), row.payload[0], time=row.time)
 
 
-def question_index(model: LoadedModel, ids: list[str], field: str) -> np.ndarray:
-    """Model indices of external ids; an unknown id -> InvalidInput naming `field[i]`."""
+UNKNOWN_MODES = ("answer", "error")  # NEXTSTEP_UNKNOWN_QUESTIONS
+
+
+def unknown_refusal(model: LoadedModel, mode: str, what: str) -> str:
+    """Why an unknown id is refused (the 422's detail after the id): the setting, or a version without the row."""
+    if mode == "error":
+        return "(NEXTSTEP_UNKNOWN_QUESTIONS=error)"
+    return (f"(version {model.version} was trained without an unknown-{what} row to answer ids added after training: "
+            "retrain it to answer them)")
+
+
+def question_rows(model: LoadedModel, ids: list[str], field: str, mode: str) -> tuple[np.ndarray, list[int]]:
+    """(model indices of external ids, the positions of ids the model does not know). mode "answer": an unknown id
+    takes the unknown row, trained for it, where the version has one; else, or with mode "error", an unknown id is
+    InvalidInput naming `field[i]`."""
+    if mode == "answer" and model.unknown_row:
+        return model.rows(ids)
     try:
-        return model.index(ids, field)
+        return model.index(ids, field), []
     except UnknownId as exc:
         i = ids.index(str(exc.value))
-        raise InvalidInput(field.replace("[]", f"[{i}]"),
-                           f"unknown question id {exc.value!r} for model {model.name}") from None
+        raise InvalidInput(field.replace("[]", f"[{i}]"), f"unknown question id {exc.value!r} for model {model.name} "
+                                                          f"{unknown_refusal(model, mode, 'question')}") from None
 
 
 def irt(model: LoadedModel) -> bool:
@@ -79,9 +100,10 @@ def irt(model: LoadedModel) -> bool:
     return model.output_names["predict"][1:4] == ["theta", "alpha", "beta"]
 
 
-def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.ndarray]) -> list[dict]:
+def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.ndarray],
+                unknown: list[int] = ()) -> list[dict]:
     """Rows of the predict outputs (probs, and theta, alpha, beta where the model has them; batch row 0) as
-    JSON-ready dicts."""
+    JSON-ready dicts; the rows at `unknown` (ids answered by the unknown row) say `"known": false`."""
     # Python floats in one call per array; for a few categories plain Python beats numpy's per-call cost
     probs = outputs[0][0].tolist()
     categories = range(model.n_cats)
@@ -91,6 +113,8 @@ def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.nd
     if irt(model):
         for row, theta, alpha, beta in zip(rows, *(o[0].tolist() for o in outputs[1:4]), strict=True):
             row.update(theta=theta, alpha=alpha, beta=beta)
+    for i in unknown:
+        rows[i]["known"] = False
     return rows
 
 
@@ -112,11 +136,24 @@ class KnowledgeTracer(StatefulTask):
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None, banks: Banks | None = None, limits: BatchLimits = DEFAULT_LIMITS,
-                 quality: Quality | None = None):
+                 unknown_questions: str = "answer", on_unknown=None, quality: Quality | None = None):
         super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
         self.banks = banks or Banks(InProcessBankStore())
         self.limits = limits
+        if unknown_questions not in UNKNOWN_MODES:
+            raise ValueError(f"unknown_questions must be one of {UNKNOWN_MODES}, got {unknown_questions!r}")
+        self.unknown_questions = unknown_questions
+        self.on_unknown = on_unknown  # (model, count): ids answered by the unknown row (a metric)
         self.quality = quality  # live scores of each event's prediction (None: not scored)
+
+    def _rows(self, model: LoadedModel, ids: list[str], field: str) -> tuple[np.ndarray, list[int]]:
+        """question_rows under this service's setting."""
+        return question_rows(model, ids, field, self.unknown_questions)
+
+    def _count(self, model: LoadedModel, n: int) -> None:
+        """`n` ids answered through the unknown row (once the answer is made: a refused request counts none)."""
+        if n and self.on_unknown is not None:
+            self.on_unknown(model, n)
 
     @staticmethod
     def _bank_version(model: LoadedModel, bank: Bank | None) -> dict:
@@ -177,10 +214,11 @@ class KnowledgeTracer(StatefulTask):
         folded (`rebuilt_from_events`), and, where some could not be, how many the log no longer holds and how many
         name a question this version does not know (left out)."""
         steps, unknown = [], 0
+        answer = self.unknown_questions == "answer" and model.unknown_row  # as a live event would be stepped
         for row in behind.rows:
             event = logged_event(row)
             try:
-                index = model.index([event.question_id], "question")
+                index = model.rows([event.question_id])[0] if answer else model.index([event.question_id], "question")
             except UnknownId:
                 unknown += 1
                 continue
@@ -249,8 +287,11 @@ class KnowledgeTracer(StatefulTask):
         split = self._split(stored, behind, since)
         state, said = await self._catch_up(model, state, Behind(behind.rows[:split], behind.missing), bank)
         events = [logged_event(row) for row in behind.rows[split:]]
-        known = [i for i, e in enumerate(events) if e.question_id in model._index and e.response < model.n_cats]
-        questions = model.index([events[i].question_id for i in known]) if known else np.zeros(0, np.int64)
+        answer = self.unknown_questions == "answer" and model.unknown_row  # as the live events were stepped
+        known = [i for i, e in enumerate(events) if (answer or e.question_id in model._index)
+                 and e.response < model.n_cats]
+        ids = [events[i].question_id for i in known]
+        questions = (model.rows(ids)[0] if answer else model.index(ids)) if known else np.zeros(0, np.int64)
         responses = np.array([events[i].response for i in known], dtype=np.int64)
         before = None
         if known:
@@ -277,16 +318,19 @@ class KnowledgeTracer(StatefulTask):
                      predict_ids: list[str] | None = None, explain: bool = False) -> dict:
         """Apply events in order (skipping replayed ids) and optionally predict afterwards, in one round trip."""
         model = self.model(model_name, student_id)
-        questions = question_index(model, [e.question_id for e in events], "events[].question_id")
+        questions, unknown = self._rows(model, [e.question_id for e in events], "events[].question_id")
         responses = self._responses(model, events)
-        predict_index = question_index(model, predict_ids, "predict_question_ids[]") if predict_ids else None
+        predict_index, predict_unknown = self._rows(model, predict_ids, "predict_question_ids[]") if predict_ids \
+            else (None, [])
         if self._explaining(model, explain) and predict_index is None:  # the weights do not depend on the question
             predict_index = np.array([2], dtype=np.int64)
         bank = await self.banks.current(model)  # this request's bank, to its end
         query = {"questions": predict_index[None]} if predict_index is not None else None
+        unknown_set = set(unknown)
 
         async def attempt(stored: StoredState, fresh: list[int], _, behind: Behind = UP_TO_DATE) -> Change:
             steps = [{"question": questions[i:i + 1], "response": responses[i:i + 1]} for i in fresh]
+            fresh_unknown = [i for i in fresh if i in unknown_set]
             state, rebased = await self._decode(model, stored, bank)
             state, said = await self._catch_up(model, state, behind, bank)
             if self.quality is not None and fresh:
@@ -303,13 +347,17 @@ class KnowledgeTracer(StatefulTask):
                 if before is not None:  # (once: the attempt that was written)
                     self.quality.record(model.name, model.version, before, responses[fresh], self.role(model))
                 self.shadow(model, student_id, written, len(fresh))
+                self._count(model, len(fresh_unknown) + len(predict_unknown))
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state
                     outputs = await self._predict(model, state, predict_index, bank)
                 return {"student_id": student_id, "model": model.name, "version": model.version,
                         **self._bank_version(model, bank), "state_version": written.version,
                         "events_absorbed": len(fresh), "events_skipped": len(events) - len(fresh),
                         "events_total": written.events, **said,
-                        "predictions": predictions(model, predict_ids, outputs) if predict_ids else None,
+                        **({"unknown_question_ids": list(dict.fromkeys(events[i].question_id for i in fresh_unknown))}
+                           if fresh_unknown else {}),
+                        "predictions": predictions(model, predict_ids, outputs, predict_unknown) if predict_ids
+                        else None,
                         **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
             return Change(self._blob(model, state, bank) if fresh or rebased or behind.rows else None, answer,
@@ -322,14 +370,15 @@ class KnowledgeTracer(StatefulTask):
     @operation
     async def predict(self, model_name: str, student_id: str, question_ids: list[str], explain: bool = False) -> dict:
         model = self.model(model_name, student_id)
-        index = question_index(model, question_ids, "question_ids[]")
+        index, unknown = self._rows(model, question_ids, "question_ids[]")
         self._explaining(model, explain)
         bank = await self.banks.current(model)
         stored, state, said = await self._state(model, student_id, bank)
         outputs = await self._predict(model, state, index, bank)
+        self._count(model, len(unknown))
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 **self._bank_version(model, bank), "state_version": stored.version, "events_total": stored.events,
-                **said, "predictions": predictions(model, question_ids, outputs),
+                **said, "predictions": predictions(model, question_ids, outputs, unknown),
                 **({"explanation": explanation(model, bank, outputs)} if explain else {})}
 
     @operation
@@ -340,7 +389,8 @@ class KnowledgeTracer(StatefulTask):
         credit closest to `target`."""
         model = self.model(model_name, student_id)
         candidates = candidates if candidates else model.ids
-        index = question_index(model, candidates, "candidate_question_ids[]")
+        index, unknown = self._rows(model, candidates, "candidate_question_ids[]")
+        unknown = set(unknown)
         bank = await self.banks.current(model)
         stored, state, said = await self._state(model, student_id, bank)
         outputs = [o[0] for o in await self._predict(model, state, index, bank)]
@@ -356,7 +406,9 @@ class KnowledgeTracer(StatefulTask):
             scores = probs[:, -1]
             order = np.argsort(np.abs(scores - target), kind="stable")
         ranked = [{"question_id": candidates[i], "score": float(scores[i]),
-                   **({"theta": float(outputs[1][i])} if with_irt else {})} for i in order[:k]]
+                   **({"theta": float(outputs[1][i])} if with_irt else {}),
+                   **({"known": False} if i in unknown else {})} for i in order[:k]]
+        self._count(model, len(unknown))
         return {"student_id": student_id, "model": model.name, "version": model.version,
                 **self._bank_version(model, bank), "strategy": strategy, "state_version": stored.version, **said,
                 "items": ranked}
@@ -390,20 +442,22 @@ class KnowledgeTracer(StatefulTask):
         model = self.model(model_name)
         bank = await self.banks.current(model)
         shared = bank.kv if bank else None
-        results = []
+        results, answered_unknown = [], 0
         for s, (student_id, events, predict_ids) in enumerate(students):
             try:
-                questions = question_index(model, [e.question_id for e in events], "events[].question_id")
+                questions, unknown = self._rows(model, [e.question_id for e in events], "events[].question_id")
                 responses = self._responses(model, events)
             except InvalidInput as exc:
                 raise InvalidInput(f"students[{s}].{exc.field}", str(exc).split(": ", 1)[1]) from None
-            index = question_index(model, predict_ids, f"students[{s}].predict_question_ids[]") if predict_ids \
-                else None
+            index, predict_unknown = self._rows(model, predict_ids, f"students[{s}].predict_question_ids[]") \
+                if predict_ids else (None, [])
+            unknown = set(unknown)
+            answered_unknown += len(unknown) + len(predict_unknown)
             state, per_event, outputs = model.initial_state, [], None
             if events:
                 outputs = await self._predict(model, state, questions[:1], bank)
             for i in range(len(events)):
-                per_event.append(predictions(model, [events[i].question_id], outputs)[0])
+                per_event.append(predictions(model, [events[i].question_id], outputs, [0] if i in unknown else [])[0])
                 query = questions[i + 1:i + 2] if i + 1 < len(events) else index  # the next event's, or the final
                 state, outputs = await self.fold(model, state, [{"question": questions[i:i + 1],
                                                                  "response": responses[i:i + 1]}],
@@ -413,8 +467,9 @@ class KnowledgeTracer(StatefulTask):
             if predict_ids:
                 if not events:
                     outputs = await self._predict(model, state, index, bank)
-                final = predictions(model, predict_ids, outputs)
+                final = predictions(model, predict_ids, outputs, predict_unknown)
             results.append({"student_id": student_id, "events": len(events), "event_predictions": per_event,
                             "predictions": final})
+        self._count(model, answered_unknown)
         return {"model": model.name, "version": model.version, **self._bank_version(model, bank),
                 "students": results}

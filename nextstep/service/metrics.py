@@ -27,6 +27,9 @@ class Metrics:
                                        ["operation"], buckets=LATENCY_BUCKETS, registry=r)
         self.cas_retries = Counter("nextstep_cas_retries_total", "compare-and-set conflicts that were retried",
                                    ["model"], registry=r)
+        self.unknown_ids = Counter("nextstep_unknown_ids_total", "question or item ids the version never saw, "
+                                   "answered through its unknown row (events stepped, questions predicted or ranked)",
+                                   ["model", "version", "task"], registry=r)
         self.models_loaded = Gauge("nextstep_models_loaded", "model versions loaded", registry=r)
         self.artifacts_refused = Gauge("nextstep_artifacts_refused", "artifact directories the last (re)load "
                                        "refused (1 each); kept=true: that version keeps serving the object "
@@ -104,6 +107,10 @@ class Metrics:
             return self.live_hits.labels(*key, name[1:])
         tenth = str(min(9, int(name[1:]) * 10 // BINS))
         return self.live_buckets.labels(*key, tenth, "1" if name[0] == "p" else "0")
+
+    def on_unknown(self, model, count: int) -> None:
+        """`count` ids a loaded model (registry.LoadedModel) answered through its unknown row."""
+        self.unknown_ids.labels(model.name, model.version, model.task).inc(count)
 
     def on_batch(self, model_name: str, graph: str, rows: int, seconds: float) -> None:
         children = self._batch_children.get((model_name, graph))

@@ -105,9 +105,27 @@ class LoadedModel:
     banks: dict | None = None  # SimAKT: the manifest's `banks` (heads, inputs, keys, explain, default, dir); with
     # heads, predict and step_predict take the projected banks (`keys`) and bank_project makes them from `inputs`
     _index: dict[str, int] = field(init=False, repr=False)
+    # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section says so:
+    # `answers`; an artifact trained before that section existed has an untrained row 1)
+    unknown_row: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self._index = {qid: i + 2 for i, qid in enumerate(self.ids)}
+        unknown = self.manifest.get("unknown")
+        self.unknown_row = isinstance(unknown, dict) and unknown.get("answers") is True
+
+    def rows(self, ids: Sequence[str | int]) -> tuple[np.ndarray, list[int]]:
+        """(model indices of external ids with every unknown id at the unknown row 1, the positions of those ids)."""
+        index = self._index
+        out = np.empty(len(ids), dtype=np.int64)
+        unknown = []
+        for i, qid in enumerate(ids):
+            row = index.get(str(qid))
+            if row is None:
+                row = 1
+                unknown.append(i)
+            out[i] = row
+        return out, unknown
 
     def index(self, ids: Sequence[str | int], field: str = "question") -> np.ndarray:
         """Model indices (int64) of external ids; "12" and 12 are the same id. Unknown -> UnknownId(field, id)."""

@@ -7,9 +7,13 @@ can leave seen items out of a recommendation. Absorbing clicks is the same optim
 tracing (read, step the model, compare-and-set; event ids make replays idempotent), on a store whose TTL
 is the session timeout.
 
-Unknown item ids: by default a 422 naming the field; with `unknown_items="skip"` they are left out and
-the session goes on from the last known item (what the offline evaluation protocol does). A session that
-has absorbed nothing yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers.
+Unknown item ids (added to the catalogue after training), by the request's `unknown_items`, else the service's
+setting (NEXTSTEP_UNKNOWN_QUESTIONS): "answer" (the default) steps the session through the version's unknown row,
+trained for it (an answer lists them in `unknown_item_ids`; a version without such a row refuses them, 422), "error"
+is a 422 naming the field, and "skip" leaves them out, the session going on from the last known item (what the
+offline evaluation protocol does). An unknown item is never recommended (it is in no catalogue the model has), and the
+log keeps its id, so a later version that knows it steps it through its own row. A session that has absorbed nothing
+yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers.
 """
 
 import math
@@ -28,6 +32,7 @@ from .state import LogRow, StateStore, StoredState
 from .writes import batched
 
 SEEN = 64  # items remembered per session for exclude_seen
+UNKNOWN_ROW = 1  # the row of every item the version does not know (never recommended, never remembered as seen)
 _SEEN_BYTES = SEEN * 8
 
 
@@ -52,10 +57,14 @@ class SessionRecommender(StatefulTask):
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  cold_start_model: str | None = None, on_retry=None, limits: BatchLimits = DEFAULT_LIMITS,
-                 quality: Quality | None = None):
+                 unknown_items: str = "answer", on_unknown=None, quality: Quality | None = None):
         super().__init__(registry, store, engines, cas_retries=cas_retries, on_retry=on_retry)
         self.cold_start_model = cold_start_model
         self.limits = limits
+        if unknown_items not in ("answer", "error"):
+            raise ValueError(f"unknown_items must be 'answer' or 'error', got {unknown_items!r}")
+        self.unknown_items = unknown_items  # what a request that does not say does
+        self.on_unknown = on_unknown  # (model, count): clicks stepped through the unknown row (a metric)
         self.quality = quality  # live ranks of each click in the list recommended before it (None: not scored)
 
     # ------------------------------------------------------------------ state blob: model state + seen rows
@@ -72,20 +81,34 @@ class SessionRecommender(StatefulTask):
     def _encode(model: LoadedModel, state: dict[str, np.ndarray], seen: np.ndarray) -> bytes:
         return model.serialize(state) + seen.astype("<i8").tobytes()
 
-    def _rows(self, model: LoadedModel, clicks: list[Click], unknown: str, field: str) -> list[int | None]:
-        """Model rows of the clicked items; None for an unknown item when unknown == "skip". `field` names
-        item i in an error, e.g. "events[{i}].item_id"."""
+    def _rows(self, model: LoadedModel, clicks: list[Click], unknown: str | None, field: str) -> list[int | None]:
+        """Model rows of the clicked items: for an unknown item the unknown row (1) when unknown (None: the setting) is
+        "answer" and the version has that row trained, None when it is "skip", else InvalidInput. `field` names item i
+        in an error, e.g. "events[{i}].item_id"."""
+        mode = unknown or self.unknown_items
         rows: list[int | None] = []
         for i, c in enumerate(clicks):
             try:
                 rows.append(int(model.index([c.item_id], "item")[0]))
             except UnknownId:
-                if unknown != "skip":
+                if mode == "answer" and model.unknown_row:
+                    rows.append(UNKNOWN_ROW)
+                    continue
+                if mode != "skip":
+                    why = ("unknown_items=error" if unknown else "NEXTSTEP_UNKNOWN_QUESTIONS=error") \
+                        if mode == "error" else (f"version {model.version} was trained without an unknown-item row to "
+                                                 "answer items added after training")
                     raise InvalidInput(field.format(i=i),
-                                       f"unknown item id {c.item_id!r} for model {model.name} (pass "
+                                       f"unknown item id {c.item_id!r} for model {model.name} ({why}; pass "
                                        "unknown_items=skip to leave unknown items out)") from None
                 rows.append(None)
         return rows
+
+    def _count(self, model: LoadedModel, rows: list[int | None]) -> None:
+        """Count the clicks stepped through the unknown row (the metric), once the answer is made."""
+        n = sum(r == UNKNOWN_ROW for r in rows)
+        if n and self.on_unknown is not None:
+            self.on_unknown(model, n)
 
     @staticmethod
     def _items(model: LoadedModel, outs: list, k: int) -> list[dict]:
@@ -109,7 +132,7 @@ class SessionRecommender(StatefulTask):
 
     @operation
     async def absorb(self, model_name: str, session_id: str, clicks: list[Click], *, recommend_k: int | None = None,
-                     exclude_seen: bool = True, unknown_items: str = "error") -> dict:
+                     exclude_seen: bool = True, unknown_items: str | None = None) -> dict:
         """Apply clicks in order (skipping replayed event ids); optionally recommend afterwards, one round trip."""
         model = self.model(model_name, session_id)
         if recommend_k is not None:
@@ -123,6 +146,7 @@ class SessionRecommender(StatefulTask):
             fresh = [rows[i] for i in to_apply if rows[i] is not None]
             for row in fresh:
                 seen = _remember(seen, row)
+            new_unknown = list(dict.fromkeys(clicks[i].item_id for i in to_apply if rows[i] == UNKNOWN_ROW))
             query = {"exclude": self._exclude(seen, exclude_seen)} if recommend_k is not None else None
             ranks = None
             if self.quality is not None and fresh:
@@ -137,10 +161,12 @@ class SessionRecommender(StatefulTask):
                 if ranks:  # (once: the attempt that was written)
                     self.quality.record_ranks(model.name, model.version, ranks, self.role(model))
                 self.shadow(model, session_id, written, len(fresh))
+                self._count(model, fresh)  # (once: the attempt that was written)
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
                           "events_skipped": len(clicks) - len(fresh) - unknown, "unknown_items_skipped": unknown,
-                          "events_total": written.events, "rebuilt_from_events": caught, "recommendations": None}
+                          "events_total": written.events, "rebuilt_from_events": caught,
+                          **({"unknown_item_ids": new_unknown} if new_unknown else {}), "recommendations": None}
                 if recommend_k is not None:
                     if outs is None:  # no new click: answer from the stored state
                         items, source = await self._recommend(model, state, seen, written.events, recommend_k,
@@ -193,7 +219,9 @@ class SessionRecommender(StatefulTask):
                         ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
         """The state and seen rows with the logged clicks they lack folded in (clicks on items this version does not
         know are left out, as unknown_items=skip does); how many were folded."""
-        known = self._rows(model, [Click(row.payload.decode()) for row in behind.rows], "skip", "")
+        # an unknown item goes through the unknown row where a live click would (the setting), else is left out
+        mode = "answer" if self.unknown_items == "answer" and model.unknown_row else "skip"
+        known = self._rows(model, [Click(row.payload.decode()) for row in behind.rows], mode, "")
         known = [r for r in known if r is not None]
         for row in known:
             seen = _remember(seen, row)
@@ -224,7 +252,8 @@ class SessionRecommender(StatefulTask):
         split = self._split(stored, behind, since)
         state, seen, caught = await self._catch_up(model, state, seen, Behind(behind.rows[:split], behind.missing))
         clicks = [Click(row.payload.decode()) for row in behind.rows[split:]]
-        fresh = [r for r in self._rows(model, clicks, "skip", "") if r is not None]
+        mode = "answer" if self.unknown_items == "answer" and model.unknown_row else "skip"  # as live clicks were
+        fresh = [r for r in self._rows(model, clicks, mode, "") if r is not None]
         ranks: list[float] = []
         if fresh:
             state, _, ranks = await self._fold_scored(model, state, stored.events + caught > 0, fresh, None)
@@ -273,22 +302,26 @@ class SessionRecommender(StatefulTask):
                 "last_update": stored.updated, "recent_items": [model.ids[r - 2] for r in seen.tolist() if r >= 2]}
 
     async def score_sessions(self, model_name: str, sessions: list[tuple[str | None, list[str]]], k: int,
-                             exclude_seen: bool = True, unknown_items: str = "error") -> dict:
+                             exclude_seen: bool = True, unknown_items: str | None = None) -> dict:
         """Stateless: replay each session from the initial state and recommend after its last click. Within `limits`
         (413 naming the field), checked before any work."""
         self.limits.check("sessions", [len(items) for _, items in sessions], "item_ids")
         model = self.model(model_name)
         self._check_k(model, k)
-        results = []
+        results, stepped = [], []
         for s, (session_id, item_ids) in enumerate(sessions):
-            rows = self._rows(model, [Click(i) for i in item_ids], unknown_items, f"sessions[{s}].item_ids[{{i}}]")
-            rows = [r for r in rows if r is not None]
+            given = self._rows(model, [Click(i) for i in item_ids], unknown_items, f"sessions[{s}].item_ids[{{i}}]")
+            rows = [r for r in given if r is not None]
+            stepped += rows
+            unknown = list(dict.fromkeys(i for i, r in zip(item_ids, given, strict=True) if r == UNKNOWN_ROW))
             seen = np.zeros(SEEN, dtype=np.int64)
             for row in rows:
                 seen = _remember(seen, row)
             state, _ = await self.fold(model, model.initial_state, [{"item": np.array([row])} for row in rows])
             items, source = await self._recommend(model, state, seen, len(rows), k, exclude_seen)
-            results.append({"session_id": session_id, "events": len(rows), "source": source, "items": items})
+            results.append({"session_id": session_id, "events": len(rows), "source": source, "items": items,
+                            **({"unknown_item_ids": unknown} if unknown else {})})
+        self._count(model, stepped)
         return {"model": model.name, "version": model.version, "sessions": results}
 
 
@@ -303,5 +336,8 @@ def _rank(outs: list, row: int) -> float:
 
 
 def _remember(seen: np.ndarray, row: int) -> np.ndarray:
-    """The seen rows with `row` moved (or added) to the front, still SEEN long."""
+    """The seen rows with `row` moved (or added) to the front, still SEEN long (the unknown row is not remembered:
+    it is never recommended, and would push a real item out)."""
+    if row == UNKNOWN_ROW:
+        return seen
     return np.concatenate([[row], seen[seen != row][:SEEN - 1]]).astype(np.int64)

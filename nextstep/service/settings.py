@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     srs_max_interval_days: int = Field(default=1825, ge=1, le=36500)
     srs_max_simulate_cards: int = Field(default=10_000, ge=1)  # cards per srs simulate request (stored or given)
     cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
+    # a question (knowledge tracing) or item (sessions) id the model never saw: answer it through the version's unknown
+    # row, trained for it, flagged "known": false and counted (nextstep_unknown_ids_total); or error: a 422 naming the
+    # field. A version trained without that row (before it existed) refuses them either way (docs/decisions.md)
+    unknown_questions: str = Field(default="answer", pattern="^(answer|error)$")
     max_event_ids: int = Field(default=10_000, ge=1)  # replay protection window per entity
     # each learner's and session's event log (state.py), from which a new model version rebuilds its state: at most
     # this many events (past it the oldest eighth goes at once) and none older than the age (unset: any age). 10,000

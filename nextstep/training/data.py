@@ -713,12 +713,15 @@ class Vocabulary:
         return self._keys.dtype.kind == "i"
 
     @classmethod
-    def build(cls, ids: Iterable[int] | Iterable[str]) -> Vocabulary:
+    def build(cls, ids: Iterable[int] | Iterable[str], min_count: int = 1) -> Vocabulary:
         """The distinct ids in order: integers by value, text in natural order (runs of digits compared as
-        numbers: "q7" before "q12"), so that ids that are numbers with a prefix are numbered as the numbers are."""
+        numbers: "q7" before "q12"), so that ids that are numbers with a prefix are numbered as the numbers are.
+        min_count: an id occurring fewer times than this is left out (it encodes to UNKNOWN, the row it shares with
+        every id the model never saw)."""
         arr = ids if isinstance(ids, np.ndarray) else np.asarray(list(ids))
         arr = id_array(arr) if len(arr) else np.zeros(0, dtype=np.int64)
-        unique = np.unique(arr).tolist()
+        unique, counts = np.unique(arr, return_counts=True)
+        unique = unique[counts >= min_count].tolist()
         return cls(unique if arr.dtype.kind == "i" else sorted(unique, key=_natural))
 
     def _text_keys(self) -> tuple[np.ndarray, np.ndarray]:
@@ -752,3 +755,42 @@ class Vocabulary:
     @classmethod
     def from_json(cls, d: dict) -> Vocabulary:
         return cls(list(d["ids"]))
+
+
+# ----------------------------------------------------------------------------- the unknown row
+
+MIN_COUNT = 5  # an id seen fewer times than this in the fitting data shares the unknown row (docs/decisions.md)
+UNKNOWN_SHARE = 0.05  # and this share of the fitting interactions is given as unknown, so the row always trains
+ITEM_UNKNOWN_SHARE = 0.01  # the same for next-item clicks (not validated: the smaller share, docs/decisions.md)
+
+
+def check_unknown_options(min_count, share) -> None:
+    """ValueError naming the option that is out of range (raised by the training configs, before any data)."""
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+        raise ValueError(f"min count must be an integer of at least 1 (1: every id seen keeps its row), got "
+                         f"{min_count!r}")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+        raise ValueError(f"unknown_share must be a number in [0, 1), got {share!r}")
+
+
+def hide_ids(rows: list[np.ndarray], share: float, seed: int) -> list[np.ndarray]:
+    """The encoded id rows with a seeded random `share` of their known positions (>= 2) set to UNKNOWN: the
+    interactions through which the unknown row learns an average item (new arrays; the inputs are not changed)."""
+    if share <= 0:
+        return rows
+    rng = np.random.default_rng([seed, 37])
+    out = []
+    for r in rows:
+        hide = (rng.random(len(r)) < share) & (r >= 2)
+        out.append(np.where(hide, Vocabulary.UNKNOWN, r).astype(np.int64))
+    return out
+
+
+def unknown_record(vocab_ids: int, seen_ids: int, min_count: int, share: float, rows: list[np.ndarray],
+                   answers: bool | None = None) -> dict:
+    """The manifest's `unknown` section: how the unknown row (1) was trained. `interactions` is the number of fitting
+    interactions given through it; `answers` whether the service may answer an id the model never saw through it:
+    by default when it was trained (interactions > 0; else the service refuses unknown ids, 422)."""
+    interactions = int(sum(int((r == Vocabulary.UNKNOWN).sum()) for r in rows))
+    return {"row": Vocabulary.UNKNOWN, "min_count": min_count, "share": share, "rare_ids": seen_ids - vocab_ids,
+            "interactions": interactions, "answers": interactions > 0 if answers is None else answers}

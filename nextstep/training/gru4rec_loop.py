@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..models.gru4rec import GRU4Rec
+from .data import ITEM_UNKNOWN_SHARE, check_unknown_options
 from .gru4rec_step import LOSSES, TrainStep
 from .loop import Counted, print_row, train_epochs
 from .sessions import SessionData
@@ -43,8 +44,13 @@ class GRU4RecTrainConfig:
     seed: int = 0
     threads: int = 1  # torch intra-op threads (0: torch default); 1 is fastest for these small matrices
     model: dict = field(default_factory=dict)  # GRU4RecConfig overrides
+    # the unknown row (1), which stands for items added after training (next_item_run.py): items clicked fewer times
+    # share it, and a seeded share of the training clicks goes through it
+    min_item_count: int = 1
+    unknown_share: float = ITEM_UNKNOWN_SHARE
 
     def __post_init__(self):
+        check_unknown_options(self.min_item_count, self.unknown_share)
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.session_order not in ("random", "time"):

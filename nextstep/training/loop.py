@@ -20,6 +20,8 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
+from .data import MIN_COUNT, UNKNOWN_SHARE, check_unknown_options
+
 Encoded = tuple[np.ndarray, np.ndarray]  # (question indices, responses), int64, same length
 
 
@@ -42,8 +44,14 @@ class TrainConfig:
     loss: str = "ce"  # CombinedLoss spec, e.g. "ce" or "ce=0.6,qwk=0.2,focal=0.2"
     seed: int = 0
     model: dict = field(default_factory=dict)  # GPCMConfig overrides
+    # the unknown row (1), which answers questions added after training: a question the fitting students answered
+    # fewer times than min_question_count shares it, and a seeded unknown_share of the fitting interactions is given
+    # through it (docs/guide/training.md, "Questions added after training")
+    min_question_count: int = MIN_COUNT
+    unknown_share: float = UNKNOWN_SHARE
 
     def __post_init__(self):
+        check_unknown_options(self.min_question_count, self.unknown_share)
         if self.epochs < 1:
             raise ValueError(f"epochs must be at least 1, got {self.epochs}")
         if not 0 < self.valid_fraction < 1:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.mrn import MRN
+from .data import ITEM_UNKNOWN_SHARE, check_unknown_options
 from .loop import print_row, train_epochs
 from .sessions import SessionData
 
@@ -46,8 +47,13 @@ class MRNTrainConfig:
     seed: int = 0
     threads: int = 1
     model: dict = field(default_factory=dict)  # MRNConfig overrides
+    # the unknown row (1), which stands for items added after training (next_item_run.py): items clicked fewer times
+    # share it, and a seeded share of the training clicks goes through it
+    min_item_count: int = 1
+    unknown_share: float = ITEM_UNKNOWN_SHARE
 
     def __post_init__(self):
+        check_unknown_options(self.min_item_count, self.unknown_share)
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -19,7 +19,7 @@ import torch
 
 from ..models.gru4rec import GRU4Rec, GRU4RecConfig
 from ..models.next_item import Markov, NextItemModel, Popularity
-from .data import Vocabulary, fingerprint
+from .data import ITEM_UNKNOWN_SHARE, Vocabulary, check_unknown_options, fingerprint, hide_ids, unknown_record
 from .export import load_weights
 from .families import family, restore
 from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
@@ -30,10 +30,16 @@ from .sessions import SessionData
 
 @dataclass
 class CountConfig:
-    """Popularity and Markov have nothing to tune but the Markov successor list width."""
+    """Popularity and Markov have nothing to tune but the Markov successor list width (and, for Markov, the unknown
+    row's clicks: its successors answer a click on an item added after training; popularity ignores the clicks)."""
 
     width: int = 100
     seed: int = 0
+    min_item_count: int = 1
+    unknown_share: float = ITEM_UNKNOWN_SHARE
+
+    def __post_init__(self):
+        check_unknown_options(self.min_item_count, self.unknown_share)
 
 
 def _train_gru4rec(cfg: GRU4RecTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
@@ -69,8 +75,17 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
     train, test = read(data_dir, valid=valid, fmt=fmt)
-    vocab = Vocabulary.build(train.items)
-    train_enc, test_enc = train.encode(vocab, drop_unknown=False), test.encode(vocab)
+    # items clicked fewer than min_item_count times share the unknown row (1), and a seeded unknown_share of the
+    # training clicks go through it: the row then stands for an item added after training (never recommended)
+    vocab = Vocabulary.build(train.items, min_count=cfg.min_item_count)
+    # (popularity's answer does not depend on the clicks: nothing to hide, and an unknown click changes nothing)
+    counts_only = model_name == "popularity"
+    share = 0.0 if counts_only else cfg.unknown_share
+    train_enc = train.encode(vocab, drop_unknown=False)
+    train_enc.items = hide_ids([train_enc.items], share, cfg.seed)[0]
+    unknown = unknown_record(len(vocab.ids), len(np.unique(train.items)), cfg.min_item_count, share,
+                             [train_enc.items], answers=True if counts_only else None)
+    test_enc = encode_eval(test, vocab, train.items)
     if not (test_enc.lengths() > 1).any():  # checked before training, which would be wasted
         raise ValueError(f"{test.path}: no session there has two clicks on items the training data has, so there is "
                          "no target to score")
@@ -88,6 +103,7 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
                  "fingerprint": fingerprint(*dict.fromkeys([train.path, test.path])) if train.path else None,
                  "n_train_sessions": len(train), "n_train_events": train.n_events,
                  "n_eval_sessions": len(test_enc), "n_items": len(vocab) - 2},
+        "unknown": unknown,
         "metrics": metrics,
         "train_config": asdict(cfg),
         "training": {"epochs": history, "seconds": round(train_seconds, 1), "torch": torch.__version__},
@@ -95,6 +111,18 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
     manifest = export_next_item(model, out_dir, manifest=manifest, vocab_json=vocab.to_json(),
                                 parity_sessions=parity_sessions(test_enc), top_k=top_k)
     return manifest
+
+
+def encode_eval(test: SessionData, vocab: Vocabulary, train_items: np.ndarray) -> SessionData:
+    """Held-out sessions as model rows, by the official protocol: a click on an item the training data never had
+    is dropped (then sessions left with one click); a click on an item it had too rarely for a row of its own
+    (min_item_count) is kept, as the unknown row: as input it goes through that row, as a target it is a miss."""
+    if len(vocab.ids) == len(np.unique(train_items)):  # every training item has its row
+        return test.encode(vocab)
+    seen = Vocabulary.build(train_items)
+    kept = test.encode(seen)  # the official protocol's sessions and clicks, as rows of every training item
+    kept.items = vocab.encode(np.asarray(seen.ids, dtype=np.int64)[kept.items - 2])
+    return kept
 
 
 def parity_sessions(data: SessionData, n: int = 8, length: int = 12) -> torch.Tensor:

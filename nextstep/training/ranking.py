@@ -31,12 +31,14 @@ def rank_metrics(ranks: np.ndarray, ks: tuple[int, ...] = KS) -> dict:
 
 
 def conservative_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """scores (N, V) over all rows, targets (N,) rows >= 2 -> ranks (N,) among rows 2..V-1, ties counted."""
+    """scores (N, V) over all rows, targets (N,) rows -> ranks (N,) among rows 2..V-1, ties counted. A target of the
+    unknown row (an item too rare in training for a row of its own) is never recommended: ranked past every item."""
     if torch.isnan(scores).any():
         raise ValueError("the model produced NaN scores")
     candidates = scores[:, N_RESERVED:]
     target = scores.gather(1, targets.view(-1, 1))
-    return (candidates >= target).sum(1)
+    ranks = (candidates >= target).sum(1)
+    return torch.where(targets < N_RESERVED, candidates.shape[1] + 1, ranks)
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import KTDataset, Vocabulary, fingerprint, split_students
+from .data import KTDataset, Vocabulary, fingerprint, hide_ids, split_students, unknown_record
 from .export import export_artifact, load_weights
 from .families import family, restore
 from .loop import Encoded, TrainConfig, fit, predict_sequences
@@ -74,8 +74,19 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     if not len(fit_ds) or not len(valid_ds):
         raise ValueError(f"{train_ds.path}: {len(train_ds)} training sequences leave {len(fit_ds)} to fit and "
                          f"{len(valid_ds)} to validate with valid_fraction={cfg.valid_fraction}; need both")
-    # ids seen only by validation or test students map to the unknown row, as they would in serving
-    vocab = Vocabulary.build(np.concatenate([s.questions for s in fit_ds.sequences]))
+    # ids seen only by validation or test students map to the unknown row, as they would in serving; so do ids the
+    # fitting students answered fewer than min_question_count times, and a seeded unknown_share of the fitting
+    # interactions: through them the unknown row learns an average question, which answers questions added later
+    fit_questions = np.concatenate([s.questions for s in fit_ds.sequences])
+    vocab = Vocabulary.build(fit_questions, min_count=cfg.min_question_count)
+    fit_enc = encode(fit_ds, vocab)
+    fit_enc = list(zip(hide_ids([q for q, _ in fit_enc], cfg.unknown_share, cfg.seed), [r for _, r in fit_enc],
+                       strict=True))
+    unknown = unknown_record(len(vocab.ids), len(np.unique(fit_questions)), cfg.min_question_count,
+                             cfg.unknown_share, [q for q, _ in fit_enc])
+    if log:
+        say(f"unknown row: {unknown['rare_ids']} questions seen fewer than {cfg.min_question_count} times share it; "
+            f"{unknown['interactions']} fitting interactions go through it")
     torch.manual_seed(cfg.seed)
     model = entry.build({"n_questions": len(vocab), "n_cats": train_ds.n_cats, **cfg.model})
     # a model may start from what the fitting students alone say (Deep-GPCM: item parameters of a fitted IRT model)
@@ -83,11 +94,11 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
     if warm_start is not None and log and getattr(model.cfg, "irt_init", False):  # it takes up to a minute
         say(f"warm start: fitting a GPCM to the {len(fit_ds)} fitting students' answers for the item parameters")
     warm_started = time.perf_counter()
-    warm = warm_start(encode(fit_ds, vocab)) if warm_start is not None else None
+    warm = warm_start(fit_enc) if warm_start is not None else None
     if warm and log:
         say(f"warm start: done in {time.perf_counter() - warm_started:.1f} s")
     out_dir.mkdir(parents=True, exist_ok=True)
-    history = fit(model, encode(fit_ds, vocab), encode(valid_ds, vocab), cfg, batcher=batcher, loss=loss,
+    history = fit(model, fit_enc, encode(valid_ds, vocab), cfg, batcher=batcher, loss=loss,
                   metrics=score, checkpoint=out_dir / "checkpoint.pt", progress=progress, log=log,
                   validate_start=warm is not None)
     train_seconds = time.perf_counter() - started
@@ -113,6 +124,7 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
                  "n_train_students": len(fit_ds), "n_valid_students": len(valid_ds),
                  "n_test_students": len(test_ds), "n_cats": train_ds.n_cats, **data_notes(train_ds, test_ds)},
         "responses": {"n_cats": train_ds.n_cats},
+        "unknown": unknown,
         "metrics": metrics,
         "train_config": asdict(cfg),
         "training": {"epochs_run": sum(h["epoch"] > 0 for h in history), "best_epoch": best_epoch["epoch"],

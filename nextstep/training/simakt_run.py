@@ -16,6 +16,7 @@ training data, no test student), exactly what `nextstep banks build` makes, and 
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,13 +36,18 @@ from .banks import (
     select_banks,
 )
 from .data import (
+    MIN_COUNT,
     READERS,
+    UNKNOWN_SHARE,
     KTDataset,
     Vocabulary,
+    check_unknown_options,
     find_split_files,
     fingerprint,
+    hide_ids,
     load_dataset,
     split_students,
+    unknown_record,
 )
 from .loop import batches, describe, train_epochs  # batches: padded, length-sorted, shuffled by rng
 from .metrics import ordinal_metrics
@@ -68,6 +74,13 @@ class SimAKTTrainConfig:
     seed: int = 0
     device: str = "cpu"  # "cuda" for sweeps on a GPU; every reported figure is a CPU run
     model: dict = field(default_factory=dict)  # SimAKTConfig overrides (d_model, n_know, dropout, window, ...)
+    # the unknown row, as the other knowledge-tracing families (loop.TrainConfig): skills (and problem-skill pairs)
+    # seen fewer times share it or their skill's row; a seeded share of the fitting interactions goes through it
+    min_question_count: int = MIN_COUNT
+    unknown_share: float = UNKNOWN_SHARE
+
+    def __post_init__(self):
+        check_unknown_options(self.min_question_count, self.unknown_share)
 
 
 def load_similarity(path: str | Path | None) -> dict:
@@ -106,12 +119,16 @@ class KTVocab:
     pairs: list[tuple[int, int]]  # (problem id, skill id) in row order, after the 2 reserved rows
 
     @classmethod
-    def build(cls, ds: KTDataset) -> "KTVocab":
-        skills = Vocabulary.build(np.concatenate([s.questions for s in ds.sequences]))
+    def build(cls, ds: KTDataset, min_count: int = 1) -> "KTVocab":
+        """min_count: a skill, or a (problem, skill) pair, seen fewer times than this gets no row of its own (a rare
+        pair of a kept skill is answered by the skill's row, a rare skill by the unknown row)."""
+        skills = Vocabulary.build(np.concatenate([s.questions for s in ds.sequences]), min_count=min_count)
         if ds.sequences[0].problems is None:
             return cls(skills, None, [])
-        problems = Vocabulary.build(np.concatenate([s.problems for s in ds.sequences]))
-        pairs = sorted({(int(p), int(q)) for s in ds.sequences for p, q in zip(s.problems, s.questions, strict=True)})
+        counts = Counter((int(p), int(q)) for s in ds.sequences for p, q in zip(s.problems, s.questions, strict=True))
+        kept = set(skills.ids)
+        pairs = sorted(pair for pair, n in counts.items() if n >= min_count and pair[1] in kept)
+        problems = Vocabulary.build(np.asarray([p for p, _ in pairs], dtype=np.int64))
         return cls(skills, problems, pairs)
 
     @property
@@ -358,7 +375,9 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     if train_ds.n_cats != 2:
         raise ValueError(f"{train_ds.path}: SimAKT predicts right/wrong responses; this data has K = {train_ds.n_cats}")
     fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
-    vocab = KTVocab.build(fit_ds)  # ids seen only by validation or test students are unknown, as in serving
+    # ids seen only by validation or test students are unknown, as in serving; so are rare ones, and a share of the
+    # fitting interactions is given as unknown: the unknown row learns an average question (run.py)
+    vocab = KTVocab.build(fit_ds, min_count=cfg.min_question_count)
     model_cfg = SimAKTConfig(n_questions=len(vocab), n_skills=len(vocab.skills),
                              n_problems=len(vocab.problems) if vocab.problems else 0,
                              similarity=similarity or {}, **cfg.model)
@@ -368,6 +387,11 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     model.question_skill.copy_(skill)
     model.question_problem.copy_(problem)
     fit_trajs, fit_ids = trajectories(fit_ds, vocab, model_cfg.window)
+    fit_trajs = list(zip(hide_ids([q for q, _ in fit_trajs], cfg.unknown_share, cfg.seed), [r for _, r in fit_trajs],
+                         strict=True))
+    unknown = unknown_record(len(vocab.skills.ids), len(np.unique(np.concatenate([s.questions for s in
+                                                                                 fit_ds.sequences]))),
+                             cfg.min_question_count, cfg.unknown_share, [q for q, _ in fit_trajs])
     valid_trajs, valid_ids = trajectories(valid_ds, vocab, model_cfg.window)
     test_seqs = sequences(test_ds, vocab)
     valid_seqs = sequences(valid_ds, vocab)
@@ -400,6 +424,7 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
                  "fingerprint": fingerprint(train_ds.path, test_ds.path), "n_fit_students": len(fit_ds),
                  "n_valid_students": len(valid_ds), "n_test_students": len(test_ds)},
         "responses": {"n_cats": 2},
+        "unknown": unknown,
         "metrics": metrics,
         "train_config": asdict(cfg),
         "training": {"epochs_run": len(history), "best_epoch": best["epoch"], "seconds": round(train_seconds, 1),

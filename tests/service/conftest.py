@@ -406,3 +406,26 @@ def stop_process(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+# -- next-item models trained for real (test_sessions_api.py, test_unknown_ids.py) ----------------------------------
+@pytest.fixture(scope="session")
+def rec_artifacts(build_once):
+    """artifacts/{gru4rec,popularity}/1 trained for real on generated sessions (60 items); once per run, read-only."""
+    import numpy as np
+
+    from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
+    from nextstep.training.next_item_run import train_next_item
+    from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
+
+    def build(root):
+        data = zipf_sessions(300, 60, (2, 9), follow=0.7, seed=0)
+        write_gru4rec_tsv(subset(data, np.arange(250)), root / "demo_train_full.txt")
+        write_gru4rec_tsv(subset(data, np.arange(250, 300)), root / "demo_test.txt")
+        cfg = GRU4RecTrainConfig(epochs=2, n_sample=16, model={"layers": (12,)})
+        train_next_item("gru4rec", root, root / "artifacts" / "gru4rec" / "1", cfg=cfg, progress=False, log=False,
+                        top_k=30)
+        train_next_item("popularity", root, root / "artifacts" / "popularity" / "1", progress=False, log=False,
+                        top_k=30)
+
+    return build_once("rec", build) / "artifacts"

@@ -9,26 +9,8 @@ import pytest
 import torch
 
 from nextstep.service.settings import Settings
-from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
-from nextstep.training.next_item_run import load_next_item, train_next_item
-from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
+from nextstep.training.next_item_run import load_next_item
 from tests.service.conftest import ODD_IDS, encoded
-
-
-@pytest.fixture(scope="session")
-def rec_artifacts(build_once):
-    """artifacts/{gru4rec,popularity}/1 trained for real on generated sessions (60 items); once per run, read-only."""
-    def build(root):
-        data = zipf_sessions(300, 60, (2, 9), follow=0.7, seed=0)
-        write_gru4rec_tsv(subset(data, np.arange(250)), root / "demo_train_full.txt")
-        write_gru4rec_tsv(subset(data, np.arange(250, 300)), root / "demo_test.txt")
-        cfg = GRU4RecTrainConfig(epochs=2, n_sample=16, model={"layers": (12,)})
-        train_next_item("gru4rec", root, root / "artifacts" / "gru4rec" / "1", cfg=cfg, progress=False, log=False,
-                        top_k=30)
-        train_next_item("popularity", root, root / "artifacts" / "popularity" / "1", progress=False, log=False,
-                        top_k=30)
-
-    return build_once("rec", build) / "artifacts"
 
 
 @pytest.fixture(params=["in-process", "redis"])
@@ -118,13 +100,15 @@ def test_cold_sessions_fall_back_to_the_configured_model(rec_artifacts, serve):
 
 
 @pytest.mark.parametrize("path, body, status, field", [
-    ("events", {"session_id": "s", "events": [{"item_id": "999999"}]}, 422, "events[0].item_id"),
+    ("events", {"session_id": "s", "events": [{"item_id": "999999"}], "unknown_items": "error"}, 422,
+     "events[0].item_id"),
     ("events", {"session_id": "s", "events": []}, 422, "events"),
     ("events", {"session_id": "s", "events": [{"item_id": [1]}]}, 422, "item_id"),
     ("events", {"session_id": "", "events": [{"item_id": "2"}]}, 422, "session_id"),
     ("recommend", {"session_id": "s", "k": 31}, 422, "k"),
     ("recommend", {"session_id": "s", "k": 0}, 422, "k"),
-    ("batch", {"sessions": [{"item_ids": ["2", "999999"]}]}, 422, "sessions[0].item_ids[1]"),
+    ("batch", {"sessions": [{"item_ids": ["2", "999999"]}], "unknown_items": "error"}, 422,
+     "sessions[0].item_ids[1]"),
     ("batch", {"sessions": []}, 422, "sessions"),
 ])
 def test_bad_input_is_a_4xx_naming_the_field(rec_artifacts, serve, path, body, status, field):

@@ -366,7 +366,8 @@ def test_bad_input_is_a_4xx_naming_the_field(simakt, artifacts, tmp_path, serve)
         ("GET", "/v1/kt/deep_gpcm/banks", None, 404, "model"),
         ("PUT", "/v1/kt/deep_gpcm/banks/active", {"version": "v2"}, 404, "model"),
     ]
-    with serve(Settings(artifacts_dir=root)) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve(Settings(artifacts_dir=root, unknown_questions="error")) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
         for method, path, body, status, field in cases:
             reply = http.request(method, path, json=body)
             assert reply.status_code == status, (path, body, reply.text)
@@ -374,6 +375,11 @@ def test_bad_input_is_a_4xx_naming_the_field(simakt, artifacts, tmp_path, serve)
         assert http.get("/v1/kt/simakt/banks").json()["active"] == simakt["v1"]  # nothing moved
         gpcm = http.post("/v1/kt/deep_gpcm/predict", json={"student_id": "s", "question_ids": [3]}).json()
         assert "bank_version" not in gpcm and {"theta", "alpha", "beta"} <= set(gpcm["predictions"][0])
+    with serve(Settings(artifacts_dir=root)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        # by default an unknown question is answered through SimAKT's trained unknown row (issue 37 part 6)
+        reply = http.post("/v1/kt/simakt/predict", json={"student_id": "s", "question_ids": ["3", "nope"]})
+        assert reply.status_code == 200, reply.text
+        assert [p.get("known", True) for p in reply.json()["predictions"]] == [True, False]
 
 
 def test_requests_with_different_banks_never_share_a_run(simakt):

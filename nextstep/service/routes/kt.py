@@ -139,7 +139,12 @@ IRT_OUTPUTS = """GPCM models (deep_gpcm, attention_gpcm, coral_gpcm) give, per q
 
 The learner's one overall ability is `ability` on `GET /v1/kt/{model}/students/{id}`: the mean of theta over
 every question the model knows, with its range (`ability_range`). Right/wrong models without IRT outputs (dkt,
-simakt) give probabilities only."""
+simakt) give probabilities only.
+
+A question id the model never saw (added after training) is answered through the model's unknown row, trained to be
+an average question: its prediction (or ranked item) says `"known": false`, and an events answer lists such ids in
+`unknown_question_ids`. With NEXTSTEP_UNKNOWN_QUESTIONS=error, or a version trained without that row, it is a 422
+naming the field."""
 
 
 def _events(items: list[KtEvent]) -> list[Event]:

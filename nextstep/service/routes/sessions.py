@@ -28,8 +28,12 @@ SessionId = Annotated[IdText, Field(description=f"the session's id: any string o
                                     examples=["visit-7"])]
 K = Annotated[StrictInt, Field(ge=1, le=1000, description="how many items (at most the model's top_k)")]
 ExcludeSeen = Annotated[StrictBool, Field(description="leave out items this session already clicked (its last 64)")]
-Unknown = Annotated[Literal["error", "skip"],
-                    Field(description="an item id the model does not know: a 422 (error) or left out (skip)")]
+Unknown = Annotated[Literal["answer", "error", "skip"] | None,
+                    Field(description="an item id the model does not know (added after training): stepped through "
+                                      "the model's unknown row and listed in unknown_item_ids (answer), a 422 "
+                                      "(error), or left out (skip); null: the service's NEXTSTEP_UNKNOWN_QUESTIONS "
+                                      "(answer unless set to error). A version trained without an unknown row "
+                                      "answers 422 for answer")]
 
 
 async def recommender(request: Request) -> SessionRecommender:
@@ -54,7 +58,7 @@ class SessionEventsRequest(Strict):
     events: Annotated[list[SessionClick], Field(min_length=1)]
     recommend_k: Annotated[StrictInt | None, Field(ge=1, le=1000, description="also recommend this many after")] = None
     exclude_seen: ExcludeSeen = True
-    unknown_items: Unknown = "error"
+    unknown_items: Unknown = None
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "session_id": "visit-7", "events": [{"item_id": "214536502", "event_id": "c-1"}], "recommend_k": 5}]})
@@ -77,7 +81,7 @@ class SessionBatchRequest(Strict):
     sessions: Annotated[list[SessionSequence], Field(min_length=1)]
     k: K = 20
     exclude_seen: ExcludeSeen = True
-    unknown_items: Unknown = "error"
+    unknown_items: Unknown = None
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "sessions": [{"session_id": "a", "item_ids": ["214536502", "214536506"]}], "k": 5}]})
