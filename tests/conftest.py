@@ -48,6 +48,8 @@ FIRST = (
     "tests/training/test_mrn_loop.py",
     "tests/training/test_families.py",
     "tests/service/test_sessions_api.py",
+    "tests/service/test_quality.py",
+    "tests/service/test_upgrades.py",
 )
 
 
