@@ -18,6 +18,11 @@ rows, how its blob is laid out, and what it answers. What they share lives here:
   before the request's own events, and the compare-and-set holds only if the log did not move meanwhile.
 * `fold` - step a state through events, one graph call each; the last event's call also answers a query
   when the task passes a combined graph (step_predict, step_recommend): one call instead of two.
+* `model(name, entity)` - the version that answers an entity: a canary rollout's candidate for the entities in its
+  fraction (rollouts.py); `shadow` queues a shadow rollout's candidate to follow an entity's log after a write
+  (`run_shadows`, `follow_log`), off the request path.
+* `migrate` - a page of entities (`entities`: the store's scan) caught up with their logs for a version
+  (`catch_up`), for `nextstep states migrate` and POST /v1/models/{model}/migrate.
 """
 
 import asyncio
@@ -80,15 +85,14 @@ UP_TO_DATE = Behind()
 class StatefulTask:
     TASK: str
     PREFIX: str
+    rollouts: Rollouts | None = None  # a canary's candidate answers the entities in its fraction (rollouts.py)
+    shadows: asyncio.Queue | None = None  # (model, candidate version, entity, log position) for a shadow to follow
+    on_shadow: Callable[[str, str], None] = staticmethod(lambda model, outcome: None)  # (model, done/dropped/failed)
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None):
         self.registry, self.store, self.engines = registry, store, engines
         self.writers = Writers(cas_retries, on_retry)
-
-    rollouts: Rollouts | None = None  # a canary's candidate answers the entities in its fraction (rollouts.py)
-    shadows: asyncio.Queue | None = None  # (model, candidate version, entity, events) for a shadow to follow
-    on_shadow: Callable[[str, str], None] = staticmethod(lambda model, outcome: None)  # (model, done/dropped/failed)
 
     def model(self, name: str, entity: str | None = None) -> LoadedModel:
         """The version that answers `name` (a pinned `name@version` as named); for an entity, the candidate of a
