@@ -2,6 +2,7 @@
 until a rollout names it; a canary puts it on a stable, hash-chosen fraction of learners, the same on two replicas
 sharing one Redis; promote and abort; no learner loses history. Real HTTP, real ONNX Runtime, a real Redis."""
 
+import json
 import time
 
 import httpx
@@ -9,7 +10,7 @@ import numpy as np
 
 from nextstep.service.rollouts import in_fraction
 from nextstep.service.settings import Settings
-from tests.service.test_upgrades import add_version, learner_events
+from tests.service.test_upgrades import DEMO, add_version, learner_events
 
 LEARNERS = [f"learner-{i}" for i in range(40)]
 
@@ -127,3 +128,32 @@ def test_a_shadow_follows_every_learner_without_answering_and_is_scored_on_the_s
             np.testing.assert_allclose(shadowed.json()["predictions"][0]["probabilities"],
                                        replay["students"][0]["predictions"][0]["probabilities"], atol=1e-5)
         assert 'nextstep_shadow_total{model="deep_gpcm",outcome="done"} 16.0' in http.get("/metrics").text
+
+
+def test_sessions_take_a_shadow_then_a_canary(tmp_path, redis_url, serve):
+    """The same rollouts for next-item sessions: a 100% shadow ranks every click after a session's first for both
+    versions (the same clicks), answering with version 1 only; then a 50% canary answers each session by its hash."""
+    add_version(tmp_path, "gru4rec", "1", 2026)
+    add_version(tmp_path, "gru4rec", "2", 2027, nudge=0.3)
+    items = [str(i) for i in json.loads((DEMO / "gru4rec" / "demo" / "vocab_items.json").read_text())["ids"][:12]]
+    sessions = {f"s{i}": [{"item_id": items[(3 * i + t) % 12]} for t in range(4)] for i in range(10)}
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        assert http.put("/v1/models/gru4rec/rollout", json={"candidate": "1", "mode": "shadow", "fraction": 1.0}) \
+            .status_code == 200
+        for session, clicks in sessions.items():
+            for click in clicks:
+                reply = http.post("/v1/sessions/gru4rec/events", json={"session_id": session, "events": [click]})
+                assert reply.json()["version"] == "2"
+        deadline = time.monotonic() + 10
+        while True:
+            quality = {q["version"]: q for q in http.get("/v1/models/gru4rec/quality").json()["versions"]}
+            if quality["1"]["scored"] == 30 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [(quality[v]["role"], quality[v]["scored"]) for v in ("1", "2")] == [("shadow", 30), ("serving", 30)]
+        assert http.put("/v1/models/gru4rec/rollout", json={"candidate": "1", "fraction": 0.5}).status_code == 200
+        for session in sessions:
+            got = http.post("/v1/sessions/gru4rec/recommend", json={"session_id": session, "k": 3}).json()
+            assert got["version"] == ("1" if in_fraction("gru4rec", session, 0.5) else "2")
+            assert got["events_total"] == 4
