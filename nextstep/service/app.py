@@ -440,6 +440,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,
                                          cas_retries=settings.cas_retries,
                                          max_interval_days=settings.srs_max_interval_days,
+                                         refit_min_scored=settings.srs_refit_min_scored,
+                                         refit_every_scored=settings.srs_refit_every_scored,
                                          on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
         app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)

@@ -256,3 +256,54 @@ def test_the_curve_starts_at_fsrs6_and_is_fsrs6_at_blend_zero():
     assert int(seen.sum()) > 40
     torch.testing.assert_close(torch.stack(got)[seen], wanted[seen].float(), atol=1e-5, rtol=0)
     assert float((torch.stack(untrained)[seen] - wanted[seen]).abs().max()) < 0.01
+
+
+W_OTHER = [0.5, 1.5, 4.0, 12.0, 5.5, 0.6, 1.8, 0.02, 1.3, 0.25, 0.9, 1.8, 0.1, 0.4, 1.2, 0.4, 2.2, 0.7, 0.2, 0.1, 0.35]
+
+
+def _user_params(b=B) -> torch.Tensor:
+    """(b, 21): every other row with other FSRS-6 parameters than the defaults."""
+    from nextstep.models.fsrs import DEFAULT_W
+    return torch.tensor([W_OTHER if i % 2 else list(DEFAULT_W) for i in range(b)], dtype=torch.float32)
+
+
+def test_each_rows_fsrs6_parameters_are_an_input_not_a_weight(model):
+    """One model, two users: each row's P(recall) is what the model gives with that row's user's parameters as its
+    own defaults, whatever the other rows' parameters (a row's parameters never leak into another's)."""
+    seq = _sequences(11)
+    params = _user_params()
+    state = model.init_state(B)
+    torch.testing.assert_close(state[9][0], model.fsrs_w.float())  # a new user starts from the defaults
+    state = (*state[:9], params)
+    for i in range(T):
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+        assert torch.equal(state[9], params)  # a review does not change the parameters (a refit does)
+    later = seq.time[:, -1] + 5 * 86400
+    mixed = model.readout(state, seq.card[:, -1], seq.deck[:, -1], later)
+    kept = model.fsrs_w.clone()
+    try:
+        for b in range(B):
+            with torch.no_grad():
+                model.fsrs_w.copy_(params[b])
+            alone = model.readout(tuple(x[b:b + 1] for x in state[:9]), seq.card[b:b + 1, -1], seq.deck[b:b + 1, -1],
+                                  later[b:b + 1])
+            torch.testing.assert_close(mixed.recall[b:b + 1], alone.recall, atol=1e-6, rtol=0)
+            torch.testing.assert_close(mixed.fsrs_recall[b:b + 1], alone.fsrs_recall, atol=1e-6, rtol=0)
+    finally:
+        with torch.no_grad():
+            model.fsrs_w.copy_(kept)
+    same = (*state[:9], params[[0, 0, 0]])
+    assert not torch.allclose(mixed.recall, model.readout(same, seq.card[:, -1], seq.deck[:, -1], later).recall)
+
+
+def test_stepping_equals_the_full_pass_with_each_users_parameters(model):
+    seq = _sequences(13)
+    params = _user_params()
+    full = model(seq, params)
+    state = (*model.init_state(B)[:9], params)
+    for i in range(T):
+        out = model.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        torch.testing.assert_close(out.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.fsrs_recall, full.fsrs_recall[:, i], atol=1e-6, rtol=0)
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+    assert not torch.allclose(full.fsrs_recall[1], model(seq).fsrs_recall[1])  # row 1's own parameters mattered
