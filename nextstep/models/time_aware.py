@@ -100,6 +100,10 @@ class TimeAwareConfig:
     # the deck's drift: the same mean over the window's scored rows of the query's deck (each row carries FSRS-6's
     # error on it, `Window.error`), a row's weight halving every `drift_halflife` such rows after it; its own gain
     deck_drift_gain: float = 1.0
+    # past the longest gap between two reviews of a card among the rows a query sees (at least a day), the network's
+    # curve falls as FSRS-6's does from there: R(t) = R_net(min(t, G)) * R_FSRS(t) / R_FSRS(G), so the correction
+    # never stretches an interval further than the reviews support (issue 38, part 4). Off: the network's own curve
+    gap_shrink: bool = False
 
     @property
     def n_heads(self) -> int:
@@ -399,7 +403,7 @@ class TimeAwareTransformer(nn.Module):
         return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
                    "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s, decay), "fsrs_s": fsrs_s,
                    "decay": decay,
-                   "time_weight": F.softplus(self.time_head(x))}
+                   "time_weight": F.softplus(self.time_head(x)), "gap": self._longest_gap(row_feats, visible)}
 
     def params(self, params: torch.Tensor | None, batch: int) -> torch.Tensor:
         """(B, 21) FSRS-6 parameters: the rows' own, or the model's `fsrs_w` (the defaults) for every row."""
@@ -470,17 +474,40 @@ class TimeAwareTransformer(nn.Module):
         centres = self.drop_centres.to(hours.dtype)
         return (drops.to(hours.dtype) * torch.sigmoid((hours - centres) / DROP_WIDTH)).sum(-1)
 
-    def _recall_logit(self, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
-        """logit P(recall) (before calibration) of a seen card `elapsed` (float64) days after its last review: the
-        network's curve, minus the rising time terms, plus the falling ones, each with a weight >= 0 from x
-        (`time_head`): a sum of terms none of which rises with time; mixed with FSRS-6's own curve by `blend`."""
+    @staticmethod
+    def _longest_gap(row_feats: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """(B, Q) float64 days: the longest interval between two reviews of one card among the rows each query sees,
+        at least a day (`gap_shrink`'s G)."""
+        interval = torch.expm1(row_feats[..., 0]).unsqueeze(1)  # (B, 1, H) days since the row card's previous review
+        return torch.where(visible, interval, 0.0).amax(-1).clamp(min=1.0).double()
+
+    def _network_logit(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the network's logit P(recall) `elapsed` (float64) days after the card's last review, the whole scheduler
+        days since it)."""
         day, days = self._days(ctx, elapsed)  # from float64 elapsed: the day a query falls on is exact
         elapsed = elapsed.float()
         rising, falling = self._time_terms(ctx, elapsed, day, days)
         weight = ctx["time_weight"].to(rising.dtype)
         n = rising.shape[-1]
-        network = (self._curve_logit(ctx["curve"], days, elapsed) - (weight[..., :n] * rising).sum(-1)
-                   + (weight[..., n:] * falling).sum(-1))
+        return (self._curve_logit(ctx["curve"], days, elapsed) - (weight[..., :n] * rising).sum(-1)
+                + (weight[..., n:] * falling).sum(-1)), days
+
+    def _recall_logit(self, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
+        """logit P(recall) (before calibration) of a seen card `elapsed` (float64) days after its last review: the
+        network's curve, minus the rising time terms, plus the falling ones, each with a weight >= 0 from x
+        (`time_head`): a sum of terms none of which rises with time; mixed with FSRS-6's own curve by `blend`.
+        With `gap_shrink`, past the longest gap G the rows show, the network's curve is its value at G times FSRS-6's
+        fall from G (still never rising)."""
+        if self.cfg.gap_shrink:
+            capped = torch.minimum(elapsed, ctx["gap"])
+            network, at_gap = self._network_logit(ctx, capped)
+            _, days = self._days(ctx, elapsed)
+            fall = (fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], days)
+                    - fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], at_gap)).double().clamp(max=0.0)
+            network = torch.where(elapsed > capped, _logit_of_log(F.logsigmoid(network.double()) + fall).float(),
+                                  network)
+        else:
+            network, days = self._network_logit(ctx, elapsed)
         base = _logit_of_log(fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], days).double()).float()  # FSRS-6
         # blend in [0, 1]: two non-increasing curves, mixed; the drift offset does not depend on the query's time
         return base + self.blend * (network - base) + ctx["drift"]
