@@ -8,6 +8,7 @@
     openapi      write the service's OpenAPI document (openapi/openapi.json)
     score        score whole histories offline through the exported graphs
     import-anki  write an Anki collection's reviews as a review-log CSV
+    srs refit    refit flashcard users' FSRS-6 parameters from their stored reviews (a worker)
     demo         train small models on generated data and replay a learner through ONNX Runtime
 
 `train`, `evaluate` and `export` are built from the family registry (nextstep/training/families.py).
