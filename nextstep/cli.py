@@ -10,6 +10,7 @@
     import-anki  write an Anki collection's reviews as a review-log CSV
     states migrate  rebuild every learner's or session's state for a version from their event logs
     events export   write the event logs the service keeps as training files
+    srs refit    refit flashcard users' FSRS-6 parameters from their stored reviews (a worker)
     demo         train small models on generated data and replay a learner through ONNX Runtime
 
 `train`, `evaluate` and `export` are built from the family registry (nextstep/training/families.py).
@@ -199,7 +200,11 @@ def cmd_evaluate(args) -> int:
     require("torch", "train", "nextstep evaluate")
     entry = _artifact_family(args.artifact, "evaluate")
     kwargs = _options(args, entry, entry.evaluate_options, "evaluate")
-    print(json.dumps(entry.resolve("evaluate")(args.artifact, args.data, **kwargs), indent=2))
+    result = entry.resolve("evaluate")(args.artifact, args.data, **kwargs)
+    text = json.dumps(result, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
     return 0
 
 
@@ -226,7 +231,7 @@ def _service_settings(args, command: str):
     settings = Settings(**({"artifacts_dir": Path(args.artifacts)} if getattr(args, "artifacts", None) else {}))
     if not settings.redis_url:
         raise SystemExit(f"nextstep {command}: set NEXTSTEP_REDIS_URL to the service's Redis (without it the state "
-                         "lives inside the serving process, where POST /v1/models/{model}/migrate reaches it)")
+                         "lives inside the serving process, out of this command's reach)")
     return settings
 
 
@@ -374,6 +379,33 @@ def cmd_demo(args) -> int:
         print(f"{'':15s} after {history}: P(response to {vocab[3]}) = {[round(float(p), 3) for p in probs[0, 0]]}, "
               f"theta {theta[0, 0]:.2f}, alpha {alpha[0, 0]:.2f}, beta {[round(float(b), 2) for b in beta[0, 0]]}")
     print(f"artifacts in {work / 'artifacts'}")
+    return 0
+
+
+def cmd_srs_refit(args) -> int:
+    """Refit flashcard users' FSRS-6 parameters from their stored reviews (a worker: run it periodically)."""
+    import asyncio
+
+    settings = _service_settings(args, "srs refit")
+    from .service.registry import ModelRegistry
+    from .service.srs import SpacedRepetition
+    from .service.srs_refit import refit_all
+    from .service.state import make_store
+
+    async def run() -> list[dict]:
+        registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=1)
+        registry.reload()
+        store = make_store(settings.redis_url, ttl_seconds=settings.srs_ttl_seconds or None,
+                           max_event_ids=settings.max_event_ids, options=settings.redis_options())
+        try:
+            srs = SpacedRepetition(registry, store, None, refit_min_scored=settings.srs_refit_min_scored,
+                                   refit_every_scored=settings.srs_refit_every_scored)
+            return await refit_all(srs, args.model, args.user or None, force=args.force)
+        finally:
+            await store.close()
+
+    done = asyncio.run(run())
+    print(json.dumps({"users": len(done), "refitted": sum(bool(d.get("refitted")) for d in done)}))
     return 0
 
 
@@ -671,6 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="time_aware: how a review-log CSV's day columns are read (see train)")
     evaluate.add_argument("--duration-cap-s", type=_above_zero,
                           help="time_aware: the app's answer-time cap (see train)")
+    evaluate.add_argument("--json", metavar="OUT", help="also write the result (JSON) to this file")
     evaluate.set_defaults(func=cmd_evaluate)
 
     export = sub.add_parser("export", help="export an artifact's weights again through its family's exporter "
@@ -768,6 +801,16 @@ def build_parser() -> argparse.ArgumentParser:
     export_ev.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR)")
     export_ev.add_argument("--quiet", action="store_true", help="no progress lines")
     export_ev.set_defaults(func=cmd_events_export)
+
+    srs = sub.add_parser("srs", help="flashcard maintenance (workers run off the request path)")
+    srs_sub = srs.add_subparsers(dest="srs_command", required=True)
+    refit = srs_sub.add_parser("refit", help="refit users' FSRS-6 parameters from their stored reviews (those due: "
+                                             "NEXTSTEP_SRS_REFIT_MIN_SCORED, NEXTSTEP_SRS_REFIT_EVERY_SCORED)")
+    refit.add_argument("--model", required=True, help="the srs model (NAME or NAME@VERSION)")
+    refit.add_argument("--user", action="append", help="a user to refit (repeat; default: every user of the model)")
+    refit.add_argument("--force", action="store_true", help="refit whatever the counts")
+    refit.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR)")
+    refit.set_defaults(func=cmd_srs_refit)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")

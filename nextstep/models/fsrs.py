@@ -24,8 +24,14 @@ DEFAULT_W = (0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.872
 S_MIN, S_MAX = 0.001, 36500.0
 
 
+def _w(w: torch.Tensor, k: int) -> torch.Tensor:
+    """Parameter k of w (..., 21) with a trailing axis of 1, so that it broadcasts against (..., C) steps: w may be
+    one user's (21,) or one per batch row ((B, 21), (B, 1, 21), ...: one user's parameters per row)."""
+    return w[..., k:k + 1]
+
+
 def initial_difficulty(w: torch.Tensor, rating: torch.Tensor) -> torch.Tensor:
-    return w[4] - torch.exp(w[5] * (rating - 1)) + 1
+    return _w(w, 4) - torch.exp(_w(w, 5) * (rating - 1)) + 1
 
 
 def log_retrievability(decay: torch.Tensor, stability: torch.Tensor, days: torch.Tensor) -> torch.Tensor:
@@ -36,13 +42,14 @@ def log_retrievability(decay: torch.Tensor, stability: torch.Tensor, days: torch
 
 
 def retrievability(w: torch.Tensor, stability: torch.Tensor, days: torch.Tensor) -> torch.Tensor:
-    """R after `days` at `stability`, with the user's parameters w."""
-    return torch.exp(log_retrievability(w[20], stability, days))
+    """R after `days` at `stability`, with the user's parameters w (21,)."""
+    return torch.exp(log_retrievability(w[..., 20], stability, days))
 
 
 def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
                  present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A card's (S, D) after its reviews: rating (..., C) float, day (..., C) scheduler day numbers, present
+    """A card's (S, D) after its reviews: w the user's parameters, (21,) or (..., 21) broadcasting against the
+    leading axes of the steps (one user per row), rating (..., C) float, day (..., C) scheduler day numbers, present
     (..., C) bool, oldest first, the present steps a suffix (the card's reviews, after padding). For a card with
     no present step the result is finite and meaningless; callers do not use it.
 
@@ -54,12 +61,13 @@ def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
     # and the padding before it, whose values the first review overwrites) starts it afresh
     cont = present & torch.cat([torch.zeros_like(present[..., :1]), present[..., :-1]], -1)
     days = torch.cat([torch.zeros_like(day[..., :1]), (day[..., 1:] - day[..., :-1]).clamp(min=0)], -1)
-    start_s = w[:4][(rating.long() - 1).clamp(0, 3)]
+    start_s = torch.where(rating <= 1, _w(w, 0), torch.where(rating <= 2, _w(w, 1), torch.where(
+        rating <= 3, _w(w, 2), _w(w, 3))))  # w[G - 1], per row
     start_d = initial_difficulty(w, rating).clamp(1.0, 10.0)
     # difficulty: D' = clamp(D * a + b, 1, 10) with a, b from the rating (mean reversion folded in)
-    lean = w[6] * (rating - 3) / 9
-    a = (1 - w[7]) * (1 + lean)
-    b = w[7] * initial_difficulty(w, 4 * one) - (1 - w[7]) * 10 * lean
+    lean = _w(w, 6) * (rating - 3) / 9
+    a = (1 - _w(w, 7)) * (1 + lean)
+    b = _w(w, 7) * initial_difficulty(w, 4 * one) - (1 - _w(w, 7)) * 10 * lean
     # steps are (..., 1) slices (split keeps the axis: no squeeze and unsqueeze nodes in the exported loop)
     d, before = start_d[..., :1], []
     for a_c, b_c, d0, more in zip(*(x.split(1, -1) for x in (a, b, start_d, cont)), strict=True):
@@ -67,20 +75,20 @@ def memory_state(w: torch.Tensor, rating: torch.Tensor, day: torch.Tensor,
         d = torch.where(more, (d * a_c + b_c).clamp(1.0, 10.0), d0)
     d_before = torch.cat(before, -1)
     # the stability's step-independent factors
-    factor = torch.pow(0.9, -1.0 / w[20]) - 1.0
-    bonus = torch.where(rating == 2, w[15] * one, torch.where(rating == 4, w[16] * one, one))
-    grow = torch.exp(w[8]) * bonus * (11 - d_before)
-    lapse = w[11] * torch.pow(d_before, -w[12])
-    short = torch.exp(w[17] * (rating - 3 + w[18]))
+    factor = torch.pow(0.9, -1.0 / _w(w, 20)) - 1.0
+    bonus = torch.where(rating == 2, _w(w, 15) * one, torch.where(rating == 4, _w(w, 16) * one, one))
+    grow = torch.exp(_w(w, 8)) * bonus * (11 - d_before)
+    lapse = _w(w, 11) * torch.pow(d_before, -_w(w, 12))
+    short = torch.exp(_w(w, 17) * (rating - 3 + _w(w, 18)))
     least = (rating >= 2).to(rating.dtype)  # a same-day Hard, Good or Easy never lowers the stability
-    floor = torch.exp(w[17] * w[18])
+    floor = torch.exp(_w(w, 17) * _w(w, 18))
     s = start_s[..., :1]
     parts = (factor * days, grow, lapse, short, least, start_s, days == 0, rating == 1, cont)
     for fdt, g, lp, sh, lo, s0, same_day, again, more in zip(*(x.split(1, -1) for x in parts), strict=True):
-        forget = 1 - torch.pow(1.0 + fdt / s, -w[20])  # 1 - R
-        recalled = s * (1 + g * torch.pow(s, -w[9]) * (torch.exp(forget * w[10]) - 1))
-        forgot = torch.minimum(lp * (torch.pow(s + 1, w[13]) - 1) * torch.exp(forget * w[14]), s / floor)
-        same = s * torch.maximum(sh * torch.pow(s, -w[19]), lo)
+        forget = 1 - torch.pow(1.0 + fdt / s, -_w(w, 20))  # 1 - R
+        recalled = s * (1 + g * torch.pow(s, -_w(w, 9)) * (torch.exp(forget * _w(w, 10)) - 1))
+        forgot = torch.minimum(lp * (torch.pow(s + 1, _w(w, 13)) - 1) * torch.exp(forget * _w(w, 14)), s / floor)
+        same = s * torch.maximum(sh * torch.pow(s, -_w(w, 19)), lo)
         new = torch.where(same_day, same, torch.where(again, forgot, recalled))
         s = torch.where(more, new.clamp(S_MIN, S_MAX), s0)
     return s.squeeze(-1), d.squeeze(-1)

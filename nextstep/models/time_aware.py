@@ -100,6 +100,10 @@ class TimeAwareConfig:
     # the deck's drift: the same mean over the window's scored rows of the query's deck (each row carries FSRS-6's
     # error on it, `Window.error`), a row's weight halving every `drift_halflife` such rows after it; its own gain
     deck_drift_gain: float = 1.0
+    # past the longest gap between two reviews of a card among the rows a query sees (at least a day), the network's
+    # curve falls as FSRS-6's does from there: R(t) = R_net(min(t, G)) * R_FSRS(t) / R_FSRS(G), so the correction
+    # never stretches an interval further than the reviews support (issue 38, part 4). Off: the network's own curve
+    gap_shrink: bool = False
 
     @property
     def n_heads(self) -> int:
@@ -132,9 +136,13 @@ class Query(NamedTuple):
     deck: torch.Tensor  # (B, Q) int64
     time: torch.Tensor  # (B, Q) float64
     drift: torch.Tensor | None = None  # (B, Q, 2) float32: the user's drift sums (m, w) before the query; None: 0
+    # (B, 21) float32: each row's user's FSRS-6 parameters (fitted on that user's reviews); None: the model's
+    # `fsrs_w` (the defaults a user without a fit gets)
+    params: torch.Tensor | None = None
 
 
 DRIFT_DTYPE = "float32"
+N_PARAMS = 21  # FSRS-6's parameters, one set per user: part of the state, an input of every graph
 
 
 class Prediction(NamedTuple):
@@ -263,7 +271,9 @@ class TimeAwareTransformer(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layers))
         self.rating_w = nn.Linear(d, 1)  # a new card's recall logit (no curve)
         self.curve_head = nn.Linear(d, 3 + len(DROP_CENTRES_H))  # corrections to FSRS-6's S and decay, ceiling, drops
-        # FSRS-6's 21 parameters (fsrs.py): the defaults until training fits them to the user's reviews
+        # FSRS-6's 21 parameters (fsrs.py) a user starts with, before a fit on their own reviews: fsrs-rs's
+        # defaults, or those training fitted (a single-user artifact). Each user's own parameters are an input
+        # (the state's `fsrs_w`, Query.params); these are only the rows' default
         self.register_buffer("fsrs_w", torch.tensor(fsrs.DEFAULT_W))
         self.register_buffer("drop_centres", torch.log1p(torch.tensor(DROP_CENTRES_H)), persistent=False)
         self.register_buffer("any_centres", torch.log1p(torch.tensor(ANY_CENTRES_H)), persistent=False)
@@ -350,7 +360,9 @@ class TimeAwareTransformer(nn.Module):
         last_any = torch.where(visible, positions, -1).amax(-1).clamp(min=0)  # the user's last visible row
         ref = torch.where(seen, _pick(w.time, last_card), torch.where(any_row, _pick(w.time, last_any), q.time))
         row_day, ref_day = self._day(w.time), self._day(ref)  # scheduler days of the rows and the reference
-        fsrs_s, fsrs_d = self._fsrs_state(w.rating, row_day, same_card, ref_day)
+        params = self.params(q.params, B)  # (B, 21): each row's user's FSRS-6 parameters
+        decay = params[:, 20:21]  # (B, 1): FSRS-6's decay w20 of each row's user
+        fsrs_s, fsrs_d = self._fsrs_state(params, w.rating, row_day, same_card, ref_day)
         elapsed = torch.where(seen, ((q.time - ref) / DAY).clamp(min=0), 0.0)  # (B, Q) days, float64
         rel_days = ((ref.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float()  # (B, Q, H): < 0 after the reference
         after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
@@ -389,10 +401,15 @@ class TimeAwareTransformer(nn.Module):
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
         return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
-                   "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s), "fsrs_s": fsrs_s,
-                   "time_weight": F.softplus(self.time_head(x))}
+                   "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s, decay), "fsrs_s": fsrs_s,
+                   "decay": decay,
+                   "time_weight": F.softplus(self.time_head(x)), "gap": self._longest_gap(row_feats, visible)}
 
-    def _fsrs_state(self, rating: torch.Tensor, row_day: torch.Tensor, same_card: torch.Tensor,
+    def params(self, params: torch.Tensor | None, batch: int) -> torch.Tensor:
+        """(B, 21) FSRS-6 parameters: the rows' own, or the model's `fsrs_w` (the defaults) for every row."""
+        return self.fsrs_w.unsqueeze(0).expand(batch, -1) if params is None else params
+
+    def _fsrs_state(self, params: torch.Tensor, rating: torch.Tensor, row_day: torch.Tensor, same_card: torch.Tensor,
                     ref_day: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """FSRS-6's (stability, difficulty) of each query's card after its reviews in the window (B, Q): the card's
         last `card_window` rows at most (review_window keeps those), so a card with more reviews starts its state at
@@ -406,7 +423,7 @@ class TimeAwareTransformer(nn.Module):
         at = rows.clamp(min=0).reshape(B, Q * C)
         card_rating = torch.gather(rating, 1, at).view(B, Q, C).float()
         day = (torch.gather(row_day, 1, at).view(B, Q, C) - ref_day.unsqueeze(-1)).float()
-        return fsrs.memory_state(self.fsrs_w, card_rating, day, rows >= 0)
+        return fsrs.memory_state(params.unsqueeze(1), card_rating, day, rows >= 0)  # (B, 1, 21): each row's user
 
     def _days(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the scheduler day `elapsed` days after the reference (float64), whole scheduler days since it (float32)):
@@ -427,7 +444,7 @@ class TimeAwareTransformer(nn.Module):
         falling = torch.stack([(days == 0).float(), _log1p(today)], -1)
         return rising, falling
 
-    def curve(self, x: torch.Tensor, fsrs_s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def curve(self, x: torch.Tensor, fsrs_s: torch.Tensor, decay: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The card's forgetting curve from the query state x and FSRS-6's stability of the card: (stability S in
         days, decay d, ceiling m, drops w):
 
@@ -439,7 +456,7 @@ class TimeAwareTransformer(nn.Module):
         only lowers recall as time passes, so the curve never rises, however the network sets S, d, m and w."""
         raw = self.curve_head(x)
         stability = fsrs_s * torch.exp(raw[..., 0].clamp(-6.0, 6.0))
-        base = ((self.fsrs_w[20] - 0.05) / 0.95).clamp(1e-4, 1 - 1e-4)
+        base = ((decay - 0.05) / 0.95).clamp(1e-4, 1 - 1e-4)  # the user's FSRS-6 decay (B, 1)
         decay = 0.05 + 0.95 * torch.sigmoid(torch.log(base) - torch.log1p(-base) + raw[..., 1])
         log_ceiling = F.logsigmoid(raw[..., 2].double())  # log m, exact near m = 1
         drops = F.softplus(raw[..., 3:])
@@ -457,18 +474,41 @@ class TimeAwareTransformer(nn.Module):
         centres = self.drop_centres.to(hours.dtype)
         return (drops.to(hours.dtype) * torch.sigmoid((hours - centres) / DROP_WIDTH)).sum(-1)
 
-    def _recall_logit(self, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
-        """logit P(recall) (before calibration) of a seen card `elapsed` (float64) days after its last review: the
-        network's curve, minus the rising time terms, plus the falling ones, each with a weight >= 0 from x
-        (`time_head`): a sum of terms none of which rises with time; mixed with FSRS-6's own curve by `blend`."""
+    @staticmethod
+    def _longest_gap(row_feats: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """(B, Q) float64 days: the longest interval between two reviews of one card among the rows each query sees,
+        at least a day (`gap_shrink`'s G)."""
+        interval = torch.expm1(row_feats[..., 0]).unsqueeze(1)  # (B, 1, H) days since the row card's previous review
+        return torch.where(visible, interval, 0.0).amax(-1).clamp(min=1.0).double()
+
+    def _network_logit(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the network's logit P(recall) `elapsed` (float64) days after the card's last review, the whole scheduler
+        days since it)."""
         day, days = self._days(ctx, elapsed)  # from float64 elapsed: the day a query falls on is exact
         elapsed = elapsed.float()
         rising, falling = self._time_terms(ctx, elapsed, day, days)
         weight = ctx["time_weight"].to(rising.dtype)
         n = rising.shape[-1]
-        network = (self._curve_logit(ctx["curve"], days, elapsed) - (weight[..., :n] * rising).sum(-1)
-                   + (weight[..., n:] * falling).sum(-1))
-        base = _logit_of_log(fsrs.log_retrievability(self.fsrs_w[20], ctx["fsrs_s"], days).double()).float()  # FSRS-6
+        return (self._curve_logit(ctx["curve"], days, elapsed) - (weight[..., :n] * rising).sum(-1)
+                + (weight[..., n:] * falling).sum(-1)), days
+
+    def _recall_logit(self, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
+        """logit P(recall) (before calibration) of a seen card `elapsed` (float64) days after its last review: the
+        network's curve, minus the rising time terms, plus the falling ones, each with a weight >= 0 from x
+        (`time_head`): a sum of terms none of which rises with time; mixed with FSRS-6's own curve by `blend`.
+        With `gap_shrink`, past the longest gap G the rows show, the network's curve is its value at G times FSRS-6's
+        fall from G (still never rising)."""
+        if self.cfg.gap_shrink:
+            capped = torch.minimum(elapsed, ctx["gap"])
+            network, at_gap = self._network_logit(ctx, capped)
+            _, days = self._days(ctx, elapsed)
+            fall = (fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], days)
+                    - fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], at_gap)).double().clamp(max=0.0)
+            network = torch.where(elapsed > capped, _logit_of_log(F.logsigmoid(network.double()) + fall).float(),
+                                  network)
+        else:
+            network, days = self._network_logit(ctx, elapsed)
+        base = _logit_of_log(fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], days).double()).float()  # FSRS-6
         # blend in [0, 1]: two non-increasing curves, mixed; the drift offset does not depend on the query's time
         return base + self.blend * (network - base) + ctx["drift"]
 
@@ -504,7 +544,7 @@ class TimeAwareTransformer(nn.Module):
         """(FSRS-6's own P(recall) `elapsed` days after the card's last review, 0 for a card without one; whether
         the protocol scores such a review: the card's last review was on an earlier scheduler day)."""
         _, days = self._days(ctx, elapsed)
-        p = torch.exp(fsrs.log_retrievability(self.fsrs_w[20], ctx["fsrs_s"], days).double()).float()
+        p = torch.exp(fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], days).double()).float()
         return torch.where(ctx["seen"], p, 0.0), ctx["seen"] & (days > 0)
 
     def drift_update(self, drift: torch.Tensor, pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
@@ -543,11 +583,14 @@ class TimeAwareTransformer(nn.Module):
         H = self.cfg.window
         return [*({"name": f"hist_{name}", "shape": [H], "dtype": dtype, "init": "empty window"}
                   for name, dtype in zip(Window._fields, WINDOW_DTYPES, strict=True)),
-                {"name": "drift", "shape": [2], "dtype": DRIFT_DTYPE, "init": "zeros"}]
+                {"name": "drift", "shape": [2], "dtype": DRIFT_DTYPE, "init": "zeros"},
+                {"name": "fsrs_w", "shape": [N_PARAMS], "dtype": "float32",
+                 "init": "the model's fsrs_w (FSRS-6's parameters a user starts with)"}]
 
     def init_state(self, batch: int) -> tuple:
         H = self.cfg.window
-        return (*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES), torch.zeros(batch, 2))
+        return (*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES), torch.zeros(batch, 2),
+                self.fsrs_w.float().unsqueeze(0).repeat(batch, 1))
 
     @staticmethod
     def row_error(pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
@@ -562,20 +605,23 @@ class TimeAwareTransformer(nn.Module):
         new = (card, deck, time, rating, duration, review_state, torch.ones_like(card, dtype=torch.bool),
                self.row_error(pred, rating))
         return (*(torch.cat([old[:, 1:], row.to(old.dtype).unsqueeze(1)], 1)
-                  for old, row in zip(state[:8], new, strict=True)), self.drift_update(state[8], pred, rating))
+                  for old, row in zip(state[:8], new, strict=True)), self.drift_update(state[8], pred, rating),
+                *state[9:])  # the user's parameters: unchanged by a review (a refit sets them)
 
     @staticmethod
-    def _split(state) -> tuple[Window, torch.Tensor | None]:
-        """(the window, the drift sums (B, 1, 2) or None) of a state; a bare Window has no drift."""
+    def _split(state) -> tuple[Window, torch.Tensor | None, torch.Tensor | None]:
+        """(the window, the drift sums (B, 1, 2) or None, the user's FSRS-6 parameters (B, 21) or None) of a state;
+        a bare Window has no drift and the model's parameters, and so does a state saved before parameters were
+        part of it (nine tensors)."""
         if isinstance(state, Window):
-            return state, None
-        return Window(*state[:8]), state[8].unsqueeze(1)
+            return state, None, None
+        return Window(*state[:8]), state[8].unsqueeze(1), state[9] if len(state) > 9 else None
 
     def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
         """One query per state: (B, H) rows and (B, 2) drift (or a bare Window: no drift), query (B,) -> outputs
         (B, ...). The serving path."""
-        w, drift = self._split(state)
-        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift)
+        w, drift, params = self._split(state)
+        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift, params)
         pred = self._core(w, q, w.valid.unsqueeze(1))
         return Prediction(*(t.squeeze(1) for t in pred))
 
@@ -589,8 +635,8 @@ class TimeAwareTransformer(nn.Module):
         many steps made the exported graph slow to build). A card without a review in the window is due now, and
         so is one already at or below the retention; one still above it after 10^6 days waits that long. Lower
         retention, later due, for every card."""
-        w, drift = self._split(state)
-        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift)
+        w, drift, params = self._split(state)
+        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift, params)
         x, ctx = self._encode(w, q, w.valid.unsqueeze(1))
         ctx["drift"] = self._drift(w, q, ctx["visible"])
         elapsed, seen = ctx["elapsed"], ctx["seen"]
@@ -611,12 +657,13 @@ class TimeAwareTransformer(nn.Module):
         pred = self._heads(x, ctx, elapsed + days)
         return pred.recall.squeeze(1), torch.log1p(days).squeeze(1), expected_duration(pred.log_duration.squeeze(1))
 
-    def forward(self, w: Window) -> Prediction:
+    def forward(self, w: Window, params: torch.Tensor | None = None) -> Prediction:
         """Teacher-forced: every row of (B, T) sequences predicted from the rows before it, each user's drift
-        starting at zero before the first: outputs (B, T, ...)."""
+        starting at zero before the first, with each sequence's user's FSRS-6 parameters `params` (B, 21) (None:
+        the model's `fsrs_w`): outputs (B, T, ...)."""
         B, T = w.card.shape
         causal = torch.ones(T, T, dtype=torch.bool, device=w.card.device).tril(-1)  # [i, j]: j < i
-        x, ctx = self._encode(w, Query(w.card, w.deck, w.time), causal.unsqueeze(0).expand(B, T, T))
+        x, ctx = self._encode(w, Query(w.card, w.deck, w.time, None, params), causal.unsqueeze(0).expand(B, T, T))
         p, scored = self._fsrs_now(ctx, ctx["elapsed"])
         scored = scored & w.valid
         # row j's weight at query i: a^(scored rows after j and before i), for scored j < i
@@ -628,7 +675,7 @@ class TimeAwareTransformer(nn.Module):
         error = ((w.rating > 1).float() - p).unsqueeze(-1)
         drift = torch.cat([weight @ error, weight.sum(-1, keepdim=True)], -1)  # (B, T, 2)
         rows = w._replace(error=torch.where(scored, error.squeeze(-1), math.nan))  # each row's error, as stepping
-        ctx["drift"] = self._drift(rows, Query(w.card, w.deck, w.time, drift), ctx["visible"])
+        ctx["drift"] = self._drift(rows, Query(w.card, w.deck, w.time, drift, params), ctx["visible"])
         return self._heads(x, ctx, ctx["elapsed"])
 
 

@@ -479,6 +479,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,
                                          cas_retries=settings.cas_retries,
                                          max_interval_days=settings.srs_max_interval_days,
+                                         refit_min_scored=settings.srs_refit_min_scored,
+                                         refit_every_scored=settings.srs_refit_every_scored,
                                          on_retry=lambda m: metrics.cas_retries.labels(m.name).inc())
         # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
         rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)

@@ -10,9 +10,13 @@ State per user, under `srs:<model>:<schema>:<user>` (the schema hash covers the 
 window sizes, not the model version: the reviews are data, and a new version reading windows of the same
 sizes goes on from them; see schema_hash):
 
-* the blob: a header, the number of distinct cards reviewed (int64) and the user's drift sums (m, w) (two
-  float64, TimeAwareTransformer.drift_update), followed by the user's last `size` reviews (the recent block),
-  oldest first;
+* the blob: a header, followed by the user's last `size` reviews (the recent block), oldest first. The header
+  (`HEADER`, layout v4) holds a tag (-4), the number of distinct cards reviewed (int64), the user's drift sums (m, w)
+  (two float64, TimeAwareTransformer.drift_update), the number of scored reviews recorded, and the user's own FSRS-6
+  parameters with their provenance (`Fit`: the 21 weights, how many reviews and scored reviews they were fitted on,
+  when). A v3 header (`HEADER_V3`, before per-user parameters: the card count and the drift only, its first field a
+  count >= 0 where v4's is its negative tag) still reads: the user has the artifact's default parameters, and their
+  next write stores v4;
 * a companion field per card id (state.py's `fields`): that card's last `card_size` reviews.
 
 Each stored review is a fixed 42-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
@@ -30,6 +34,15 @@ error (NaN when not scored), which the graph reads back with the window (`hist_e
 same mean over the window's reviews of the query's deck. The sums and errors are computed under the
 FSRS-6 parameters of the version that recorded the review; a new version goes on from them (they estimate the
 same thing: how far the user is from FSRS-6 lately).
+
+Parameters. Each user's FSRS-6 parameters are an input of both graphs (`fsrs_w`): one artifact serves every
+user with their own memory model. A new user starts from the manifest's `fsrs6.parameters` (fsrs-rs's defaults
+for an artifact trained across users). They are refitted off the request path, from the user's stored reviews, by
+fsrs-rs (`refit`, which `nextstep srs refit` runs for every user or those named): once the user has at least
+NEXTSTEP_SRS_REFIT_MIN_SCORED scored reviews, and again whenever NEXTSTEP_SRS_REFIT_EVERY_SCORED more have arrived
+since the last fit. The fit is the evaluation protocol's (`srs_eval.fit_fsrs6`) on the reviews the store holds: the
+recent block and each card's last `card_size` reviews (a card with more starts its history at the oldest kept).
+The new parameters are written with a compare-and-set of the header alone (reviews recorded meanwhile are kept).
 
 Ids. The graph only compares card and deck ids for equality, so the service maps its string ids to int64
 with a stable hash (`id_hash`: the first 8 bytes of BLAKE2b, as a signed little-endian integer). Two ids
@@ -74,7 +87,11 @@ from .state import StoredState
 
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1"), ("error", "<f4")])  # packed: 42 bytes
-HEADER = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards reviewed, drift sums (m, w)
+HEADER_V3 = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards reviewed, drift sums (m, w)
+HEADER_TAG = -4  # the first field of a v4 header (a v3 header's is a card count, >= 0)
+N_PARAMS = 21
+HEADER = np.dtype([("tag", "<i8"), ("cards", "<i8"), ("drift", "<f8", (2,)), ("scored", "<i8"),
+                   ("w", "<f8", (N_PARAMS,)), ("fitted_on", "<i8"), ("fitted_scored", "<i8"), ("fitted_at", "<f8")])
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
 SIMULATE_MAX_RETENTIONS = 10
@@ -90,7 +107,7 @@ MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a big schedu
 # what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
 INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
           "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "hist_error": "float32",
-          "drift": "float32",
+          "drift": "float32", "fsrs_w": "float32",
           "card": "int64", "deck": "int64", "time": "float64"}
 OUTPUTS = ("rating_probs", "recall", "duration_s", "fsrs_recall", "scored")
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
@@ -165,16 +182,36 @@ class Review:
     event_id: str | None = None
 
 
+@dataclass(frozen=True)
+class Fit:
+    """A user's FSRS-6 parameters: `w` None until a fit (the model's defaults), the reviews and scored reviews the
+    fit used, and when it was made (unix seconds)."""
+
+    w: tuple[float, ...] | None = None
+    fitted_on: int = 0
+    fitted_scored: int = 0
+    fitted_at: float | None = None
+
+
+NO_FIT = Fit()
+
+
 @dataclass
 class History:
     """What one read returns for a user: the recent block, the fields read, the card count, the drift sums, the
-    stored state."""
+    stored state, the scored reviews recorded (-1: unknown, a v3 header) and the user's FSRS-6 parameters."""
 
     stored: StoredState
     recent: np.ndarray  # ROW, oldest first, at most `size`
     cards: dict[str, np.ndarray]  # card id -> ROW, that card's last `card_size` reviews (only the cards read)
     n_cards: int
     drift: np.ndarray  # (2,) float64: (m, w)
+    scored: int = 0
+    fit: Fit = NO_FIT
+
+    def params(self, model: LoadedModel) -> np.ndarray:
+        """(21,) float32: the user's FSRS-6 parameters, or the model's defaults before a fit."""
+        return np.asarray(self.fit.w if self.fit.w is not None else default_params(model), dtype=np.float32)
 
     @property
     def count(self) -> int:  # reviews so far = the next sequence number
@@ -196,19 +233,41 @@ def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
 def _decode(stored: StoredState) -> History:
     if stored.blob is None:
         return History(stored, np.zeros(0, dtype=ROW), {}, 0, np.zeros(2))
-    if len(stored.blob) < HEADER.itemsize:
-        raise ValueError(f"stored reviews of {len(stored.blob)} bytes are shorter than their {HEADER.itemsize}-byte "
-                         "header")
-    header = np.frombuffer(stored.blob, dtype=HEADER, count=1)[0]
+    blob = stored.blob
+    v4 = len(blob) >= 8 and int(np.frombuffer(blob, dtype="<i8", count=1)[0]) == HEADER_TAG
+    layout = HEADER if v4 else HEADER_V3
+    if len(blob) < layout.itemsize:
+        raise ValueError(f"stored reviews of {len(blob)} bytes are shorter than their {layout.itemsize}-byte header")
+    header = np.frombuffer(blob, dtype=layout, count=1)[0]
     cards = {card: _rows(value) for card, value in stored.fields.items()}
-    return History(stored, _rows(stored.blob, HEADER.itemsize), cards, int(header["cards"]),
-                   np.array(header["drift"], dtype=np.float64))
+    if not v4:  # before per-user parameters: the defaults, scored reviews unknown
+        return History(stored, _rows(blob, layout.itemsize), cards, int(header["cards"]),
+                       np.array(header["drift"], dtype=np.float64), -1)
+    fitted = int(header["fitted_on"]) > 0
+    fit = Fit(tuple(float(x) for x in header["w"]), int(header["fitted_on"]), int(header["fitted_scored"]),
+              float(header["fitted_at"])) if fitted else NO_FIT
+    return History(stored, _rows(blob, layout.itemsize), cards, int(header["cards"]),
+                   np.array(header["drift"], dtype=np.float64), int(header["scored"]), fit)
 
 
-def _encode(recent: np.ndarray, n_cards: int, drift: np.ndarray) -> bytes:
+def _encode(recent: np.ndarray, n_cards: int, drift: np.ndarray, scored: int = 0, fit: Fit = NO_FIT) -> bytes:
     header = np.zeros(1, dtype=HEADER)
-    header["cards"], header["drift"] = n_cards, drift
+    header["tag"], header["cards"], header["drift"], header["scored"] = HEADER_TAG, n_cards, drift, scored
+    if fit.w is not None:
+        header["w"], header["fitted_on"], header["fitted_scored"] = fit.w, fit.fitted_on, fit.fitted_scored
+        header["fitted_at"] = fit.fitted_at if fit.fitted_at is not None else np.nan
     return header.tobytes() + np.ascontiguousarray(recent, dtype=ROW).tobytes()
+
+
+async def _done(answer: dict) -> dict:
+    return answer
+
+
+def default_params(model: LoadedModel) -> tuple[float, ...]:
+    """The FSRS-6 parameters a user of `model` starts with: the manifest's `fsrs6.parameters`, else fsrs-rs's
+    defaults."""
+    w = (model.manifest.get("fsrs6") or {}).get("parameters")
+    return tuple(float(x) for x in w) if w and len(w) == N_PARAMS else DEFAULT_FSRS6
 
 
 def window(model: LoadedModel, history: History, card_id: str) -> np.ndarray:
@@ -232,9 +291,11 @@ def _width(rows: int, size: int) -> int:
     return max(1, min(size, 1 << max(3, (max(rows, 1) - 1).bit_length())))
 
 
-def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray) -> dict[str, np.ndarray]:
+def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
+                  params: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The graph's hist_* inputs for these windows, each left-padded (hist_valid False) to `width` columns, and the
-    user's drift sums (2,) for every window."""
+    user's drift sums (2,) and FSRS-6 parameters (21,) for every window (parameters None: the graph's defaults are
+    not fed, for a test's graph without the input)."""
     out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype) for name, (fill, dtype) in _PAD.items()}
     out["hist_valid"] = np.zeros((len(windows), width), dtype=bool)
     for i, w in enumerate(windows):
@@ -243,6 +304,8 @@ def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray) 
                 out[f"hist_{name}"][i, width - len(w):] = w[name]
             out["hist_valid"][i, width - len(w):] = True
     out["drift"] = np.tile(np.asarray(drift, dtype=np.float32), (len(windows), 1))
+    if params is not None:
+        out["fsrs_w"] = np.tile(np.asarray(params, dtype=np.float32), (len(windows), 1))
     return out
 
 
@@ -282,9 +345,12 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
 class SpacedRepetition(StatefulTask):
     TASK, PREFIX = SPEC.name, "srs"
 
-    def __init__(self, *args, max_interval_days: float = 1825.0, **kwargs):
+    def __init__(self, *args, max_interval_days: float = 1825.0, refit_min_scored: int = 32,
+                 refit_every_scored: int = 100, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_interval_days = float(max_interval_days)  # NEXTSTEP_SRS_MAX_INTERVAL_DAYS
+        self.refit_min_scored = int(refit_min_scored)  # NEXTSTEP_SRS_REFIT_MIN_SCORED
+        self.refit_every_scored = int(refit_every_scored)  # NEXTSTEP_SRS_REFIT_EVERY_SCORED
 
     # a user's stored reviews are their log already (every version of the same layout reads them): one state per
     # layout, under a key of its own
@@ -319,7 +385,7 @@ class SpacedRepetition(StatefulTask):
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
                       at: float) -> dict:
         rows = window(model, history, card_id)
-        hist = history_feeds([rows], _width(len(rows), model.window[0]), history.drift)
+        hist = history_feeds([rows], _width(len(rows), model.window[0]), history.drift, history.params(model))
         out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([id_hash(card_id)]),
                               np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
@@ -329,12 +395,13 @@ class SpacedRepetition(StatefulTask):
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
     async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
-                     new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     new: np.ndarray, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored), each
-        answered from its window by one batched predict call (TimeAwareTransformer.drift_update, row_error)."""
+        answered from its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) under the
+        user's FSRS-6 parameters."""
         if not len(new):
             return drift, np.zeros(0, dtype=np.float32)
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift)
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift, params)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                    ("card", "deck", "time")))
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
@@ -386,14 +453,15 @@ class SpacedRepetition(StatefulTask):
             for j, i in enumerate(fresh):
                 card = reviews[i].card_id
                 before = History(history.stored, np.concatenate([history.recent, new[:j]])[-size:],
-                                 {card: field(card)}, history.n_cards, history.drift)
+                                 {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
                 windows.append(window(model, before, card))
                 added.setdefault(card, []).append(j)
-            drift, new["error"] = await self._drift(model, history.drift, windows, new)
+            drift, new["error"] = await self._drift(model, history.drift, windows, new, history.params(model))
+            scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
             touched = {card: field(card) for card in added}  # after the errors: the fields carry them too
             n_cards = history.n_cards + sum(card not in history.cards for card in added)
             recent = np.concatenate([history.recent, new])[-size:]
-            after = History(history.stored, recent, {**history.cards, **touched}, n_cards, drift)
+            after = History(history.stored, recent, {**history.cards, **touched}, n_cards, drift, scored, history.fit)
             at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
 
             async def answer(written: StoredState) -> dict:
@@ -404,7 +472,7 @@ class SpacedRepetition(StatefulTask):
                         "prediction": await self._answer(model, after, predict[0], predict[1], at)
                         if predict is not None else None}
 
-            return Change(_encode(recent, n_cards, drift) if fresh else None, answer, len(fresh),
+            return Change(_encode(recent, n_cards, drift, scored, history.fit) if fresh else None, answer, len(fresh),
                           {card: rows.tobytes() for card, rows in touched.items()})
 
         return await self.write(model, self.key(model, user_id), f"user {user_id!r}", [r.event_id for r in reviews],
@@ -450,7 +518,8 @@ class SpacedRepetition(StatefulTask):
         history = await self._read(self.key(model, user_id), [c for c, _ in cards])
         now = self._query_time(history, now, "now")
         windows = [window(model, history, card) for card, _ in cards]
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift)
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift,
+                             history.params(model))
         n = len(cards)
         card_ids = np.array([id_hash(c) for c, _ in cards], dtype=np.int64)
         deck_ids = np.array([id_hash(d) for _, d in cards], dtype=np.int64)
@@ -532,7 +601,7 @@ class SpacedRepetition(StatefulTask):
                                        f"{MIN_PATHS}) is over {SIMULATE_MAX_WORK:,}: simulate fewer days, retentions "
                                        "or cards")
         now = self._query_time(history, now, "now")
-        fsrs = FSRS6.of((model.manifest.get("fsrs6") or {}).get("parameters") or DEFAULT_FSRS6)
+        fsrs = FSRS6.of(history.params(model).astype(np.float64))  # the user's own parameters
         day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0)) * 3600.0
 
         def day(t) -> np.ndarray:
@@ -602,7 +671,8 @@ class SpacedRepetition(StatefulTask):
         windows = [window(model, History(history.stored, history.recent, {reviewed[i]: own[i]}, history.n_cards,
                                          history.drift), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift)
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift,
+                             history.params(model))
         new = await self._run(model, hist, np.array([take]), np.array([id_hash(fresh)]), np.array([id_hash("")]),
                               np.array([now], dtype=np.float64))
         new_s = float(new["duration_s"][0])
@@ -640,10 +710,62 @@ class SpacedRepetition(StatefulTask):
                 "interval_days": (float(due) - now) / 86400.0, "p_recall_at_due": float(recall),
                 "expected_duration_s": float(duration)}
 
+    # ------------------------------------------------------------------ refits (off the request path)
+
+    def refit_due(self, scored: int, fit: Fit) -> bool:
+        """Whether a user with `scored` scored reviews and this fit is due one: a first fit once they have
+        refit_min_scored, then again every refit_every_scored more."""
+        if fit.w is None:
+            return scored >= self.refit_min_scored
+        return scored - fit.fitted_scored >= self.refit_every_scored
+
+    async def refit(self, model_name: str, user_id: str, *, force: bool = False, now: float | None = None) -> dict:
+        """Fit the user's FSRS-6 parameters on their stored reviews (srs_refit.fit_stored: the evaluation protocol's
+        fit, fsrs-rs, in a worker thread) when one is due (`refit_due`; `force`: whatever the counts), and store them
+        with a compare-and-set of the header (reviews recorded meanwhile stay). Not a request's work: `nextstep srs
+        refit` runs it. Returns what it did."""
+        import asyncio
+
+        from .srs_refit import fit_stored, stored_rows
+
+        model = self.model(model_name)
+        key = self.key(model, user_id)
+        header = _decode(await self.store.get(key))
+        out = {"user_id": user_id, "model": model.name, "refitted": False}
+        if not header.stored.exists:
+            return {**out, "reason": "no reviews"}
+        if not force and header.scored >= 0 and not self.refit_due(header.scored, header.fit):
+            return {**out, "reason": "not due", "scored_reviews": header.scored}
+        stored = await self.store.read_all(key)
+        history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
+        rows = stored_rows(history.recent, stored.fields)
+        day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0))
+        w, scored = await asyncio.to_thread(fit_stored, rows, day_start,
+                                            True if force else lambda n, _: self.refit_due(n, history.fit))
+        if w is None:
+            return {**out, "reason": "not due", "scored_reviews": scored}
+        fit = Fit(tuple(float(x) for x in w), len(rows), scored, _time.time() if now is None else float(now))
+
+        async def attempt(current: StoredState, *_) -> Change:
+            latest = _decode(current)
+            if not current.exists or latest.count < fit.fitted_on:  # deleted (and maybe begun again) meanwhile
+                return Change(None, lambda _: _done({**out, "reason": "deleted meanwhile"}))
+            blob = _encode(latest.recent, latest.n_cards, latest.drift,
+                           latest.scored if latest.scored >= 0 else scored, fit)
+            return Change(blob, lambda written: _done({**out, "refitted": True, "fitted_on": fit.fitted_on,
+                                                       "scored_reviews": scored, "w": list(fit.w),
+                                                       "state_version": written.version}))
+
+        return await self.write(model, key, f"user {user_id!r}", [], attempt)
+
     async def summary(self, model_name: str, user_id: str) -> dict:
         model = self.model(model_name)
         history = _decode(await self.store.get(self.key(model, user_id)))
         stored = history.stored
+        fit = history.fit
         return {"user_id": user_id, "model": model.name, "version": model.version, "exists": stored.exists,
                 "reviews_total": stored.events, "last_review_time": history.last_time, "cards": history.n_cards,
-                "state_version": stored.version, "last_update": stored.updated}
+                "state_version": stored.version, "last_update": stored.updated,
+                "parameters": {"w": [float(x) for x in (fit.w if fit.w is not None else default_params(model))],
+                               "fitted_on": fit.fitted_on, "fitted_at": fit.fitted_at,
+                               "scored_reviews": history.scored if history.scored >= 0 else None}}

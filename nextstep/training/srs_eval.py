@@ -54,6 +54,8 @@ __all__ = [
     "evaluate_baselines",
     "evaluate_predictions",
     "fit_fsrs6",
+    "fit_fsrs6_by_user",
+    "fsrs6_fixed_predictions",
     "fsrs6_predictions",
     "fsrs6_rating_predictions",
     "fsrs6_retrievability",
@@ -496,6 +498,47 @@ def fit_fsrs6(log: ReviewLog, rows: np.ndarray, enable_short_term: bool = True,
     items = [hist.item(r, True) for r in rows]
     return list(fsrs.FSRS(list(fsrs.DEFAULT_PARAMETERS)).compute_parameters(items,
                                                                             enable_short_term=enable_short_term))
+
+
+def fit_fsrs6_by_user(log: ReviewLog, rows: np.ndarray, hist: _CardHistories | None = None) -> np.ndarray:
+    """(n_users, 21): each user's FSRS-6 parameters fitted by `fit_fsrs6` on that user's reviews among `rows` alone
+    (fsrs-rs's defaults for a user with none), as the baseline is fitted per user and fold."""
+    import fsrs_rs_python as fsrs
+
+    hist = hist or _CardHistories(log)
+    rows = np.sort(np.asarray(rows, dtype=np.int64))
+    at = np.searchsorted(rows, log.offsets)
+    out = np.tile(np.asarray(fsrs.DEFAULT_PARAMETERS, dtype=np.float64), (log.n_users, 1))
+    for u in range(log.n_users):
+        mine = rows[at[u]:at[u + 1]]
+        if mine.size:
+            out[u] = fit_fsrs6(log, mine, hist=hist)
+    return out
+
+
+def fsrs6_fixed_predictions(log: ReviewLog, folds: list[Fold], w: list[float]) -> np.ndarray:
+    """FSRS-6 with the same parameters `w` for every user (e.g. fsrs-rs's defaults) on the test rows of `folds`,
+    as `fsrs6_predictions` predicts them (a card without an earlier review: the fold's base rate)."""
+    import fsrs_rs_python as fsrs
+
+    hist = _CardHistories(log)
+    scored = scored_mask(log)
+    has_history = hist.pos > 0
+    elapsed = np.maximum(np.asarray(log.elapsed_days), 0).astype(np.float64)
+    y = np.asarray(log.rating) > 1
+    p = np.full(len(log), np.nan)
+    model = fsrs.FSRS(list(w))
+    for _, _, train, test in _user_blocks(log, folds):
+        rows = test[has_history[test]]
+        if rows.size:
+            states = model.memory_state_batch([hist.item(r, False) for r in rows])
+            stability = np.array([s.stability for s in states], dtype=np.float64)
+            p[rows] = fsrs6_retrievability(elapsed[rows], stability, w[20])
+        orphans = test[~has_history[test] & scored[test]]
+        if orphans.size:
+            y_train = y[train[scored[train]]]
+            p[orphans] = float(y_train.mean()) if y_train.size else 0.5
+    return p
 
 
 def fsrs6_predictions(log: ReviewLog, folds: list[Fold], enable_short_term: bool = True) -> FSRS6Predictions:

@@ -1,8 +1,14 @@
 """The time-aware transformer through the export harness (export.py): the `predict` readout over a window.
 
     predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid, hist_error, drift,
-            card, deck, time) -> rating_probs (B, 4), recall (B,), duration_s (B,), fsrs_recall (B,), scored (B,)
-    schedule(hist_*, drift, card, deck, time, retention) -> recall (B,), log_wait_days (B,), duration_s (B,)
+            fsrs_w, card, deck, time)
+        -> rating_probs (B, 4), recall (B,), duration_s (B,), fsrs_recall (B,), scored (B,)
+    schedule(hist_*, drift, fsrs_w, card, deck, time, retention) -> recall (B,), log_wait_days (B,), duration_s (B,)
+
+`fsrs_w` (B, 21) float32 is each row's user's FSRS-6 parameters, fitted on that user's own reviews (the service keeps
+them in the user's state and refits them, `nextstep srs refit`); a user without a fit gets the manifest's
+`fsrs6.parameters` (the model's `fsrs_w` buffer: fsrs-rs's defaults, or those of the one collection a single-user
+artifact was trained on). One artifact serves every user with their own parameters.
 
 `drift` (B, 2) float32 is the user's drift sums (TimeAwareTransformer.drift_offset): after each review, the
 service adds FSRS-6's error on it, rating > 1 minus the `fsrs_recall` that predict answered for it just before,
@@ -35,8 +41,8 @@ from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, e
 from .export import Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
-          "hist_error", "drift", "card", "deck", "time")
-N_STATE = 9  # the window's eight fields and the drift
+          "hist_error", "drift", "fsrs_w", "card", "deck", "time")
+N_STATE = 10  # the window's eight fields, the drift and the user's FSRS-6 parameters
 
 
 MONOTONE_POINTS = 64  # elapsed times per query in the export's monotonicity check, 1 minute to 10 years
@@ -91,6 +97,7 @@ class TimeAwareExporter(Exporter):
                                     np.tile(np.float32([-0.3, np.nan, 0.2])[np.arange(t) % 3], (len(offsets), 1))],
                                  strict=True))
                 feeds["drift"] = np.tile(np.array([[-1.0, 4.0]], dtype=np.float32), (len(offsets), 1))
+                feeds["fsrs_w"] = np.tile(self.model.fsrs_w.float().numpy()[None], (len(offsets), 1))
                 feeds.update(card=np.full(len(offsets), sequence[0][b, t].item()),
                              deck=np.full(len(offsets), sequence[1][b, t].item()),
                              time=rows[2][-1] + offsets)
@@ -107,8 +114,11 @@ class TimeAwareExporter(Exporter):
         m = self.model
         return {"window": {"size": m.cfg.window, "card_size": m.cfg.card_window},
                 "fsrs6": {"parameters": [round(float(x), 6) for x in m.fsrs_w], "blend": round(float(m.blend), 6),
-                          "about": "the FSRS-6 curve the network corrects; recall logit = FSRS-6 + blend * "
-                                   "(network - FSRS-6) + drift offset"},
+                          "per_user": True,
+                          "about": "the FSRS-6 curve the network corrects, with each user's own parameters (the "
+                                   "graphs' fsrs_w input); `parameters` are those a user starts with before a fit on "
+                                   "their own reviews; recall logit = FSRS-6 + blend * (network - FSRS-6) + drift "
+                                   "offset"},
                 "drift": {"halflife_scored_reviews": m.cfg.drift_halflife, "prior_reviews": m.cfg.drift_prior,
                           "gain": round(float(m.drift_gain), 6),
                           "deck_gain": round(float(m.deck_drift_gain), 6),

@@ -5,6 +5,10 @@ user's most recent ones), exactly as the service will answer it. The loss is the
 rating plus `duration_weight` times the squared error of log(1 + seconds) where the duration is known.
 Early stopping watches that loss on validation reviews: the latest `valid_fraction` of each user's
 training reviews, which are never trained on.
+
+Each user's FSRS-6 parameters are an input of the network (the state's `fsrs_w`), fitted by fsrs-rs on that user's
+training reviews only (`fit`: `srs_eval.fit_fsrs6_by_user`), as the service fits them on the user's stored reviews:
+one network is trained across many users, each with their own memory parameters.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from ..models.fsrs import DEFAULT_W
 from ..models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss, expected_duration
 from ..review_window import drift_sums, user_windows
 from .loop import train_epochs
 from .reviews import ReviewLog
-from .srs_eval import duration_mask, fit_fsrs6
+from .srs_eval import _CardHistories, duration_mask, fit_fsrs6_by_user
 
 
 @dataclass
@@ -46,6 +51,9 @@ class TimeAwareTrainConfig:
     # early stopping watches the validation reviews the protocol scores (the card last seen on an earlier day),
     # not the same-day learning steps, which dominate small collections and pull the curve away from FSRS-6
     valid_scored: bool = True
+    # evaluate under the protocol's folds on the training data before fitting the exported model (False: fit the
+    # exported model only, and measure it on other users with `nextstep evaluate`, e.g. for many users' data)
+    cross_validate: bool = True
     model: dict = field(default_factory=dict)  # TimeAwareConfig overrides
 
     def to_dict(self) -> dict:
@@ -71,17 +79,32 @@ class ReviewTensors:
         self.windows = torch.from_numpy(np.concatenate(parts) if parts else np.zeros((0, window), np.int64))
         self.drift = torch.zeros(len(log), 2)  # each review's drift sums before it (set_drift)
         self.error = torch.full((len(log),), math.nan)  # FSRS-6's error on each review, NaN unscored (set_drift)
+        self.set_params(np.tile(np.asarray(DEFAULT_W, dtype=np.float32), (log.n_users, 1)))
+        self._hist = None
+
+    @property
+    def hist(self) -> _CardHistories:
+        """Every card's reviews for fsrs-rs (built once, for every fit of users' parameters)."""
+        if self._hist is None:
+            self._hist = _CardHistories(self.log)
+        return self._hist
+
+    def set_params(self, per_user: np.ndarray) -> None:
+        """Each user's FSRS-6 parameters (n_users, 21): every review of the user reads them (then `set_drift`)."""
+        per_user = np.asarray(per_user, dtype=np.float32).reshape(self.log.n_users, -1)
+        self.user_params = per_user
+        self.params = torch.from_numpy(np.repeat(per_user, np.diff(self.log.offsets), axis=0).reshape(-1, 21))
 
     @torch.no_grad()
     def set_drift(self, model: TimeAwareTransformer, batch: int = 4096) -> None:
-        """Every review's FSRS-6 error (the window's `error` field) and drift sums (m, w) before it under `model`'s
-        FSRS-6 parameters: each user's reviews in time order, each answered from its window as the service answers
-        it, then added up by `drift_sums`."""
+        """Every review's FSRS-6 error (the window's `error` field) and drift sums (m, w) before it under each user's
+        FSRS-6 parameters (`set_params`): each user's reviews in time order, each answered from its window as the
+        service answers it, then added up by `drift_sums`."""
         p, scored = torch.zeros(len(self.card)), torch.zeros(len(self.card), dtype=torch.bool)
         for lo in range(0, len(self.card), batch):
             rows = torch.arange(lo, min(lo + batch, len(self.card)))
             w, card, deck, t = self.batch(rows)
-            pred = model.readout(Window(*w[:7]), card, deck, t)  # raw rows: FSRS-6's outputs read no drift
+            pred = model.readout(w, card, deck, t)  # FSRS-6's outputs read the parameters, not the drift or errors
             p[rows], scored[rows] = pred.fsrs_recall, pred.scored
         error = ((self.rating > 1).float() - p).numpy().astype(np.float64)
         self.error = torch.from_numpy(np.where(scored.numpy(), error, np.nan).astype(np.float32))
@@ -99,7 +122,7 @@ class ReviewTensors:
         idx, valid = idx[:, first:], valid[:, first:]
         at = idx.clamp(min=0)
         state = (self.card[at], self.deck[at], self.time[at], self.rating[at], self.duration[at], self.state[at], valid,
-                 self.error[at], self.drift[rows])
+                 self.error[at], self.drift[rows], self.params[rows])
         out = (state, self.card[rows], self.deck[rows], self.time[rows])
         if device != "cpu":
             out = (tuple(x.to(device) for x in state), *(x.to(device) for x in out[1:]))
@@ -145,8 +168,10 @@ def split_validation(log: ReviewLog, rows: np.ndarray, fraction: float) -> tuple
 def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig,
         log_progress=None) -> tuple[TimeAwareTransformer, dict]:
     """Train on `rows` (global review numbers), early-stopping on their latest `valid_fraction` (on the
-    training loss when no user has enough rows to hold any out). FSRS-6 is fitted on all of `rows` first, as the
-    baseline is: the network learns corrections to its curve."""
+    training loss when no user has enough rows to hold any out). Each user's FSRS-6 parameters are fitted on that
+    user's `rows` first, as the baseline is (`rt.set_params`, which predictions then read): the network learns
+    corrections to each user's curve. The model's own `fsrs_w` stays fsrs-rs's defaults: a user the service has not
+    fitted yet starts from them."""
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
@@ -155,7 +180,7 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     watched = valid_rows[rt.log.elapsed_days[valid_rows] > 0] if tcfg.valid_scored else valid_rows
     watched = watched if len(watched) else valid_rows
     model = TimeAwareTransformer(cfg)
-    model.fsrs_w.copy_(torch.tensor(fit_fsrs6(rt.log, np.sort(rows))))  # the curve the network corrects
+    rt.set_params(fit_fsrs6_by_user(rt.log, np.sort(rows), hist=rt.hist))  # each user's curve the network corrects
     rt.set_drift(model)  # FSRS-6's errors under these parameters (the drift the rest of the fit reads)
     model.to(tcfg.device)
     opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)

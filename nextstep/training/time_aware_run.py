@@ -29,11 +29,14 @@ from .srs_eval import (
     bin_features,
     evaluate_baselines,
     evaluate_predictions,
+    fsrs6_fixed_predictions,
     fsrs6_predictions,
     log_loss,
+    median_duration_predictions,
     protocol_folds,
     rmse_bins,
     scored_mask,
+    user_index,
 )
 from .time_aware_export import export_time_aware
 from .time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
@@ -102,7 +105,15 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
     started = time.perf_counter()
     log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
     mcfg = model_config(tcfg, log)
-    metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
+    if tcfg.cross_validate:
+        metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
+    else:  # the exported model only: its evaluation is `nextstep evaluate` on users it never saw
+        rt = ReviewTensors(log, mcfg.window, mcfg.card_window)
+        model, info = fit(rt, np.arange(len(log), dtype=np.int64), mcfg, tcfg,
+                          log_progress=_report("all reviews", progress))
+        metrics, baselines = {"skipped": "cross_validate is false: evaluate on other users (nextstep evaluate)"}, False
+        folds = [{"fold": "all reviews (exported)", "n_train": len(log), "epochs": len(info["history"]),
+                  "best_valid_loss": info["best_valid_loss"], "seconds": round(info["seconds"], 1)}]
     model_seconds = time.perf_counter() - started
     if baselines:
         t0 = time.perf_counter()
@@ -115,7 +126,8 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
         "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "data": {"path": str(data), "file": log.path, "fingerprint": fingerprint(*files) if files else None,
-                 "n_users": log.n_users, "n_reviews": len(log), "day_columns": day_columns,
+                 "n_users": log.n_users, "users": list(log.user_ids), "n_reviews": len(log),
+                 "day_columns": day_columns,
                  "duration_cap_s": log.meta.get("duration_cap_s", log.meta.get("duration_cap_s_by_user")),
                  "protocol": f"srs-benchmark: per-user TimeSeriesSplit({n_splits}) over scored reviews"},
         "metrics": {"test": metrics},
@@ -130,19 +142,79 @@ def load_time_aware(artifact_dir: str | Path) -> tuple[TimeAwareTransformer, dic
     return load_weights(artifact_dir, restore)
 
 
+USER_METRICS = ("log_loss", "rmse_bins", "auc", "duration_mae_s")
+
+
 def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits: int = 5, day_columns: str = "check",
                         duration_cap_s: float | None = None) -> dict:
-    """Score an exported model, as it is (no refitting), on the protocol's test blocks of another review log
-    (e.g. other users): every earlier review is history, as in serving."""
+    """Score an exported model, as it is (the network frozen, no refitting of it), on the protocol's test blocks of
+    another review log (e.g. users it never saw): every earlier review is history, as in serving. For each user and
+    fold, the user's FSRS-6 parameters are fitted by fsrs-rs on that user's training reviews of the fold (the
+    baseline's own fit, the same folds), the drifts run under them, and the test block is predicted.
+
+    The pooled metrics (as `evaluate_predictions` gives them) plus `users`: per user, the model's log_loss,
+    rmse_bins, auc and duration_mae_s, next to FSRS-6 fitted per user on the same folds (`fsrs6`), FSRS-6 with
+    fsrs-rs's default parameters (`fsrs6_default`) and the user's median answer time as the prediction
+    (`median_duration_mae_s`); and `mean`: the unweighted mean over users of each."""
+    import fsrs_rs_python as fsrs_rs
+
     model, _ = load_time_aware(artifact_dir)
     log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
     folds = protocol_folds(log, n_splits)
-    rows = np.sort(np.concatenate([test for _, test in folds])) if folds else np.zeros(0, np.int64)
+    fitted = fsrs6_predictions(log, folds)  # FSRS-6 per user and fold: the baseline, and the network's parameters
+    default_w = [float(x) for x in fsrs_rs.DEFAULT_PARAMETERS]
+    p_default = fsrs6_fixed_predictions(log, folds, default_w)
+    median = median_duration_predictions(log, folds, by_grade=False)
     rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window)
-    out = predict(model, rt, rows)
     p_recall, p_rating, duration = np.full(len(log), np.nan), np.full((len(log), 4), np.nan), np.full(len(log), np.nan)
-    p_recall[rows], p_rating[rows], duration[rows] = out["recall"], out["rating_probs"], out["duration_s"]
-    return evaluate_predictions(log, folds, p_recall, p_rating, duration)
+    for k, (_, test) in enumerate(folds):
+        per_user = np.tile(np.asarray(default_w), (log.n_users, 1))
+        for (fold, u), w in fitted.parameters.items():
+            if fold == k:
+                per_user[u] = w
+        rt.set_params(per_user)
+        rt.set_drift(model)  # the drifts under this fold's parameters
+        out = predict(model, rt, np.sort(test))
+        rows = np.sort(test)
+        p_recall[rows], p_rating[rows], duration[rows] = out["recall"], out["rating_probs"], out["duration_s"]
+    result = evaluate_predictions(log, folds, p_recall, p_rating, duration)
+    owner = user_index(log)
+    users = []
+    for u, name in enumerate(log.user_ids):
+        mine = [(tr[owner[tr] == u], te[owner[te] == u]) for tr, te in folds]
+        if not sum(len(te) for _, te in mine):
+            continue
+        model_m = evaluate_predictions(log, mine, p_recall, duration_s=duration)
+        if not model_m.get("n_scored"):
+            continue
+        fsrs6_m = evaluate_predictions(log, mine, fitted.p_recall)
+        default_m = evaluate_predictions(log, mine, p_default)
+        median_m = evaluate_predictions(log, mine, duration_s=median)
+        users.append({"user": name, "scored": int(model_m["n_scored"]),
+                      **{key: model_m.get(key) for key in USER_METRICS},
+                      "fsrs6": {key: fsrs6_m.get(key) for key in USER_METRICS[:3]},
+                      "fsrs6_default": {key: default_m.get(key) for key in USER_METRICS[:3]},
+                      "median_duration_mae_s": median_m.get("duration_mae_s")})
+    result["users"] = users
+    result["mean"] = _user_means(users)
+    return result
+
+
+def _user_means(users: list[dict]) -> dict:
+    """The unweighted mean over users of every metric in `users`' rows (finite values only), and the model's log loss
+    relative to each FSRS-6 (mean over users of model / FSRS-6 - 1)."""
+    def mean(values) -> float | None:
+        v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
+        return float(v.mean()) if v.size else None
+
+    out = {"users": len(users), **{key: mean(u[key] for u in users) for key in USER_METRICS},
+           "median_duration_mae_s": mean(u["median_duration_mae_s"] for u in users)}
+    for ref in ("fsrs6", "fsrs6_default"):
+        out[ref] = {key: mean(u[ref][key] for u in users) for key in USER_METRICS[:3]}
+        out[f"log_loss_vs_{ref}"] = mean(u["log_loss"] / u[ref]["log_loss"] - 1 for u in users
+                                         if u[ref]["log_loss"])
+    out["users_worse_than_fsrs6_default"] = sum(u["log_loss"] > u["fsrs6_default"]["log_loss"] for u in users)
+    return out
 
 
 TUNING_BLOCKS = (2, 3, 4)  # the sixths of the reviews that tuning scores, each fitted on every review before it

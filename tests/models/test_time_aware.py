@@ -1,5 +1,7 @@
 """The time-aware transformer: last-row serving equals the full-sequence pass, no future leak, head groups."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -256,3 +258,114 @@ def test_the_curve_starts_at_fsrs6_and_is_fsrs6_at_blend_zero():
     assert int(seen.sum()) > 40
     torch.testing.assert_close(torch.stack(got)[seen], wanted[seen].float(), atol=1e-5, rtol=0)
     assert float((torch.stack(untrained)[seen] - wanted[seen]).abs().max()) < 0.01
+
+
+W_OTHER = [0.5, 1.5, 4.0, 12.0, 5.5, 0.6, 1.8, 0.02, 1.3, 0.25, 0.9, 1.8, 0.1, 0.4, 1.2, 0.4, 2.2, 0.7, 0.2, 0.1, 0.35]
+
+
+def _user_params(b=B) -> torch.Tensor:
+    """(b, 21): every other row with other FSRS-6 parameters than the defaults."""
+    from nextstep.models.fsrs import DEFAULT_W
+    return torch.tensor([W_OTHER if i % 2 else list(DEFAULT_W) for i in range(b)], dtype=torch.float32)
+
+
+def test_each_rows_fsrs6_parameters_are_an_input_not_a_weight(model):
+    """One model, two users: each row's P(recall) is what the model gives with that row's user's parameters as its
+    own defaults, whatever the other rows' parameters (a row's parameters never leak into another's)."""
+    seq = _sequences(11)
+    params = _user_params()
+    state = model.init_state(B)
+    torch.testing.assert_close(state[9][0], model.fsrs_w.float())  # a new user starts from the defaults
+    state = (*state[:9], params)
+    for i in range(T):
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+        assert torch.equal(state[9], params)  # a review does not change the parameters (a refit does)
+    later = seq.time[:, -1] + 5 * 86400
+    mixed = model.readout(state, seq.card[:, -1], seq.deck[:, -1], later)
+    kept = model.fsrs_w.clone()
+    try:
+        for b in range(B):
+            with torch.no_grad():
+                model.fsrs_w.copy_(params[b])
+            alone = model.readout(tuple(x[b:b + 1] for x in state[:9]), seq.card[b:b + 1, -1], seq.deck[b:b + 1, -1],
+                                  later[b:b + 1])
+            torch.testing.assert_close(mixed.recall[b:b + 1], alone.recall, atol=1e-6, rtol=0)
+            torch.testing.assert_close(mixed.fsrs_recall[b:b + 1], alone.fsrs_recall, atol=1e-6, rtol=0)
+    finally:
+        with torch.no_grad():
+            model.fsrs_w.copy_(kept)
+    same = (*state[:9], params[[0, 0, 0]])
+    assert not torch.allclose(mixed.recall, model.readout(same, seq.card[:, -1], seq.deck[:, -1], later).recall)
+
+
+def test_stepping_equals_the_full_pass_with_each_users_parameters(model):
+    seq = _sequences(13)
+    params = _user_params()
+    full = model(seq, params)
+    state = (*model.init_state(B)[:9], params)
+    for i in range(T):
+        out = model.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        torch.testing.assert_close(out.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.fsrs_recall, full.fsrs_recall[:, i], atol=1e-6, rtol=0)
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+    assert not torch.allclose(full.fsrs_recall[1], model(seq).fsrs_recall[1])  # row 1's own parameters mattered
+
+
+@pytest.fixture(scope="module")
+def shrunk():
+    """The `model` fixture's weights with gap_shrink on, drifts off and the network's curve fully trusted."""
+    torch.manual_seed(0)
+    m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1,
+                                             gap_shrink=True))
+    with torch.no_grad():
+        for layer in m.layers:
+            layer.attn.decay_w.fill_(1.5)
+        torch.nn.init.normal_(m.curve_head.weight, std=0.3)
+        torch.nn.init.normal_(m.time_head.weight, std=0.3)
+        m.curve_head.bias[0] += 1.5  # the network stretches FSRS-6's stability: what the shrink must hold back
+        m.drift_gain.fill_(0.0)
+        m.deck_drift_gain.fill_(0.0)
+    return m.eval()
+
+
+def test_past_the_longest_gap_the_network_falls_as_fsrs6_does(shrunk):
+    """gap_shrink: beyond the longest interval G between two reviews of a card in the window, P(recall) is the
+    network's at G times FSRS-6's fall from G, so its ratio to FSRS-6's recall stays what it was at G; before G the
+    network's own curve; never rising."""
+    seq = _sequences(19, b=3, t=12)
+    win = prefix_window(seq, 11)._replace(error=None)
+    card, deck = seq.card[:, 11], seq.deck[:, 11]
+    plain = TimeAwareTransformer(TimeAwareConfig(**{**shrunk.cfg.to_dict(), "gap_shrink": False})).eval()
+    plain.load_state_dict(shrunk.state_dict())
+    checked = 0
+    for b in range(3):
+        rows = [j for j in range(11) if seq.card[b, j] == card[b]]
+        if not rows:
+            continue
+        gaps = [float(seq.time[b, j] - seq.time[b, i]) / 86400 for k in range(4) for i, j in
+                itertools.pairwise([r for r in range(11) if seq.card[b, r] == k])]
+        gap = max([1.0, *gaps])
+        last = float(seq.time[b, rows[-1]])
+        times = torch.tensor([last + gap * f * 86400 for f in (0.3, 1.0, 1.5, 3, 10, 100)], dtype=torch.float64)
+        one = Window(*(x[b:b + 1].expand(len(times), -1) for x in win[:7]))
+        with torch.no_grad():
+            p = shrunk.readout(one, card[b].repeat(len(times)), deck[b].repeat(len(times)), times)
+            q = plain.readout(one, card[b].repeat(len(times)), deck[b].repeat(len(times)), times)
+        assert bool((p.recall[1:] <= p.recall[:-1] + 1e-6).all())
+        ratio = p.recall / p.fsrs_recall
+        torch.testing.assert_close(ratio[2:], ratio[1].expand(4), atol=2e-4, rtol=1e-3)  # past G: FSRS-6's fall
+        torch.testing.assert_close(p.recall[:2], q.recall[:2], atol=1e-5, rtol=0)  # up to G: the network's own
+        assert float((q.recall / q.fsrs_recall)[-1]) > float(ratio[-1]) + 1e-3  # without: the stretch goes on
+        checked += 1
+    assert checked >= 2
+
+
+def test_gap_shrink_keeps_stepping_equal_to_the_full_pass(shrunk):
+    seq = _sequences(23)
+    params = _user_params()
+    full = shrunk(seq, params)
+    state = (*shrunk.init_state(B)[:9], params)
+    for i in range(T):
+        out = shrunk.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        torch.testing.assert_close(out.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
+        state = shrunk.step(state, *(field[:, i] for field in seq[:6]))

@@ -138,9 +138,15 @@ def _window(log, reviews: list[dict], n: int, card: str, errors: np.ndarray) -> 
             np.full(1, np.nan, np.float32)], seqs
 
 
-def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: np.ndarray) -> list[np.ndarray]:
+def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: np.ndarray,
+         params=None) -> list[np.ndarray]:
+    """The predict graph on one window for queries at `times`, with the user's FSRS-6 parameters (default: the
+    manifest's, which a user starts with)."""
     b = len(times)
+    if params is None:
+        params = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())["fsrs6"]["parameters"]
     feeds = [np.repeat(h[None], b, axis=0) for h in hist] + [np.tile(np.float32(drift), (b, 1)),
+                                                             np.tile(np.float32(params), (b, 1)),
                                                              np.full(b, id_hash(card)), np.full(b, id_hash(deck)),
                                                              times]
     return onnx_session(art / "time_aware" / "1" / "predict.onnx").run(None, dict(zip(INPUTS, feeds, strict=True)))

@@ -379,3 +379,22 @@ def test_the_baselines_command_reads_a_folder_of_users_as_one_log(tmp_path, caps
     for model in ("fsrs6", "base_rate"):
         for key in ("n_scored", "log_loss", "rmse_bins"):
             assert folders[model][key] == pytest.approx(one_file[model][key], rel=1e-6), (model, key)
+
+
+def test_each_users_parameters_are_fitted_on_that_users_reviews_alone():
+    """fit_fsrs6_by_user: one fit per user on their rows among those given (the training rows), equal to fitting that
+    user's log alone; a user with no rows keeps fsrs-rs's defaults."""
+    fsrs = pytest.importorskip("fsrs_rs_python")
+    from nextstep.training.reviews import simulate_reviews
+    from nextstep.training.srs_eval import fit_fsrs6, fit_fsrs6_by_user
+
+    log = simulate_reviews(n_users=3, n_cards=100, n_days=50, reviews_per_day=25, seed=2)
+    lo1, hi1 = int(log.offsets[1]), int(log.offsets[2])
+    rows = np.r_[np.arange(0, int(log.offsets[1]) // 2), np.arange(lo1, hi1)]  # user 0's first half, all of user 1
+    got = fit_fsrs6_by_user(log, rows)
+    assert got.shape == (3, 21)
+    u0 = log.user(0)
+    np.testing.assert_allclose(got[0], fit_fsrs6(u0, np.arange(int(log.offsets[1]) // 2)), atol=1e-9)
+    np.testing.assert_allclose(got[1], fit_fsrs6(log.user(1), np.arange(hi1 - lo1)), atol=1e-9)
+    np.testing.assert_allclose(got[2], fsrs.DEFAULT_PARAMETERS, atol=1e-6)
+    assert np.abs(got[0] - got[1]).max() > 1e-3

@@ -10,6 +10,7 @@ from nextstep.cli import main
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer
 from nextstep.training.export import GraphModule, ParityError, check_parity, onnx_session
 from nextstep.training.reviews import simulate_reviews, write_review_csv
+from nextstep.training.srs_eval import fit_fsrs6
 from nextstep.training.time_aware_export import INPUTS, TimeAwareExporter, export_time_aware
 from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict, split_validation
 from nextstep.training.time_aware_run import load_time_aware, parity_inputs, tuning_split
@@ -86,7 +87,10 @@ def test_exported_graph_answers_like_the_model_for_any_batch_and_window(artifact
     ts = torch.jit.load(str(artifact / "predict.pt"))
     for size in (5, 40):
         rt = ReviewTensors(log, size, 3)
-        rows = torch.arange(len(log) - 7, len(log))
+        # each user's own FSRS-6 parameters, fed as an input (one user's the defaults, the other's fitted)
+        rt.set_params(np.stack([model.fsrs_w.numpy(), fit_fsrs6(log, np.arange(len(log) // 2, len(log)))]))
+        rows = torch.cat([torch.arange(int(log.offsets[1]) - 4, int(log.offsets[1])), torch.arange(len(log) - 4,
+                                                                                                  len(log))])
         w, card, deck, t = rt.batch(rows)
         inputs = (*w, card, deck, t)
         eager = TimeAwareExporter(model).answer(w, card, deck, t).values()
@@ -254,3 +258,13 @@ def test_evaluate_on_a_folder_of_users_scores_each_as_its_own_review_log(artifac
     one_file = json.loads(capsys.readouterr().out)
     for key in ("n_scored", "log_loss", "rmse_bins", "auc", "duration_mae_s"):
         assert folders[key] == pytest.approx(one_file[key], rel=1e-6), key
+    # per user: the model next to FSRS-6 fitted per user on the same folds and FSRS-6's defaults; and their mean
+    assert [u["user"] for u in folders["users"]] == ["user0", "user1"] and folders["mean"]["users"] == 2
+    for row in folders["users"]:
+        assert row["scored"] > 50
+        for key in ("log_loss", "rmse_bins", "auc", "duration_mae_s", "median_duration_mae_s"):
+            assert np.isfinite(row[key]), key
+        for ref in ("fsrs6", "fsrs6_default"):
+            assert {"log_loss", "rmse_bins", "auc"} <= set(row[ref]) and np.isfinite(row[ref]["log_loss"])
+    assert folders["mean"]["log_loss"] == pytest.approx(np.mean([u["log_loss"] for u in folders["users"]]))
+    assert np.isfinite(folders["mean"]["log_loss_vs_fsrs6"])

@@ -145,7 +145,10 @@ SIMULATE = {**USER, "now": 1767312000.0, "days": 3, "cards": 412, "new_cards": 2
                             "mean_minutes_per_day": 6.83, "recalled_at_end": 391.7, "interval_ratio_to_fsrs6": 1.12,
                             "seconds_per_review": 7.9}]}
 SUMMARY = {**USER, "exists": True, "reviews_total": 1, "last_review_time": 1767225600.0, "cards": 1,
-           "state_version": 1, "last_update": 1767225601.0}
+           "state_version": 1, "last_update": 1767225601.0,
+           "parameters": {"w": [0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796,
+                                1.4835, 0.0614, 0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542],
+                          "fitted_on": 0, "fitted_at": None, "scored_reviews": 0}}
 
 
 def _review(r: SrsReview) -> Review:
@@ -188,7 +191,8 @@ async def post_simulate(model: ModelName, body: SrsSimulateRequest, srs: Srs, re
                               body.new_cards_per_day, body.now, body.seed, max_cards=limit)
 
 
-@router.get("/users/{user_id:path}", summary="Summary of a user's stored reviews",
+@router.get("/users/{user_id:path}", summary="Summary of a user's stored reviews and their own FSRS-6 "
+                                            "parameters (`fitted_on` 0: the model's defaults, not fitted yet)",
             responses=answer(SUMMARY, 404, 422, 503))
 async def get_user(model: ModelName, user_id: UserPath, srs: Srs) -> dict:
     return await srs.summary(model, user_id)
