@@ -477,6 +477,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         srs_store = make_store(None, client=redis, ttl_seconds=settings.srs_ttl_seconds or None,
                                max_event_ids=settings.max_event_ids)
         app.state.srs = SpacedRepetition(registry, TimedStore(srs_store, metrics), engines,
+                                         quality=quality if settings.live_quality else None,
                                          cas_retries=settings.cas_retries,
                                          max_interval_days=settings.srs_max_interval_days,
                                          refit_min_scored=settings.srs_refit_min_scored,
@@ -485,6 +486,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
         rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)
         shadow_workers = []
+        app.state.srs.rollouts = rollouts  # (canaries; a shadow needs a state of its own, which flashcards lack)
         for task in (app.state.tracer, app.state.sessions):
             task.rollouts = rollouts
             task.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
@@ -651,9 +653,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                       ) -> dict:
         registry = request.app.state.registry
         latest = registry.get(model)
-        if latest.task not in ("knowledge_tracing", "next_item"):
-            raise InvalidInput("model", f"model {latest.name} is a {latest.task} model: live quality is scored for "
-                                        "knowledge-tracing and next-item models")
         rollout = request.app.state.rollouts.current.get(latest.name)
         versions = [(m.version, rollout.mode if rollout and rollout.candidate == m.version and rollout.mode
                      else "serving") for m in registry.models() if m.name == latest.name]
@@ -692,9 +691,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.new_versions != "manual":
             raise InvalidInput("model", "rollouts need NEXTSTEP_NEW_VERSIONS=manual: with auto, a new version "
                                         "serves everyone at the reload that loads it")
-        if latest.task == "srs":
-            raise InvalidInput("model", f"model {latest.name} is a flashcard model: rollouts are for "
-                                        "knowledge-tracing and next-item models")
+        if latest.task == "srs" and body.mode == "shadow":
+            raise InvalidInput("mode", f"model {latest.name} is a flashcard model: its versions share each user's "
+                                       "stored reviews and keep no state of their own to shadow; use a canary")
         try:
             registry.get(latest.name, body.candidate)
         except UnknownModel as exc:

@@ -80,6 +80,7 @@ import numpy as np
 from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, TooLarge
+from .quality import Quality
 from .registry import ONNX_DTYPES, LoadedModel, TaskSpec, register_task
 from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, ModelCurve, shares
 from .srs_simulate import simulate as run_simulation
@@ -346,8 +347,9 @@ class SpacedRepetition(StatefulTask):
     TASK, PREFIX = SPEC.name, "srs"
 
     def __init__(self, *args, max_interval_days: float = 1825.0, refit_min_scored: int = 32,
-                 refit_every_scored: int = 100, **kwargs):
+                 refit_every_scored: int = 100, quality: Quality | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.quality = quality  # live P(recall) of each scored review, from its window before it (None: not scored)
         self.max_interval_days = float(max_interval_days)  # NEXTSTEP_SRS_MAX_INTERVAL_DAYS
         self.refit_min_scored = int(refit_min_scored)  # NEXTSTEP_SRS_REFIT_MIN_SCORED
         self.refit_every_scored = int(refit_every_scored)  # NEXTSTEP_SRS_REFIT_EVERY_SCORED
@@ -395,18 +397,20 @@ class SpacedRepetition(StatefulTask):
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
     async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
-                     new: np.ndarray, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored), each
-        answered from its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) under the
-        user's FSRS-6 parameters."""
+                     new: np.ndarray, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, and
+        the model's P(recall) of each from its window: NaN where not scored, for live quality), each answered from
+        its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) under the user's FSRS-6
+        parameters."""
         if not len(new):
-            return drift, np.zeros(0, dtype=np.float32)
+            return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift, params)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                    ("card", "deck", "time")))
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
         sums = drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]), drift)
-        return sums[-1], np.where(out["scored"], errors, np.nan).astype(np.float32)
+        return (sums[-1], np.where(out["scored"], errors, np.nan).astype(np.float32),
+                np.where(out["scored"], out["recall"].astype(np.float64), np.nan))
 
     @staticmethod
     def _query_time(history: History, at: float | None, field: str) -> float:
@@ -426,7 +430,7 @@ class SpacedRepetition(StatefulTask):
                           predict: tuple[str, str, float | None] | None = None) -> dict:
         """Append reviews (in time order, after the stored ones; replayed event ids are applied once) and
         optionally predict one query (card_id, deck_id, time) afterwards, in one read and one write."""
-        model = self.model(model_name)
+        model = self.model(model_name, user_id)
         check_reviews(reviews)
         if predict is not None and not predict[0]:
             raise InvalidInput("predict.card_id", "must not be empty")
@@ -456,7 +460,8 @@ class SpacedRepetition(StatefulTask):
                                  {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
                 windows.append(window(model, before, card))
                 added.setdefault(card, []).append(j)
-            drift, new["error"] = await self._drift(model, history.drift, windows, new, history.params(model))
+            drift, new["error"], recall = await self._drift(model, history.drift, windows, new,
+                                                            history.params(model))
             scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
             touched = {card: field(card) for card in added}  # after the errors: the fields carry them too
             n_cards = history.n_cards + sum(card not in history.cards for card in added)
@@ -465,6 +470,11 @@ class SpacedRepetition(StatefulTask):
             at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
 
             async def answer(written: StoredState) -> dict:
+                scored_now = ~np.isnan(recall)
+                if self.quality is not None and scored_now.any():  # (once: the attempt that was written)
+                    p = recall[scored_now]
+                    self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1),
+                                        (new["rating"][scored_now] > 1).astype(np.int64), self.role(model))
                 return {"user_id": user_id, "model": model.name, "version": model.version,
                         "applied": len(fresh), "replayed": len(reviews) - len(fresh),
                         "reviews_total": written.events, "last_review_time": after.last_time,
@@ -482,7 +492,7 @@ class SpacedRepetition(StatefulTask):
     async def predict(self, model_name: str, user_id: str, card_id: str, deck_id: str = "",
                       at: float | None = None) -> dict:
         """P(rating), P(recall) and the expected answer time of a review of `card_id` at `at` (default now)."""
-        model = self.model(model_name)
+        model = self.model(model_name, user_id)
         if not card_id:
             raise InvalidInput("card_id", "must not be empty")
         if at is not None:
@@ -503,7 +513,7 @@ class SpacedRepetition(StatefulTask):
         (NEXTSTEP_SRS_MAX_INTERVAL_DAYS after the card's last review: due then, or now if that is past),
         `beyond_horizon` when it stays above it until the horizon (due = the horizon), else `scheduled`; at a due
         other than the curve's, the recall and answer time are the model's there."""
-        model = self.model(model_name)
+        model = self.model(model_name, user_id)
         if not cards:
             raise InvalidInput("cards", "at least one card is needed")
         if not 0 < retention < 1:
@@ -559,7 +569,7 @@ class SpacedRepetition(StatefulTask):
         None, plus `new_cards` never-reviewed cards; new cards are introduced `new_cards_per_day` a day
         (srs_simulate.py: FSRS-6 between reviews, stretched to the model's own intervals, the model's answer
         times)."""
-        model = self.model(model_name)
+        model = self.model(model_name, user_id)
         if not 1 <= len(retentions) <= SIMULATE_MAX_RETENTIONS:
             raise InvalidInput("desired_retentions", f"{len(retentions)} retentions; 1 to {SIMULATE_MAX_RETENTIONS}")
         low, high = SIMULATE_RETENTIONS
@@ -728,7 +738,7 @@ class SpacedRepetition(StatefulTask):
 
         from .srs_refit import fit_stored, stored_rows
 
-        model = self.model(model_name)
+        model = self.model(model_name, user_id)
         key = self.key(model, user_id)
         header = _decode(await self.store.get(key))
         out = {"user_id": user_id, "model": model.name, "refitted": False}
@@ -759,7 +769,7 @@ class SpacedRepetition(StatefulTask):
         return await self.write(model, key, f"user {user_id!r}", [], attempt)
 
     async def summary(self, model_name: str, user_id: str) -> dict:
-        model = self.model(model_name)
+        model = self.model(model_name, user_id)
         history = _decode(await self.store.get(self.key(model, user_id)))
         stored = history.stored
         fit = history.fit

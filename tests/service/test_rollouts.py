@@ -157,3 +157,28 @@ def test_sessions_take_a_shadow_then_a_canary(tmp_path, redis_url, serve):
             got = http.post("/v1/sessions/gru4rec/recommend", json={"session_id": session, "k": 3}).json()
             assert got["version"] == ("1" if in_fraction("gru4rec", session, 0.5) else "2")
             assert got["events_total"] == 4
+
+
+def test_flashcard_users_take_a_canary_and_shadows_are_refused(tmp_path, redis_url, serve):
+    """Flashcard models: a canary answers each user by their hash; the versions share the users' stored reviews, so
+    a user moving between versions keeps every review; a shadow is refused (its versions keep no state of their
+    own); live quality scores the candidate's reviews under its role."""
+    add_version(tmp_path, "time_aware", "1", 2026)
+    add_version(tmp_path, "time_aware", "2", 2027)
+    users = [f"user-{i}" for i in range(12)]
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        assert http.get("/v1/models/time_aware/rollout").json()["serving"] == "2"
+        shadow = http.put("/v1/models/time_aware/rollout", json={"candidate": "1", "mode": "shadow", "fraction": 1})
+        assert shadow.status_code == 422 and shadow.json()["field"] == "mode"
+        assert http.put("/v1/models/time_aware/rollout", json={"candidate": "1", "fraction": 0.5}).status_code == 200
+        for user in users:
+            reviews = [{"card_id": f"c{k}", "deck_id": "d", "time": 1.77e9 + 86400 * (3 * k + j), "rating": 3}
+                       for j in range(2) for k in range(2)]
+            reviews.sort(key=lambda r: r["time"])
+            reply = http.post("/v1/srs/time_aware/reviews", json={"user_id": user, "reviews": reviews}).json()
+            assert reply["version"] == ("1" if in_fraction("time_aware", user, 0.5) else "2")
+        assert http.post("/v1/models/time_aware/rollout/promote").status_code == 200
+        assert {http.get(f"/v1/srs/time_aware/users/{u}").json()["reviews_total"] for u in users} == {4}
+        quality = {q["version"]: q["role"] for q in http.get("/v1/models/time_aware/quality").json()["versions"]}
+        assert quality == {"1": "serving", "2": "serving"}

@@ -800,3 +800,26 @@ def test_the_simulators_model_curve_goes_through_the_two_measured_points():
         assert got.retrievability(got.interval(7.0, 0.85), 7.0) == pytest.approx(0.85)
     one = ModelCurve.through(fsrs, [0.9], [2.0])
     assert one.decay == fsrs.decay and one.interval(3.0, 0.9) == pytest.approx(2 * fsrs.interval(3.0, 0.9))
+
+
+def test_live_quality_scores_each_reviews_recall_from_before_it(srs_model, redis_url, serve):
+    """Issue 35 for flashcards: every scored review (its card last reviewed on an earlier day: FSRS-6's error on it is
+    not NaN, onnx_drift) scores the P(recall) the model gave it from the user's state just before it: /quality's
+    log loss is the mean -ln P(the outcome) over those reviews, each P read from the predict route just before the
+    review was recorded (1e-6)."""
+    art, _ = srs_model
+    reviews = review_log(23, n=80)
+    _, errors = onnx_drift(art, reviews)
+    losses = []
+    with serve(Settings(artifacts_dir=art, redis_url=redis_url)) as url, httpx.Client(base_url=url) as http:
+        for review in reviews:
+            p = http.post("/v1/srs/time_aware/predict", json={
+                "user_id": "u", "card_id": review["card_id"], "deck_id": review["deck_id"],
+                "time": review["time"]}).json()["p_recall"]
+            reply = http.post("/v1/srs/time_aware/reviews", json={"user_id": "u", "reviews": [review]})
+            assert reply.status_code == 200, reply.text
+            losses.append(-np.log(p if review["rating"] > 1 else 1 - p))
+        (live,) = http.get("/v1/models/time_aware/quality").json()["versions"]
+    mask = ~np.isnan(errors)
+    assert 0 < mask.sum() < len(reviews) and live["scored"] == mask.sum()
+    assert live["log_loss"] == pytest.approx(np.mean(np.array(losses)[mask]), abs=1e-6)

@@ -25,7 +25,7 @@ def add_version(root: Path, family: str, version: str, year: int, nudge: float =
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "version": version,
                                                    "created": f"{year}-01-01T00:00:00Z"}))
-    for spec in manifest["state"]:
+    for spec in manifest.get("state", []):  # (flashcard models keep no state tensors)
         path = out / spec["file"]
         state = np.load(path)
         np.save(path, state + (nudge * np.linspace(-1, 1, state.size)).reshape(state.shape).astype(state.dtype))
