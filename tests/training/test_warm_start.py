@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 import nextstep.models.deep_gpcm as deep_gpcm_module
-from nextstep.training.data import Vocabulary, load_dataset, split_students
+from nextstep.training.data import Vocabulary, hide_ids, load_dataset, split_students
 from nextstep.training.loop import TrainConfig
 from nextstep.training.run import train_model
 from nextstep.training.synthetic import write_gpcm_dataset
@@ -29,11 +29,13 @@ def test_the_irt_fit_sees_the_fitting_students_only(tmp_path, monkeypatch):
 
     train, test = load_dataset(data)
     fitting, valid = split_students(train, cfg.valid_fraction, cfg.seed)
-    vocab = Vocabulary.build(np.concatenate([s.questions for s in fitting.sequences]))
+    vocab = Vocabulary.build(np.concatenate([s.questions for s in fitting.sequences]), cfg.min_question_count)
+    # (as training sees them: the seeded share given through the unknown row included, so that it fits row 1 too)
+    rows = hide_ids([vocab.encode(s.questions) for s in fitting.sequences], cfg.unknown_share, cfg.seed)
     (questions, responses), = seen  # one fit
     assert len(questions) == len(fitting) == manifest["data"]["n_train_students"]
-    for q, r, s in zip(questions, responses, fitting.sequences, strict=True):  # exactly the fitting students
-        np.testing.assert_array_equal(q, vocab.encode(s.questions))
+    for q, r, s, expected in zip(questions, responses, fitting.sequences, rows, strict=True):  # the fitting students
+        np.testing.assert_array_equal(q, expected)
         np.testing.assert_array_equal(r, s.responses)
     others = {tuple(s.responses) for s in valid.sequences + test.sequences}
     assert not others & {tuple(r) for r in responses}
