@@ -641,8 +641,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                          "log loss and Brier score, the AUC of P(full credit) estimated from 200 buckets, and a "
                          "calibration table (predicted against observed share of full credit). Sessions: each "
                          "click after a session's first, ranked in the list the state before it recommends (every "
-                         "item a candidate): `mrr` and `hit_rate` at 1, 5, 10 and 20. Over the last `window` "
-                         "seconds, every replica's scores added.",
+                         "item a candidate): `mrr` and `hit_rate` at 1, 5, 10 and 20. Flashcards: each scored review's "
+                         "P(recall) from the user's reviews before it, as for knowledge tracing. Over the last "
+                         "`window` seconds, every replica's scores added.",
              responses=answer({"model": "deep_gpcm", "task": "knowledge_tracing", "window_seconds": 3600, "versions": [
                  {"version": "2", "role": "serving", "scored": 1200, "log_loss": 0.512, "brier": 0.331,
                   "auc": 0.781, "calibration": [{"from": 0.0, "to": 0.1, "count": 40, "predicted": 0.06,
