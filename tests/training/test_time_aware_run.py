@@ -262,7 +262,7 @@ def test_evaluate_on_a_folder_of_users_scores_each_as_its_own_review_log(artifac
     for key in ("n_scored", "log_loss", "rmse_bins", "auc", "duration_mae_s"):
         assert folders[key] == pytest.approx(one_file[key], rel=1e-6), key
     # per user: the model next to FSRS-6 fitted per user on the same folds and FSRS-6's defaults; and their mean
-    assert [u["user"] for u in folders["users"]] == ["user0", "user1"] and folders["mean"]["users"] == 2
+    assert [u["user"] for u in folders["users"]] == ["a/user0", "b/deeper/user1"] and folders["mean"]["users"] == 2
     for row in folders["users"]:
         assert row["scored"] > 50
         for key in ("log_loss", "rmse_bins", "auc", "duration_mae_s", "median_duration_mae_s"):
