@@ -150,10 +150,13 @@ def test_calibration_blends_with_fsrs6_and_is_a_positive_affine_map_fitted_on_he
 
     cfg = TimeAwareConfig(**SMALL, deck_drift_gain=2.0)
     rt = ReviewTensors(log, cfg.window, cfg.card_window)
-    model, info = fit(rt, np.arange(len(log) // 2), cfg,
+    # each user's first half trains (and fits that user's FSRS-6 parameters), each user's second half is held out
+    user = np.searchsorted(log.offsets, np.arange(len(log)), side="right") - 1
+    first = np.arange(len(log)) < (log.offsets[user] + log.offsets[user + 1]) // 2
+    model, info = fit(rt, np.flatnonzero(first), cfg,
                       TimeAwareTrainConfig(max_epochs=2, batch_size=128, calibrate=False))
     assert info["calibration"] is None and model.calibration.tolist() == [1.0, 0.0] and float(model.blend) == 1.0
-    held = np.arange(len(log) // 2, len(log))
+    held = np.flatnonzero(~first)
     held = held[log.elapsed_days[held] > 0]
     w, card, deck, t = rt.batch(torch.from_numpy(held))
 
@@ -259,7 +262,7 @@ def test_evaluate_on_a_folder_of_users_scores_each_as_its_own_review_log(artifac
     for key in ("n_scored", "log_loss", "rmse_bins", "auc", "duration_mae_s"):
         assert folders[key] == pytest.approx(one_file[key], rel=1e-6), key
     # per user: the model next to FSRS-6 fitted per user on the same folds and FSRS-6's defaults; and their mean
-    assert [u["user"] for u in folders["users"]] == ["user0", "user1"] and folders["mean"]["users"] == 2
+    assert [u["user"] for u in folders["users"]] == ["a/user0", "b/deeper/user1"] and folders["mean"]["users"] == 2
     for row in folders["users"]:
         assert row["scored"] > 50
         for key in ("log_loss", "rmse_bins", "auc", "duration_mae_s", "median_duration_mae_s"):
