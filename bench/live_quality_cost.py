@@ -1,0 +1,109 @@
+"""What live quality costs an event (issue 35, part 1), in process, without HTTP or Redis noise:
+
+1. ONNX Runtime alone, on the bundled deep_gpcm demo artifact: the `predict`, `step` and `step_predict` graphs, and
+   a fused graph made of `predict` (the event's own question, before the step) and `step_predict` by onnx.compose:
+   does one call instead of two save anything?
+2. `KnowledgeTracer.absorb` of one event with one prediction asked (what bench/service_load.py sends), with live
+   quality off and on, interleaved rounds, over the in-process store: the median per event.
+
+    python bench/live_quality_cost.py [--rounds 3] [--events 3000]
+"""
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "nextstep" / "demo_artifacts"
+
+
+def graphs(repeats: int) -> dict:
+    import onnx
+    import onnx.compose
+    import onnxruntime as ort
+
+    from nextstep.service.registry import load_artifact, session_options
+    from nextstep.service.writes import batched
+
+    art = DEMO / "deep_gpcm" / "demo"
+    model = load_artifact(art)
+    state = batched(model.initial_state)
+    fused = onnx.compose.merge_models(onnx.compose.add_prefix(onnx.load(art / "predict.onnx"), "before/"),
+                                      onnx.load(art / "step_predict.onnx"), io_map=[])
+    sessions = {**model.sessions, "fused": ort.InferenceSession(fused.SerializeToString(), session_options(1),
+                                                                providers=["CPUExecutionProvider"])}
+    q, r, qs = np.array([2]), np.array([1]), np.array([[3]])
+    feeds = {"predict": {**state, "questions": q[:, None]}, "step": {**state, "question": q, "response": r},
+             "step_predict": {**state, "question": q, "response": r, "questions": qs},
+             "fused": {**{f"before/{k}": v for k, v in state.items()}, "before/questions": q[:, None], **state,
+                       "question": q, "response": r, "questions": qs}}
+    out = {}
+    for name, feed in feeds.items():
+        session = sessions[name]
+        for _ in range(200):
+            session.run(None, feed)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            session.run(None, feed)
+        out[name] = (time.perf_counter() - t0) / repeats * 1e6
+    return out
+
+
+async def absorb(rounds: int, events: int) -> dict:
+    from nextstep.service.kt import Event, KnowledgeTracer
+    from nextstep.service.metrics import Metrics
+    from nextstep.service.quality import Quality
+    from nextstep.service.registry import ModelRegistry
+    from nextstep.service.runtime import Engines
+    from nextstep.service.state import InProcessStore
+
+    registry = ModelRegistry(DEMO)
+    registry.reload()
+    engines = Engines(64, 0.0)
+    metrics = Metrics()
+    ids = registry.get("deep_gpcm").ids
+    medians: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for _ in range(rounds):
+            for side in ("off", "on"):
+                quality = Quality(None, on_record=metrics.on_live_scores) if side == "on" else None
+                tracer = KnowledgeTracer(registry, InProcessStore(ttl_seconds=None), engines, quality=quality)
+                took = []
+                for i in range(events):
+                    t0 = time.perf_counter()
+                    await tracer.absorb("deep_gpcm", f"s{i % 50}", [Event(str(ids[i % len(ids)]), i % 4)],
+                                        [str(ids[(i + 1) % len(ids)])])
+                    took.append(time.perf_counter() - t0)
+                medians[side].append(statistics.median(took[events // 6:]) * 1e6)
+    finally:
+        await engines.close()
+    return medians
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--events", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=3000, help="calls per graph (default 3000)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    g = graphs(args.repeats)
+    print("ONNX Runtime, mean per call (us): " + ", ".join(f"{k} {v:.0f}" for k, v in
+                                                                                g.items()))
+    print(f"  predict + step_predict as two calls: {g['predict'] + g['step_predict']:.0f} us; fused: "
+          f"{g['fused']:.0f} us")
+    m = asyncio.run(absorb(args.rounds, args.events))
+    off, on = statistics.median(m["off"]), statistics.median(m["on"])
+    print(f"absorb of one event with one prediction, in process (median per event, us): off {m['off']}, "
+          f"on {m['on']}")
+    print(f"  median of rounds: off {off:.0f} us, on {on:.0f} us: +{on - off:.0f} us ({(on / off - 1) * 100:+.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
