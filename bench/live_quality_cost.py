@@ -4,7 +4,8 @@
    a fused graph made of `predict` (the event's own question, before the step) and `step_predict` by onnx.compose:
    does one call instead of two save anything?
 2. `KnowledgeTracer.absorb` of one event with one prediction asked (what bench/service_load.py sends), with live
-   quality off and on, interleaved rounds, over the in-process store: the median per event.
+   quality off and on (its scoring runs after each answer, in the engines' executor), interleaved rounds, over the
+   in-process store: the median per event; every event is checked to have been scored.
 
     python bench/live_quality_cost.py [--rounds 3] [--events 3000]
 """
@@ -72,6 +73,8 @@ async def absorb(rounds: int, events: int) -> dict:
         for _ in range(rounds):
             for side in ("off", "on"):
                 quality = Quality(None, on_record=metrics.on_live_scores) if side == "on" else None
+                if quality is not None:
+                    await quality.start()  # (its worker scores after each answer, as in the service)
                 tracer = KnowledgeTracer(registry, InProcessStore(ttl_seconds=None), engines, quality=quality)
                 took = []
                 for i in range(events):
@@ -80,6 +83,12 @@ async def absorb(rounds: int, events: int) -> dict:
                                         [str(ids[(i + 1) % len(ids)])])
                     took.append(time.perf_counter() - t0)
                 medians[side].append(statistics.median(took[events // 6:]) * 1e6)
+                if quality is not None:
+                    await quality.drain()
+                    scored = (await quality.report("deep_gpcm", [("demo", "serving")], 3600))[0]["scored"]
+                    if scored != events:
+                        raise SystemExit(f"scored {scored} of {events} events")
+                    await quality.close()
     finally:
         await engines.close()
     return medians

@@ -454,7 +454,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         banks = Banks(make_bank_store(settings.redis_url, options), refresh_seconds=settings.bank_refresh_seconds)
         await banks.prepare(registry.models())  # publish the artifacts' bank versions, project the active ones
         app.state.registry, app.state.store = registry, store
-        quality = app.state.quality = Quality(redis, on_record=metrics.on_live_scores)
+        quality = app.state.quality = Quality(redis, on_record=metrics.on_live_scores,
+                                              on_drop=lambda model: metrics.live_unscored.labels(model).inc())
         await quality.start()
         app.state.tracer = KnowledgeTracer(registry, TimedStore(store, metrics), engines,
                                            quality=quality if settings.live_quality else None,

@@ -24,6 +24,7 @@ compare-and-set of its own, which may lose a race to a writer that stores a stat
 are [P(wrong), P(right)] without theta, alpha and beta (the graphs output none).
 """
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -250,31 +251,44 @@ class KnowledgeTracer(StatefulTask):
         return stored, state, said
 
     async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], questions: np.ndarray,
-                           responses: np.ndarray, fresh: list[int], query: dict | None, bank: Bank | None):
+                           responses: np.ndarray, fresh: list[int], query: dict | None, bank: Bank | None,
+                           background: bool = True):
         """`fold` through the fresh events that also gives what the model predicted for each event's question from
         the state before it, P(each response) (n, K), for live quality (quality.py): the first event's from a
         `predict` call, each later one's from the fused `step_predict` call that steps the event before it, asked
         for the next event's question; the last event's call answers the request's `query` (or is a plain step).
-        One graph call more than `fold`, whatever the number of events."""
+        One graph call more than `fold`, whatever the number of events; with `background` (it runs after answers:
+        scoring jobs and shadows) never inline on the event loop."""
         shared = bank.kv if bank else None
         n_state = len(model.state_spec)
         first = fresh[0]
-        before = [(await self._predict(model, state, questions[first:first + 1], bank))[0][0, 0]]
+        ask = {"questions": questions[first:first + 1][None]}
+        before = [(await self.engines.run(model, "predict", {**batched(state), **ask}, shared=shared,
+                                          background=background))[0][0, 0]]
         outputs = None
         for j, i in enumerate(fresh):
             feeds = {**batched(state), "question": questions[i:i + 1], "response": responses[i:i + 1]}
             last = j == len(fresh) - 1
             ask = query if last else {"questions": questions[fresh[j + 1]:fresh[j + 1] + 1][None]}
             if ask is None:
-                outs = await self.engines.run(model, "step", feeds, shared=shared)
+                outs = await self.engines.run(model, "step", feeds, shared=shared, background=background)
             else:
-                outs = await self.engines.run(model, "step_predict", {**feeds, **ask}, shared=shared)
+                outs = await self.engines.run(model, "step_predict", {**feeds, **ask}, shared=shared,
+                                              background=background)
                 if last:
                     outputs = outs[n_state:]
                 else:
                     before.append(outs[n_state][0, 0])
             state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs, strict=False)}
         return state, outputs, np.array(before)
+
+    async def _score(self, model: LoadedModel, state: dict[str, np.ndarray], questions: np.ndarray,
+                     responses: np.ndarray, role: str, bank: Bank | None) -> None:
+        """Live quality of events already answered: what the version predicted for each from the state before it
+        (`_fold_scored` from the state before the first), recorded (quality.py). Run after the answer."""
+        _, _, before = await self._fold_scored(model, state, questions, responses, list(range(len(questions))), None,
+                                               bank)
+        self.quality.record(model.name, model.version, before, responses, role)
 
     async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
         key, schema = self.key(model, entity), self.schema(model)
@@ -333,19 +347,16 @@ class KnowledgeTracer(StatefulTask):
             fresh_unknown = [i for i in fresh if i in unknown_set]
             state, rebased = await self._decode(model, stored, bank)
             state, said = await self._catch_up(model, state, behind, bank)
-            if self.quality is not None and fresh:
-                state, outputs, before = await self._fold_scored(model, state, questions, responses, fresh, query,
-                                                                 bank)
-            else:
-                state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query,
-                                                 bank.kv if bank else None)
-                before = None
+            before = state  # (the state the fresh events' predictions are scored from, after the answer)
+            state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query,
+                                             bank.kv if bank else None)
             now = time.time()
 
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
-                if before is not None:  # (once: the attempt that was written)
-                    self.quality.record(model.name, model.version, before, responses[fresh], self.role(model))
+                if self.quality is not None and fresh:  # (once: the attempt that was written)
+                    self.quality.later(model.name, functools.partial(
+                        self._score, model, before, questions[fresh], responses[fresh], self.role(model), bank))
                 self.shadow(model, student_id, written, len(fresh))
                 self._count(model, len(fresh_unknown) + len(predict_unknown))
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state

@@ -51,6 +51,8 @@ class Metrics:
                                             live, registry=r)
         self.live_hits = Counter("nextstep_live_hits_total", "sessions: clicks on an item ranked within the first k "
                                  "(k: 1, 5, 10, 20) of the list recommended before", [*live, "k"], registry=r)
+        self.live_unscored = Counter("nextstep_live_unscored_total", "requests whose events went unscored: the "
+                                     "live-quality scoring queue was full", ["model"], registry=r)
         self.shadow = Counter("nextstep_shadow_total", "shadow turns by model and outcome (done; dropped: the queue "
                               "was full; failed)", ["model", "outcome"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)

@@ -1,9 +1,10 @@
 """Live model quality: every prediction a version would have made for an event, scored on that event when it comes.
 
 Knowledge tracing: before each event with a response, the version's P(each response) for the event's question, from
-the learner's state before the event (kt.py computes it in the graph calls that step the state: the first event of
-a request by one extra `predict` call, each later one by the fused `step_predict` call that steps the event before
-it). The score of one event:
+the learner's state before the event. kt.py computes it after the answer, off the request path (`later`: a bounded
+queue, one worker, its graph calls in the engines' executor): from the state before a request's events, one
+`predict` call for the first and the fused `step_predict` call that steps each event for the next. The score of one
+event:
 
 * log loss: -ln P(the observed response), the quantity `nextstep evaluate` averages (its NLL);
 * Brier score: the squared distance between the predicted distribution and the observed response (one-hot), summed
@@ -27,7 +28,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
@@ -127,9 +128,13 @@ class Quality:
     writes them to the buckets; `report` answers GET /v1/models/{model}/quality."""
 
     def __init__(self, client: Client | None, *, prefix: str = "nextstep", flush_seconds: float = 1.0,
-                 clock: Callable[[], float] = time.time, on_record: Callable[[Key, dict], None] | None = None):
+                 clock: Callable[[], float] = time.time, on_record: Callable[[Key, dict], None] | None = None,
+                 queue: int = 10_000, on_drop: Callable[[str], None] | None = None):
         self.client, self.prefix, self.flush_seconds, self.clock = client, prefix, flush_seconds, clock
-        self.on_record = on_record
+        self.on_record, self.on_drop = on_record, on_drop
+        self._queue_size = queue
+        self._jobs: asyncio.Queue | None = None  # scoring jobs run after the answers (`later`)
+        self._worker: asyncio.Task | None = None
         self._pending: dict[Key, dict[str, float]] = defaultdict(dict)
         self._local: dict[str, dict[str, float]] = defaultdict(dict)  # bucket key -> sums (no Redis)
         self._since: dict[str, float] = {}  # bucket key -> the time of its first record (no Redis)
@@ -146,6 +151,36 @@ class Quality:
         """Clicks: where each clicked item stood in the list recommended before it (1-based; inf: not in it)."""
         if ranks:
             self._record((model, version, role), ranking_fields(ranks))
+
+    def later(self, model: str, job: Callable[[], Awaitable[None]]) -> None:
+        """Run `job` (it computes scores and records them) after the answer, off the request path: a bounded queue
+        and one worker, whose graph calls go through the engines' executor (the event loop stays free for
+        requests). A full queue drops the job (`on_drop(model)`: those events go unscored). Without a started
+        worker the job is dropped too."""
+        try:
+            if self._jobs is None:
+                raise asyncio.QueueFull
+            self._jobs.put_nowait(job)
+        except asyncio.QueueFull:
+            if self.on_drop is not None:
+                self.on_drop(model)
+
+    async def _work(self) -> None:
+        while True:
+            job = await self._jobs.get()
+            try:
+                await job()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("a live-quality scoring job failed (its events go unscored)")
+            finally:
+                self._jobs.task_done()
+
+    async def drain(self) -> None:
+        """Wait for the scoring jobs queued so far."""
+        if self._jobs is not None and self._worker is not None:
+            await self._jobs.join()
 
     def _record(self, key: Key, fields: dict[str, float]) -> None:
         _add(self._pending[key], fields)
@@ -185,12 +220,15 @@ class Quality:
                 await self.flush()
 
         self._task = asyncio.create_task(loop())
+        self._jobs = asyncio.Queue(maxsize=self._queue_size)
+        self._worker = asyncio.create_task(self._work())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._worker, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         with contextlib.suppress(StoreUnavailable):
             await self.flush()
 
@@ -200,7 +238,8 @@ class Quality:
         """Per (version, role) given: the summary of the version's buckets that end within the last `window`
         seconds (whatever role it had when scored; the role given is its present one), and `since`, the time of the
         first score they hold (null: none)."""
-        await self.flush()  # this replica's latest scores too
+        await self.drain()  # this replica's latest scores too
+        await self.flush()
         now = self.clock()
         kind, step = ("m", 60) if window <= MINUTE_WINDOW else ("h", 3600)
         first = int((now - window) // step) * step

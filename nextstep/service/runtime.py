@@ -209,9 +209,10 @@ class Engines:
         self.operations = 0  # requests in progress: the stateful core counts each of its operations here
 
     async def run(self, model: LoadedModel, graph: str, feeds: dict[str, np.ndarray], *,
-                  shared: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+                  shared: dict[str, np.ndarray] | None = None, background: bool = False) -> list[np.ndarray]:
         """The graph's outputs for these feeds (batch axis first). `shared`: inputs without a batch axis (a
-        bank's keys and values), those the graph takes are given as they are."""
+        bank's keys and values), those the graph takes are given as they are. `background`: work no request waits
+        for (live quality's scoring), never run inline on the event loop."""
         graphs = self._batchers.get(model)
         if graphs is None:
             graphs = self._batchers[model] = {}
@@ -225,7 +226,7 @@ class Engines:
                                                    max_wait_ms=self.max_wait_ms, on_batch=on_batch)
         shared = {n: shared[n] for n in model.input_names[graph] if n in shared} if shared else None
         feeds = {n: feeds[n] for n in model.input_names[graph] if not shared or n not in shared}
-        if self.operations == 1:  # alone: nobody could share the run
+        if self.operations == 1 and not background:  # alone: nobody could share the run
             outputs = batcher.run_now(feeds, shared)
             if outputs is not None:
                 return outputs

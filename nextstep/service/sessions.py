@@ -16,6 +16,7 @@ log keeps its id, so a later version that knows it steps it through its own row.
 yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers.
 """
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -148,18 +149,15 @@ class SessionRecommender(StatefulTask):
                 seen = _remember(seen, row)
             new_unknown = list(dict.fromkeys(clicks[i].item_id for i in to_apply if rows[i] == UNKNOWN_ROW))
             query = {"exclude": self._exclude(seen, exclude_seen)} if recommend_k is not None else None
-            ranks = None
-            if self.quality is not None and fresh:
-                state, outs, ranks = await self._fold_scored(model, state, stored.events + caught > 0, fresh, query)
-            else:
-                state, outs = await self.fold(model, state, [{"item": np.array([row], dtype=np.int64)}
-                                                             for row in fresh], "step_recommend" if query else None,
-                                              query)
+            before, clicked_before = state, stored.events + caught > 0  # (scored after the answer)
+            state, outs = await self.fold(model, state, [{"item": np.array([row], dtype=np.int64)} for row in fresh],
+                                          "step_recommend" if query else None, query)
             unknown = len(to_apply) - len(fresh)
 
             async def answer(written: StoredState) -> dict:
-                if ranks:  # (once: the attempt that was written)
-                    self.quality.record_ranks(model.name, model.version, ranks, self.role(model))
+                if self.quality is not None and fresh:  # (once: the attempt that was written)
+                    self.quality.later(model.name, functools.partial(
+                        self._score, model, before, clicked_before, fresh, self.role(model)))
                 self.shadow(model, session_id, written, len(fresh))
                 self._count(model, fresh)  # (once: the attempt that was written)
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
@@ -185,6 +183,13 @@ class SessionRecommender(StatefulTask):
         return await self.write(model, self.key(model, session_id), f"session {session_id!r}",
                                 [c.event_id for c in clicks], attempt)
 
+    async def _score(self, model: LoadedModel, state: dict[str, np.ndarray], clicked_before: bool, fresh: list[int],
+                     role: str) -> None:
+        """Live quality of clicks already answered (`_fold_scored` from the state before the first), recorded.
+        Run after the answer."""
+        _, _, ranks = await self._fold_scored(model, state, clicked_before, fresh, None)
+        self.quality.record_ranks(model.name, model.version, ranks, role)
+
     async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], clicked_before: bool,
                            fresh: list[int], query: dict | None):
         """`fold` through the fresh clicks that also gives, for live quality (quality.py), each click's rank in the
@@ -192,22 +197,23 @@ class SessionRecommender(StatefulTask):
         first click, over every item (seen ones included), ties counted against the model; inf when the item is not
         in the list (the manifest's top_k). The first fresh click's list from a `recommend` call (none for a
         session's first click), each later one's from the `step_recommend` call that steps the click before it;
-        the last click's call answers the request's `query` (or is a plain step)."""
+        the last click's call answers the request's `query` (or is a plain step). Its graph calls never run inline
+        on the event loop (it runs after answers: scoring jobs and shadows)."""
         everything = {"exclude": np.zeros((1, 1), dtype=np.int64)}
         n_state = len(model.state_spec)
         ranks = []
         if clicked_before:
-            ranks.append(_rank(await self.engines.run(model, "recommend", {**batched(state), **everything}),
-                               fresh[0]))
+            ranks.append(_rank(await self.engines.run(model, "recommend", {**batched(state), **everything},
+                                                      background=True), fresh[0]))
         outputs = None
         for j, row in enumerate(fresh):
             feeds = {**batched(state), "item": np.array([row], dtype=np.int64)}
             last = j == len(fresh) - 1
             ask = query if last else everything
             if ask is None:
-                outs = await self.engines.run(model, "step", feeds)
+                outs = await self.engines.run(model, "step", feeds, background=True)
             else:
-                outs = await self.engines.run(model, "step_recommend", {**feeds, **ask})
+                outs = await self.engines.run(model, "step_recommend", {**feeds, **ask}, background=True)
                 if last:
                     outputs = outs
                 else:
