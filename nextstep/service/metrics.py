@@ -40,13 +40,14 @@ class Metrics:
         live = ["model", "version", "role"]
         self.live_scored = Counter("nextstep_live_scored_total", "events whose prediction was scored when they came "
                                    "(live quality, quality.py)", live, registry=r)
-        self.live_log_loss = Counter("nextstep_live_log_loss_sum", "sum of the scored events' log loss", live,
+        self.live_log_loss = Counter("nextstep_live_log_loss_total", "sum of the scored events' log loss", live,
                                      registry=r)
-        self.live_brier = Counter("nextstep_live_brier_sum", "sum of the scored events' Brier score", live, registry=r)
+        self.live_brier = Counter("nextstep_live_brier_total", "sum of the scored events' Brier score", live,
+                                  registry=r)
         self.live_buckets = Counter("nextstep_live_predictions_total", "scored events by predicted P(full credit) "
                                     "(bucket: its tenth, 0-9) and whether it was full credit (outcome 1/0)",
                                     [*live, "bucket", "outcome"], registry=r)
-        self.live_reciprocal_rank = Counter("nextstep_live_reciprocal_rank_sum", "sessions: sum of the clicked "
+        self.live_reciprocal_rank = Counter("nextstep_live_reciprocal_rank_total", "sessions: sum of the clicked "
                                             "items' reciprocal ranks in the list recommended before each click",
                                             live, registry=r)
         self.live_hits = Counter("nextstep_live_hits_total", "sessions: clicks on an item ranked within the first k "

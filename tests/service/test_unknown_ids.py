@@ -71,7 +71,11 @@ def test_error_mode_and_an_untrained_row_keep_the_422(artifacts, rec_artifacts, 
     root.mkdir()
     (root / "deep_gpcm").symlink_to(artifacts[0] / "deep_gpcm", target_is_directory=True)
     (root / "gru4rec").symlink_to(rec_artifacts / "gru4rec", target_is_directory=True)
-    shutil.copytree(DEMO / "deep_gpcm" / "demo", root / "old_gpcm" / "1")  # trained before the unknown row
+    old = root / "old_gpcm" / "1"
+    shutil.copytree(DEMO / "deep_gpcm" / "demo", old)  # as if trained before the unknown row: no `unknown` section
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest.pop("unknown", None)
+    (old / "manifest.json").write_text(json.dumps(manifest))
     body = {"student_id": "s", "events": [{"question_id": "3", "response": 1}, {"question_id": "new-q",
                                                                                  "response": 0}]}
     with serve(Settings(artifacts_dir=root, redis_url=redis_url, unknown_questions="error")) as url, \
