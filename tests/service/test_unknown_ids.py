@@ -3,7 +3,8 @@ answered through the version's unknown row, trained for it, flagged `"known": fa
 nextstep_unknown_ids_total; NEXTSTEP_UNKNOWN_QUESTIONS=error keeps the 422 naming the field, and so does a version
 trained before the row existed (a copy of the demo artifact without its manifest's unknown section). The log keeps
 the id as the app sent it, so a version that knows it rebuilds the learner's state through its own row. Real
-training (tiny), real ONNX Runtime, real HTTP, a real Redis; the fast tests use the tiny models every test run trains (tests/conftest.py, test_sessions_api.py)."""
+training (tiny), real ONNX Runtime, real HTTP, a real Redis; the fast tests use the tiny models every test run
+trains (tests/conftest.py, test_sessions_api.py)."""
 
 import json
 import re
