@@ -751,7 +751,7 @@ class SpacedRepetition(StatefulTask):
         rows = stored_rows(history.recent, stored.fields)
         day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0))
         w, scored = await asyncio.to_thread(fit_stored, rows, day_start,
-                                            True if force else lambda n, _: self.refit_due(n, history.fit))
+                                            True if force else lambda n: self.refit_due(n, history.fit))
         if w is None:
             return {**out, "reason": "not due", "scored_reviews": scored}
         fit = Fit(tuple(float(x) for x in w), len(rows), scored, _time.time() if now is None else float(now))

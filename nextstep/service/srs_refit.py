@@ -19,15 +19,13 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from .srs import ROW
-
 LEASE_MS = 300_000  # how long a worker holds a user's refit lease (a fit takes seconds)
 
 
 def stored_rows(recent: np.ndarray, fields: Mapping[str, bytes]) -> np.ndarray:
     """Every review the store holds for a user (ROW), each once, in the order they were recorded."""
-    parts = [recent] + [np.frombuffer(v, dtype=ROW) for v in fields.values() if v]
-    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=ROW)
+    parts = [recent] + [np.frombuffer(v, dtype=recent.dtype) for v in fields.values() if v]  # (srs.ROW)
+    rows = np.concatenate(parts)
     _, first = np.unique(rows["seq"], return_index=True)
     return rows[first]  # (sorted by seq)
 
@@ -51,15 +49,14 @@ def review_log(rows: np.ndarray, day_start_hour: float):
 
 
 def fit_stored(rows: np.ndarray, day_start_hour: float,
-               due: bool | Callable[[int, object], bool] = True) -> tuple[list[float] | None, int]:
-    """(FSRS-6's 21 parameters fitted on the rows, or None when `due(scored, NO_FIT-like)` says no; the number of
+               due: bool | Callable[[int], bool] = True) -> tuple[list[float] | None, int]:
+    """(FSRS-6's 21 parameters fitted on the rows, or None when `due(scored)` says no; the number of
     scored reviews the fit sees). `due` is True, or a callable of the scored count (SpacedRepetition.refit_due)."""
     from ..training.srs_eval import fit_fsrs6, scored_mask
-    from .srs import NO_FIT
 
     log = review_log(rows, day_start_hour)
     scored = int(scored_mask(log).sum())
-    if callable(due) and not due(scored, NO_FIT):
+    if callable(due) and not due(scored):
         return None, scored
     return [float(x) for x in fit_fsrs6(log, np.arange(len(log), dtype=np.int64))], scored
 
@@ -106,9 +103,7 @@ async def refit_all(srs, model_name: str, users: list[str] | None = None, *, for
     import os
     import socket
 
-    from .srs import SpacedRepetition
 
-    assert isinstance(srs, SpacedRepetition)
     model = srs.model(model_name)
     store = getattr(srs.store, "_store", srs.store)
     if users is None:
