@@ -77,7 +77,7 @@ train-simakt:  ## SimAKT (dual inter-student heads) on DTransformer's ASSISTment
 	  --out artifacts/simakt/assist09
 
 ablation-simakt:  ## the SimAKT ablation (none / cluster / knn / dual, seeds 0-2) on one data set: hours on 2 cores
-	$(BIN)/python -m nextstep.training.simakt_ablation --data $(DATA)/kt/dtransformer_assist09 --out runs/simakt_ablation \
+	$(BIN)/python -m nextstep.training.kt.simakt_ablation --data $(DATA)/kt/dtransformer_assist09 --out runs/simakt_ablation \
 	  --configs configs/simakt/none.json configs/simakt/cluster.json configs/simakt/knn.json configs/simakt/dual.yaml
 
 clean:  ## remove the test and lint caches (never ./artifacts: trained models are yours to delete)

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from nextstep.models.layers.irt import fit_gpcm
-from nextstep.training.data import load_dataset
+from nextstep.training.kt.data import load_dataset
+from nextstep.training.kt.synthetic import gpcm_probs
 from nextstep.training.metrics import ordinal_metrics
-from nextstep.training.synthetic import gpcm_probs
 
 GRID = np.linspace(-5, 5, 401)  # ability values for the posterior
 

@@ -24,9 +24,9 @@ from machine import machine  # bench/machine.py (the script's directory is on sy
 
 from nextstep.models.gru4rec import GRU4Rec, GRU4RecConfig
 from nextstep.training.data import Vocabulary, default_data_dir
-from nextstep.training.gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
-from nextstep.training.ranking import evaluate_sessions
-from nextstep.training.sessions import load_session_split
+from nextstep.training.next_item.gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
+from nextstep.training.next_item.ranking import evaluate_sessions
+from nextstep.training.next_item.sessions import load_session_split
 
 TARGET = 12_000
 

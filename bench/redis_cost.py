@@ -46,15 +46,15 @@ def build_artifacts(root: Path, work: Path) -> None:
     import numpy as np
 
     from nextstep import demo
-    from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
-    from nextstep.training.loop import TrainConfig
-    from nextstep.training.next_item_run import train_next_item
-    from nextstep.training.reviews import simulate_reviews, write_review_csv
-    from nextstep.training.run import train_model
-    from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
-    from nextstep.training.synthetic import write_gpcm_dataset
-    from nextstep.training.time_aware_loop import TimeAwareTrainConfig
-    from nextstep.training.time_aware_run import train_time_aware
+    from nextstep.training.kt.loop import TrainConfig
+    from nextstep.training.kt.run import train_model
+    from nextstep.training.kt.synthetic import write_gpcm_dataset
+    from nextstep.training.next_item.gru4rec_loop import GRU4RecTrainConfig
+    from nextstep.training.next_item.run import train_next_item
+    from nextstep.training.next_item.sessions import subset, write_gru4rec_tsv, zipf_sessions
+    from nextstep.training.srs.reviews import simulate_reviews, write_review_csv
+    from nextstep.training.srs.time_aware_loop import TimeAwareTrainConfig
+    from nextstep.training.srs.time_aware_run import train_time_aware
 
     kt = work / "kt"
     write_gpcm_dataset(kt, **{**demo.KT_DATA, "n_questions": 200})

@@ -26,9 +26,9 @@ def _artifacts(given: str | None) -> tuple[Path, str]:
     if given:
         path = Path(given)
         return path.parent.parent, path.parent.name
-    from nextstep.training.loop import TrainConfig
-    from nextstep.training.run import train_model
-    from nextstep.training.synthetic import write_gpcm_dataset
+    from nextstep.training.kt.loop import TrainConfig
+    from nextstep.training.kt.run import train_model
+    from nextstep.training.kt.synthetic import write_gpcm_dataset
 
     root = Path(tempfile.mkdtemp(prefix="route-overhead-"))
     data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 15), seed=3)

@@ -59,8 +59,8 @@ TARGETS = {  # the issue's targets
 TRAIN_SCRIPT = """
 import sys
 from nextstep.training.loop import TrainConfig
-from nextstep.training.run import train_model
-from nextstep.training.synthetic import write_gpcm_dataset
+from nextstep.training.kt.run import train_model
+from nextstep.training.kt.synthetic import write_gpcm_dataset
 data, out = sys.argv[1], sys.argv[2]
 write_gpcm_dataset(data, n_students=100, n_questions=200, seq_len_range=(100, 200), seed=42)
 train_model("deep_gpcm", data, out, cfg=TrainConfig(epochs=1), progress=False, log=False)

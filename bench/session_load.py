@@ -45,8 +45,8 @@ MODEL = "gru4rec"
 K = 20
 TRAIN = """
 import sys
-from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
-from nextstep.training.next_item_run import train_next_item
+from nextstep.training.next_item.gru4rec_loop import GRU4RecTrainConfig
+from nextstep.training.next_item.run import train_next_item
 train_next_item("gru4rec", sys.argv[1], sys.argv[2], cfg=GRU4RecTrainConfig(epochs=1), progress=False, log=False)
 """
 

@@ -54,9 +54,9 @@ MODEL = "simakt"
 BUILD = """
 import sys
 from pathlib import Path
-from nextstep.training.simakt_run import build_artifact_banks
-from nextstep.training.simakt_run import SimAKTTrainConfig, load_similarity, train_simakt
-from nextstep.training.synthetic import write_problem_dataset
+from nextstep.training.kt.simakt_run import build_artifact_banks
+from nextstep.training.kt.simakt_run import SimAKTTrainConfig, load_similarity, train_simakt
+from nextstep.training.kt.synthetic import write_problem_dataset
 
 data, out = Path(sys.argv[1]), Path(sys.argv[2])
 write_problem_dataset(data, n_train=400, n_test=40, length=(120, 260), n_skills=50)

@@ -31,9 +31,9 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from nextstep.training.data import load_dataset, split_students
-from nextstep.training.simakt_export import load_simakt
-from nextstep.training.simakt_run import KTVocab, trajectories
+from nextstep.training.kt.data import load_dataset, split_students
+from nextstep.training.kt.simakt_export import load_simakt
+from nextstep.training.kt.simakt_run import KTVocab, trajectories
 
 
 @torch.no_grad()

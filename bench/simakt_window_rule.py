@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nextstep.training.banks import load_banks
-from nextstep.training.data import load_dataset
-from nextstep.training.loop import batches
-from nextstep.training.simakt_export import load_simakt
-from nextstep.training.simakt_run import KTVocab, bank_tensors, binary_metrics, predict, sequences
+from nextstep.training.kt.banks import load_banks
+from nextstep.training.kt.data import load_dataset
+from nextstep.training.kt.loop import batches
+from nextstep.training.kt.simakt_export import load_simakt
+from nextstep.training.kt.simakt_run import KTVocab, bank_tensors, binary_metrics, predict, sequences
 
 
 def join_cut(seqs: list, cut: int) -> list:

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from nextstep.service.app import create_app
 from nextstep.service.settings import Settings
-from nextstep.training.reviews import read_reviews
+from nextstep.training.srs.reviews import read_reviews
 
 DAYS = [1 / 24, 0.25, 1, 3, 7, 14, 30, 90, 180, 365]
 RETENTIONS = [0.97, 0.95, 0.9, 0.85, 0.8, 0.7]

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
-from nextstep.training.time_aware_export import export_time_aware
+from nextstep.training.srs.time_aware_export import export_time_aware
 
 torch.manual_seed(0)
 model = TimeAwareTransformer(TimeAwareConfig(window=256, card_window=32)).eval()

@@ -1,7 +1,7 @@
 """Per-event serving latency of the streaming GPCM models: one step() then one predict(), per engine.
 
 For each model variant (random weights at the default GPCMConfig sizes) the model is exported once
-with nextstep.training.export.export_artifact (which also checks parity), then one serving step,
+with nextstep.training.kt.export.export_artifact (which also checks parity), then one serving step,
 
     state = step(state, question, response)      fold the observed interaction into the learner state
     predict(state, next_question[:, None])       answer for one question
@@ -37,7 +37,8 @@ import torch
 from machine import machine  # bench/machine.py (the script's directory is on sys.path)
 
 from nextstep.models.deep_gpcm import MODELS, GPCMConfig
-from nextstep.training.export import export_artifact, onnx_session
+from nextstep.training.export import onnx_session
+from nextstep.training.kt.export import export_artifact
 
 TARGET_US = 100.0  # DeepGPCM ONNX Runtime batch-1 step+predict median budget (the issue's target)
 TARGET_MODEL = "deep_gpcm"

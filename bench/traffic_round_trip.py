@@ -44,7 +44,7 @@ def nextstep(*argv: str, env: dict | None = None) -> str:
 
 def long_data(data: Path, out: Path, learners: int | None) -> None:
     """The data set in the long format (its first `learners` training learners when given, every test learner)."""
-    from nextstep.training.data import KTDataset, load_dataset, write_long_csv
+    from nextstep.training.kt.data import KTDataset, load_dataset, write_long_csv
 
     train, test = load_dataset(data)
     if learners:

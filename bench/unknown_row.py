@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from nextstep.training.data import hide_ids, load_dataset, split_students
-from nextstep.training.loop import TrainConfig, batches, predict_sequences
+from nextstep.training.data import hide_ids
+from nextstep.training.kt.data import load_dataset, split_students
+from nextstep.training.kt.loop import TrainConfig, batches, predict_sequences
+from nextstep.training.kt.run import encode, load_model, train_model
 from nextstep.training.metrics import ordinal_metrics
-from nextstep.training.run import encode, load_model, train_model
 
 SETTINGS = ((1, 0.0), (5, 0.01), (5, 0.05))
 

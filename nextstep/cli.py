@@ -210,7 +210,7 @@ def cmd_evaluate(args) -> int:
 
 def cmd_banks_build(args) -> int:
     require("torch", "train", "nextstep banks build")
-    from .training.simakt_run import build_artifact_banks
+    from .training.kt.simakt_run import build_artifact_banks
 
     if args.version is not None and not VERSION_NAME.fullmatch(args.version):  # it names ARTIFACT/banks/VERSION
         raise SystemExit(f"banks build: --version {args.version!r} must be a folder name: 1 to 64 of A-Z a-z "
@@ -327,9 +327,9 @@ def cmd_events_export(args) -> int:
 def build_demo_artifacts(artifacts: Path, data: Path, epochs: int):
     """Generate a small GPCM data set in `data`, train each variant briefly into `artifacts`/NAME/demo.
     Yields (name, artifact dir, manifest) as each is ready."""
-    from .training.loop import TrainConfig
-    from .training.run import train_model
-    from .training.synthetic import write_gpcm_dataset
+    from .training.kt.loop import TrainConfig
+    from .training.kt.run import train_model
+    from .training.kt.synthetic import write_gpcm_dataset
 
     write_gpcm_dataset(data, n_students=200, n_questions=30, seq_len_range=(40, 60), seed=7)
     for name in ("deep_gpcm", "attention_gpcm", "coral_gpcm"):
@@ -340,9 +340,9 @@ def build_demo_artifacts(artifacts: Path, data: Path, epochs: int):
 
 def build_demo_srs(artifacts: Path, data: Path) -> Path:
     """A small flashcard model (time_aware) trained on a generated review log, exported to artifacts/time_aware/demo."""
-    from .training.reviews import simulate_reviews, write_review_csv
-    from .training.time_aware_loop import TimeAwareTrainConfig
-    from .training.time_aware_run import train_time_aware
+    from .training.srs.reviews import simulate_reviews, write_review_csv
+    from .training.srs.time_aware_loop import TimeAwareTrainConfig
+    from .training.srs.time_aware_run import train_time_aware
 
     data.mkdir(parents=True, exist_ok=True)
     reviews = write_review_csv(simulate_reviews(n_users=3, n_cards=80, n_days=120, seed=7), data / "reviews.csv")
@@ -557,7 +557,7 @@ def cmd_import_anki(args) -> int:
     import numpy as np
 
     from .training.data import DataFormatError
-    from .training.reviews import read_anki_collection, write_review_csv
+    from .training.srs.reviews import read_anki_collection, write_review_csv
 
     try:
         log = read_anki_collection(args.collection, user_id=args.user_id)

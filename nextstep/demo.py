@@ -42,9 +42,9 @@ MODELS = ("deep_gpcm", "gru4rec", "time_aware")
 
 
 def _build_kt(data: Path, out: Path) -> dict:
-    from .training.loop import TrainConfig
-    from .training.run import train_model
-    from .training.synthetic import write_gpcm_dataset
+    from .training.kt.loop import TrainConfig
+    from .training.kt.run import train_model
+    from .training.kt.synthetic import write_gpcm_dataset
 
     write_gpcm_dataset(data, **KT_DATA)
     return train_model("deep_gpcm", data, out, cfg=TrainConfig(**KT_TRAIN), progress=False, log=False)
@@ -53,9 +53,9 @@ def _build_kt(data: Path, out: Path) -> dict:
 def _build_sessions(data: Path, out: Path) -> dict:
     import numpy as np
 
-    from .training.gru4rec_loop import GRU4RecTrainConfig
-    from .training.next_item_run import train_next_item
-    from .training.sessions import subset, write_gru4rec_tsv, zipf_sessions
+    from .training.next_item.gru4rec_loop import GRU4RecTrainConfig
+    from .training.next_item.run import train_next_item
+    from .training.next_item.sessions import subset, write_gru4rec_tsv, zipf_sessions
 
     sessions = zipf_sessions(**SESSION_DATA)
     n_train = SESSION_DATA["n_sessions"] * 5 // 6
@@ -67,9 +67,9 @@ def _build_sessions(data: Path, out: Path) -> dict:
 
 
 def _build_srs(data: Path, out: Path) -> dict:
-    from .training.reviews import simulate_reviews, write_review_csv
-    from .training.time_aware_loop import TimeAwareTrainConfig
-    from .training.time_aware_run import train_time_aware
+    from .training.srs.reviews import simulate_reviews, write_review_csv
+    from .training.srs.time_aware_loop import TimeAwareTrainConfig
+    from .training.srs.time_aware_run import train_time_aware
 
     data.mkdir(parents=True, exist_ok=True)
     reviews = write_review_csv(simulate_reviews(**REVIEW_DATA), data / "reviews.csv")

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from nextstep.training.data import load_dataset, write_long_csv
+from nextstep.training.kt.data import load_dataset, write_long_csv
 
 
 def main() -> int:

@@ -35,17 +35,17 @@ def pytest_configure(config: pytest.Config) -> None:
 FIRST = (
     "tests/service/test_simakt_api.py",
     "tests/training/test_export.py",
-    "tests/training/test_time_aware_run.py",
+    "tests/training/srs/test_time_aware_run.py",
     "tests/service/test_srs_api.py",
     "tests/test_cli.py",
-    "tests/training/test_simakt_run.py",
+    "tests/training/kt/test_simakt_run.py",
     "tests/service/test_reload.py",
     "tests/service/test_replicas.py",
     "tests/service/test_kt_api.py",
     "tests/service/test_demo_served.py",
-    "tests/training/test_warm_start.py",
-    "tests/training/test_answer_order.py",
-    "tests/training/test_mrn_loop.py",
+    "tests/training/kt/test_warm_start.py",
+    "tests/training/kt/test_answer_order.py",
+    "tests/training/next_item/test_mrn_loop.py",
     "tests/training/test_families.py",
     "tests/service/test_sessions_api.py",
     "tests/service/test_quality.py",
@@ -96,9 +96,9 @@ def artifacts(build_once) -> tuple[Path, Path]:
     """(artifacts dir holding deep_gpcm/v1, data dir): a tiny deep_gpcm trained for real on generated data (ordinal,
     4 categories; seed 0, validation fraction 0.1) and exported; once per run, read-only: copy it to change it."""
     def build(root: Path) -> None:
-        from nextstep.training.loop import TrainConfig
-        from nextstep.training.run import train_model
-        from nextstep.training.synthetic import write_gpcm_dataset
+        from nextstep.training.kt.loop import TrainConfig
+        from nextstep.training.kt.run import train_model
+        from nextstep.training.kt.synthetic import write_gpcm_dataset
 
         data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(12, 16), seed=5)
         train_model("deep_gpcm", data, root / "artifacts" / "deep_gpcm" / "v1",
@@ -118,8 +118,8 @@ def artifact_tree(build_once, artifacts) -> Path:
     def build(root: Path) -> None:
         import json
 
-        from nextstep.training.loop import TrainConfig
-        from nextstep.training.run import train_model
+        from nextstep.training.kt.loop import TrainConfig
+        from nextstep.training.kt.run import train_model
 
         tree = root / "artifacts"
         train_model("attention_gpcm", data, tree / "attention_gpcm" / "1", cfg=TrainConfig(epochs=1, model=small),

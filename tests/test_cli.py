@@ -18,7 +18,7 @@ import pytest
 
 from nextstep.cli import main
 from nextstep.demo import BUNDLED
-from nextstep.training.synthetic import write_gpcm_dataset
+from nextstep.training.kt.synthetic import write_gpcm_dataset
 from tests.cli_script import RUN_CLI, hide
 
 ORDINAL_KEYS = {"categorical_accuracy", "ordinal_accuracy", "qwk", "mae", "nll"}
@@ -185,7 +185,7 @@ def test_an_option_out_of_range_is_a_usage_error(argv, capsys):
 
 
 def test_import_anki_never_writes_over_the_collection(tmp_path):
-    from tests.training.test_reviews import CARDS, REVLOG, make_collection
+    from tests.training.srs.test_reviews import CARDS, REVLOG, make_collection
 
     collection = make_collection(tmp_path / "collection.anki2", REVLOG, CARDS)
     before = collection.read_bytes()
@@ -260,10 +260,10 @@ SMALL_DKT = {"model": {"hidden": 16, "embed_dim": 8}}
 def test_a_data_set_in_the_long_format_trains_to_the_same_metrics_as_in_its_own(tmp_path):
     """The same three-line data set as a gzipped long CSV with text ids ("q101") trains to the same metrics and
     weights with the same seed; the log names the format read. (With the same ids the long CSV reads as the very
-    same sequences: tests/training/test_data.py.)"""
+    same sequences: tests/training/kt/test_data.py.)"""
     import torch
 
-    from nextstep.training.data import load_dataset, write_long_csv
+    from nextstep.training.kt.data import load_dataset, write_long_csv
 
     native = tmp_path / "native"
     _write_binary(native)

@@ -2,7 +2,7 @@
 
 The flashcard model (time_aware.py) starts from FSRS-6 and learns corrections to it; this module is the FSRS-6
 part, written as tensor operations so that it runs inside the exported graphs. It follows fsrs-rs (the
-parameters come from its optimiser, nextstep/training/srs_eval.py), with w the 21 parameters:
+parameters come from its optimiser, nextstep/training/srs/eval.py), with w the 21 parameters:
 
     first review, rating G:    S = w[G-1],  D = clamp(w4 - exp(w5 (G - 1)) + 1, 1, 10)
     same day (t = 0):          S' = S * exp(w17 (G - 3 + w18)) * S^-w19, at least S when G >= 2

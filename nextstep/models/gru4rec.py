@@ -58,7 +58,7 @@ def glorot_(t: torch.Tensor, fan_in: int, fan_out: int) -> None:
 
 class Dropout(nn.Module):
     """Inverted dropout, the same function as nn.Dropout, with the mask available on its own: the
-    training step (training/gru4rec_step.py) keeps it for the backward pass. The mask comes from one
+    training step (training/next_item/gru4rec_step.py) keeps it for the backward pass. The mask comes from one
     uniform draw and a comparison, cheaper than nn.Dropout's Bernoulli sampler for 32 x 100 activations."""
 
     def __init__(self, p: float):

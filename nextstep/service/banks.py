@@ -43,7 +43,7 @@ from .redis_clients import RedisOptions, connect
 from .registry import LoadedModel
 
 log = logging.getLogger(__name__)
-PARTS = ("states", "lengths", "summaries", "sizes")  # the files of one head's bank (nextstep/training/banks.py)
+PARTS = ("states", "lengths", "summaries", "sizes")  # the files of one head's bank (nextstep/training/kt/banks.py)
 PROVENANCE = ("created", "data_file", "n_trajectories", "n_students", "seed", "model_weights_sha256")
 
 

@@ -1,6 +1,6 @@
 """Spaced repetition (task "srs"), protocol-neutral: record reviews, predict a review, schedule cards.
 
-The model (nextstep/models/time_aware.py, exported by nextstep/training/time_aware_export.py) is one
+The model (nextstep/models/time_aware.py, exported by nextstep/training/srs/time_aware_export.py) is one
 stateless graph, `predict`, that answers a query (card, deck, time) from a window of the user's earlier
 reviews. Which reviews make the window is `nextstep.review_window.select` (the query card's last
 `card_size` reviews plus the user's most recent ones, up to `size`), the rule training used; this module

@@ -2,7 +2,7 @@
 
 `SpacedRepetition.refit` reads a user's stored reviews (the recent block and every card's field), and
 `fit_stored` turns them into a one-user review log and fits FSRS-6 on it with fsrs-rs exactly as the evaluation
-protocol fits a user's training reviews (`nextstep.training.srs_eval.fit_fsrs6`: every scored review with an
+protocol fits a user's training reviews (`nextstep.training.srs.eval.fit_fsrs6`: every scored review with an
 earlier review of its card, as an FSRSItem of its card's reviews up to it). The store keeps each card's last
 `card_size` reviews, so a card with more starts its history at the oldest one kept; on a user whose cards all have
 at most `card_size` reviews, the fit equals the protocol's on the same reviews (tests/service/test_srs_refit.py).
@@ -33,7 +33,7 @@ def stored_rows(recent: np.ndarray, fields: Mapping[str, bytes]) -> np.ndarray:
 def review_log(rows: np.ndarray, day_start_hour: float):
     """The rows as a one-user ReviewLog: elapsed_days counted in scheduler days (a day starts at day_start_hour
     UTC, as the model's days do), -1 on a card's first stored review."""
-    from ..training.reviews import ReviewLog
+    from ..training.srs.reviews import ReviewLog
 
     n = len(rows)
     card = rows["card"].astype(np.int64)
@@ -52,7 +52,7 @@ def fit_stored(rows: np.ndarray, day_start_hour: float,
                due: bool | Callable[[int], bool] = True) -> tuple[list[float] | None, int]:
     """(FSRS-6's 21 parameters fitted on the rows, or None when `due(scored)` says no; the number of
     scored reviews the fit sees). `due` is True, or a callable of the scored count (SpacedRepetition.refit_due)."""
-    from ..training.srs_eval import fit_fsrs6, scored_mask
+    from ..training.srs.eval import fit_fsrs6, scored_mask
 
     log = review_log(rows, day_start_hour)
     scored = int(scored_mask(log).sum())

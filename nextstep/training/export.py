@@ -8,8 +8,8 @@ The artifact directory is the contract between training and serving (docs/archit
     parity.npz                    the held-out sequences parity was checked on (what `reexport` checks again)
     weights.pt                    PyTorch state dict + config + family, to evaluate, fine-tune or re-export
 
-A task describes its graphs with an `Exporter` (KT's is here; next_item_export.py, simakt_export.py and
-time_aware_export.py hold the others). Every graph wraps one function of the streaming contract:
+A task describes its graphs with an `Exporter` (in its subpackage: kt/export.py, kt/simakt_export.py,
+next_item/export.py, srs/time_aware_export.py). Every graph wraps one function of the streaming contract:
 
     step           (*state, *event) -> *state_next                     `Exporter.event` names the event inputs
                    (+ the first `step_shared` shared inputs)
@@ -42,7 +42,6 @@ from ..models.streaming import State, StreamingModel, state_names
 OPSET = 18
 STEP_TOLERANCE = 1e-5  # full-sequence pass vs stepping through it, eager
 ENGINE_TOLERANCE = 1e-4  # eager vs TorchScript vs ONNX Runtime
-IRT_OUTPUTS = ("theta", "alpha", "beta")  # what a KT readout may add to probs
 PARITY_FILE = "parity.npz"
 
 
@@ -348,62 +347,6 @@ def load_weights(artifact_dir: Path, build: Callable[[str, dict, dict], nn.Modul
     except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as exc:
         raise ValueError(f"{Path(artifact_dir) / manifest['weights']}: not weights this version can read "
                          f"({type(exc).__name__}: {exc})") from None
-
-
-# ----------------------------------------------------------------------------------------------- knowledge tracing
-
-class KTExporter(Exporter):
-    """Knowledge tracing: event (question, response), query questions (B, M) -> probs (B, M, K) and whichever
-    of theta, alpha, beta the readout gives (the GPCM families do; DKT and SimAKT do not)."""
-
-    event = ("question", "response")
-    query = ("questions",)
-
-    def __init__(self, model: StreamingModel, vocab_json: dict):
-        super().__init__(model)
-        self.vocab_json = vocab_json
-
-    def answer(self, state, questions, *shared):
-        return _kt_fields(self.model.readout(state, questions))
-
-    def walk(self, sequence):
-        questions, responses = sequence
-        for t in range(questions.shape[1]):
-            yield (questions[:, t], responses[:, t]), (questions[:, t:t + 1],)
-
-    def full(self, sequence):
-        return tuple(_kt_fields(self.model(*sequence)).values())
-
-    def stepped(self, state, query):
-        return tuple(x[:, 0] for x in self.answer(state, *query).values())
-
-    def widen(self, query):
-        return (query[0].repeat(1, 2),)
-
-    def dims(self, dim):
-        return {"questions": {1: dim("n_questions")}}
-
-    def manifest(self):
-        return {"vocabularies": {"questions": "vocab_questions.json"}}
-
-    def write(self, out_dir):
-        (out_dir / "vocab_questions.json").write_text(json.dumps(self.vocab_json))
-
-    @classmethod
-    def from_artifact(cls, model, artifact_dir, manifest):
-        return cls(model, json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
-
-
-def _kt_fields(out) -> dict[str, torch.Tensor]:
-    return {"probs": out.log_probs.exp(), **{f: getattr(out, f) for f in IRT_OUTPUTS if getattr(out, f, None)
-                                            is not None}}
-
-
-def export_artifact(model: StreamingModel, out_dir: Path, *, manifest: dict, vocab_json: dict,
-                    parity_questions: torch.Tensor, parity_responses: torch.Tensor) -> dict:
-    """A knowledge-tracing model's artifact (graphs step, predict, step_predict); ParityError on a miss."""
-    return export(KTExporter(model, vocab_json), out_dir, manifest=manifest,
-                  sequence=(parity_questions, parity_responses))
 
 
 # ----------------------------------------------------------------------------------------------- engines and files

@@ -27,7 +27,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import get_type_hints
 
-KT_RUN = "nextstep.training.run"
+KT, NEXT_ITEM, SRS = "nextstep.training.kt", "nextstep.training.next_item", "nextstep.training.srs"
+KT_RUN = f"{KT}.run"
 # the formats of each reader, as its module names them (data.FORMATS, sessions.SESSION_FORMATS, the review readers'
 # meta["format"]); written out here so that `nextstep --help` imports neither numpy nor torch
 KT_FORMATS = ("three_line", "pykt", "dtransformer", "long_csv")
@@ -148,11 +149,11 @@ class Family:
 
 
 def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None) -> Family:
-    return Family(name, "knowledge_tracing", model, config, "nextstep.training.loop:TrainConfig",
-                  f"{KT_RUN}:train_model", "nextstep.training.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
-                  reader="nextstep.training.data:load_dataset", batcher="nextstep.training.loop:batches",
+    return Family(name, "knowledge_tracing", model, config, f"{KT}.loop:TrainConfig",
+                  f"{KT_RUN}:train_model", f"{KT}.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
+                  reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
                   # (TrainConfig.loss, n_cats) -> the loss; its CORAL term takes a model's cumulative logits if any
-                  loss="nextstep.training.losses:CombinedLoss.from_spec",
+                  loss=f"{KT}.losses:CombinedLoss.from_spec",
                   metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS,
                   train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"},
                   restorer=restorer)
@@ -160,11 +161,11 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
 
 def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, batcher: str | None,
                loss: str | None, restorer: str | None = None, flags: tuple[str, ...] = ("epochs", "seed")) -> Family:
-    return Family(name, "next_item", model, config, train_config, "nextstep.training.next_item_run:train_next_item",
-                  "nextstep.training.next_item_export:NextItemExporter",
-                  "nextstep.training.next_item_run:evaluate_next_item", help,
-                  reader="nextstep.training.sessions:load_session_split", batcher=batcher, loss=loss,
-                  metrics="nextstep.training.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
+    return Family(name, "next_item", model, config, train_config, f"{NEXT_ITEM}.run:train_next_item",
+                  f"{NEXT_ITEM}.export:NextItemExporter",
+                  f"{NEXT_ITEM}.run:evaluate_next_item", help,
+                  reader=f"{NEXT_ITEM}.sessions:load_session_split", batcher=batcher, loss=loss,
+                  metrics=f"{NEXT_ITEM}.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
                   train_options={"format": "fmt", "valid": "valid"},
                   evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags)
 
@@ -172,11 +173,11 @@ def _next_item(name: str, model: str, config: str, train_config: str, help: str,
 def _counts(name: str, model: str, help: str) -> Family:
     # counted from the whole training split in one pass: no batches, nothing minimised
     return _next_item(name, f"nextstep.models.next_item:{model}", COUNTS, COUNTS, help, batcher=None, loss=None,
-                      restorer="nextstep.training.next_item_export:restore_counts", flags=("seed",))
+                      restorer=f"{NEXT_ITEM}.export:restore_counts", flags=("seed",))
 
 
 GPCM = "nextstep.models.deep_gpcm"
-COUNTS = "nextstep.training.next_item_run:CountConfig"
+COUNTS = f"{NEXT_ITEM}.run:CountConfig"
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _kt("deep_gpcm", f"{GPCM}:deep_gpcm", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output",
         restorer=f"{GPCM}:restore"),
@@ -184,41 +185,41 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _kt("coral_gpcm", f"{GPCM}:CORALGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM blended with CORAL thresholds"),
     _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)"),
     Family("simakt", "knowledge_tracing", "nextstep.models.simakt:SimAKT", "nextstep.models.simakt:SimAKTConfig",
-           "nextstep.training.simakt_run:SimAKTTrainConfig", "nextstep.training.simakt_run:train_simakt",
-           "nextstep.training.simakt_export:SimAKTExporter",
-           "nextstep.training.simakt_run:evaluate_simakt", "DTransformer + heads over similar students' memory banks",
-           reader="nextstep.training.data:load_dataset", batcher="nextstep.training.loop:batches",
+           f"{KT}.simakt_run:SimAKTTrainConfig", f"{KT}.simakt_run:train_simakt",
+           f"{KT}.simakt_export:SimAKTExporter",
+           f"{KT}.simakt_run:evaluate_simakt", "DTransformer + heads over similar students' memory banks",
+           reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
            # the prediction loss; training adds the problem L2 and, with lambda_cl, the contrastive loss
            loss="torch.nn.functional:binary_cross_entropy_with_logits",
-           metrics="nextstep.training.simakt_run:binary_metrics", formats=KT_FORMATS,
+           metrics=f"{KT}.simakt_run:binary_metrics", formats=KT_FORMATS,
            named=False, evaluate_options={"banks": "bank_version"}, flags=("epochs", "seed", "device"), progress=None,
-           train_options={"similarity_config": ("similarity", "nextstep.training.simakt_run:load_similarity")},
+           train_options={"similarity_config": ("similarity", f"{KT}.simakt_run:load_similarity")},
            user_error="nextstep.models.simakt:ConfigError"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
-               "nextstep.training.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
-               batcher="nextstep.training.gru4rec_loop:session_parallel",
-               loss="nextstep.training.gru4rec_step:TrainStep",  # cross-entropy, bpr or bpr-max, hand-written gradients
+               f"{NEXT_ITEM}.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
+               batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
+               loss=f"{NEXT_ITEM}.gru4rec_step:TrainStep",  # cross-entropy, bpr or bpr-max, hand-written gradients
                flags=("epochs", "seed", "loss")),
     # the builder sets the family's defaults (a learned repeat channel, a transition head), the restorer keeps an
     # older artifact's config as it was trained (models/mrn.py)
     _next_item("mrn", "nextstep.models.mrn:mrn", "nextstep.models.mrn:MRNConfig",
-               "nextstep.training.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)",
-               batcher="nextstep.training.mrn_loop:length_batches", loss="nextstep.training.mrn_loop:mrn_loss",
+               f"{NEXT_ITEM}.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)",
+               batcher=f"{NEXT_ITEM}.mrn_loop:length_batches", loss=f"{NEXT_ITEM}.mrn_loop:mrn_loss",
                restorer="nextstep.models.mrn:restore"),
     _counts("popularity", "Popularity", "training click counts"),
     _counts("markov", "Markov", "first-order Markov chain"),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",
-           "nextstep.models.time_aware:TimeAwareConfig", "nextstep.training.time_aware_loop:TimeAwareTrainConfig",
-           "nextstep.training.time_aware_run:train_time_aware", "nextstep.training.time_aware_export:TimeAwareExporter",
-           "nextstep.training.time_aware_run:evaluate_time_aware",
+           "nextstep.models.time_aware:TimeAwareConfig", f"{SRS}.time_aware_loop:TimeAwareTrainConfig",
+           f"{SRS}.time_aware_run:train_time_aware", f"{SRS}.time_aware_export:TimeAwareExporter",
+           f"{SRS}.time_aware_run:evaluate_time_aware",
            "flashcards: rating and answer time (time-aware transformer)",
-           # named here, not yet taken from here (time_aware_run.py imports its own); training adds to the CORAL
+           # named here, not yet taken from here (srs/time_aware_run.py imports its own); training adds to the CORAL
            # loss the squared error of log(1 + seconds)
-           reader="nextstep.training.reviews:read_reviews",
-           batcher="nextstep.training.time_aware_loop:ReviewTensors.batch",
-           loss="nextstep.models.time_aware:coral_loss", metrics="nextstep.training.srs_eval:evaluate_predictions",
+           reader=f"{SRS}.reviews:read_reviews",
+           batcher=f"{SRS}.time_aware_loop:ReviewTensors.batch",
+           loss="nextstep.models.time_aware:coral_loss", metrics=f"{SRS}.eval:evaluate_predictions",
            formats=REVIEW_FORMATS, named=False, flags=("seed",),
-           restorer="nextstep.training.time_aware_export:restore_time_aware",
+           restorer=f"{SRS}.time_aware_export:restore_time_aware",
            train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
            evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"}),
 )}

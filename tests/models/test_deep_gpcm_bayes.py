@@ -13,7 +13,7 @@ from nextstep.models.deep_gpcm import CORALGPCM, AttentionGPCM, BayesGPCM, DeepG
 from nextstep.models.layers.bayes import FLOOR
 from nextstep.models.layers.irt import fit_gpcm
 from nextstep.models.layers.ordinal import solve_item_embeddings
-from nextstep.training.synthetic import generate_gpcm, gpcm_probs
+from nextstep.training.kt.synthetic import generate_gpcm, gpcm_probs
 
 K = 4
 

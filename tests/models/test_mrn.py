@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nextstep.models.mrn import MRN, MRNConfig
-from nextstep.training.sessions import zipf_sessions
+from nextstep.training.next_item.sessions import zipf_sessions
 
 ALL_ON = dict(dim=8, modulus=5, history=4, parallel=2, alpha=2.0, repeat=0.5, use_context=True)
 HEADS_ON = dict(ALL_ON, repeat_learned=True, heads={"transition": {"rank": 6, "init": 0.5, "window": 3}})

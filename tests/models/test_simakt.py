@@ -43,7 +43,7 @@ def banks(window=16, d=32, seed=1):
 def peer_banks(m: SimAKT, window=16, seed=3, n=24, mix=True) -> list[tuple[torch.Tensor, ...]]:
     """Block 3's random banks and the answer heads' banks built from n random trajectories by the model itself;
     with `mix`, each answer head's output weights drawn at random (trained ones are not zero)."""
-    from nextstep.training.banks import Bank, encode_readouts, select_answer_banks
+    from nextstep.training.kt.banks import Bank, encode_readouts, select_answer_banks
 
     rng = np.random.default_rng(seed)
     trajs = [(rng.integers(2, 30, window), rng.integers(0, 2, window)) for _ in range(n)]
@@ -212,7 +212,7 @@ def test_an_answer_head_starts_as_the_baseline_exactly_and_then_reads_its_bank()
 
 
 def test_peer_banks_keep_each_questions_peers_from_the_chosen_students_only():
-    from nextstep.training.banks import encode_readouts, select_answer_banks
+    from nextstep.training.kt.banks import encode_readouts, select_answer_banks
 
     m = make({"intra_heads": 4, "answer_heads": [{"type": "peers", "size": 5, "d_key": 8}]})
     rng = np.random.default_rng(0)
@@ -419,7 +419,7 @@ def test_bad_configurations_name_the_key(config, where):
 def test_the_repository_configurations_parse(tmp_path):
     from pathlib import Path
 
-    from nextstep.training.simakt_run import load_similarity
+    from nextstep.training.kt.simakt_run import load_similarity
 
     root = Path(__file__).resolve().parents[2] / "configs" / "simakt"
     got = {p.stem: parse_similarity(load_similarity(p), 8) for p in sorted(root.iterdir())}

@@ -414,9 +414,9 @@ def rec_artifacts(build_once):
     """artifacts/{gru4rec,popularity}/1 trained for real on generated sessions (60 items); once per run, read-only."""
     import numpy as np
 
-    from nextstep.training.gru4rec_loop import GRU4RecTrainConfig
-    from nextstep.training.next_item_run import train_next_item
-    from nextstep.training.sessions import subset, write_gru4rec_tsv, zipf_sessions
+    from nextstep.training.next_item.gru4rec_loop import GRU4RecTrainConfig
+    from nextstep.training.next_item.run import train_next_item
+    from nextstep.training.next_item.sessions import subset, write_gru4rec_tsv, zipf_sessions
 
     def build(root):
         data = zipf_sessions(300, 60, (2, 9), follow=0.7, seed=0)

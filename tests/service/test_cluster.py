@@ -81,7 +81,7 @@ def test_learners_on_every_node_are_served(artifacts, redis_cluster, serve):
 def test_migrate_and_export_cover_every_primary(tmp_path, redis_cluster, serve):
     """The migrate route's walk and the event export reach the learners on each of the three primaries."""
     from nextstep.service.event_export import export_events
-    from nextstep.training.data import read_long_csv
+    from nextstep.training.kt.data import read_long_csv
     from tests.service.test_upgrades import add_version, learner_events, send
 
     add_version(tmp_path, "deep_gpcm", "1", 2026)

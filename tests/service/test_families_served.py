@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from nextstep.service.settings import Settings
-from nextstep.training.data import load_dataset
 from nextstep.training.families import by_task
-from nextstep.training.loop import TrainConfig
-from nextstep.training.run import load_model, train_model
-from nextstep.training.synthetic import write_gpcm_dataset
+from nextstep.training.kt.data import load_dataset
+from nextstep.training.kt.loop import TrainConfig
+from nextstep.training.kt.run import load_model, train_model
+from nextstep.training.kt.synthetic import write_gpcm_dataset
 
 pytestmark = pytest.mark.slow  # trains and serves every knowledge-tracing family (make test-all)
 

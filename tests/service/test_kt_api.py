@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from nextstep.service.settings import Settings
-from nextstep.training.data import load_dataset
-from nextstep.training.run import load_model
+from nextstep.training.kt.data import load_dataset
+from nextstep.training.kt.run import load_model
 from tests.service.conftest import ODD_IDS, encoded
 
 

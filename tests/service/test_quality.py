@@ -85,8 +85,8 @@ def test_a_replayed_test_file_scores_what_evaluate_measures(artifacts, store_url
     """Part 5: every test learner's events, in order, through POST /v1/kt/{model}/events (two requests each); the
     live log loss equals `nextstep evaluate`'s NLL on the same sequences (1e-6) and the bucketed AUC the exact AUC
     of the same predictions (0.002)."""
-    from nextstep.training.data import load_dataset
-    from nextstep.training.run import evaluate_artifact
+    from nextstep.training.kt.data import load_dataset
+    from nextstep.training.kt.run import evaluate_artifact
 
     art, data = artifacts
     _, test = load_dataset(data)

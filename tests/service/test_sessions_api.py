@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nextstep.service.settings import Settings
-from nextstep.training.next_item_run import load_next_item
+from nextstep.training.next_item.run import load_next_item
 from tests.service.conftest import ODD_IDS, encoded
 
 
@@ -198,8 +198,8 @@ def test_live_quality_of_replayed_test_sessions_is_the_offline_protocols(rec_art
     requests each, a recommendation asked with seen items left out, as apps do); the live MRR and hit rates, scored on
     each click after a session's first against the list recommended before it, are `evaluate`'s mrr@20 and recall@k
     (one target's worth apart at most: ONNX Runtime against eager PyTorch may swap two items of equal score)."""
-    from nextstep.training.next_item_run import evaluate_next_item
-    from nextstep.training.sessions import read_gru4rec_tsv
+    from nextstep.training.next_item.run import evaluate_next_item
+    from nextstep.training.next_item.sessions import read_gru4rec_tsv
 
     offline = evaluate_next_item(rec_artifacts / "gru4rec" / "1", rec_artifacts.parent)
     test = read_gru4rec_tsv(rec_artifacts.parent / "demo_test.txt")

@@ -30,9 +30,9 @@ def simakt(tmp_path_factory) -> dict:
     caches block 3 in float16 (the default); "simakt32" is the same weights exported with a float32 cache."""
     from nextstep.training.export import reexport
     from nextstep.training.families import restore
-    from nextstep.training.simakt_export import SimAKTExporter
-    from nextstep.training.simakt_run import SimAKTTrainConfig, build_artifact_banks, train_simakt
-    from nextstep.training.synthetic import write_problem_dataset
+    from nextstep.training.kt.simakt_export import SimAKTExporter
+    from nextstep.training.kt.simakt_run import SimAKTTrainConfig, build_artifact_banks, train_simakt
+    from nextstep.training.kt.synthetic import write_problem_dataset
 
     root = tmp_path_factory.mktemp("simakt")
     data, artifacts = root / "data", root / "artifacts"
@@ -57,8 +57,8 @@ class Offline:
     pass under the window rule."""
 
     def __init__(self, art: Path):
-        from nextstep.training.banks import load_banks
-        from nextstep.training.simakt_export import load_simakt
+        from nextstep.training.kt.banks import load_banks
+        from nextstep.training.kt.simakt_export import load_simakt
 
         self.model, _ = load_simakt(art)
         ids = json.loads((art / "vocab_questions.json").read_text())["ids"]
@@ -178,7 +178,7 @@ def test_a_thousand_events_through_the_service_are_the_full_pass_under_the_windo
     import copy
 
     from nextstep.training.export import ENGINE_TOLERANCE
-    from nextstep.training.simakt_export import FLOAT16_TOLERANCE
+    from nextstep.training.kt.simakt_export import FLOAT16_TOLERANCE
 
     off = offline if name == "simakt" else offline32
     events, asked = history(simakt["ids"], 1000, seed=11)

@@ -26,9 +26,9 @@ from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
 from nextstep.service.srs import HEADER, ROW, id_hash
 from nextstep.service.state import RedisStore
-from nextstep.training.reviews import ReviewLog
-from nextstep.training.time_aware_export import INPUTS, export_time_aware
-from nextstep.training.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
+from nextstep.training.srs.reviews import ReviewLog
+from nextstep.training.srs.time_aware_export import INPUTS, export_time_aware
+from nextstep.training.srs.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
 from tests.service.conftest import ODD_IDS, encoded
 
 SIZE, CARD_SIZE = 32, 4  # small windows, so a few hundred reviews exercise the card-history rule

@@ -18,8 +18,8 @@ from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
 from nextstep.service.srs import HEADER, HEADER_V3, ROW, _decode, history_feeds, id_hash, window
 from nextstep.service.state import RedisStore
-from nextstep.training.reviews import ReviewLog, simulate_reviews
-from nextstep.training.srs_eval import fit_fsrs6
+from nextstep.training.srs.eval import fit_fsrs6
+from nextstep.training.srs.reviews import ReviewLog, simulate_reviews
 
 pytest.importorskip("fsrs_rs_python")
 MODEL = "time_aware"

@@ -18,10 +18,10 @@ import torch
 
 import nextstep
 from nextstep.service.settings import Settings
-from nextstep.training.loop import TrainConfig
-from nextstep.training.next_item_run import load_next_item
-from nextstep.training.run import load_model, train_model
-from nextstep.training.synthetic import write_gpcm_dataset
+from nextstep.training.kt.loop import TrainConfig
+from nextstep.training.kt.run import load_model, train_model
+from nextstep.training.kt.synthetic import write_gpcm_dataset
+from nextstep.training.next_item.run import load_next_item
 
 DEMO = Path(nextstep.__file__).parent / "demo_artifacts"
 TINY = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8, "irt_init": False}

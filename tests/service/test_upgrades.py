@@ -195,8 +195,8 @@ def test_events_export_writes_what_training_reads(tmp_path, redis_url, serve, mo
     sent, odd ones included), split by a hash of the learner id; every session's clicks in GRU4Rec's TSV."""
     from nextstep.cli import main
     from nextstep.service.event_export import in_test
-    from nextstep.training.data import read_long_csv
-    from nextstep.training.sessions import read_gru4rec_tsv
+    from nextstep.training.kt.data import read_long_csv
+    from nextstep.training.next_item.sessions import read_gru4rec_tsv
 
     add_version(tmp_path, "deep_gpcm", "1", 2026)
     add_version(tmp_path, "gru4rec", "1", 2026)

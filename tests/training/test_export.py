@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from nextstep.models.deep_gpcm import MODELS, DeepGPCM, GPCMConfig, GPCMOutput
-from nextstep.training.export import ENGINE_TOLERANCE, STEP_TOLERANCE, ParityError, export_artifact
-from nextstep.training.run import load_model
+from nextstep.training.export import ENGINE_TOLERANCE, STEP_TOLERANCE, ParityError
+from nextstep.training.kt.export import export_artifact
+from nextstep.training.kt.run import load_model
 
 pytestmark = pytest.mark.slow  # trains and exports every family (make test-all; the fast tier exports in fixtures)
 
@@ -224,8 +225,9 @@ def test_export_refuses_a_model_whose_forward_disagrees_with_step(tmp_path):
 
 
 def test_reexport_from_weights_writes_the_same_artifact(exported, tmp_path):
-    from nextstep.training.export import KTExporter, reexport
+    from nextstep.training.export import reexport
     from nextstep.training.families import restore
+    from nextstep.training.kt.export import KTExporter
 
     name, model, out, manifest = exported
     again = reexport(out, tmp_path, KTExporter, restore)

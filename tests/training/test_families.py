@@ -10,9 +10,9 @@ import pytest
 from nextstep.cli import ALL_OPTIONS, build_parser, main
 from nextstep.models.streaming import TASKS
 from nextstep.training.families import FAMILIES, by_task, family
-from nextstep.training.loop import TrainConfig
-from nextstep.training.run import train_model
-from nextstep.training.synthetic import write_gpcm_dataset
+from nextstep.training.kt.loop import TrainConfig
+from nextstep.training.kt.run import train_model
+from nextstep.training.kt.synthetic import write_gpcm_dataset
 
 COUNTED = {"popularity", "markov"}  # counted in one pass over the training split: no batches, nothing minimised
 
@@ -54,12 +54,12 @@ def test_the_cli_offers_every_family_and_only_them(capsys):
 
 def test_each_entry_names_the_formats_its_reader_reads():
     """The formats `train NAME --help` lists are those of the family's reader, written out in the registry."""
-    from nextstep.training.data import FORMATS
-    from nextstep.training.sessions import SESSION_FORMATS
+    from nextstep.training.kt.data import FORMATS
+    from nextstep.training.next_item.sessions import SESSION_FORMATS
 
-    by_reader = {"nextstep.training.data:load_dataset": FORMATS,
-                 "nextstep.training.sessions:load_session_split": SESSION_FORMATS,
-                 "nextstep.training.reviews:read_reviews": ("review_csv", "py_fsrs", "anki")}
+    by_reader = {"nextstep.training.kt.data:load_dataset": FORMATS,
+                 "nextstep.training.next_item.sessions:load_session_split": SESSION_FORMATS,
+                 "nextstep.training.srs.reviews:read_reviews": ("review_csv", "py_fsrs", "anki")}
     for entry in FAMILIES.values():
         assert entry.formats == by_reader[entry.reader], entry.name
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nextstep.training.families import family
-from nextstep.training.loop import TrainConfig, fit, predict_sequences, print_row, train_epochs
+from nextstep.training.kt.loop import TrainConfig, fit, predict_sequences
+from nextstep.training.loop import print_row, train_epochs
 
 
 def regression(seed: int = 0):

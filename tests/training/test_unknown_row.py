@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from nextstep.training.data import KTDataset, Sequence, Vocabulary, check_unknown_options, hide_ids
+from nextstep.training.data import Vocabulary, check_unknown_options, hide_ids
 from nextstep.training.families import family
-from nextstep.training.loop import TrainConfig
-from nextstep.training.next_item_run import encode_eval
-from nextstep.training.ranking import conservative_ranks
-from nextstep.training.run import load_model, train_model
-from nextstep.training.sessions import SessionData
-from nextstep.training.simakt_run import KTVocab
+from nextstep.training.kt.data import KTDataset, Sequence
+from nextstep.training.kt.loop import TrainConfig
+from nextstep.training.kt.run import load_model, train_model
+from nextstep.training.kt.simakt_run import KTVocab
+from nextstep.training.next_item.ranking import conservative_ranks
+from nextstep.training.next_item.run import encode_eval
+from nextstep.training.next_item.sessions import SessionData
 
 
 def test_ids_seen_fewer_times_than_the_minimum_share_the_unknown_row():

@@ -1,6 +1,6 @@
 """Inter-student heads of SimAKT's block 3: attention from a student's state to a memory bank of past students.
 
-A memory bank is built offline (nextstep/training/banks.py) from the complete trajectories of training
+A memory bank is built offline (nextstep/training/kt/banks.py) from the complete trajectories of training
 students, encoded by the trained model: entry m is a sequence of interaction states S_m[0..L) (d) with a
 valid length. Every head type is one subclass of `BankHead`, registered by name, that answers two questions:
 

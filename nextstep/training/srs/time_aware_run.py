@@ -1,0 +1,279 @@
+"""One time-aware run end to end: read a review log, evaluate under the srs-benchmark protocol, export.
+
+    for each of the protocol's 5 time-ordered folds (srs_eval.protocol_folds):
+        fit on the fold's training reviews (its latest 10% early-stop the fit), predict its test block
+    metrics.test  = the pooled test blocks' log_loss, rmse_bins, auc, rating_ce, duration_mae_s, duration_rmse_s
+    metrics.test.baselines = FSRS-6, base rate and median durations on the same folds (srs_eval.evaluate_baselines)
+
+The exported model is fitted afterwards on all of the user's reviews, by the same rule (its latest 10%
+early-stop the fit): the fold figures are its evaluation, as a model fitted on less data. Within the
+evaluation, nothing in a test block is ever trained on or used for early stopping; it serves only as history
+for later predictions, as it would in the app.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
+from ..data import fingerprint
+from ..export import load_weights
+from ..families import family, restore
+from .eval import (
+    bin_features,
+    evaluate_baselines,
+    evaluate_predictions,
+    fsrs6_fixed_predictions,
+    fsrs6_predictions,
+    log_loss,
+    median_duration_predictions,
+    protocol_folds,
+    rmse_bins,
+    scored_mask,
+    user_index,
+)
+from .reviews import ReviewLog, read_review_data
+from .time_aware_export import export_time_aware
+from .time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
+
+
+def model_config(tcfg: TimeAwareTrainConfig, log: ReviewLog) -> TimeAwareConfig:
+    """The model's configuration: `tcfg.model`'s overrides, and the user's day boundary (scheduler days, which
+    FSRS's intervals count) from the log where it knows one and the overrides do not set it."""
+    overrides = dict(tcfg.model)
+    starts = {int(ms) % 86_400_000 for ms in (log.meta.get("day_start_ms") or {}).values()}
+    if "day_start_hour" not in overrides and len(starts) == 1:
+        overrides["day_start_hour"] = starts.pop() / 3_600_000
+    return TimeAwareConfig(**overrides)
+
+
+def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig, n_splits: int = 5,
+                   progress: bool = True, final: bool = True) -> tuple[dict, TimeAwareTransformer, ReviewTensors, list]:
+    """Fit one model per protocol fold; return the pooled metrics, a model (fitted on every review when `final`,
+    else the last fold's) and the per-fold info."""
+    folds = protocol_folds(log, n_splits)
+    if not folds or not len(folds[-1][1]):
+        raise ValueError(f"{log.path}: too few scored reviews for {n_splits} time-ordered folds")
+    rt = ReviewTensors(log, cfg.window, cfg.card_window)
+    p_recall = np.full(len(log), np.nan)
+    p_rating = np.full((len(log), 4), np.nan)
+    duration = np.full(len(log), np.nan)
+    fold_info, model = [], None
+    for k, (train, test) in enumerate(folds):
+        model, info = fit(rt, train, cfg, tcfg, log_progress=_report(f"fold {k + 1}/{len(folds)}", progress))
+        out = predict(model, rt, test)
+        p_recall[test], p_rating[test], duration[test] = out["recall"], out["rating_probs"], out["duration_s"]
+        fold_info.append({"fold": k + 1, "n_train": int(len(train)), "n_test": int(len(test)),
+                          "epochs": len(info["history"]), "best_valid_loss": info["best_valid_loss"],
+                          "seconds": round(info["seconds"], 1)})
+    metrics = evaluate_predictions(log, folds, p_recall, p_rating, duration)
+    if final:  # the model to export: every review
+        model, info = fit(rt, np.arange(len(log), dtype=np.int64), cfg, tcfg,
+                          log_progress=_report("all reviews", progress))
+        fold_info.append({"fold": "all reviews (exported)", "n_train": len(log), "epochs": len(info["history"]),
+                          "best_valid_loss": info["best_valid_loss"], "seconds": round(info["seconds"], 1)})
+    return metrics, model, rt, fold_info
+
+
+def _report(label: str, progress: bool):
+    def report(h):
+        if progress:
+            valid = f"valid {h['valid_loss']:.4f}" if "valid_loss" in h else "no validation rows"
+            print(f"{label} epoch {h['epoch']}: train {h['train_loss']:.4f} {valid} ({h['seconds']:.0f} s)",
+                  flush=True)
+    return report
+
+
+def parity_inputs(rt: ReviewTensors, n: int = 4, length: int = 24) -> Window:
+    """n real review sequences of `length` reviews (spread over the log) for the export parity walk."""
+    starts = np.linspace(0, max(len(rt.card) - length, 0), n).astype(np.int64)
+    idx = torch.from_numpy(np.minimum(starts[:, None] + np.arange(length), len(rt.card) - 1))
+    return Window(rt.card[idx], rt.deck[idx], rt.time[idx], rt.rating[idx], rt.duration[idx], rt.state[idx],
+                  torch.ones(idx.shape, dtype=torch.bool))
+
+
+def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTrainConfig | None = None,
+                     n_splits: int = 5, day_columns: str = "check", duration_cap_s: float | None = None,
+                     baselines: bool = True, progress: bool = True) -> dict:
+    """Evaluate under the protocol (with the baselines side by side), export a model fitted on all reviews."""
+    tcfg = cfg or TimeAwareTrainConfig()
+    started = time.perf_counter()
+    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    mcfg = model_config(tcfg, log)
+    if tcfg.cross_validate:
+        metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
+    else:  # the exported model only: its evaluation is `nextstep evaluate` on users it never saw
+        rt = ReviewTensors(log, mcfg.window, mcfg.card_window)
+        model, info = fit(rt, np.arange(len(log), dtype=np.int64), mcfg, tcfg,
+                          log_progress=_report("all reviews", progress))
+        metrics, baselines = {"skipped": "cross_validate is false: evaluate on other users (nextstep evaluate)"}, False
+        folds = [{"fold": "all reviews (exported)", "n_train": len(log), "epochs": len(info["history"]),
+                  "best_valid_loss": info["best_valid_loss"], "seconds": round(info["seconds"], 1)}]
+    model_seconds = time.perf_counter() - started
+    if baselines:
+        t0 = time.perf_counter()
+        metrics["baselines"] = evaluate_baselines(log, n_splits)
+        metrics["baselines"]["seconds"] = round(time.perf_counter() - t0, 1)
+    out_dir = Path(out_dir)
+    files = log.meta.get("files") or ([log.path] if log.path else [])  # a folder of users: each user's file
+    manifest = {
+        "name": "time_aware",
+        "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": {"path": str(data), "file": log.path, "fingerprint": fingerprint(*files) if files else None,
+                 "n_users": log.n_users, "users": list(log.user_ids), "n_reviews": len(log),
+                 "day_columns": day_columns,
+                 "duration_cap_s": log.meta.get("duration_cap_s", log.meta.get("duration_cap_s_by_user")),
+                 "protocol": f"srs-benchmark: per-user TimeSeriesSplit({n_splits}) over scored reviews"},
+        "metrics": {"test": metrics},
+        "train_config": asdict(tcfg),
+        "training": {"folds": folds, "seconds": round(model_seconds, 1), "torch": torch.__version__,
+                     "exported_model": "fitted on all reviews (the folds' figures are its evaluation)"},
+    }
+    return export_time_aware(model, out_dir, manifest=manifest, sequence=parity_inputs(rt))
+
+
+def load_time_aware(artifact_dir: str | Path) -> tuple[TimeAwareTransformer, dict]:
+    return load_weights(artifact_dir, restore)
+
+
+USER_METRICS = ("log_loss", "rmse_bins", "auc", "duration_mae_s")
+
+
+def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits: int = 5, day_columns: str = "check",
+                        duration_cap_s: float | None = None) -> dict:
+    """Score an exported model, as it is (the network frozen, no refitting of it), on the protocol's test blocks of
+    another review log (e.g. users it never saw): every earlier review is history, as in serving. For each user and
+    fold, the user's FSRS-6 parameters are fitted by fsrs-rs on that user's training reviews of the fold (the
+    baseline's own fit, the same folds), the drifts run under them, and the test block is predicted.
+
+    The pooled metrics (as `evaluate_predictions` gives them) plus `users`: per user, the model's log_loss,
+    rmse_bins, auc and duration_mae_s, next to FSRS-6 fitted per user on the same folds (`fsrs6`), FSRS-6 with
+    fsrs-rs's default parameters (`fsrs6_default`) and the user's median answer time as the prediction
+    (`median_duration_mae_s`); and `mean`: the unweighted mean over users of each."""
+    import fsrs_rs_python as fsrs_rs
+
+    model, _ = load_time_aware(artifact_dir)
+    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    folds = protocol_folds(log, n_splits)
+    fitted = fsrs6_predictions(log, folds)  # FSRS-6 per user and fold: the baseline, and the network's parameters
+    default_w = [float(x) for x in fsrs_rs.DEFAULT_PARAMETERS]
+    p_default = fsrs6_fixed_predictions(log, folds, default_w)
+    median = median_duration_predictions(log, folds, by_grade=False)
+    rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window)
+    p_recall, p_rating, duration = np.full(len(log), np.nan), np.full((len(log), 4), np.nan), np.full(len(log), np.nan)
+    for k, (_, test) in enumerate(folds):
+        per_user = np.tile(np.asarray(default_w), (log.n_users, 1))
+        for (fold, u), w in fitted.parameters.items():
+            if fold == k:
+                per_user[u] = w
+        rt.set_params(per_user)
+        rt.set_drift(model)  # the drifts under this fold's parameters
+        out = predict(model, rt, np.sort(test))
+        rows = np.sort(test)
+        p_recall[rows], p_rating[rows], duration[rows] = out["recall"], out["rating_probs"], out["duration_s"]
+    result = evaluate_predictions(log, folds, p_recall, p_rating, duration)
+    owner = user_index(log)
+    users = []
+    for u, name in enumerate(log.user_ids):
+        mine = [(tr[owner[tr] == u], te[owner[te] == u]) for tr, te in folds]
+        if not sum(len(te) for _, te in mine):
+            continue
+        model_m = evaluate_predictions(log, mine, p_recall, duration_s=duration)
+        if not model_m.get("n_scored"):
+            continue
+        fsrs6_m = evaluate_predictions(log, mine, fitted.p_recall)
+        default_m = evaluate_predictions(log, mine, p_default)
+        median_m = evaluate_predictions(log, mine, duration_s=median)
+        users.append({"user": name, "scored": int(model_m["n_scored"]),
+                      **{key: model_m.get(key) for key in USER_METRICS},
+                      "fsrs6": {key: fsrs6_m.get(key) for key in USER_METRICS[:3]},
+                      "fsrs6_default": {key: default_m.get(key) for key in USER_METRICS[:3]},
+                      "median_duration_mae_s": median_m.get("duration_mae_s")})
+    result["users"] = users
+    result["mean"] = _user_means(users)
+    return result
+
+
+def _user_means(users: list[dict]) -> dict:
+    """The unweighted mean over users of every metric in `users`' rows (finite values only), and the model's log loss
+    relative to each FSRS-6 (mean over users of model / FSRS-6 - 1)."""
+    def mean(values) -> float | None:
+        v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
+        return float(v.mean()) if v.size else None
+
+    out = {"users": len(users), **{key: mean(u[key] for u in users) for key in USER_METRICS},
+           "median_duration_mae_s": mean(u["median_duration_mae_s"] for u in users)}
+    for ref in ("fsrs6", "fsrs6_default"):
+        out[ref] = {key: mean(u[ref][key] for u in users) for key in USER_METRICS[:3]}
+        out[f"log_loss_vs_{ref}"] = mean(u["log_loss"] / u[ref]["log_loss"] - 1 for u in users
+                                         if u[ref]["log_loss"])
+    out["users_worse_than_fsrs6_default"] = sum(u["log_loss"] > u["fsrs6_default"]["log_loss"] for u in users)
+    return out
+
+
+TUNING_BLOCKS = (2, 3, 4)  # the sixths of the reviews that tuning scores, each fitted on every review before it
+
+
+def tuning_split(log: ReviewLog, *, cfg: TimeAwareTrainConfig | None = None, blocks=TUNING_BLOCKS) -> dict:
+    """The flashcard model's tuning split (docs/decisions.md): for each k in `blocks`, fit on the first k - 1 sixths
+    of the reviews and score the scored reviews of the k-th; the figures pool every block. The protocol's last two
+    test blocks (the fifth and sixth sixths) are never looked at, and several time-ordered blocks let drift over
+    time show where one block would not. FSRS-6 is fitted and scored on the same blocks, for a figure comparable
+    across collections.
+
+        python -m nextstep.training.srs.time_aware_run --data DIR [--seed N] [--duration-cap-s S]
+    """
+    tcfg = cfg or TimeAwareTrainConfig()
+    mcfg = model_config(tcfg, log)
+    n = len(log)
+    rt = ReviewTensors(log, mcfg.window, mcfg.card_window)
+    rows, recall, fsrs, epochs = [], [], [], []
+    for k in blocks:
+        train = np.arange(n * (k - 1) // 6)
+        scored = np.arange(n * (k - 1) // 6, n * k // 6)
+        scored = scored[scored_mask(log)[scored]]
+        if not len(train) or not len(scored):
+            continue
+        model, info = fit(rt, train, mcfg, tcfg)
+        rows.append(scored)
+        recall.append(predict(model, rt, scored)["recall"])
+        fsrs.append(fsrs6_predictions(log, [(train, scored)]).p_recall[scored])
+        epochs.append(len(info["history"]))
+    if not rows:
+        raise ValueError(f"{log.path}: no scored reviews in the tuning blocks {list(blocks)}")
+    scored, recall, fsrs = np.concatenate(rows), np.concatenate(recall), np.concatenate(fsrs)
+    y = (log.rating[scored] > 1).astype(np.float64)
+    delta_t, i, lapse = bin_features(log)
+    bins = (delta_t[scored], i[scored], lapse[scored])
+    return {"log_loss": log_loss(y, recall), "rmse_bins": rmse_bins(y, recall, *bins),
+            "fsrs6_log_loss": log_loss(y, fsrs), "fsrs6_rmse_bins": rmse_bins(y, fsrs, *bins),
+            "blocks": list(blocks), "n_scored": int(len(scored)), "epochs": epochs, "seed": tcfg.seed}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The tuning split of one review log, printed as JSON; `--config` takes a JSON file of TimeAwareTrainConfig
+    fields (model settings under "model"), as `nextstep train time_aware --config` does."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="the flashcard model's tuning split (see tuning_split)")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--duration-cap-s", type=float)
+    parser.add_argument("--config", help="JSON file of TimeAwareTrainConfig fields (the seed comes from --seed)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = family("time_aware").read_train_config(args.config, {"seed": args.seed})
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    print(json.dumps(tuning_split(read_review_data(args.data, duration_cap_s=args.duration_cap_s), cfg=cfg)))
+
+
+if __name__ == "__main__":
+    main()
