@@ -87,6 +87,10 @@ class Family:
     progress: str | None = "progress"  # train's keyword for showing progress (False with --quiet)
     restorer: str | None = None  # "module:function" (name, config, weights) -> model; default: build + load
     user_error: str | None = None  # "module:Class" of the errors in what a user gave (a message, not a traceback)
+    fit: str | None = None  # "module:function" the task's shared run calls to build and train the model (next
+    # item: (entry, cfg, train, n_items, progress, log) -> (model, history))
+    reads_clicks: bool = True  # False: the model's answer does not depend on the events (popularity), so no
+    # training event is hidden as the unknown row
 
     def resolve(self, what: str):
         """The object an entry's path names: `resolve("model")` is the class; None for a part it has not."""
@@ -159,25 +163,28 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
                   restorer=restorer)
 
 
-def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, batcher: str | None,
-               loss: str | None, restorer: str | None = None, flags: tuple[str, ...] = ("epochs", "seed")) -> Family:
+def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, fit: str, batcher: str | None,
+               loss: str | None, restorer: str | None = None, flags: tuple[str, ...] = ("epochs", "seed"),
+               reads_clicks: bool = True) -> Family:
     return Family(name, "next_item", model, config, train_config, f"{NEXT_ITEM}.run:train_next_item",
                   f"{NEXT_ITEM}.export:NextItemExporter",
                   f"{NEXT_ITEM}.run:evaluate_next_item", help,
                   reader=f"{NEXT_ITEM}.sessions:load_session_split", batcher=batcher, loss=loss,
                   metrics=f"{NEXT_ITEM}.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
                   train_options={"format": "fmt", "valid": "valid"},
-                  evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags)
+                  evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags, fit=fit,
+                  reads_clicks=reads_clicks)
 
 
-def _counts(name: str, model: str, help: str) -> Family:
+def _counts(name: str, model: str, help: str, **kwargs) -> Family:
     # counted from the whole training split in one pass: no batches, nothing minimised
     return _next_item(name, f"nextstep.models.next_item:{model}", COUNTS, COUNTS, help, batcher=None, loss=None,
-                      restorer=f"{NEXT_ITEM}.export:restore_counts", flags=("seed",))
+                      fit=f"{NEXT_ITEM}.counts:fit_{name}", restorer=f"{NEXT_ITEM}.counts:restore_{name}",
+                      flags=("seed",), **kwargs)
 
 
 GPCM = "nextstep.models.deep_gpcm"
-COUNTS = f"{NEXT_ITEM}.run:CountConfig"
+COUNTS = f"{NEXT_ITEM}.counts:CountConfig"
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _kt("deep_gpcm", f"{GPCM}:deep_gpcm", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output",
         restorer=f"{GPCM}:restore"),
@@ -197,16 +204,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            user_error="nextstep.models.simakt:ConfigError"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
                f"{NEXT_ITEM}.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
-               batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
+               fit=f"{NEXT_ITEM}.gru4rec_loop:train_gru4rec", batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
                loss=f"{NEXT_ITEM}.gru4rec_step:TrainStep",  # cross-entropy, bpr or bpr-max, hand-written gradients
                flags=("epochs", "seed", "loss")),
     # the builder sets the family's defaults (a learned repeat channel, a transition head), the restorer keeps an
     # older artifact's config as it was trained (models/mrn.py)
     _next_item("mrn", "nextstep.models.mrn:mrn", "nextstep.models.mrn:MRNConfig",
                f"{NEXT_ITEM}.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)",
-               batcher=f"{NEXT_ITEM}.mrn_loop:length_batches", loss=f"{NEXT_ITEM}.mrn_loop:mrn_loss",
+               fit=f"{NEXT_ITEM}.mrn_loop:train_mrn", batcher=f"{NEXT_ITEM}.mrn_loop:length_batches",
+               loss=f"{NEXT_ITEM}.mrn_loop:mrn_loss",
                restorer="nextstep.models.mrn:restore"),
-    _counts("popularity", "Popularity", "training click counts"),
+    _counts("popularity", "Popularity", "training click counts", reads_clicks=False),
     _counts("markov", "Markov", "first-order Markov chain"),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",
            "nextstep.models.time_aware:TimeAwareConfig", f"{SRS}.time_aware_loop:TimeAwareTrainConfig",

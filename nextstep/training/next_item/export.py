@@ -18,9 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...models.gru4rec import GRU4Rec
-from ...models.mrn import MRN
-from ...models.next_item import Markov, NextItemModel, Popularity
+from ...models.next_item import NextItemModel
 from ..export import Exporter, export
 
 TASK = "next_item"
@@ -68,7 +66,8 @@ class NextItemExporter(Exporter):
                    (values - top)[real & finite].abs().max().item()), bad
 
     def config(self):
-        return super().config() if isinstance(self.model, (GRU4Rec, MRN)) else {"n_items": self.model.n_items}
+        # a learned model has its config; a count model's tables are its weights, their size its only setting
+        return super().config() if hasattr(self.model, "cfg") else {"n_items": self.model.n_items}
 
     def manifest(self):
         return {"top_k": self.k, "vocabularies": {"items": "vocab_items.json"}}
@@ -86,10 +85,3 @@ def export_next_item(model: NextItemModel, out_dir: Path, *, manifest: dict, voc
                      parity_sessions: torch.Tensor, top_k: int = 100) -> dict:
     """parity_sessions: (B, T) held-out item rows >= 2."""
     return export(NextItemExporter(model, vocab_json, top_k), out_dir, manifest=manifest, sequence=(parity_sessions,))
-
-
-def restore_counts(family: str, config: dict, state_dict: dict) -> NextItemModel:
-    """A count model with its tables as they are saved (their shapes are data, not config)."""
-    if family == "popularity":
-        return Popularity(config["n_items"], state_dict["counts"])
-    return Markov(config["n_items"], state_dict["successors"], state_dict["counts"], state_dict["popularity"])

@@ -198,6 +198,13 @@ class AdagradM(torch.optim.Optimizer):
         p.index_add_(0, rows, update)
 
 
+def train_gru4rec(entry, cfg: GRU4RecTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
+    """GRU4Rec's fit as its registry entry names it: (model, history) on encoded sessions."""
+    torch.manual_seed(cfg.seed)
+    model = entry.build({"n_items": n_items, **cfg.model})
+    return model, fit_gru4rec(model, train, cfg, progress=progress, log=log)
+
+
 def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, progress: bool = True,
                 log: bool = True) -> list[dict]:
     """Train in place on encoded sessions for cfg.epochs (no validation, no early stopping); return one

@@ -109,6 +109,14 @@ def mrn_loss(model: MRN, items: torch.Tensor, cfg: MRNTrainConfig) -> tuple[torc
     return loss, parts
 
 
+def train_mrn(entry, cfg: MRNTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
+    """MRN's fit as its registry entry names it: (model, history) on encoded sessions; the entry's builder sets the
+    family's defaults."""
+    torch.manual_seed(cfg.seed)
+    model = entry.build({"n_items": n_items, "seed": cfg.seed, **cfg.model})
+    return model, fit_mrn(model, train, cfg, progress=progress, log=log)
+
+
 def fit_mrn(model: MRN, train: SessionData, cfg: MRNTrainConfig, progress: bool = True,
             log: bool = True) -> list[dict]:
     """Train in place on encoded sessions for cfg.epochs (no validation, no early stopping); return one row

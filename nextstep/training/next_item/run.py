@@ -3,73 +3,33 @@
     *_train_full --> training (or *_train_tr with valid=True, for tuning)
     *_test       --> metrics.test (or *_train_valid with valid=True; the test file is then never read)
 
-Each model family has a trainer here, function(cfg, train, n_items, progress, log) -> (model, history); its
-training config, reader and metrics come from its entry in families.py. The item vocabulary is built from
+Every next-item family runs here: its entry in families.py gives its fit, function(entry, cfg, train, n_items,
+progress, log) -> (model, history), its training config, reader and metrics. The item vocabulary is built from
 the training sessions; test events whose item is unknown to it are dropped before evaluation, as the
 official protocol does.
 """
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ...models.gru4rec import GRU4Rec, GRU4RecConfig
-from ...models.next_item import Markov, NextItemModel, Popularity
-from ..data import ITEM_UNKNOWN_SHARE, Vocabulary, check_unknown_options, fingerprint, hide_ids, unknown_record
+from ...models.next_item import NextItemModel
+from ..data import Vocabulary, fingerprint, hide_ids, unknown_record
 from ..export import load_weights
 from ..families import family, restore
 from .export import TASK, export_next_item
-from .gru4rec_loop import GRU4RecTrainConfig, fit_gru4rec
-from .mrn_loop import MRNTrainConfig, fit_mrn
 from .sessions import SessionData
-
-
-@dataclass
-class CountConfig:
-    """Popularity and Markov have nothing to tune but the Markov successor list width (and, for Markov, the unknown
-    row's clicks: its successors answer a click on an item added after training; popularity ignores the clicks)."""
-
-    width: int = 100
-    seed: int = 0
-    min_item_count: int = 1
-    unknown_share: float = ITEM_UNKNOWN_SHARE
-
-    def __post_init__(self):
-        check_unknown_options(self.min_item_count, self.unknown_share)
-
-
-def _train_gru4rec(cfg: GRU4RecTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
-    torch.manual_seed(cfg.seed)
-    model = GRU4Rec(GRU4RecConfig(n_items=n_items, **cfg.model))
-    return model, fit_gru4rec(model, train, cfg, progress=progress, log=log)
-
-
-def _train_mrn(cfg: MRNTrainConfig, train: SessionData, n_items: int, progress: bool, log: bool):
-    torch.manual_seed(cfg.seed)
-    model = family("mrn").build({"n_items": n_items, "seed": cfg.seed, **cfg.model})  # with the family's defaults
-    return model, fit_mrn(model, train, cfg, progress=progress, log=log)
-
-
-def _train_popularity(cfg: CountConfig, train: SessionData, n_items: int, progress: bool, log: bool):
-    return Popularity.fit(train.items, n_items), []
-
-
-def _train_markov(cfg: CountConfig, train: SessionData, n_items: int, progress: bool, log: bool):
-    return Markov.fit(train.items, train.offsets, n_items, cfg.width), []
-
-
-TRAINERS = {"gru4rec": _train_gru4rec, "popularity": _train_popularity, "markov": _train_markov, "mrn": _train_mrn}
 
 
 def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, *, cfg=None, valid: bool = False,
                     fmt: str | None = None, progress: bool = True, log: bool = True, top_k: int = 100) -> dict:
-    if model_name not in TRAINERS:
-        raise ValueError(f"unknown next-item model {model_name!r}; expected one of {sorted(TRAINERS)}")
     entry = family(model_name)
+    if entry.task != TASK:
+        raise ValueError(f"{model_name} is a {entry.task} model, not a {TASK} one")
     read, _, _, score = entry.parts()
     cfg = cfg if cfg is not None else entry.resolve("train_config")()
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -78,8 +38,8 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
     # items clicked fewer than min_item_count times share the unknown row (1), and a seeded unknown_share of the
     # training clicks go through it: the row then stands for an item added after training (never recommended)
     vocab = Vocabulary.build(train.items, min_count=cfg.min_item_count)
-    # (popularity's answer does not depend on the clicks: nothing to hide, and an unknown click changes nothing)
-    counts_only = model_name == "popularity"
+    # (a family whose answer does not depend on the clicks, popularity, hides none: an unknown click changes nothing)
+    counts_only = not entry.reads_clicks
     share = 0.0 if counts_only else cfg.unknown_share
     train_enc = train.encode(vocab, drop_unknown=False)
     train_enc.items = hide_ids([train_enc.items], share, cfg.seed)[0]
@@ -89,7 +49,7 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
     if not (test_enc.lengths() > 1).any():  # checked before training, which would be wasted
         raise ValueError(f"{test.path}: no session there has two clicks on items the training data has, so there is "
                          "no target to score")
-    model, history = TRAINERS[model_name](cfg, train_enc, len(vocab), progress, log)
+    model, history = entry.resolve("fit")(entry, cfg, train_enc, len(vocab), progress, log)
     train_seconds = time.perf_counter() - started
     split = "valid" if valid else "test"
     dropped = test.n_events - test_enc.n_events

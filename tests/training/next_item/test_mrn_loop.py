@@ -14,7 +14,7 @@ from nextstep.training.data import Vocabulary
 from nextstep.training.families import family
 from nextstep.training.next_item.mrn_loop import MRNTrainConfig, fit_mrn, length_batches
 from nextstep.training.next_item.ranking import evaluate_sessions
-from nextstep.training.next_item.run import TRAINERS, load_next_item, train_next_item
+from nextstep.training.next_item.run import load_next_item, train_next_item
 from nextstep.training.next_item.sessions import split_by_time, write_gru4rec_tsv, zipf_sessions
 
 SMALL = dict(dim=16, modulus=8, history=4, parallel=2, temperature=0.2, sigma=1.0, repeat=0.5)
@@ -123,5 +123,6 @@ def test_the_next_item_run_trains_the_family_default():
     train, _ = generated(n_sessions=100, n_items=40, seed=3)
     vocab = Vocabulary.build(train.items)
     cfg = family("mrn").read_train_config(None, {"epochs": 1})  # as `nextstep train mrn --epochs 1`
-    model, history = TRAINERS["mrn"](cfg, train.encode(vocab, drop_unknown=False), len(vocab), False, False)
+    entry = family("mrn")
+    model, history = entry.resolve("fit")(entry, cfg, train.encode(vocab, drop_unknown=False), len(vocab), False, False)
     assert list(model.heads) == ["transition"] and model.gamma is not None and len(history) == 1
