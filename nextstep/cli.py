@@ -210,15 +210,16 @@ def cmd_evaluate(args) -> int:
 
 def cmd_banks_build(args) -> int:
     require("torch", "train", "nextstep banks build")
-    from .training.kt.simakt_run import build_artifact_banks
-
     if args.version is not None and not VERSION_NAME.fullmatch(args.version):  # it names ARTIFACT/banks/VERSION
         raise SystemExit(f"banks build: --version {args.version!r} must be a folder name: 1 to 64 of A-Z a-z "
                          "0-9 . _ -, not starting with a dot")
     entry = _artifact_family(args.artifact, "banks build")
-    if entry.name != "simakt":
-        raise SystemExit(f"banks build: {args.artifact} is a {entry.name} artifact; only simakt artifacts have banks")
-    print(json.dumps(build_artifact_banks(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
+    if entry.banks is None:
+        with_banks = ", ".join(e.name for e in FAMILIES.values() if e.banks)
+        raise SystemExit(f"banks build: {args.artifact} is a {entry.name} artifact; only {with_banks} artifacts have "
+                         "banks")
+    build = entry.resolve("banks")
+    print(json.dumps(build(args.artifact, args.data, version=args.version, seed=args.seed), indent=2))
     return 0
 
 

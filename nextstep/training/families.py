@@ -89,6 +89,7 @@ class Family:
     user_error: str | None = None  # "module:Class" of the errors in what a user gave (a message, not a traceback)
     fit: str | None = None  # "module:function" the task's shared run calls to build and train the model (next
     # item: (entry, cfg, train, n_items, progress, log) -> (model, history))
+    banks: str | None = None  # "module:function" (artifact, data, version, seed) -> summary: `nextstep banks build`
     reads_clicks: bool = True  # False: the model's answer does not depend on the events (popularity), so no
     # training event is hidden as the unknown row
 
@@ -201,7 +202,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            metrics=f"{KT}.simakt_run:binary_metrics", formats=KT_FORMATS,
            named=False, evaluate_options={"banks": "bank_version"}, flags=("epochs", "seed", "device"), progress=None,
            train_options={"similarity_config": ("similarity", f"{KT}.simakt_run:load_similarity")},
-           user_error="nextstep.models.simakt:ConfigError"),
+           user_error="nextstep.models.simakt:ConfigError", banks=f"{KT}.simakt_run:build_artifact_banks"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
                f"{NEXT_ITEM}.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
                fit=f"{NEXT_ITEM}.gru4rec_loop:train_gru4rec", batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
