@@ -153,12 +153,13 @@ class Family:
             raise ValueError(f"{self.name} config: {exc}") from None
 
 
-def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None) -> Family:
+def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None,
+        loss: str = f"{KT}.losses:OutputLoss") -> Family:
     return Family(name, "knowledge_tracing", model, config, f"{KT}.loop:TrainConfig",
                   f"{KT_RUN}:train_model", f"{KT}.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
                   reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
-                  # (TrainConfig.loss, n_cats) -> the loss; its CORAL term takes a model's cumulative logits if any
-                  loss=f"{KT}.losses:CombinedLoss.from_spec",
+                  # (TrainConfig.loss, n_cats) -> the loss over the model's whole output: (out, targets, mask)
+                  loss=loss,
                   metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS,
                   train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"},
                   restorer=restorer)
@@ -185,12 +186,15 @@ def _counts(name: str, model: str, help: str, **kwargs) -> Family:
 
 
 GPCM = "nextstep.models.deep_gpcm"
+GPCM_LOSS = f"{KT}.losses:GPCMLoss"  # the CORAL variant's cumulative logits, the order penalty
 COUNTS = f"{NEXT_ITEM}.counts:CountConfig"
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _kt("deep_gpcm", f"{GPCM}:deep_gpcm", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output",
-        restorer=f"{GPCM}:restore"),
-    _kt("attention_gpcm", f"{GPCM}:AttentionGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM with attention-refined writes"),
-    _kt("coral_gpcm", f"{GPCM}:CORALGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM blended with CORAL thresholds"),
+        restorer=f"{GPCM}:restore", loss=GPCM_LOSS),
+    _kt("attention_gpcm", f"{GPCM}:AttentionGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM with attention-refined writes",
+        loss=GPCM_LOSS),
+    _kt("coral_gpcm", f"{GPCM}:CORALGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM blended with CORAL thresholds",
+        loss=GPCM_LOSS),
     _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)"),
     Family("simakt", "knowledge_tracing", "nextstep.models.simakt:SimAKT", "nextstep.models.simakt:SimAKTConfig",
            f"{KT}.simakt_run:SimAKTTrainConfig", f"{KT}.simakt_run:train_simakt",

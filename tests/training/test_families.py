@@ -83,8 +83,9 @@ def test_an_option_the_family_does_not_take_is_refused_before_any_data_is_read(a
 
 
 def no_loss(spec: str, n_cats: int):
-    """A loss part other than the knowledge-tracing one: zero whatever TrainConfig.loss says (nothing to learn)."""
-    return lambda log_probs, targets, cum_logits=None: log_probs.sum() * 0.0
+    """A loss part other than the knowledge-tracing one: zero whatever TrainConfig.loss says (nothing to learn). It
+    takes the model's whole output."""
+    return lambda out, targets, mask: out.log_probs.sum() * 0.0
 
 
 def test_a_knowledge_tracing_run_trains_with_its_entry_s_loss(tmp_path, monkeypatch):

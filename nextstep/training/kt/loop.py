@@ -89,8 +89,9 @@ def batches(seqs: list[Encoded], batch_size: int, rng: np.random.Generator | Non
 @torch.no_grad()
 def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len: int | None = None,
                       batcher: Callable = batches) -> dict:
-    """Teacher-forced predictions at every real position: probs (N, K), targets, questions, and theta and
-    alpha where the model has them (the IRT families; DKT-style models output log_probs alone)."""
+    """Teacher-forced predictions at every real position: probs (N, K), targets, questions, and whatever else the
+    model's output holds per position (the IRT families' theta, alpha and beta; DKT-style models output log_probs
+    alone)."""
     model.eval()
     out = {"probs": [], "targets": [], "questions": []}
     for q, r, mask in batcher(chunk(seqs, max_len), batch_size):
@@ -98,11 +99,15 @@ def predict_sequences(model, seqs: list[Encoded], batch_size: int = 128, max_len
         out["probs"].append(pred.log_probs.exp()[mask].numpy())
         out["targets"].append(r[mask].numpy())
         out["questions"].append(q[mask].numpy())
-        for name in ("theta", "alpha"):
-            value = getattr(pred, name, None)
-            if value is not None:
+        for name, value in _fields(pred).items():  # theta, alpha, beta where the model gives them
+            if name != "log_probs" and isinstance(value, torch.Tensor):
                 out.setdefault(name, []).append(value[mask].numpy())
     return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def _fields(out) -> dict:
+    """A model output's fields by name (a NamedTuple's, or an object's attributes)."""
+    return out._asdict() if isinstance(out, tuple) else vars(out)
 
 
 def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, batcher: Callable, loss: Callable,
@@ -113,7 +118,8 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, 
     `validate_start`: the starting weights (a warm start) compete with the epochs' (history row 0).
 
     The family's parts (families.py): `batcher(seqs, batch_size, rng)` as `batches`, `loss(cfg.loss, n_cats)`
-    the loss module, `metrics(probs, targets)` the validation metrics."""
+    the loss over the model's whole output, `loss(out, targets, mask)` (kt/losses.py's OutputLoss), `metrics(probs,
+    targets)` the validation metrics."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     loss_fn = loss(cfg.loss, model.cfg.n_cats)
@@ -122,13 +128,7 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, 
 
     def step(batch):
         q, r, mask = batch
-        out = model(q, r)
-        cum = getattr(out, "cum_logits", None)  # CORAL's cumulative logits; absent or None elsewhere
-        value = loss_fn(out.log_probs[mask], r[mask], None if cum is None else cum[mask])
-        penalty = getattr(out, "order_penalty", None)  # Deep-GPCM's, where its config asks for one
-        if penalty is not None:
-            value = value + penalty[mask].mean()
-        return value, int(mask.sum())
+        return loss_fn(model(q, r), r, mask), int(mask.sum())
 
     def validate():
         pred = predict_sequences(model, valid, max_len=cfg.eval_max_len, batcher=batcher)

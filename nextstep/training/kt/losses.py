@@ -257,3 +257,28 @@ class CombinedLoss(nn.Module):
             term = weight * self.component(name, log_probs, targets, cum_logits)
             total = term if total is None else total + term
         return total
+
+
+class OutputLoss(nn.Module):
+    """A knowledge-tracing family's loss over its model's whole output, as its registry entry names it:
+    `OutputLoss(spec, n_cats)(out, targets, mask)`, the `CombinedLoss` of `spec` on the log-probabilities at the real
+    positions (`mask`). A family whose output carries more for its loss says so in its own subclass."""
+
+    def __init__(self, spec: str | Mapping[str, float], n_cats: int):
+        super().__init__()
+        self.combined = CombinedLoss.from_spec(spec, n_cats)
+
+    def forward(self, out, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.combined(out.log_probs[mask], targets[mask])
+
+
+class GPCMLoss(OutputLoss):
+    """The Deep-GPCM families' loss over a `GPCMOutput`: the CORAL term takes the cumulative logits of an output that
+    has them (the CORAL variant), and the order penalty its config asks for is added at the real positions."""
+
+    def forward(self, out, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        cum = out.cum_logits
+        value = self.combined(out.log_probs[mask], targets[mask], None if cum is None else cum[mask])
+        if out.order_penalty is not None:
+            value = value + out.order_penalty[mask].mean()
+        return value
