@@ -51,6 +51,7 @@ def trained(tmp_path_factory):
     return data, out, code, printed
 
 
+@pytest.mark.slow  # a whole training run and export
 def test_train_writes_an_artifact_with_test_metrics_and_a_report(trained):
     data, out, code, printed = trained
     assert code == 0
@@ -85,6 +86,7 @@ def test_train_writes_an_artifact_with_test_metrics_and_a_report(trained):
     assert shown["metrics"] == manifest["metrics"] and shown["parity"] == manifest["parity"]
 
 
+@pytest.mark.slow  # a whole training run and export
 def test_evaluate_prints_the_manifest_test_metrics(trained, capsys):
     data, out, _, _ = trained
     assert main(["evaluate", str(out), "--data", str(data)]) == 0
@@ -95,8 +97,8 @@ def test_evaluate_prints_the_manifest_test_metrics(trained, capsys):
         assert math.isclose(measured[key], value, rel_tol=0, abs_tol=1e-6), (key, measured[key], value)
 
 
-def test_config_with_an_unknown_key_is_refused(tmp_path, trained):
-    data = trained[0]
+def test_config_with_an_unknown_key_is_refused(tmp_path):
+    data = write_gpcm_dataset(tmp_path / "data", n_students=20, n_questions=5, seq_len_range=(5, 8), seed=3)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"epochs": 1, "learning_rate": 0.01}))
     out = tmp_path / "never"
@@ -108,8 +110,8 @@ def test_config_with_an_unknown_key_is_refused(tmp_path, trained):
     assert not out.exists()
 
 
-def test_config_with_an_unknown_model_key_is_refused_before_training(tmp_path, trained):
-    data = trained[0]
+def test_config_with_an_unknown_model_key_is_refused_before_training(tmp_path):
+    data = write_gpcm_dataset(tmp_path / "data", n_students=20, n_questions=5, seq_len_range=(5, 8), seed=3)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"epochs": 1, "model": {"memry_size": 8}}))
     out = tmp_path / "never"
@@ -234,6 +236,7 @@ def replaced(tmp_path_factory, trained):
     return out, n_test, before, refused, code
 
 
+@pytest.mark.slow  # a whole training run and export
 def test_binary_data_gets_an_auc(replaced):
     out, n_test, _, _, code = replaced
     assert code == 0
@@ -489,6 +492,7 @@ def test_help_keeps_the_command_table_and_every_argument_says_what_it_is():
     assert bare == []
 
 
+@pytest.mark.slow  # a whole training run and export
 def test_force_replaces_an_artifact_only_once_the_new_one_is_complete(replaced):
     """(The replacing run is test_binary_data_gets_an_auc's: another family on other data.)"""
     out, _, before, refused, code = replaced
@@ -500,6 +504,13 @@ def test_force_replaces_an_artifact_only_once_the_new_one_is_complete(replaced):
     assert sorted(p.name for p in out.parent.iterdir()) == ["artifact"]  # no partial or replaced folder left
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """The child's Ctrl-C as a terminal delivers it. A test run started in the background by a shell without job
+    control inherits SIGINT ignored, and Python then never raises KeyboardInterrupt: the run would go on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow  # a whole training run and export
 def test_ctrl_c_mid_training_is_one_line_and_leaves_no_artifact(tmp_path):
     """Ctrl-C printed a traceback and left OUT holding checkpoint.pt and no manifest, which serve and evaluate
     then met as a broken artifact."""
@@ -511,7 +522,7 @@ def test_ctrl_c_mid_training_is_one_line_and_leaves_no_artifact(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, "train", "deep_gpcm", "--data", str(data), "--out",
                              str(out), "--epochs", "500", "--config", str(config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_sigint_as_in_a_terminal)
     try:
         for line in proc.stdout:  # interrupted once an epoch has ended (the checkpoint's moment)
             if line.startswith("epoch") and int(line.split()[1]) >= 1:
