@@ -134,6 +134,13 @@ def redis_url(session_redis: RedisProcess, redis_server: str) -> str:
     return redis_server
 
 
+@pytest.fixture(params=[pytest.param("in-process", marks=pytest.mark.slow), "redis"])
+def store_url(request) -> str | None:
+    """The API suites' store: a real Redis (its URL), and in the slow tier the in-process store too (None). The two
+    stores are held to one contract in test_state.py, so the fast tier runs each API suite once, on Redis."""
+    return request.getfixturevalue("redis_url") if request.param == "redis" else None
+
+
 @pytest.fixture
 def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
     """A private, started server the test may stop() and start() again on the same port."""

@@ -16,11 +16,6 @@ from nextstep.training.kt.run import load_model
 from tests.service.conftest import ODD_IDS, encoded
 
 
-@pytest.fixture(params=["in-process", "redis"])
-def store_url(request) -> str | None:
-    return request.getfixturevalue("redis_url") if request.param == "redis" else None
-
-
 def offline_predictions(artifact: Path, questions: list[int], responses: list[int]) -> np.ndarray:
     """The PyTorch model's teacher-forced probabilities for the next question after each prefix."""
     model, vocab, _ = load_model(artifact)

@@ -76,11 +76,6 @@ def test_buckets_add_over_minutes_and_a_window_leaves_older_ones_out():
     assert everything["log_loss"] == pytest.approx(event_scores(probs, responses)["log_loss"].mean())
 
 
-@pytest.fixture(params=["in-process", "redis"])
-def store_url(request) -> str | None:
-    return request.getfixturevalue("redis_url") if request.param == "redis" else None
-
-
 def test_a_replayed_test_file_scores_what_evaluate_measures(artifacts, store_url, serve):
     """Part 5: every test learner's events, in order, through POST /v1/kt/{model}/events (two requests each); the
     live log loss equals `nextstep evaluate`'s NLL on the same sequences (1e-6) and the bucketed AUC the exact AUC

@@ -13,11 +13,6 @@ from nextstep.training.next_item.run import load_next_item
 from tests.service.conftest import ODD_IDS, encoded
 
 
-@pytest.fixture(params=["in-process", "redis"])
-def store_url(request) -> str | None:
-    return request.getfixturevalue("redis_url") if request.param == "redis" else None
-
-
 def offline_top(artifact, item_ids: list[str], k: int, exclude_seen: bool = True) -> tuple[list[str], np.ndarray]:
     model, vocab, _ = load_next_item(artifact)
     rows = torch.from_numpy(vocab.encode(np.array([int(i) for i in item_ids])))

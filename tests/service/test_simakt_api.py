@@ -108,11 +108,6 @@ def history(ids: list[str], n: int, seed: int) -> tuple[list[tuple[str, int]], l
     return [(q, int(r)) for q, r in zip(qs[:-1], rng.integers(0, 2, n), strict=True)], qs[1:]
 
 
-@pytest.fixture(params=["in-process", "redis"])
-def store_url(request) -> str | None:
-    return request.getfixturevalue("redis_url") if request.param == "redis" else None
-
-
 def test_predictions_equal_the_offline_model_with_the_same_bank_past_the_window(simakt, offline, store_url, serve):
     """(a) events with predictions, one at a time, for a learner with more events than the window (the eager model
     stepping the same float16 cache, within the engines' tolerance); after a swap to v2, the state re-encoded with

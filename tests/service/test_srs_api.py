@@ -1,5 +1,5 @@
 """Spaced repetition end to end: real HTTP into the app, real ONNX Runtime on an exported time-aware model
-(trained for one epoch on a generated log), real Redis (or the in-process store)."""
+(the bundled demo model; in the slow tier also one trained here), real Redis (or the in-process store)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 import schemathesis
 import torch
 
+from nextstep.demo import BUNDLED
 from nextstep.models.time_aware import TimeAwareConfig, Window
 from nextstep.review_window import select
 from nextstep.service.registry import load_artifact
@@ -78,6 +79,19 @@ def as_log(reviews: list[dict], query: dict | None = None) -> ReviewLog:
 
 
 @pytest.fixture(scope="session")
+def srs_art(tmp_path_factory) -> Path:
+    """An artifacts dir with time_aware/1: the bundled demo model (`make demo-artifacts` trains it on a simulated
+    log), which has this file's window sizes and layer sizes; no training or export here."""
+    root = tmp_path_factory.mktemp("srs-demo")
+    shutil.copytree(BUNDLED / "time_aware" / "demo", root / "time_aware" / "1")
+    path = root / "time_aware" / "1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["window"] == {"size": SIZE, "card_size": CARD_SIZE}, "the demo's windows are this file's"
+    path.write_text(json.dumps({**manifest, "version": "1"}))
+    return root
+
+
+@pytest.fixture(scope="session")
 def srs_model(build_once):
     """(artifacts dir with time_aware/1, the PyTorch model): the time-aware model trained for a few epochs on
     three generated users (600 reviews), exported through the real exporter (which checks parity); built once per
@@ -104,11 +118,6 @@ def srs_model(build_once):
 
     root = build_once("srs", build)
     return root / "artifacts", torch.load(root / "model.pt", weights_only=False)
-
-
-@pytest.fixture(params=["in-process", "redis"])
-def store_url(request) -> str | None:
-    return request.getfixturevalue("redis_url") if request.param == "redis" else None
 
 
 def post_all(http: httpx.Client, user: str, reviews: list[dict], chunk: int) -> list[dict]:
@@ -205,8 +214,17 @@ def check_answer(got: dict, want: dict, atol: float = 1e-5) -> None:
     np.testing.assert_allclose(got["expected_duration_s"], want["duration"], atol=atol, rtol=1e-5)
 
 
-def test_served_predictions_equal_the_offline_model(srs_model, store_url, serve):
-    art, model = srs_model
+@pytest.fixture(params=["demo", pytest.param("trained", marks=pytest.mark.slow)])
+def served_model(request) -> tuple[Path, torch.nn.Module | None]:
+    """(artifacts dir, the PyTorch model or None): the demo artifact, and in the slow tier one trained and exported
+    here, whose eager model the answers are held to as well."""
+    if request.param == "demo":
+        return request.getfixturevalue("srs_art"), None
+    return request.getfixturevalue("srs_model")
+
+
+def test_served_predictions_equal_the_offline_model(served_model, store_url, serve):
+    art, model = served_model
     reviews = review_log(7)
     last = reviews[-1]["time"]
     counts = {}
@@ -229,7 +247,8 @@ def test_served_predictions_equal_the_offline_model(srs_model, store_url, serve)
             got = reply.json()
             want, seqs = offline_onnx(art, reviews, card, deck, at)
             check_answer(got, want)
-            check_answer(got, offline_eager(model, reviews, card, deck, at))
+            if model is not None:
+                check_answer(got, offline_eager(model, reviews, card, deck, at))
             assert got["history_used"] == len(seqs) and got["reviews_total"] == 300
             assert got["card_reviews"] == sum(reviews[s]["card_id"] == card for s in seqs)
             assert abs(sum(got["p_rating"].values()) - 1) < 1e-5
@@ -260,8 +279,8 @@ def test_served_predictions_equal_the_offline_model(srs_model, store_url, serve)
         assert http.delete("/v1/srs/time_aware/users/learner").json()["deleted"] is False
 
 
-def test_one_by_one_equals_one_batch_and_replays_apply_once(srs_model, store_url, serve):
-    art, _ = srs_model
+def test_one_by_one_equals_one_batch_and_replays_apply_once(srs_art, store_url, serve):
+    art = srs_art
     reviews = review_log(11, n=120)
     queries = [(f"card-{c}", f"deck-{c % 3}", reviews[-1]["time"] + dt) for c, dt in ((1, 0), (5, DAY), (39, 9 * DAY))]
 
@@ -292,12 +311,12 @@ def test_one_by_one_equals_one_batch_and_replays_apply_once(srs_model, store_url
         assert (dup.json()["applied"], dup.json()["replayed"]) == (1, 1)
 
 
-def test_recall_falls_with_time_and_the_schedule_inverts_it(srs_model, store_url, serve):
+def test_recall_falls_with_time_and_the_schedule_inverts_it(srs_art, store_url, serve):
     """The exported model's recall for every card, on the window the service uses, never rises with the time
     since the card's last review (1 minute to 10 years); /schedule answers in one call: at each scheduled due
     an independent /predict gives the desired retention, every earlier moment more; due_now and beyond_horizon
     where the curve says so; a card never reviewed is new, due now; and a lower retention never schedules earlier."""
-    art, _ = srs_model
+    art = srs_art
     reviews = review_log(21)
     now = reviews[-1]["time"] + 3600
     cards = [{"card_id": f"card-{c}", "deck_id": f"deck-{c % 3}"} for c in range(0, 40, 4)] + \
@@ -393,8 +412,8 @@ BAD = [
 ]
 
 
-def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(srs_model, serve):
-    art, _ = srs_model
+def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(srs_art, serve):
+    art = srs_art
     settings = Settings(artifacts_dir=art, max_events=5, srs_max_schedule_cards=3)
     with serve(settings) as url, httpx.Client(base_url=url) as http:
         seed = {"user_id": "u", "reviews": [{"card_id": "c", "time": T0, "rating": 3}]}
@@ -428,8 +447,8 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(srs_model, serv
         assert models["time_aware"]["window"] == {"size": SIZE, "card_size": CARD_SIZE}
 
 
-def test_a_knowledge_tracing_model_is_not_served_on_the_srs_routes(srs_model, artifacts, tmp_path, serve):
-    art, _ = srs_model
+def test_a_knowledge_tracing_model_is_not_served_on_the_srs_routes(srs_art, artifacts, tmp_path, serve):
+    art = srs_art
     kt_art, _ = artifacts
     both = tmp_path / "artifacts"
     shutil.copytree(art / "time_aware", both / "time_aware")
@@ -444,8 +463,8 @@ def test_a_knowledge_tracing_model_is_not_served_on_the_srs_routes(srs_model, ar
         assert http.post("/v1/srs/time_aware/predict", json={"user_id": "u", "card_id": "3"}).status_code == 200
 
 
-def test_state_survives_a_restart_and_expires_after_two_idle_years_by_default(srs_model, redis_url, serve):
-    art, _ = srs_model
+def test_state_survives_a_restart_and_expires_after_two_idle_years_by_default(srs_art, redis_url, serve):
+    art = srs_art
     reviews = review_log(31, n=80)
     query = {"user_id": "kept", "card_id": "card-3", "deck_id": "deck-0", "time": reviews[-1]["time"] + DAY}
     settings = Settings(artifacts_dir=art, redis_url=redis_url)
@@ -478,10 +497,10 @@ def test_state_survives_a_restart_and_expires_after_two_idle_years_by_default(sr
 
 
 @pytest.mark.slow
-def test_concurrent_reviews_are_all_applied_exactly_once(srs_model, store_url, serve):
+def test_concurrent_reviews_are_all_applied_exactly_once(srs_art, store_url, serve):
     """50 clients post reviews for one user at once (with Redis: through two service instances, whose writes
     race on the compare-and-set); then all of them again, as replays."""
-    art, _ = srs_model
+    art = srs_art
     clients, per_client = 50, 3
     cards = [(c * 7 + j) % 60 for c in range(clients) for j in range(per_client)]
     total = clients * per_client
@@ -544,8 +563,8 @@ def test_concurrent_reviews_are_all_applied_exactly_once(srs_model, store_url, s
         assert len(np.unique(everything)) == len(everything) and everything.max() < total
 
 
-def test_redis_outage_gives_503_and_recovers(srs_model, redis_process, serve):
-    art, _ = srs_model
+def test_redis_outage_gives_503_and_recovers(srs_art, redis_process, serve):
+    art = srs_art
     body = {"user_id": "u", "reviews": [{"card_id": "c", "time": T0, "rating": 3}]}
     with serve(Settings(artifacts_dir=art, redis_url=redis_process.url)) as url, \
             httpx.Client(base_url=url, timeout=10) as http:
@@ -559,8 +578,8 @@ def test_redis_outage_gives_503_and_recovers(srs_model, redis_process, serve):
         assert http.post("/v1/srs/time_aware/reviews", json=body).json()["applied"] == 1
 
 
-def test_versions_share_a_users_reviews_unless_the_window_changes(srs_model, tmp_path):
-    art, _ = srs_model
+def test_versions_share_a_users_reviews_unless_the_window_changes(srs_art, tmp_path):
+    art = srs_art
     v1 = load_artifact(art / "time_aware" / "1")
     assert v1.task == "srs" and v1.window == (SIZE, CARD_SIZE) and not v1.state_spec and not v1.ids
     shutil.copytree(art / "time_aware" / "1", tmp_path / "time_aware" / "2")
@@ -575,8 +594,8 @@ SCHEMA = schemathesis.openapi.from_path(Path(__file__).resolve().parents[2] / "o
 
 
 @pytest.fixture(scope="module")
-def srs_url(srs_model, serve):
-    art, _ = srs_model
+def srs_url(srs_art, serve):
+    art = srs_art
     with serve(Settings(artifacts_dir=art, max_events=20, srs_max_schedule_cards=5)) as url:
         yield url
 
@@ -595,8 +614,8 @@ def test_no_server_errors_on_the_srs_routes(case, srs_url):
 
 
 
-def test_any_user_id_round_trips_through_write_read_and_delete(srs_model, redis_url, serve):
-    art, _ = srs_model
+def test_any_user_id_round_trips_through_write_read_and_delete(srs_art, redis_url, serve):
+    art = srs_art
     with serve(Settings(artifacts_dir=art, redis_url=redis_url)) as url, httpx.Client(base_url=url) as http:
         for n, uid in enumerate(ODD_IDS):
             reviews = [{"card_id": "card/1", "time": T0 + i * DAY, "rating": 3} for i in range(n % 3 + 1)]
@@ -618,12 +637,12 @@ def test_any_user_id_round_trips_through_write_read_and_delete(srs_model, redis_
             assert "x" * 201 not in reply.text
 
 
-def test_a_read_only_replica_gives_503_naming_readonly(srs_model, redis_process, serve):
+def test_a_read_only_replica_gives_503_naming_readonly(srs_art, redis_process, serve):
     """Reviews sent to a replica: 503 naming READONLY, the user's reviews unchanged."""
     from tests.service.conftest import RedisProcess
     from tests.service.test_state import _make_replica
 
-    art, _ = srs_model
+    art = srs_art
     review = {"card_id": "c", "time": T0, "rating": 3}
     replica = RedisProcess(Path(str(redis_process.workdir) + "-replica"))
     replica.start()
@@ -645,11 +664,11 @@ def test_a_read_only_replica_gives_503_naming_readonly(srs_model, redis_process,
 # ------------------------------------------------------------------------- issue 38: maximum interval, new, simulate
 
 
-def test_schedule_stops_at_the_maximum_interval_and_names_new_cards(srs_model, serve):
+def test_schedule_stops_at_the_maximum_interval_and_names_new_cards(srs_art, serve):
     """NEXTSTEP_SRS_MAX_INTERVAL_DAYS caps the due at the card's last review plus that many days (status max_interval,
     the model's recall and answer time there), or now where that is past (due_now, the recall now); a card never
     reviewed is new (issue 38: it was due_now)."""
-    art, _ = srs_model
+    art = srs_art
     reviews = review_log(21)
     now = reviews[-1]["time"] + 3600
     last = {}
@@ -680,8 +699,8 @@ def test_schedule_stops_at_the_maximum_interval_and_names_new_cards(srs_model, s
             assert due["expected_duration_s"] == pytest.approx(at["expected_duration_s"], abs=1e-3)
 
 
-def test_simulate_answers_a_workload_per_retention_for_the_stored_deck(srs_model, store_url, serve):
-    art, _ = srs_model
+def test_simulate_answers_a_workload_per_retention_for_the_stored_deck(srs_art, store_url, serve):
+    art = srs_art
     reviews = review_log(31)
     now = reviews[-1]["time"] + 3600
     n_cards = len({r["card_id"] for r in reviews})
@@ -716,10 +735,10 @@ def test_simulate_answers_a_workload_per_retention_for_the_stored_deck(srs_model
         assert given["seconds_per_new_card"] > 0
 
 
-def test_simulate_introduces_new_cards_and_keeps_to_the_maximum_interval(srs_model, serve):
+def test_simulate_introduces_new_cards_and_keeps_to_the_maximum_interval(srs_art, serve):
     """A deck of new cards only: introduced new_cards_per_day a day, and with a maximum interval of one day each
     is then reviewed every day: the counts are exact."""
-    art, _ = srs_model
+    art = srs_art
     with serve(Settings(artifacts_dir=art, srs_max_interval_days=1)) as url, httpx.Client(base_url=url) as http:
         reply = http.post("/v1/srs/time_aware/simulate", json={
             "user_id": "nobody", "cards": [], "new_cards": 25, "new_cards_per_day": 10, "days": 6,
@@ -753,8 +772,8 @@ SIMULATE_BAD = [
 ]
 
 
-def test_simulate_refuses_bad_input_naming_the_field(srs_model, serve):
-    art, _ = srs_model
+def test_simulate_refuses_bad_input_naming_the_field(srs_art, serve):
+    art = srs_art
     with serve(Settings(artifacts_dir=art, srs_max_simulate_cards=5)) as url, httpx.Client(base_url=url) as http:
         seed = {"user_id": "u", "reviews": [{"card_id": c, "time": T0 + i, "rating": 3} for i, c in enumerate("abc")]}
         assert http.post("/v1/srs/time_aware/reviews", json=seed).status_code == 200
@@ -802,12 +821,12 @@ def test_the_simulators_model_curve_goes_through_the_two_measured_points():
     assert one.decay == fsrs.decay and one.interval(3.0, 0.9) == pytest.approx(2 * fsrs.interval(3.0, 0.9))
 
 
-def test_live_quality_scores_each_reviews_recall_from_before_it(srs_model, redis_url, serve):
+def test_live_quality_scores_each_reviews_recall_from_before_it(srs_art, redis_url, serve):
     """Issue 35 for flashcards: every scored review (its card last reviewed on an earlier day: FSRS-6's error on it is
     not NaN, onnx_drift) scores the P(recall) the model gave it from the user's state just before it: /quality's
     log loss is the mean -ln P(the outcome) over those reviews, each P read from the predict route just before the
     review was recorded (1e-6)."""
-    art, _ = srs_model
+    art = srs_art
     reviews = review_log(23, n=80)
     _, errors = onnx_drift(art, reviews)
     losses = []

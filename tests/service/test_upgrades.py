@@ -31,11 +31,6 @@ def add_version(root: Path, family: str, version: str, year: int, nudge: float =
         np.save(path, state + (nudge * np.linspace(-1, 1, state.size)).reshape(state.shape).astype(state.dtype))
 
 
-@pytest.fixture(params=["in-process", "redis"])
-def store_url(request) -> str | None:
-    return request.getfixturevalue("redis_url") if request.param == "redis" else None
-
-
 def probabilities(body: dict) -> np.ndarray:
     return np.array([p["probabilities"] for p in body["predictions"]])
 
