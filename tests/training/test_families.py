@@ -88,6 +88,7 @@ def no_loss(spec: str, n_cats: int):
     return lambda out, targets, mask: out.log_probs.sum() * 0.0
 
 
+@pytest.mark.slow  # a whole run and export; the fast tier trains deep_gpcm through the same run (conftest `artifacts`)
 def test_a_knowledge_tracing_run_trains_with_its_entry_s_loss(tmp_path, monkeypatch):
     monkeypatch.setitem(FAMILIES, "deep_gpcm", dataclasses.replace(family("deep_gpcm"), loss=f"{__name__}:no_loss"))
     data = write_gpcm_dataset(tmp_path / "data", n_students=20, n_questions=8, seq_len_range=(8, 12), seed=0)

@@ -4,6 +4,7 @@ validation or test ones), the start is validated as epoch 0, and the manifest re
 import json
 
 import numpy as np
+import pytest
 
 import nextstep.models.deep_gpcm as deep_gpcm_module
 from nextstep.training.data import Vocabulary, hide_ids
@@ -15,6 +16,7 @@ from nextstep.training.kt.synthetic import write_gpcm_dataset
 SMALL = {"key_dim": 8}
 
 
+@pytest.mark.slow  # a whole run and export; the fast tier trains and exports deep_gpcm once (conftest `artifacts`)
 def test_the_irt_fit_sees_the_fitting_students_only(tmp_path, monkeypatch):
     data = write_gpcm_dataset(tmp_path / "data", n_students=50, n_questions=10, seq_len_range=(15, 25), seed=4)
     seen = []

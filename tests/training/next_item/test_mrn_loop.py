@@ -6,6 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from nextstep.models.mrn import MRN, MRNConfig
@@ -50,6 +51,7 @@ def test_training_lowers_the_loss_and_beats_popularity():
     assert mrn["mrr@5"] > popularity["mrr@5"]
 
 
+@pytest.mark.slow  # MRN's whole run and export parity; the fast tier exports gru4rec and popularity
 def test_train_next_item_end_to_end_with_export_parity(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
