@@ -154,10 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--migrate-learners", type=int, default=500, help="learners migrated (default 500)")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
-    if shutil.which("redis-server") is None:
-        print("bench/event_log.py needs redis-server on PATH", file=sys.stderr)
-        return 2
-    return run_in_tempdir(run, args, "nextstep-event-log-")
+    return run_in_tempdir(run, args, "nextstep-event-log-", needs=("redis-server",))
 
 
 if __name__ == "__main__":

@@ -130,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=10, help="events per learner per stage (default 10)")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
-    if shutil.which("redis-server") is None:
-        print("bench/rollout_walkthrough.py needs redis-server on PATH", file=sys.stderr)
-        return 2
-    return run_in_tempdir(run, args, "nextstep-rollout-")
+    return run_in_tempdir(run, args, "nextstep-rollout-", needs=("redis-server",))
 
 
 if __name__ == "__main__":

@@ -267,9 +267,14 @@ function setup(thread)
 end"""
 
 
-def run_in_tempdir(run, args, prefix: str) -> int:
+def run_in_tempdir(run, args, prefix: str, needs: tuple[str, ...] = ()) -> int:
     """run(args, work_dir, procs) in a fresh temporary directory; a BenchError is printed and gives exit
-    status 1; every process the run started is stopped whatever happens."""
+    status 1; every process the run started is stopped whatever happens. A program in `needs` missing from PATH
+    is exit status 2, said in one line."""
+    missing = [name for name in needs if shutil.which(name) is None]
+    if missing:
+        print(f"{Path(sys.argv[0]).name} needs {', '.join(missing)} on PATH", file=sys.stderr)
+        return 2
     procs = Processes()
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         try:

@@ -149,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
-    if shutil.which("redis-server") is None:
-        print("bench/traffic_round_trip.py needs redis-server on PATH", file=sys.stderr)
-        return 2
-    return run_in_tempdir(run, args, "nextstep-round-trip-")
+    return run_in_tempdir(run, args, "nextstep-round-trip-", needs=("redis-server",))
 
 
 if __name__ == "__main__":
