@@ -236,7 +236,7 @@ def test_served_predictions_equal_the_offline_model(served_model, store_url, ser
     queries = [(often, "deck-x", last), (often, "deck-0", last + 3 * DAY),
                (stale, "deck-1", last + 600.0), (stale, "deck-2", last + 40 * DAY), ("card-new", "deck-0", last + 1),
                ("card-new", "", last + 10 * DAY), (reviews[-1]["card_id"], reviews[-1]["deck_id"], last)]
-    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url) as http:
+    with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, httpx.Client(base_url=url, timeout=60) as http:
         replies = post_all(http, "learner", reviews, 64)
         assert [r["applied"] for r in replies] == [64, 64, 64, 64, 44] and replies[-1]["reviews_total"] == 300
         older_rows_used = False
