@@ -103,7 +103,6 @@ async def refit_all(srs, model_name: str, users: list[str] | None = None, *, for
     import os
     import socket
 
-
     model = srs.model(model_name)
     store = getattr(srs.store, "_store", srs.store)
     if users is None:
