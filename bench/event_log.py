@@ -49,9 +49,9 @@ async def measure(args, work: Path, redis_port: int) -> dict:
     import redis
 
     from nextstep.service.kt import Event, KnowledgeTracer
+    from nextstep.service.redis_store import RedisStore
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.runtime import Engines
-    from nextstep.service.state import RedisStore
 
     root = artifacts(work / "artifacts")
     registry = ModelRegistry(root, intra_op_threads=1)

@@ -57,11 +57,11 @@ def graphs(repeats: int) -> dict:
 
 async def absorb(rounds: int, events: int) -> dict:
     from nextstep.service.kt import Event, KnowledgeTracer
+    from nextstep.service.memory_store import InProcessStore
     from nextstep.service.metrics import Metrics
     from nextstep.service.quality import Quality
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.runtime import Engines
-    from nextstep.service.state import InProcessStore
 
     registry = ModelRegistry(DEMO)
     registry.reload()

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def roundtrips(url: str, rounds: int, n: int = 2000) -> dict:
     sys.path.insert(0, str(ROOT))
-    from nextstep.service.state import RedisStore
+    from nextstep.service.redis_store import RedisStore
 
     async def body() -> dict:
         stores = {c: RedisStore(f"{url}?client={c}", ttl_seconds=None, key_prefix=f"rt-{c}")

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from .service.errors import InvalidInput
 from .service.kt import Event, KnowledgeTracer, irt
+from .service.memory_store import InProcessStore
 from .service.registry import LoadedModel, ModelRegistry, load_artifact
 from .service.runtime import Engines
-from .service.state import InProcessStore
 
 Student = tuple[str, list[Event], list[str] | None]
 PART_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}  # what a directory's parts may be

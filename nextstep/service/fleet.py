@@ -27,9 +27,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from .errors import StoreUnavailable
-from .redis_clients import Client
+
+if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without one)
+    from .redis_clients import Client
 
 log = logging.getLogger(__name__)
 REMIND_SECONDS = 60.0  # a failure that lasts is logged again at most this often

@@ -29,11 +29,14 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import StoreUnavailable
-from .redis_clients import Client
+
+if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without one)
+    from .redis_clients import Client
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from .errors import StoreUnavailable
-from .redis_clients import Client
+
+if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without one)
+    from .redis_clients import Client
 
 log = logging.getLogger(__name__)
 MODES = ("canary", "shadow")

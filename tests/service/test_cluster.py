@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from nextstep.service.banks import RedisBankStore
+from nextstep.service.redis_store import RedisStore
 from nextstep.service.settings import Settings
-from nextstep.service.state import RedisStore, StateStore
+from nextstep.service.state import StateStore
 from tests.service.conftest import _raw
 from tests.service.test_kt_api import test_no_lost_updates_and_replays_change_nothing  # noqa: F401
 from tests.service.test_state import (  # noqa: F401 -- the contract, collected here against the cluster

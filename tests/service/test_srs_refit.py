@@ -14,10 +14,10 @@ import pytest
 
 from nextstep import demo
 from nextstep.cli import main
+from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
 from nextstep.service.srs import HEADER, HEADER_V3, ROW, _decode, history_feeds, id_hash, window
-from nextstep.service.state import RedisStore
 from nextstep.training.srs.eval import fit_fsrs6
 from nextstep.training.srs.reviews import ReviewLog, simulate_reviews
 

@@ -19,12 +19,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from nextstep.service.errors import OutcomeUnknown, StoreUnavailable
+from nextstep.service.memory_store import InProcessStore
+from nextstep.service.redis_store import RedisStore
 from nextstep.service.state import (
     ABSENT,
-    InProcessStore,
     LogBounds,
     LogRow,
-    RedisStore,
     StateStore,
     StoredState,
     make_store,

@@ -22,8 +22,8 @@ import pytest
 
 from nextstep import demo
 from nextstep.service.redis_clients import parse_url
+from nextstep.service.redis_store import _CAS_LUA
 from nextstep.service.settings import Settings
-from nextstep.service.state import _CAS_LUA
 
 PROBLEM = "urn:nextstep:problem:"
 CLIENTS = ("resp", "redis-py")

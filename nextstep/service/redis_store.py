@@ -1,0 +1,339 @@
+"""The deployment state store: `RedisStore`, state.py's contract in Redis (one node, a cluster or Sentinel).
+
+Every replica serves any entity and a restart loses nothing; the keys and each operation's round trips are in
+docs/architecture.md."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from .redis_clients import Client, RedisOptions, connect, is_noscript
+from .state import (
+    ABSENT,
+    DEFAULT_LOG_BOUNDS,
+    DEFAULT_MAX_EVENT_IDS,
+    LogBounds,
+    LogRow,
+    StoredState,
+    check_store_settings,
+    decode_rows,
+    encode_rows,
+)
+
+# The replay window in Redis: the 8-byte fingerprints (BLAKE2b-64) of the newest `max_event_ids` event ids of a
+# key, twice: in a STRING `<key>:ring`, oldest overwritten first (slot = n mod max_ids, n = the meta hash's `ids`,
+# the ids ever recorded), which says what to forget; and in a HASH `<key>:ids` of up to 256 buckets (field = the
+# fingerprint's first byte, value = its fingerprints concatenated), which answers "seen?" from one bucket (about
+# max_ids / 256 fingerprints, read with HMGET and scanned here) instead of the whole window: about 18 B per id
+# (docs/decisions.md; scanning the ring alone costs 8 B per id but about 7 times the Redis CPU at a full window).
+# A fingerprint only counts where it starts on an 8-byte boundary.
+_FIND_LUA = r"""
+local function find(s, fp)
+  local at = string.find(s, fp, 1, true)
+  while at and (at - 1) % 8 ~= 0 do at = string.find(s, fp, at + 1, true) end
+  return at
+end
+"""
+
+# KEYS[1] meta, KEYS[2] the schema's state, KEYS[3] companion fields, KEYS[4] buckets. ARGV: n_fields, field names,
+# bucket names -> {the state's version, events, updated, blob, logged; the meta's total, base; fields; buckets}. One
+# command (a pipeline of several would meet a loading or read-only server's refusals one by one), no writes (so a
+# read-only replica runs it).
+_READ_LUA = "#!lua flags=no-writes\n" + r"""
+local out = redis.call('HMGET', KEYS[2], 'version', 'events', 'updated', 'blob', 'logged')
+for _, v in ipairs(redis.call('HMGET', KEYS[1], 'total', 'base')) do out[#out + 1] = v end
+local n_fields = tonumber(ARGV[1])
+if n_fields > 0 then
+  for _, v in ipairs(redis.call('HMGET', KEYS[3], unpack(ARGV, 2, n_fields + 1))) do out[#out + 1] = v end
+end
+if #ARGV > n_fields + 1 then
+  for _, v in ipairs(redis.call('HMGET', KEYS[4], unpack(ARGV, n_fields + 2))) do out[#out + 1] = v end
+end
+return out
+"""
+
+# KEYS[1] meta, KEYS[2] the schema's state, KEYS[3] ring, KEYS[4] companion fields, KEYS[5] log, KEYS[6] buckets.
+# ARGV: expected_version, expected_total (-1: any), blob, added_events, now, ttl_ms (0 = no expiry), max_ids,
+#       max_rows, keep_rows, min_time (-1: any age), schema marker (a meta field naming the schema; '' for
+#       schema ''), n_fields, n_fields (name, value) pairs, n_rows, rows (encoded), fingerprints...
+_CAS_LUA = _FIND_LUA + r"""
+local function forget(fp)
+  local field = string.sub(fp, 1, 1)
+  local bucket = redis.call('HGET', KEYS[6], field)
+  local at = bucket and find(bucket, fp)
+  if not at then return end
+  bucket = string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + 8)
+  if #bucket == 0 then redis.call('HDEL', KEYS[6], field) else redis.call('HSET', KEYS[6], field, bucket) end
+end
+
+local version = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
+if version ~= tonumber(ARGV[1]) then return false end
+local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+if tonumber(ARGV[2]) >= 0 and total ~= tonumber(ARGV[2]) then return false end
+version = version + 1
+local first_row = 14 + 2 * tonumber(ARGV[12])
+local n_rows = tonumber(ARGV[first_row - 1])
+local first_fp = first_row + n_rows
+if n_rows > 0 then redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) end
+total = total + n_rows
+local base = tonumber(redis.call('HGET', KEYS[1], 'base') or '0')
+if total - base > tonumber(ARGV[8]) then  -- past the count bound: the oldest go, down to keep_rows
+  local drop = total - base - tonumber(ARGV[9])
+  redis.call('LTRIM', KEYS[5], drop, -1)
+  base = base + drop
+end
+local min_time = tonumber(ARGV[10])
+while min_time >= 0 and base < total do  -- then any older than the age bound
+  local h = redis.call('LINDEX', KEYS[5], 0)
+  if not h then break end
+  local t = ((string.byte(h, 1) * 256 + string.byte(h, 2)) * 256 + string.byte(h, 3)) * 256 + string.byte(h, 4)
+  if t >= min_time then break end
+  redis.call('LPOP', KEYS[5])
+  base = base + 1
+end
+redis.call('HSET', KEYS[1], 'total', total, 'base', base)
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], ARGV[11], 1) end
+local events = redis.call('HINCRBY', KEYS[2], 'events', ARGV[4])
+redis.call('HSET', KEYS[2], 'version', version, 'blob', ARGV[3], 'updated', ARGV[5], 'logged', total)
+for i = 13, first_row - 2, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+if #ARGV >= first_fp then
+  local width = tonumber(ARGV[7])
+  local n = tonumber(redis.call('HGET', KEYS[1], 'ids') or '0')
+  local held = redis.call('STRLEN', KEYS[3]) / 8
+  if held > width then  -- the window was made smaller: forget all but the newest `width`, keep them oldest first
+    local ring, kept = redis.call('GET', KEYS[3]), {}
+    for j = n - held, n - 1 do
+      local at = (j % held) * 8
+      local fp = string.sub(ring, at + 1, at + 8)
+      if j < n - width then forget(fp) else kept[#kept + 1] = fp end
+    end
+    redis.call('SET', KEYS[3], table.concat(kept))
+    n = width
+  end
+  for i = first_fp, #ARGV do
+    local fp = ARGV[i]
+    local bucket = redis.call('HGET', KEYS[6], string.sub(fp, 1, 1)) or ''
+    if not find(bucket, fp) then  -- a replayed id keeps its place
+      local slot = (n % width) * 8
+      if n >= width then forget(redis.call('GETRANGE', KEYS[3], slot, slot + 7)) end  -- the oldest
+      local field = string.sub(fp, 1, 1)  -- (re-read: forgetting may have changed this bucket)
+      redis.call('HSET', KEYS[6], field, (redis.call('HGET', KEYS[6], field) or '') .. fp)
+      redis.call('SETRANGE', KEYS[3], slot, fp)
+      n = n + 1
+      if n == width then  -- just filled: rewrite it at its exact size (growing left up to 2x spare room)
+        redis.call('SET', KEYS[3], redis.call('GET', KEYS[3]))
+      end
+    end
+  end
+  redis.call('HSET', KEYS[1], 'ids', n)
+end
+local ttl = tonumber(ARGV[6])
+for _, k in ipairs(KEYS) do
+  if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('PERSIST', k) end
+end
+return {version, events, total, base}
+"""
+
+# KEYS[1] meta, the ring, the fields of schema "", the log, the buckets; and every other schema's state and fields
+_DELETE_LUA = r"""
+local keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 2) == 's:' then
+    local state = KEYS[1] .. ':s:' .. string.sub(f, 3)
+    keys[#keys + 1] = state
+    keys[#keys + 1] = state .. ':fields'
+  end
+end
+return redis.call('DEL', unpack(keys))
+"""
+
+
+_FIELDS = (b"version", b"events", b"updated", b"blob", b"logged")
+
+
+def _in_window(event_ids: Sequence[str], fingerprints: list[bytes], buckets: list) -> set[str]:
+    """The ids whose fingerprint is in its bucket, at an 8-byte boundary."""
+    seen = set()
+    for event_id, fp, bucket in zip(event_ids, fingerprints, buckets, strict=True):
+        at = bucket.find(fp) if bucket else -1
+        while at > 0 and at % 8:
+            at = bucket.find(fp, at + 1)
+        if at >= 0:
+            seen.add(event_id)
+    return seen
+
+
+def _fingerprint(event_id: str) -> bytes:
+    return hashlib.blake2b(event_id.encode(), digest_size=8).digest()
+
+
+_REDIS_CURSOR = re.compile(r"[0-9]{1,20}(:[0-9]{1,20})?")  # one node's SCAN cursor; "<primary>:<cursor>" (cluster)
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally by a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _int(value, default: int = 0) -> int:
+    return default if value is None else int(value)
+
+
+class RedisStore:
+    """State in Redis. For a caller key K, under the Redis Cluster hash tag {K} (every key of an entity in one
+    slot, and a caller key ending in ":ring" cannot collide with another key's window):
+
+        <prefix>:{K}              HASH  the key's meta (total, base: its log's counts; ids: event ids ever
+                                        recorded; s:<schema>: the schemas holding a state) and the state of
+                                        schema "" (version, events, updated, blob, logged)
+        <prefix>:{K}:s:<schema>   HASH  the state of another schema (a model version's layout)
+        ...:fields                HASH  a state's companion fields (only where some were written)
+        <prefix>:{K}:log          LIST  the event log, oldest first: each 4-byte big-endian seconds, the payload
+        <prefix>:{K}:ring         STRING the replay window: the fingerprints of the newest `max_event_ids` ids
+        <prefix>:{K}:ids          HASH  the same fingerprints in 256 buckets by their first byte (lookups)
+
+    all refreshed to the TTL by each write (another schema's state keeps its own). A fingerprint is BLAKE2b-64 of the
+    id: a new id is taken for a replay only if its fingerprint equals one of the window's, about
+    `max_event_ids / 2**64` (5e-16 at 10,000) per event.
+
+    The client (redis_clients.py) is chosen by the URL: one node, a cluster or a Sentinel-watched primary. Every
+    operation either completes or raises `StoreUnavailable` within about `2 * socket_timeout` seconds per try
+    (connect, then the reply); reads are retried after a connection failure, the compare-and-set only when it
+    was certainly not sent, and once sent, a timeout or a lost connection raises `OutcomeUnknown` instead
+    (docs/decisions.md). A store given a `client` shares it (and does not close it).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        ttl_seconds: float | None,
+        max_event_ids: int = DEFAULT_MAX_EVENT_IDS,
+        log: LogBounds = DEFAULT_LOG_BOUNDS,
+        socket_timeout: float | None = None,  # shorthand for options.socket_timeout and connect_timeout
+        options: RedisOptions | None = None,
+        client: Client | None = None,
+        key_prefix: str = "nextstep",
+        clock: Callable[[], float] = time.time,  # `updated` comes from here, passed to the script
+    ) -> None:
+        check_store_settings(ttl_seconds, max_event_ids)
+        self._ttl_ms = 0 if ttl_seconds is None else max(1, round(ttl_seconds * 1000))
+        self._max_ids = max_event_ids
+        self._bounds = log
+        self._prefix = key_prefix
+        self._clock = clock
+        if client is None:
+            options = options or RedisOptions()
+            if socket_timeout is not None:
+                options = replace(options, socket_timeout=socket_timeout, connect_timeout=socket_timeout)
+            client, self._owned = connect(url, options), True
+        else:
+            self._owned = False
+        self.client = client
+        self._execute = client.execute
+        self._scripts = {name: (hashlib.sha1(lua.encode()).hexdigest(), lua)
+                         for name, lua in (("cas", _CAS_LUA), ("read", _READ_LUA), ("delete", _DELETE_LUA))}
+
+    def _keys(self, key: str, schema: str = "") -> tuple[str, str, str, str, str, str]:
+        """The meta hash, the schema's state, the ring, the state's companion fields, the log, the buckets."""
+        meta = f"{self._prefix}:{{{key}}}"
+        state = f"{meta}:s:{schema}" if schema else meta
+        return meta, state, f"{meta}:ring", f"{state}:fields", f"{meta}:log", f"{meta}:ids"
+
+    async def _script(self, what: str, name: str, keys: Sequence[str], args: Sequence, *, write: bool) -> object:
+        """The script by its digest; NOSCRIPT (a restarted or flushed server) -> EVAL, which loads it again. A write
+        is never retried once sent (the client's rule), and is acknowledged by `wait_replicas` replicas where asked."""
+        sha, lua = self._scripts[name]
+        flags = {"idempotent": not write, "write": write}
+        (reply,) = await self._execute(what, (("EVALSHA", sha, len(keys), *keys, *args),), **flags)
+        if is_noscript(reply):
+            (reply,) = await self._execute(what, (("EVAL", lua, len(keys), *keys, *args),), **flags)
+        return reply
+
+    async def get(self, key: str, *, schema: str = "") -> StoredState:
+        return (await self.read(key, schema=schema, what="get"))[0]
+
+    async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
+        return (await self.read(key, event_ids, what="seen"))[1]
+
+    async def read(self, key: str, event_ids: Sequence[str] = (), fields: Sequence[str] = (), *, schema: str = "",
+                   what: str = "read") -> tuple[StoredState, set[str]]:
+        """The state, the meta hash's log counts, the event ids' buckets and the fields asked for: one script, so one
+        round trip and one point in time (the fields belong to the version read)."""
+        meta, state_key, _, fields_key, _, ids_key = self._keys(key, schema)
+        fingerprints = [_fingerprint(i) for i in event_ids]
+        reply = await self._script(what, "read", (meta, state_key, fields_key, ids_key),
+                                   (len(fields), *fields, *(f[:1] for f in fingerprints)), write=False)
+        (version, events, updated, blob, logged, total, base), rest = reply[:7], reply[7:]
+        seen = _in_window(event_ids, fingerprints, rest[len(fields):]) if fingerprints else set()
+        total, base = _int(total), _int(base)
+        if version is None:
+            return replace(ABSENT, total=total, base=base), seen
+        found = {name: value for name, value in zip(fields, rest[:len(fields)], strict=True) if value is not None}
+        return StoredState(int(version), int(events), float(updated), blob, found, _int(logged), total, base), seen
+
+    async def read_all(self, key: str, *, schema: str = "") -> StoredState:
+        meta, state_key, _, fields_key, _, _ = self._keys(key, schema)
+        reply, counts, values = await self._execute("read all", (
+            ("HMGET", state_key, *_FIELDS), ("HMGET", meta, "total", "base"), ("HGETALL", fields_key)), atomic=True)
+        (version, events, updated, blob, logged), (total, base) = reply, counts
+        if version is None:
+            return replace(ABSENT, total=_int(total), base=_int(base))
+        values = dict(zip(values[::2], values[1::2], strict=True)) if isinstance(values, list) else values
+        found = {(k.decode() if isinstance(k, bytes) else k): v for k, v in values.items()}
+        return StoredState(int(version), int(events), float(updated), blob, found, _int(logged), _int(total),
+                           _int(base))
+
+    async def compare_and_set(
+        self, key: str, expected_version: int, blob: bytes, added_events: int, event_ids: Sequence[str] = (),
+        fields: Mapping[str, bytes] | None = None, *, schema: str = "", rows: Sequence[LogRow] = (),
+        expected_total: int | None = None,
+    ) -> StoredState | None:
+        now = self._clock()
+        bounds = self._bounds
+        min_time = -1 if bounds.max_age_seconds is None else max(0, int(now - bounds.max_age_seconds))
+        pairs = [part for name, value in (fields or {}).items() for part in (str(name), bytes(value))]
+        frames = encode_rows(rows)
+        args = (expected_version, -1 if expected_total is None else expected_total, blob, added_events, repr(now),
+                self._ttl_ms, self._max_ids, bounds.max_rows, bounds.keep, min_time, f"s:{schema}" if schema else "",
+                len(pairs) // 2, *pairs, len(frames), *frames, *(_fingerprint(i) for i in event_ids))
+        reply = await self._script("compare_and_set", "cas", self._keys(key, schema), args, write=True)
+        if reply is None:
+            return None
+        version, events, total, base = (int(x) for x in reply)
+        return StoredState(version, events, now, bytes(blob), {}, total, total, base)
+
+    async def log(self, key: str) -> tuple[int, list[LogRow]]:
+        meta, *_, log, _ = self._keys(key)
+        base, items = await self._execute("log", (("HGET", meta, "base"), ("LRANGE", log, 0, -1)), atomic=True)
+        return _int(base), decode_rows(items)
+
+    async def scan(self, prefix: str, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+        """SCAN over the meta hashes `<prefix>:{K}` with K starting with `prefix` (every primary's on a cluster)."""
+        if not _REDIS_CURSOR.fullmatch(cursor):
+            raise ValueError(f"not a scan cursor: {cursor!r}")
+        head = f"{self._prefix}:{{"
+        pattern = _glob_escape(head + prefix) + "*}"
+        following, names = await self.client.scan(cursor, pattern, count)
+        keys = []
+        for name in names:
+            text = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+            if text.startswith(head) and text.endswith("}"):  # (a state of another schema ends otherwise)
+                keys.append(text[len(head):-1])
+        return following, keys
+
+    async def delete(self, key: str) -> bool:
+        meta, _, ring, fields, log, ids = self._keys(key)
+        removed = await self._script("delete", "delete", (meta, ring, fields, log, ids), (), write=True)
+        return removed > 0
+
+    async def ping(self) -> None:
+        await self._execute("ping", (("PING",),))
+
+    async def close(self) -> None:
+        if self._owned:
+            await self.client.close()
