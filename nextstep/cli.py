@@ -241,8 +241,9 @@ def cmd_states_migrate(args) -> int:
     entities a second: the admin route's pages (POST /v1/models/{model}/migrate) run in this process."""
     import asyncio
 
-    from .service.app import create_app, stateful_task
+    from .service.app import create_app
     from .service.errors import StoreUnavailable, UnknownModel
+    from .service.tasks import stateful_task
 
     settings = _service_settings(args, "states migrate")
 

@@ -5,7 +5,8 @@ from fastapi import HTTPException
 from fastapi.routing import APIRoute
 from starlette.middleware.errors import ServerErrorMiddleware
 
-from nextstep.service.app import ServiceMiddleware, create_app
+from nextstep.service.app import create_app
+from nextstep.service.middleware import ServiceMiddleware
 from nextstep.service.routes.common import JsonRoute, Strict
 from nextstep.service.settings import Settings
 

@@ -23,3 +23,27 @@ def test_offline_scoring_imports_no_redis_client() -> None:
     assert _imported("from nextstep.service.state import make_store; make_store(None, ttl_seconds=None)") == []
     assert "redis" in _imported("from nextstep.service.state import make_store; "
                                 "make_store('redis://127.0.0.1:1', ttl_seconds=None)")  # (the probe sees one)
+
+
+def test_each_task_is_one_plugin_and_the_app_serves_every_one(tmp_path: Path) -> None:
+    """A task is its service module and its routes module (service/__init__.py's TASK_MODULES): its TaskSpec is
+    registered, its routes are the app's, X-Model-Version pins its paths, its service lives on app.state."""
+    from fastapi.testclient import TestClient
+
+    from nextstep.service import TASK_MODULES
+    from nextstep.service.app import create_app
+    from nextstep.service.registry import TASKS
+    from nextstep.service.settings import Settings
+    from nextstep.service.tasks import plugins, stateful_task
+
+    assert [p.service.__module__ for p in plugins()] == [f"nextstep.service.{name}" for name in TASK_MODULES]
+    assert [p.spec.name for p in plugins()] == list(TASKS) == [p.service.TASK for p in plugins()]
+    app = create_app(Settings(artifacts_dir=tmp_path))
+    served = {(r.path, frozenset(r.methods)) for r in app.routes if hasattr(r, "methods")}
+    assert app.state.pinned == {"models", "kt", "sessions", "srs"}
+    with TestClient(app):
+        for p in plugins():
+            assert {(r.path, frozenset(r.methods)) for r in p.router.routes} <= served, p.spec.name
+            assert isinstance(getattr(app.state, p.attr), p.service)
+            assert (stateful_task(app, p.spec.name) is None) == (p.no_migrate is not None)
+    assert [p.spec.name for p in plugins() if p.no_migrate] == ["srs"]

@@ -2,7 +2,8 @@ import json
 import re
 from pathlib import Path
 
-from nextstep.service.app import OPEN_PATHS, create_app
+from nextstep.service.app import create_app
+from nextstep.service.middleware import OPEN_PATHS
 from nextstep.service.openapi import render
 
 COMMITTED = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"

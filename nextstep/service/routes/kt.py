@@ -5,7 +5,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
-from ..kt import Event, KnowledgeTracer
+from ..kt import SPEC, Event, KnowledgeTracer
+from ..tasks import Shared, TaskPlugin
 from .common import (
     MAX_ID,
     EventId,
@@ -213,3 +214,15 @@ async def get_banks(model: ModelName, kt: Tracer) -> dict:
             responses=answer(ACTIVATED, 404, 503))
 async def put_active_bank(model: ModelName, body: KtBankVersionRequest, kt: Tracer) -> dict:
     return await kt.activate_bank(model, body.version)
+
+
+def _tracer(app: Shared, store) -> KnowledgeTracer:
+    settings = app.settings
+    return KnowledgeTracer(app.registry, store, app.engines, quality=app.quality, cas_retries=settings.cas_retries,
+                           banks=app.banks, limits=settings.batch_limits(), on_retry=app.on_retry,
+                           unknown_questions=settings.unknown_questions, on_unknown=app.metrics.on_unknown)
+
+
+# learners' states expire after NEXTSTEP_STATE_TTL_SECONDS idle (180 days); their logs are bounded as set
+TASK = TaskPlugin(SPEC, KnowledgeTracer, router, "tracer", build=_tracer,
+                  store=lambda s: {"ttl_seconds": s.state_ttl_seconds, "log": s.log_bounds()})

@@ -5,7 +5,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from ..sessions import Click, SessionRecommender
+from ..sessions import SPEC, Click, SessionRecommender
+from ..tasks import Shared, TaskPlugin
 from .common import (
     MAX_ID,
     EventId,
@@ -135,3 +136,16 @@ async def get_session(model: ModelName, session_id: SessionPath, rec: Recommende
                responses=answer({"session_id": "visit-7", "deleted": True}, 404, 422, 503))
 async def delete_session(model: ModelName, session_id: SessionPath, rec: Recommender) -> dict:
     return {"session_id": session_id, "deleted": await rec.delete(model, session_id)}
+
+
+def _recommender(app: Shared, store) -> SessionRecommender:
+    settings = app.settings
+    return SessionRecommender(app.registry, store, app.engines, quality=app.quality, cas_retries=settings.cas_retries,
+                              limits=settings.batch_limits(), cold_start_model=settings.cold_start_model,
+                              on_retry=app.on_retry, unknown_items=settings.unknown_questions,
+                              on_unknown=app.metrics.on_unknown)
+
+
+# sessions expire much sooner than learners: after NEXTSTEP_SESSION_TTL_SECONDS idle (the session timeout)
+TASK = TaskPlugin(SPEC, SessionRecommender, router, "sessions", build=_recommender,
+                  store=lambda s: {"ttl_seconds": s.session_ttl_seconds, "log": s.log_bounds()})

@@ -5,7 +5,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
-from ..srs import MS_LOOKING, SIMULATE_MAX_DAYS, SIMULATE_MAX_RETENTIONS, SIMULATE_RETENTIONS, Review, SpacedRepetition
+from ..srs import (
+    MS_LOOKING,
+    SIMULATE_MAX_DAYS,
+    SIMULATE_MAX_RETENTIONS,
+    SIMULATE_RETENTIONS,
+    SPEC,
+    Review,
+    SpacedRepetition,
+)
+from ..tasks import Shared, TaskPlugin
 from .common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
 
 router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
@@ -202,3 +211,20 @@ async def get_user(model: ModelName, user_id: UserPath, srs: Srs) -> dict:
                responses=answer({"user_id": "user-42", "deleted": True}, 404, 422, 503))
 async def delete_user(model: ModelName, user_id: UserPath, srs: Srs) -> dict:
     return {"user_id": user_id, "deleted": await srs.delete(model, user_id)}
+
+
+def _service(app: Shared, store) -> SpacedRepetition:
+    settings = app.settings
+    return SpacedRepetition(app.registry, store, app.engines, quality=app.quality, cas_retries=settings.cas_retries,
+                            max_interval_days=settings.srs_max_interval_days,
+                            refit_min_scored=settings.srs_refit_min_scored,
+                            refit_every_scored=settings.srs_refit_every_scored, on_retry=app.on_retry)
+
+
+# users keep their reviews for years: NEXTSTEP_SRS_TTL_SECONDS idle (two years; 0: never). The stored reviews are the
+# user's log, shared by every version of a layout: no state of a version's own to migrate or shadow
+TASK = TaskPlugin(SPEC, SpacedRepetition, router, "srs", build=_service,
+                  store=lambda s: {"ttl_seconds": s.srs_ttl_seconds or None},
+                  no_migrate="its versions share their users' stored reviews, there is nothing to migrate",
+                  no_shadow="is a flashcard model: its versions share each user's stored reviews and keep no state "
+                            "of their own to shadow; use a canary")

@@ -1,0 +1,112 @@
+"""What the app holds while it serves, made at startup and closed at shutdown (`lifespan`), and `reload_models`.
+
+One Redis client for every task's state store (its connections pipeline or pool their requests) and one for the
+banks (megabytes each, a longer timeout); the URL chooses one node, a cluster or Sentinel. Each task (tasks.py)
+gets a store of its own (its TTL, over the shared client), timed per operation, and its service on app.state.
+"""
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from .banks import Banks, make_bank_store
+from .fleet import FleetReloads
+from .metrics import Metrics
+from .quality import Quality
+from .redis_clients import connect
+from .registry import LoadReport, ModelRegistry
+from .rollouts import Rollouts
+from .runtime import Engines
+from .state import make_store
+from .tasks import Shared, plugins
+
+
+async def reload_models(app: FastAPI) -> LoadReport:
+    """Rescan the artifacts directory (in a worker thread), update the metrics, prepare the banks: what
+    `POST /v1/models/reload` does, and what every other replica does when it sees the reload generation move
+    (fleet.py)."""
+    registry, metrics = app.state.registry, app.state.metrics
+    report: LoadReport = await asyncio.to_thread(registry.reload)
+    metrics.set_models(registry.models())
+    metrics.set_refused(registry.report.refused)  # (the registry's newest: reloads may overlap)
+    metrics.reloads.labels("refused" if report.refused else "ok").inc()
+    await app.state.banks.prepare(registry.models())
+    return report
+
+
+class TimedStore:
+    """The state store with each operation's latency recorded."""
+
+    def __init__(self, store, metrics: Metrics):
+        self._store, self._metrics = store, metrics
+
+    def __getattr__(self, name):
+        op = getattr(self._store, name)
+        histogram = self._metrics.store_seconds.labels(name)
+
+        async def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return await op(*args, **kwargs)
+            finally:
+                histogram.observe(time.perf_counter() - start)
+
+        setattr(self, name, timed)  # built once per operation; later lookups skip __getattr__
+        return timed
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    settings, metrics = app.state.settings, app.state.metrics
+    registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads,
+                             new_versions=settings.new_versions)
+    metrics.set_refused(registry.reload().refused)  # (the registry logs each refusal)
+    metrics.set_models(registry.models())
+    options = settings.redis_options()
+    redis = connect(settings.redis_url, options) if settings.redis_url else None
+    engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
+    banks = app.state.banks = Banks(make_bank_store(settings.redis_url, options),
+                                    refresh_seconds=settings.bank_refresh_seconds)
+    await banks.prepare(registry.models())  # publish the artifacts' bank versions, project the active ones
+    app.state.registry = registry
+    quality = app.state.quality = Quality(redis, on_record=metrics.on_live_scores,
+                                          on_drop=lambda model: metrics.live_unscored.labels(model).inc())
+    await quality.start()
+    shared = Shared(registry, engines, settings, metrics, quality if settings.live_quality else None, banks)
+    # each task's entities in a store of their own (same client, the task's TTL: learners keep their state for
+    # months, sessions half an hour, flashcard users their reviews for years)
+    stores = [make_store(None, client=redis, max_event_ids=settings.max_event_ids, **p.store(settings))
+              for p in plugins()]
+    app.state.store = stores[0]  # (/readyz pings it: every store shares the one client)
+    services = [p.build(shared, TimedStore(store, metrics)) for p, store in zip(plugins(), stores, strict=True)]
+    for p, service in zip(plugins(), services, strict=True):
+        setattr(app.state, p.attr, service)
+    # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
+    rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)
+    shadow_workers = []
+    for p, service in zip(plugins(), services, strict=True):
+        service.rollouts = rollouts  # canaries; a shadow needs a state of its own, which flashcards lack
+        if p.no_shadow is None:
+            service.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
+            shadow_workers.append(asyncio.create_task(service.run_shadows(settings.shadow_queue)))
+    # (in a thread: set_serving waits for a reload in progress, which takes seconds)
+    await rollouts.start(lambda current: asyncio.to_thread(
+        registry.set_serving, {m: r.serving for m, r in current.items()}))
+    # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
+    app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)
+    await app.state.fleet.start(lambda: reload_models(app))
+    yield
+    await app.state.fleet.close()
+    await rollouts.close()
+    for worker in shadow_workers:
+        worker.cancel()
+    await asyncio.gather(*shadow_workers, return_exceptions=True)
+    await quality.close()
+    await engines.close()
+    await banks.close()
+    for store in stores:
+        await store.close()
+    if redis is not None:
+        await redis.close()

@@ -1,0 +1,233 @@
+"""The routes over the loaded models (tag "system"): the list, a model's ids, its live quality, its rollout (which
+version serves, a candidate's canary or shadow), the migration of its entities' states, and the reload.
+
+Every one but the list and the reload names a model (/v1/models/{model}/...), of any task: what differs by task
+comes from the task's plug-in (tasks.py). PUT, DELETE and the POSTs are admin routes (access.py)."""
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+from pydantic import ConfigDict, Field, StrictInt
+
+from ..errors import InvalidInput, UnknownModel, problem
+from ..lifespan import reload_models
+from ..registry import TASKS
+from ..rollouts import Rollout
+from ..tasks import plugin, stateful_task
+from .common import IdText, JsonRoute, Strict, answer
+
+router = APIRouter(route_class=JsonRoute)
+
+
+class MigrateRequest(Strict):
+    version: Annotated[IdText, Field(description="the version to bring up to date (default: the latest)")] = "latest"
+    cursor: Annotated[IdText, Field(description="\"0\" to start; then the cursor of the previous answer")] = "0"
+    limit: Annotated[StrictInt, Field(ge=1, le=5000, description="entities in this page (about)")] = 500
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "2", "cursor": "0"}]})
+
+
+class RolloutRequest(Strict):
+    candidate: Annotated[IdText, Field(description="the version to try (a loaded one)")]
+    mode: Annotated[Literal["canary", "shadow"], Field(
+        description="canary: the candidate answers the entities in the fraction; shadow: it answers no one, and its "
+                    "own state of each entity in the fraction follows their events, scored for live quality")
+    ] = "canary"
+    fraction: Annotated[float, Field(ge=0, le=1, description="share of the model's entities the candidate "
+                                                             "answers, chosen by a hash of their id")]
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"candidate": "2", "mode": "canary", "fraction": 0.1}]})
+
+
+@router.get("/v1/models", tags=["system"], summary="Loaded models: names, versions, tasks, held-out metrics")
+async def models(request: Request) -> dict:
+    registry = request.app.state.registry
+    latest = registry.latest()
+    details = request.app.state.access.is_admin(request.scope)  # (as /readyz: refusals' paths and messages)
+    report = registry.report
+    return {"models": [{"name": m.name, "version": m.version, "latest": latest.get(m.name) is m, "family": m.family,
+                        "task": m.task, "n_cats": m.n_cats, "vocabulary": len(m.ids),
+                        **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.window[0] else {}),
+                        "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
+            "refused": [r.as_dict(details) for r in report.refused],
+            "errors": report.errors if details else report.summaries()}
+
+
+@router.get("/v1/models/{model}/ids", tags=["system"],
+            summary="The ids a model knows (questions or items), a page at a time, and the version answering",
+            responses=answer({"model": "deep_gpcm", "version": "2", "task": "knowledge_tracing",
+                              "vocabulary": "questions", "total": 3, "offset": 0, "limit": 2, "ids": ["17", "18"],
+                              "next_offset": 2}, 404))
+
+
+async def model_ids(request: Request, model: Annotated[str, PathParam(
+                        description="model name; `name@version` (or the X-Model-Version header) pins a version")],
+                    offset: Annotated[int, Query(ge=0, description="ids to skip")] = 0,
+                    limit: Annotated[int, Query(ge=1, le=10_000, description="ids in this page")] = 1000) -> dict:
+    m = request.app.state.registry.get(model)
+    kind = TASKS[m.task].vocabulary
+    end = min(offset + limit, len(m.ids))
+    return {"model": m.name, "version": m.version, "task": m.task, "vocabulary": kind, "total": len(m.ids),
+            "offset": offset, "limit": limit, "ids": m.ids[offset:end],
+            "next_offset": end if end < len(m.ids) else None}
+
+
+@router.get("/v1/models/{model}/quality", tags=["system"],
+            summary="Live quality of each version: its predictions scored on the events that followed",
+            description="Knowledge tracing: for every event with a response, the prediction the version would "
+                        "have made for it from the learner's state before it, scored when the event came: the mean "
+                        "log loss and Brier score, the AUC of P(full credit) estimated from 200 buckets, and a "
+                        "calibration table (predicted against observed share of full credit). Sessions: each "
+                        "click after a session's first, ranked in the list the state before it recommends (every "
+                        "item a candidate): `mrr` and `hit_rate` at 1, 5, 10 and 20. Flashcards: each scored review's "
+                        "P(recall) from the user's reviews before it, as for knowledge tracing. Over the last "
+                        "`window` seconds, every replica's scores added.",
+            responses=answer({"model": "deep_gpcm", "task": "knowledge_tracing", "window_seconds": 3600, "versions": [
+                {"version": "2", "role": "serving", "scored": 1200, "log_loss": 0.512, "brier": 0.331,
+                 "auc": 0.781, "calibration": [{"from": 0.0, "to": 0.1, "count": 40, "predicted": 0.06,
+                                                "observed": 0.05}], "since": 1767225600.0}]}, 404))
+
+
+async def quality(request: Request, model: Annotated[str, PathParam(description="model name")],
+                  window: Annotated[int, Query(ge=60, le=90 * 86400, description="seconds back from now "
+                                               "(minute buckets up to 6 hours, hour buckets past it)")] = 3600
+                  ) -> dict:
+    registry = request.app.state.registry
+    latest = registry.get(model)
+    rollout = request.app.state.rollouts.current.get(latest.name)
+    versions = [(m.version, rollout.mode if rollout and rollout.candidate == m.version and rollout.mode
+                 else "serving") for m in registry.models() if m.name == latest.name]
+    return {"model": latest.name, "task": latest.task, "window_seconds": window,
+            "versions": await request.app.state.quality.report(latest.name, versions, window, latest.task)}
+
+
+def rollout_answer(request: Request, name: str) -> dict:
+    registry = request.app.state.registry
+    latest = registry.get(name)
+    rollout = request.app.state.rollouts.current.get(latest.name)
+    return {"model": latest.name, "serving": latest.version, "new_versions": request.app.state.settings.new_versions,
+            "candidate": rollout.candidate if rollout else None, "mode": rollout.mode if rollout else None,
+            "fraction": rollout.fraction if rollout and rollout.candidate else None,
+            "updated": rollout.updated if rollout else None,
+            "versions": sorted(m.version for m in registry.models() if m.name == latest.name)}
+
+
+ROLLOUT_EXAMPLE = {"model": "deep_gpcm", "serving": "1", "new_versions": "manual", "candidate": "2",
+                   "mode": "canary", "fraction": 0.1, "updated": 1767225600.0, "versions": ["1", "2"]}
+
+
+@router.get("/v1/models/{model}/rollout", tags=["system"], summary="Which version serves, and a candidate's rollout",
+            responses=answer(ROLLOUT_EXAMPLE, 404))
+
+
+async def get_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
+    return rollout_answer(request, model)
+
+
+@router.put("/v1/models/{model}/rollout", tags=["system"],
+            summary="Put a candidate version on a stable fraction of the model's entities (canary)",
+            description="Learners, sessions or users whose hash falls in the fraction get the candidate, on every "
+                        "replica (within NEXTSTEP_RELOAD_REFRESH_SECONDS) and every request; raising the fraction "
+                        "only adds entities. Their states move between versions through the event log, so no "
+                        "learner loses history either way. Every answer names the version that answered.",
+            responses=answer(ROLLOUT_EXAMPLE, 404, 422))
+
+
+async def put_rollout(request: Request, model: Annotated[str, PathParam(description="model name")],
+                      body: RolloutRequest) -> dict:
+    registry, rollouts = request.app.state.registry, request.app.state.rollouts
+    latest = registry.get(model)
+    if request.app.state.settings.new_versions != "manual":
+        raise InvalidInput("model", "rollouts need NEXTSTEP_NEW_VERSIONS=manual: with auto, a new version "
+                                    "serves everyone at the reload that loads it")
+    refusal = plugin(latest.task).no_shadow
+    if refusal is not None and body.mode == "shadow":
+        raise InvalidInput("mode", f"model {latest.name} {refusal}")
+    try:
+        registry.get(latest.name, body.candidate)
+    except UnknownModel as exc:
+        raise InvalidInput("candidate", str(exc)) from None
+    rollout = rollouts.current.get(latest.name)
+    serving = rollout.serving if rollout else latest.version
+    if body.candidate == serving:
+        raise InvalidInput("candidate", f"version {body.candidate} is the one serving {latest.name}")
+    await rollouts.put(latest.name, Rollout(serving, body.candidate, body.mode, body.fraction))
+    return rollout_answer(request, latest.name)
+
+
+@router.post("/v1/models/{model}/rollout/promote", tags=["system"],
+             summary="Make the candidate the version serving every entity", responses=answer(ROLLOUT_EXAMPLE, 404,
+                                                                                            422))
+
+
+async def promote_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
+    latest = request.app.state.registry.get(model)
+    rollout = request.app.state.rollouts.current.get(latest.name)
+    if rollout is None or rollout.candidate is None:
+        raise InvalidInput("model", f"model {latest.name} has no candidate to promote (PUT a rollout first)")
+    await request.app.state.rollouts.put(latest.name, Rollout(rollout.candidate))
+    return rollout_answer(request, latest.name)
+
+
+@router.delete("/v1/models/{model}/rollout", tags=["system"],
+               summary="Abort a rollout: the candidate serves no one; the serving version stays",
+               responses=answer(ROLLOUT_EXAMPLE, 404))
+
+
+async def abort_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
+    latest = request.app.state.registry.get(model)
+    rollout = request.app.state.rollouts.current.get(latest.name)
+    if rollout is not None and rollout.candidate is not None:
+        await request.app.state.rollouts.put(latest.name, Rollout(rollout.serving))
+    return rollout_answer(request, latest.name)
+
+
+@router.post("/v1/models/{model}/migrate", tags=["system"],
+             summary="Bring a page of entities' state for a version up to date with their event logs",
+             description="Each entity of the page (learners, sessions) gets its state for the version rebuilt "
+                         "from its event log, as its first request to that version would, so that no request "
+                         "waits for it after `latest` moves. Call again with the answer's `cursor` until "
+                         "`done`: each call is one page, so the caller sets the pace, and a walk can stop and "
+                         "resume anywhere; it is safe while serving, from any replica. Flashcard models need "
+                         "none: their versions share their users' stored reviews.",
+             responses=answer({"model": "deep_gpcm", "version": "2", "cursor": "1792", "done": False,
+                               "entities": 500, "rebuilt": 496, "events": 61390, "lagging": 0}, 404, 422))
+
+
+async def migrate(request: Request, model: Annotated[str, PathParam(description="model name")],
+                  body: MigrateRequest) -> dict:
+    m = request.app.state.registry.get(model, body.version)
+    task = stateful_task(request.app, m.task)
+    if task is None:
+        raise InvalidInput("model", f"model {m.name} is a {m.task} model: {plugin(m.task).no_migrate}")
+    try:
+        return await task.migrate(m, body.cursor, body.limit)
+    except ValueError as exc:
+        raise InvalidInput("cursor", f"{exc}: pass \"0\" to start, then each answer's cursor") from None
+
+
+@router.post("/v1/models/reload", tags=["system"],
+             summary="Rescan the artifacts directory, here and (through Redis) on every replica (409: refused)",
+             responses={409: {"description": "artifacts refused: each named with its reason; what served before "
+                                             "keeps serving (the other artifacts were loaded)",
+                              "content": {"application/problem+json": {}}}})
+
+
+async def reload(request: Request):
+    registry = request.app.state.registry
+    report = await reload_models(request.app)
+    # the other replicas on this Redis follow within NEXTSTEP_RELOAD_REFRESH_SECONDS; null: not told
+    # (no Redis, or it failed: the log says so)
+    generation = await request.app.state.fleet.announce()
+    details = request.app.state.access.is_admin(request.scope)  # (an admin route: always, as the rules stand)
+    answer = {"models": [f"{m.name}/{m.version}" for m in registry.models()], "serving": report.serving,
+              "withdrawn": list(report.withdrawn), "refused": [r.as_dict(details) for r in report.refused],
+              "fleet_generation": generation}
+    if not report.refused:
+        return {**answer, "errors": {}}
+    # the detail names each artifact and the kind of fault; the paths and messages are in `refused` and the log
+    named = "; ".join(f"{r.model}/{r.version}: {r.summary} ({r.outcome})" for r in report.refused)
+    return problem(409, f"{len(report.refused)} artifact(s) refused, the rest loaded: {named}", None,
+                   "artifact-refused", **answer)

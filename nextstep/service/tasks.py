@@ -1,0 +1,87 @@
+"""The task plug-ins: what the app needs of each task, in one record (`TaskPlugin`), collected by `plugins()`.
+
+Each routes module `routes/<name>.py` of service/__init__.py's TASK_MODULES ends with its `TASK`: the task's spec
+(the artifacts it serves), its service class (whose PREFIX starts its entities' state keys), its router, its state
+store's settings (TTL, log bounds) and how its service is built from the settings. create_app includes the routers,
+and lifespan.py makes each task's store and service from it; nothing else in the app names a task.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter, FastAPI
+
+    from .banks import Banks
+    from .core import StatefulTask
+    from .metrics import Metrics
+    from .quality import Quality
+    from .registry import LoadedModel, ModelRegistry, TaskSpec
+    from .runtime import Engines
+    from .settings import Settings
+    from .state import StateStore
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the app makes once for every task (lifespan.py); a task's `build` takes what it needs of it."""
+
+    registry: ModelRegistry
+    engines: Engines
+    settings: Settings
+    metrics: Metrics
+    quality: Quality | None  # live quality (None: NEXTSTEP_LIVE_QUALITY off)
+    banks: Banks  # SimAKT's memory banks (knowledge tracing)
+
+    def on_retry(self, model: LoadedModel) -> None:
+        """A lost compare-and-set, counted per model."""
+        self.metrics.cas_retries.labels(model.name).inc()
+
+
+@dataclass(frozen=True)
+class TaskPlugin:
+    spec: TaskSpec  # the artifacts it serves (its service module registers it with the registry)
+    service: type[StatefulTask]  # its service class: TASK (the spec's name), PREFIX (its state keys' prefix)
+    router: APIRouter  # its routes, /v1/<prefix>/{model}/..., each a JsonRoute
+    attr: str  # app.state.<attr>: the service its routes' dependency reads
+    store: Callable[[Settings], dict]  # its state store's options from the settings (make_store: TTL, log bounds)
+    build: Callable[[Shared, StateStore], StatefulTask]  # its service, over its store, from its settings
+    # None where each version keeps its own state of an entity (the event log's); else why there is none, as the
+    # refusals of POST /v1/models/{model}/migrate ("is a <task> model: ...") and of a shadow rollout say it
+    no_migrate: str | None = None
+    no_shadow: str | None = None
+
+    @property
+    def path_prefix(self) -> str:
+        """The path segment after /v1/ of its routes ("kt"): X-Model-Version pins the `{model}` after it."""
+        return self.router.prefix.split("/")[2]
+
+
+@functools.cache
+def plugins() -> tuple[TaskPlugin, ...]:
+    """Every task's plug-in, in TASK_MODULES's order (imported on first use: the routes modules import this one)."""
+    from . import TASK_MODULES
+
+    return tuple(importlib.import_module(f"{__package__}.routes.{name}").TASK for name in TASK_MODULES)
+
+
+def plugin(task: str) -> TaskPlugin | None:
+    """The plug-in of a task (a manifest's `task`: knowledge_tracing, next_item, srs); None if none serves it."""
+    return next((p for p in plugins() if p.spec.name == task), None)
+
+
+def service(app: FastAPI, task: str) -> StatefulTask:
+    """The running service of a task (app.state)."""
+    return getattr(app.state, plugin(task).attr)
+
+
+def stateful_task(app: FastAPI, task: str) -> StatefulTask | None:
+    """The service of a task whose entities have event logs and whose versions keep states of their own
+    (knowledge tracing, sessions); None for the others (flashcards)."""
+    found = plugin(task)
+    return getattr(app.state, found.attr) if found is not None and found.no_migrate is None else None
