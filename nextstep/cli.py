@@ -297,7 +297,7 @@ def cmd_events_export(args) -> int:
 
     from .service.errors import StoreUnavailable
     from .service.event_export import LAYOUTS, export_events
-    from .service.state import make_store
+    from .service.stores import make_store
 
     settings = _service_settings(args, "events export")
     manifest = _model_manifest(settings.artifacts_dir, args.model)
@@ -392,7 +392,7 @@ def cmd_srs_refit(args) -> int:
     from .service.registry import ModelRegistry
     from .service.srs import SpacedRepetition
     from .service.srs_refit import refit_all
-    from .service.state import make_store
+    from .service.stores import make_store
 
     async def run() -> list[dict]:
         registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=1)

@@ -19,7 +19,7 @@ from .redis_clients import connect
 from .registry import LoadReport, ModelRegistry
 from .rollouts import Rollouts
 from .runtime import Engines
-from .state import make_store
+from .stores import make_store
 from .tasks import Shared, plugins
 
 

@@ -29,7 +29,8 @@ Two stores share this contract:
 * `InProcessStore` -- the embedded default when no Redis URL is configured: tests, one process, offline scoring
                       (memory_store.py).
 
-This module is the contract alone, and imports no Redis client: `make_store` imports the store it makes.
+This module is the contract alone and imports no Redis client; stores.py's `make_store` makes the store a URL
+names.
 
 docs/architecture.md describes the keys and what each request costs in Redis round trips.
 """
@@ -38,10 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from .redis_clients import Client, RedisOptions
+from typing import Protocol, runtime_checkable
 
 DEFAULT_MAX_EVENT_IDS = 10_000
 
@@ -175,17 +173,3 @@ def check_store_settings(ttl_seconds: float | None, max_event_ids: int) -> None:
     if max_event_ids < 0:
         raise ValueError(f"max_event_ids must be >= 0, got {max_event_ids!r}")
 
-
-def make_store(
-    redis_url: str | None, *, ttl_seconds: float | None, max_event_ids: int = DEFAULT_MAX_EVENT_IDS,
-    log: LogBounds = DEFAULT_LOG_BOUNDS, options: RedisOptions | None = None, client: Client | None = None,
-) -> StateStore:
-    """`RedisStore` when a URL (or a client) is given, else the embedded `InProcessStore`."""
-    if redis_url or client is not None:
-        from .redis_store import RedisStore
-
-        return RedisStore(redis_url, ttl_seconds=ttl_seconds, max_event_ids=max_event_ids, log=log, options=options,
-                          client=client)
-    from .memory_store import InProcessStore
-
-    return InProcessStore(ttl_seconds=ttl_seconds, max_event_ids=max_event_ids, log=log)

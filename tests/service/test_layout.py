@@ -20,8 +20,12 @@ def test_offline_scoring_imports_no_redis_client() -> None:
     """`nextstep score` replays learners through the in-process store: importing it (and the store, and every task
     module) loads no Redis client, ours or redis-py."""
     assert _imported("import nextstep.scoring, nextstep.service.memory_store, nextstep.service") == []
-    assert _imported("from nextstep.service.state import make_store; make_store(None, ttl_seconds=None)") == []
-    assert "redis" in _imported("from nextstep.service.state import make_store; "
+    routes = subprocess.run([sys.executable, "-c", "import sys, nextstep.scoring; "
+                             "print(sorted(m for m in sys.modules if m.startswith('nextstep.service.routes')))"],
+                            capture_output=True, text=True, cwd=ROOT, check=True)
+    assert routes.stdout.strip() == "[]"  # (the task modules, not their routes)
+    assert _imported("from nextstep.service.stores import make_store; make_store(None, ttl_seconds=None)") == []
+    assert "redis" in _imported("from nextstep.service.stores import make_store; "
                                 "make_store('redis://127.0.0.1:1', ttl_seconds=None)")  # (the probe sees one)
 
 

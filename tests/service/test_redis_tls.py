@@ -23,7 +23,7 @@ import pytest
 from nextstep import demo
 from nextstep.service.errors import StoreUnavailable
 from nextstep.service.settings import Settings
-from nextstep.service.state import make_store
+from nextstep.service.stores import make_store
 from tests.service.conftest import _free_port, stop_process
 
 CLIENTS = ("resp", "redis-py")

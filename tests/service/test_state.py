@@ -27,8 +27,8 @@ from nextstep.service.state import (
     LogRow,
     StateStore,
     StoredState,
-    make_store,
 )
+from nextstep.service.stores import make_store
 
 KEY = "kt:deep_gpcm:20261122T1900:student-42"
 Opener = Callable[..., contextlib.AbstractAsyncContextManager[StateStore]]
