@@ -40,7 +40,7 @@ def write_input(directory: Path, model, n: int, events: tuple[int, int], parts: 
         length = rng.randint(*events)
         total += length
         records.append({"student_id": f"s{s}", "events": [{"question_id": rng.choice(model.ids),
-                                                           "response": rng.randrange(model.n_cats)}
+                                                           "response": rng.randrange(model.extra.n_cats)}
                                                           for _ in range(length)]})
     directory.mkdir(parents=True)
     for p in range(parts):

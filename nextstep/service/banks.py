@@ -174,7 +174,7 @@ def read_version(model: LoadedModel, folder: Path) -> tuple[dict[str, bytes], by
     by_head = {e["head"]: e for e in json.loads(provenance)["banks"]}
     fields = {}
     graph = {i.name: i for i in model.sessions["predict"].get_inputs()}
-    for name in model.banks["answer_inputs"]:  # bank_<head>_<part>: kept as built, checked against predict
+    for name in model.extra.banks["answer_inputs"]:  # bank_<head>_<part>: kept as built, checked against predict
         head, part = _answer_part(model, name)
         if head not in by_head:
             raise ValueError(f"{folder}: no bank for answer head {head!r}")
@@ -186,9 +186,9 @@ def read_version(model: LoadedModel, folder: Path) -> tuple[dict[str, bytes], by
                 or any(isinstance(w, int) and w != n for w, n in zip(want, array.shape, strict=True)):
             raise ValueError(f"{folder}: answer bank part {name} is {array.dtype}{list(array.shape)}; the predict "
                              f"graph takes {graph[name].type if want else None} {want}")
-    if model.banks["heads"]:
+    if model.extra.banks["heads"]:
         shapes = {i.name: i.shape for i in model.sessions["bank_project"].get_inputs()}
-    for head in model.banks["heads"]:
+    for head in model.extra.banks["heads"]:
         if head not in by_head:
             raise ValueError(f"{folder}: no bank for inter-student head {head!r}")
         files = by_head[head].get("files", {})
@@ -205,23 +205,24 @@ def read_version(model: LoadedModel, folder: Path) -> tuple[dict[str, bytes], by
 
 def _answer_part(model: LoadedModel, name: str) -> tuple[str, str]:
     """(head, part) of an answer head's input bank_<head>_<part> (head names may hold '_')."""
-    head = next(h for h in model.banks["answer_heads"] if name.startswith(f"bank_{h}_"))
+    head = next(h for h in model.extra.banks["answer_heads"] if name.startswith(f"bank_{h}_"))
     return head, name.removeprefix(f"bank_{head}_")
 
 
 def field_names(model: LoadedModel) -> list[str]:
     """The store fields a version's load reads: block 3's states, lengths and sizes, the answer heads' parts."""
-    return [f"{h}_{p}" for h in model.banks["heads"] for p in ("states", "lengths", "sizes")] \
-        + [n.removeprefix("bank_") for n in model.banks["answer_inputs"]]
+    return [f"{h}_{p}" for h in model.extra.banks["heads"] for p in ("states", "lengths", "sizes")] \
+        + [n.removeprefix("bank_") for n in model.extra.banks["answer_inputs"]]
 
 
 def project(model: LoadedModel, version: str, values: list[bytes], provenance: bytes) -> Bank:
     """Run bank_project on one version's arrays (in a worker thread: it is the costly part of a swap)."""
-    heads = model.banks["heads"]
+    section = model.extra.banks
+    heads = section["heads"]
     arrays = dict(zip(field_names(model), (np.load(io.BytesIO(v), allow_pickle=False) for v in values), strict=True))
     feeds = {f"bank_{h}_{p}": arrays[f"{h}_{p}"] for h in heads for p in ("states", "lengths")}
-    kv = dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True)) if heads else {}
-    kv.update({n: arrays[n.removeprefix("bank_")] for n in model.banks["answer_inputs"]})
+    kv = dict(zip(section["keys"], model.sessions["bank_project"].run(None, feeds), strict=True)) if heads else {}
+    kv.update({n: arrays[n.removeprefix("bank_")] for n in section["answer_inputs"]})
     for value in kv.values():
         value.flags.writeable = False
     by_head = {e["head"]: e for e in json.loads(provenance)["banks"]}
@@ -287,7 +288,8 @@ class Banks:
 
     @staticmethod
     def uses_banks(model: LoadedModel) -> bool:
-        return bool(model.banks and (model.banks["heads"] or model.banks["answer_heads"]))
+        banks = getattr(model.extra, "banks", None)  # (knowledge tracing's; the other tasks' models have none)
+        return bool(banks and (banks["heads"] or banks["answer_heads"]))
 
     async def prepare(self, models: list[LoadedModel]) -> None:
         """Publish the banks of every model that has some and load each one's active version (startup, reload);
@@ -357,7 +359,7 @@ class Banks:
     async def _publish(self, model: LoadedModel, served: _Served) -> None:
         """Every version in the artifact into the store if absent; the pointer to the default if none; load it."""
         _, listing = await self.store.versions(served.space)
-        root = model.path / model.banks["dir"]
+        root = model.path / model.extra.banks["dir"]
         folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
             if root.is_dir() else []
         for folder in folders:
@@ -370,7 +372,7 @@ class Banks:
                 continue
             await self.store.publish(served.space, folder.name, fields, provenance)
             listing[folder.name] = provenance
-        default = model.banks["default"]
+        default = model.extra.banks["default"]
         active = await self.store.init_active(served.space, default if default in listing else None)
         if active is None:
             raise ValueError(f"no usable bank version in {root} (default {default!r})")

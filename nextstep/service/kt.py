@@ -34,19 +34,34 @@ from .banks import Bank, Banks, InProcessBankStore, check_banks
 from .core import UP_TO_DATE, Behind, Change, StatefulTask, operation
 from .errors import InvalidInput, UnknownId, UnknownModel
 from .quality import Quality
-from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
+from .registry import LoadedModel, ModelRegistry, TaskFields, TaskSpec, register_task
 from .runtime import Engines
 from .settings import DEFAULT_LIMITS, BatchLimits
 from .state import LogRow, StateStore, StoredState
 from .writes import batched
 
 
-def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
+@dataclass(frozen=True, slots=True)
+class KtFields(TaskFields):
+    """A knowledge-tracing model's own fields (LoadedModel.extra)."""
+
+    n_cats: int  # response categories
+    banks: dict | None  # SimAKT: the manifest's `banks` (heads, inputs, keys, explain, default, dir); with heads,
+    # predict and step_predict take the projected banks (`keys`) and bank_project makes them from `inputs`
+
+    def shown(self) -> dict:
+        return {"n_cats": self.n_cats}
+
+
+def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
     try:
         n_cats = int(manifest["responses"]["n_cats"])
     except (KeyError, TypeError, ValueError):
         raise fail("manifest responses.n_cats missing or not an integer") from None
-    return {"n_cats": n_cats, "banks": check_banks(manifest.get("banks"), graphs, fail)}
+    banks = check_banks(manifest.get("banks"), graphs, fail)
+    if banks:  # SimAKT: the folder of its memory banks (banks.py reads it at startup and reload)
+        inside(banks["dir"], "banks")
+    return {"extra": KtFields(n_cats, banks)}
 
 
 SPEC = register_task(TaskSpec("knowledge_tracing", ("step", "predict", "step_predict"), "questions", True, _check,
@@ -107,7 +122,7 @@ def predictions(model: LoadedModel, question_ids: list[str], outputs: list[np.nd
     JSON-ready dicts; the rows at `unknown` (ids answered by the unknown row) say `"known": false`."""
     # Python floats in one call per array; for a few categories plain Python beats numpy's per-call cost
     probs = outputs[0][0].tolist()
-    categories = range(model.n_cats)
+    categories = range(model.extra.n_cats)
     rows = [{"question_id": qid, "probabilities": p, "expected_response": sum(k * v for k, v in enumerate(p)),
              "most_likely_response": max(categories, key=p.__getitem__)}  # the first of equal maxima, as argmax
             for qid, p in zip(question_ids, probs, strict=True)]
@@ -124,7 +139,7 @@ def explanation(model: LoadedModel, bank: Bank, outputs: list[np.ndarray], top: 
     graph's explain_<head> outputs; entries of weight 0 left out: none before the first event)."""
     named = dict(zip(model.output_names["predict"], outputs, strict=True))
     heads = {}
-    for head, name in zip(model.banks["heads"], model.banks["explain"], strict=True):
+    for head, name in zip(model.extra.banks["heads"], model.extra.banks["explain"], strict=True):
         weights = named[name][0]
         order = np.argsort(-weights, kind="stable")[:top]
         heads[head] = [{"entry": int(i), "weight": float(weights[i]), **bank.entries[head][i]}
@@ -159,7 +174,7 @@ class KnowledgeTracer(StatefulTask):
     @staticmethod
     def _bank_version(model: LoadedModel, bank: Bank | None) -> dict:
         """{"bank_version": ...} in every answer of a model with a banks section; nothing for the others."""
-        return {"bank_version": bank.version if bank else None} if model.banks is not None else {}
+        return {"bank_version": bank.version if bank else None} if model.extra.banks is not None else {}
 
     def _explaining(self, model: LoadedModel, explain: bool) -> bool:
         if explain and not self.banks.uses_banks(model):
@@ -187,9 +202,9 @@ class KnowledgeTracer(StatefulTask):
 
     def _responses(self, model: LoadedModel, events: list[Event]) -> np.ndarray:
         for i, e in enumerate(events):
-            if not 0 <= e.response < model.n_cats:
+            if not 0 <= e.response < model.extra.n_cats:
                 raise InvalidInput(f"events[{i}].response",
-                                   f"{e.response} is outside 0..{model.n_cats - 1} for model {model.name}")
+                                   f"{e.response} is outside 0..{model.extra.n_cats - 1} for model {model.name}")
         return np.array([e.response for e in events], dtype=np.int64)
 
     async def _decode(self, model: LoadedModel, stored: StoredState, bank: Bank | None
@@ -223,7 +238,7 @@ class KnowledgeTracer(StatefulTask):
             except UnknownId:
                 unknown += 1
                 continue
-            if event.response >= model.n_cats:
+            if event.response >= model.extra.n_cats:
                 unknown += 1
                 continue
             steps.append({"question": index, "response": np.array([event.response], dtype=np.int64)})
@@ -303,7 +318,7 @@ class KnowledgeTracer(StatefulTask):
         events = [logged_event(row) for row in behind.rows[split:]]
         answer = self.unknown_questions == "answer" and model.unknown_row  # as the live events were stepped
         known = [i for i, e in enumerate(events) if (answer or e.question_id in model._index)
-                 and e.response < model.n_cats]
+                 and e.response < model.extra.n_cats]
         ids = [events[i].question_id for i in known]
         questions = (model.rows(ids)[0] if answer else model.index(ids)) if known else np.zeros(0, np.int64)
         responses = np.array([events[i].response for i in known], dtype=np.int64)
@@ -406,7 +421,7 @@ class KnowledgeTracer(StatefulTask):
         stored, state, said = await self._state(model, student_id, bank)
         outputs = [o[0] for o in await self._predict(model, state, index, bank)]
         probs, with_irt = outputs[0], irt(model)
-        categories = np.arange(model.n_cats)
+        categories = np.arange(model.extra.n_cats)
         if strategy == "fisher":
             mean = probs @ categories
             scores = probs @ categories**2 - mean**2  # Var(Y): p(1 - p) for right/wrong

@@ -52,16 +52,32 @@ ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(
 @dataclass(frozen=True)
 class TaskSpec:
     """What one task (kt.py, sessions.py, srs.py) needs of an artifact; each task module registers its own
-    (`register_task`). `check(name, manifest, graphs, fail)` runs once the graphs are open (`name`: the model's
-    directory name; `graphs`: per graph, its inputs as [(name, ONNX type)] and its output names) and returns the
-    task's own LoadedModel fields (n_cats, window, banks, schema), or raises `fail(message)`."""
+    (`register_task`). `check(name, manifest, graphs, fail, inside)` runs once the graphs are open (`name`: the
+    model's directory name; `graphs`: per graph, its inputs as [(name, ONNX type)] and its output names; `inside(
+    relative path, part)`: the path, unless it leads outside the artifact) and returns {"extra": the task's own
+    fields (a TaskFields), "schema": a state key hash of its own} (either may be left out), or raises
+    `fail(message)`."""
 
     name: str
     graphs: tuple[str, ...]  # the graphs the service runs
     vocabulary: str | None  # the manifest's `vocabularies` key mapping external ids to rows; None: no vocabulary
     state: bool  # whether the model has state tensors (without: the manifest need not list any)
-    check: Callable[[str, dict, dict, Callable[[str], Exception]], dict]
+    check: Callable[[str, dict, dict, Callable[[str], Exception], Callable[[str, str], Path]], dict]
     optional: tuple[str, ...] = ()  # graphs opened (and checked) when the manifest has them
+
+
+class TaskFields:
+    """A task's own fields of a model (`LoadedModel.extra`: knowledge tracing's response categories and memory
+    banks, flashcards' window sizes), made by its TaskSpec's check. `shown` is what GET /v1/models lists of them,
+    beside the fields every model has."""
+
+    __slots__ = ()
+
+    def shown(self) -> dict:
+        return {}
+
+
+NO_FIELDS = TaskFields()
 
 
 TASKS: dict[str, TaskSpec] = {}
@@ -100,10 +116,7 @@ class LoadedModel:
     input_names: dict[str, list[str]]  # per graph, in the session's order
     output_names: dict[str, list[str]]  # per graph, in the session's order
     state_nbytes: int  # size of one serialised state
-    n_cats: int = 0  # response categories (knowledge tracing); 0 for the other tasks
-    window: tuple[int, int] = (0, 0)  # srs: (size, card_size) of the review window the model reads; else (0, 0)
-    banks: dict | None = None  # SimAKT: the manifest's `banks` (heads, inputs, keys, explain, default, dir); with
-    # heads, predict and step_predict take the projected banks (`keys`) and bank_project makes them from `inputs`
+    extra: TaskFields = NO_FIELDS  # the task's own fields (its TaskSpec's check: kt.KtFields, srs.SrsFields)
     _index: dict[str, int] = field(init=False, repr=False)
     # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section says so:
     # `answers`; an artifact trained before that section existed has an untrained row 1)
@@ -285,9 +298,7 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
         if len(set(ids)) != len(ids):
             raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids", "vocabulary invalid")
     name, version = path.parent.name, path.name
-    fields = {"schema": schema_hash(name, version, spec), **task.check(name, manifest, opened, fail)}
-    if fields.get("banks"):  # SimAKT: the folder of its memory banks (banks.py reads it at startup and reload)
-        inside(fields["banks"]["dir"], "banks")
+    fields = {"schema": schema_hash(name, version, spec), **task.check(name, manifest, opened, fail, inside)}
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
         manifest=manifest, state_spec=spec, initial_state=initial, ids=ids, sessions=sessions,

@@ -37,7 +37,7 @@ UNKNOWN_ROW = 1  # the row of every item the version does not know (never recomm
 _SEEN_BYTES = SEEN * 8
 
 
-def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
+def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
     if not isinstance(manifest.get("top_k"), int) or manifest["top_k"] < 1:
         raise fail("manifest top_k missing or not a positive integer")
     return {}

@@ -81,7 +81,7 @@ from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, TooLarge
 from .quality import Quality
-from .registry import ONNX_DTYPES, LoadedModel, TaskSpec, register_task
+from .registry import ONNX_DTYPES, LoadedModel, TaskFields, TaskSpec, register_task
 from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, ModelCurve, shares
 from .srs_simulate import simulate as run_simulation
 from .state import StoredState
@@ -127,7 +127,17 @@ def schema_hash(name: str, size: int, card_size: int) -> str:
     return hashlib.sha256(json.dumps([name, STATE_LAYOUT, size, card_size]).encode()).hexdigest()[:12]
 
 
-def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
+@dataclass(frozen=True, slots=True)
+class SrsFields(TaskFields):
+    """A flashcard model's own fields (LoadedModel.extra)."""
+
+    window: tuple[int, int]  # (size, card_size) of the review window the model reads
+
+    def shown(self) -> dict:
+        return {"window": {"size": self.window[0], "card_size": self.window[1]}}
+
+
+def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
     inputs, outputs = graphs["predict"]
     wrong = [(n, t) for n, t in inputs if n not in INPUTS or ONNX_DTYPES.get(t) != INPUTS[n]]
     if wrong:
@@ -151,7 +161,7 @@ def _check(name: str, manifest: dict, graphs: dict, fail) -> dict:
     if not isinstance(halflife, (int, float)) or isinstance(halflife, bool) or not 0 < halflife < math.inf:
         raise fail(f"manifest drift.halflife_scored_reviews {halflife!r} is not a positive number (re-export "
                    "with this version)")
-    return {"window": window, "schema": schema_hash(name, *window)}
+    return {"extra": SrsFields(window), "schema": schema_hash(name, *window)}
 
 
 # no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
@@ -274,7 +284,7 @@ def default_params(model: LoadedModel) -> tuple[float, ...]:
 def window(model: LoadedModel, history: History, card_id: str) -> np.ndarray:
     """The rows (ROW, oldest first) the model sees for a query on `card_id` after the user's reviews so far,
     chosen by review_window.select from the recent block and the card's own rows."""
-    size, card_size = model.window
+    size, card_size = model.extra.window
     n, recent = history.count, history.recent
     card_rows = history.cards.get(card_id, np.zeros(0, dtype=ROW))
     seqs = select(card_rows["seq"], n, size, card_size)
@@ -387,7 +397,7 @@ class SpacedRepetition(StatefulTask):
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
                       at: float) -> dict:
         rows = window(model, history, card_id)
-        hist = history_feeds([rows], _width(len(rows), model.window[0]), history.drift, history.params(model))
+        hist = history_feeds([rows], _width(len(rows), model.extra.window[0]), history.drift, history.params(model))
         out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([id_hash(card_id)]),
                               np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
@@ -404,7 +414,7 @@ class SpacedRepetition(StatefulTask):
         parameters."""
         if not len(new):
             return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), drift, params)
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), drift, params)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                    ("card", "deck", "time")))
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
@@ -434,7 +444,7 @@ class SpacedRepetition(StatefulTask):
         check_reviews(reviews)
         if predict is not None and not predict[0]:
             raise InvalidInput("predict.card_id", "must not be empty")
-        size, card_size = model.window
+        size, card_size = model.extra.window
         asked = [r.card_id for r in reviews] + ([predict[0]] if predict is not None else [])
 
         async def attempt(stored: StoredState, fresh: list[int], *_) -> Change:
@@ -528,7 +538,7 @@ class SpacedRepetition(StatefulTask):
         history = await self._read(self.key(model, user_id), [c for c, _ in cards])
         now = self._query_time(history, now, "now")
         windows = [window(model, history, card) for card, _ in cards]
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift,
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
                              history.params(model))
         n = len(cards)
         card_ids = np.array([id_hash(c) for c, _ in cards], dtype=np.int64)
@@ -586,7 +596,7 @@ class SpacedRepetition(StatefulTask):
             for i, (card, _) in enumerate(cards):
                 if not card:
                     raise InvalidInput(f"cards[{i}].card_id", "must not be empty")
-        if model.window[1] == 0 and cards is None:
+        if model.extra.window[1] == 0 and cards is None:
             raise InvalidInput("cards", "this model keeps no per-card reviews (card window 0): give the cards")
         if now is not None:
             check_time(now, "now")
@@ -681,7 +691,7 @@ class SpacedRepetition(StatefulTask):
         windows = [window(model, History(history.stored, history.recent, {reviewed[i]: own[i]}, history.n_cards,
                                          history.drift), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.window[0]), history.drift,
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
                              history.params(model))
         new = await self._run(model, hist, np.array([take]), np.array([id_hash(fresh)]), np.array([id_hash("")]),
                               np.array([now], dtype=np.float64))

@@ -52,7 +52,8 @@ def test_loads_every_artifact(registry):
         ("attention_gpcm", "1"), ("deep_gpcm", "1"), ("deep_gpcm", "2")]
     assert registry.errors == {}
     attention = registry.get("attention_gpcm", "1")
-    assert attention.family == "attention_gpcm" and attention.task == "knowledge_tracing" and attention.n_cats == 4
+    assert attention.family == "attention_gpcm" and attention.task == "knowledge_tracing"
+    assert attention.extra.n_cats == 4
     assert [s["name"] for s in attention.state_spec] == ["value_memory", "attention_window", "interaction_count"]
     assert set(attention.sessions) == {"step", "predict", "step_predict"}
     assert attention.input_names["step_predict"] == [

@@ -27,7 +27,7 @@ def random_feeds(model: LoadedModel, rng: np.random.Generator, rows: int = 1, n_
             s["dtype"])
     n_index = len(model.ids) + 2
     feeds["question"] = rng.integers(2, n_index, rows)
-    feeds["response"] = rng.integers(0, model.n_cats, rows)
+    feeds["response"] = rng.integers(0, model.extra.n_cats, rows)
     feeds["questions"] = rng.integers(2, n_index, (rows, n_questions))
     return feeds
 
@@ -114,7 +114,7 @@ def test_requests_with_different_shapes_are_not_mixed(model):
     results = asyncio.run(main())
     for m, feeds, got in zip(sizes, requests, results, strict=True):
         probs = got[len(model.state_spec)]
-        assert probs.shape == (1, m, model.n_cats)
+        assert probs.shape == (1, m, model.extra.n_cats)
         assert_same(got, direct(session, feeds))
     assert len(batches) >= len(set(sizes)) and sum(batches) == len(sizes)
     assert max(batches) > 1

@@ -390,8 +390,8 @@ def test_requests_with_different_banks_never_share_a_run(simakt):
         folder = simakt["art"] / "banks" / version
         feeds = {f"bank_{h}_{p}": np.load(folder / f"{h}_{p}.npy") for h in ("cluster", "knn")
                  for p in ("states", "lengths")}
-        answer = {n: np.load(folder / f"{n.removeprefix('bank_')}.npy") for n in model.banks["answer_inputs"]}
-        return {**dict(zip(model.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True)),
+        answer = {n: np.load(folder / f"{n.removeprefix('bank_')}.npy") for n in model.extra.banks["answer_inputs"]}
+        return {**dict(zip(model.extra.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True)),
                 **answer}
 
     banks = [bank(simakt["v1"]), bank("v2")]

@@ -581,7 +581,7 @@ def test_redis_outage_gives_503_and_recovers(srs_art, redis_process, serve):
 def test_versions_share_a_users_reviews_unless_the_window_changes(srs_art, tmp_path):
     art = srs_art
     v1 = load_artifact(art / "time_aware" / "1")
-    assert v1.task == "srs" and v1.window == (SIZE, CARD_SIZE) and not v1.state_spec and not v1.ids
+    assert v1.task == "srs" and v1.extra.window == (SIZE, CARD_SIZE) and not v1.state_spec and not v1.ids
     shutil.copytree(art / "time_aware" / "1", tmp_path / "time_aware" / "2")
     assert load_artifact(tmp_path / "time_aware" / "2").schema == v1.schema
     manifest = json.loads((tmp_path / "time_aware" / "2" / "manifest.json").read_text())

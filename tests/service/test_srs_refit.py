@@ -75,7 +75,7 @@ def worker_env(monkeypatch, redis_url):
 
 def test_the_parameters_held_after_a_prefix_are_what_the_protocol_fits_on_it(art, worker_env, serve, monkeypatch,
                                                                             capsys):
-    card_size = load_artifact(art / MODEL / demo.VERSION).window[1]
+    card_size = load_artifact(art / MODEL / demo.VERSION).extra.window[1]
     log = user_log(5, card_size)
     half = len(log) // 2
     settings = Settings(artifacts_dir=art, redis_url=worker_env)
@@ -109,7 +109,7 @@ def test_two_users_get_their_own_parameters_and_their_own_curves_from_one_artifa
                                                                                    monkeypatch, capsys):
     path = art / MODEL / demo.VERSION
     model = load_artifact(path)
-    card_size = model.window[1]
+    card_size = model.extra.window[1]
     logs = {"steady": user_log(8, card_size), "forgetful": user_log(9, card_size, harsh=True)}
     with serve(Settings(artifacts_dir=art, redis_url=worker_env)) as url, httpx.Client(base_url=url) as http:
         for user, log in logs.items():

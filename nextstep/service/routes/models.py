@@ -47,9 +47,10 @@ async def models(request: Request) -> dict:
     latest = registry.latest()
     details = request.app.state.access.is_admin(request.scope)  # (as /readyz: refusals' paths and messages)
     report = registry.report
+    # each model's task adds its own fields (TaskFields.shown); one it shares takes the place listed here (n_cats:
+    # knowledge tracing's response categories, 0 for the other tasks, as the list has always said)
     return {"models": [{"name": m.name, "version": m.version, "latest": latest.get(m.name) is m, "family": m.family,
-                        "task": m.task, "n_cats": m.n_cats, "vocabulary": len(m.ids),
-                        **({"window": {"size": m.window[0], "card_size": m.window[1]}} if m.window[0] else {}),
+                        "task": m.task, "n_cats": 0, "vocabulary": len(m.ids), **m.extra.shown(),
                         "metrics": m.manifest.get("metrics", {}).get("test", {})} for m in registry.models()],
             "refused": [r.as_dict(details) for r in report.refused],
             "errors": report.errors if details else report.summaries()}
