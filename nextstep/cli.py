@@ -87,8 +87,7 @@ def cmd_train(args) -> int:
     # when the artifact is complete: an interrupted or failed run never leaves a half-written OUT behind
     partial = out.absolute().with_name(f".{out.absolute().name}{PARTIAL}{os.getpid()}")
     try:
-        manifest = train(args.model, args.data, partial, cfg=cfg, **kwargs) if entry.named else \
-            train(args.data, partial, cfg=cfg, **kwargs)
+        manifest = train(entry, args.data, partial, cfg=cfg, **kwargs)
         _install(partial, out)
     except user_error as exc:
         raise SystemExit(f"train {entry.name}: {exc}") from None

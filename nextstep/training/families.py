@@ -69,7 +69,7 @@ class Family:
     model: str  # "module:Class" of the nn.Module, or "module:function" building one from its config
     config: str  # "module:Class" of its config dataclass
     train_config: str  # "module:Class" of the training config dataclass
-    train: str  # "module:function": (data, out, *, cfg, **options) -> manifest; `named`: the name comes first
+    train: str  # "module:function": (entry, data, out, *, cfg, **options) -> manifest: the run gets the entry
     exporter: str  # "module:Class" of its Exporter (training/export.py): the graphs, parity and files of an artifact
     evaluate: str  # "module:function": (artifact, data, **options) -> metrics
     help: str
@@ -79,7 +79,6 @@ class Family:
     loss: str | None  # "module:function" (or "module:Class.method") of the loss minimised
     metrics: str | None  # "module:function" scoring predictions on held-out data
     formats: tuple[str, ...] = ()  # the data formats its reader reads (detected; --format, where it takes one, picks)
-    named: bool = True  # train takes the family name as its first argument
     train_options: dict = field(default_factory=dict)  # CLI option -> keyword of train, or (keyword, "module:
     # function" turning the option's value into the keyword's)
     evaluate_options: dict = field(default_factory=dict)  # CLI option -> keyword of evaluate
@@ -197,14 +196,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         loss=GPCM_LOSS),
     _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)"),
     Family("simakt", "knowledge_tracing", "nextstep.models.simakt:SimAKT", "nextstep.models.simakt:SimAKTConfig",
-           f"{KT}.simakt_run:SimAKTTrainConfig", f"{KT}.simakt_run:train_simakt",
+           f"{KT}.simakt_run:SimAKTTrainConfig", f"{KT}.simakt_run:train_entry",
            f"{KT}.simakt_export:SimAKTExporter",
            f"{KT}.simakt_run:evaluate_simakt", "DTransformer + heads over similar students' memory banks",
            reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
            # the prediction loss; training adds the problem L2 and, with lambda_cl, the contrastive loss
            loss="torch.nn.functional:binary_cross_entropy_with_logits",
            metrics=f"{KT}.simakt_run:binary_metrics", formats=KT_FORMATS,
-           named=False, evaluate_options={"banks": "bank_version"}, flags=("epochs", "seed", "device"), progress=None,
+           evaluate_options={"banks": "bank_version"}, flags=("epochs", "seed", "device"), progress=None,
            train_options={"similarity_config": ("similarity", f"{KT}.simakt_run:load_similarity")},
            user_error="nextstep.models.simakt:ConfigError", banks=f"{KT}.simakt_run:build_artifact_banks"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
@@ -223,7 +222,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _counts("markov", "Markov", "first-order Markov chain"),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",
            "nextstep.models.time_aware:TimeAwareConfig", f"{SRS}.time_aware_loop:TimeAwareTrainConfig",
-           f"{SRS}.time_aware_run:train_time_aware", f"{SRS}.time_aware_export:TimeAwareExporter",
+           f"{SRS}.time_aware_run:train_entry", f"{SRS}.time_aware_export:TimeAwareExporter",
            f"{SRS}.time_aware_run:evaluate_time_aware",
            "flashcards: rating and answer time (time-aware transformer)",
            # named here, not yet taken from here (srs/time_aware_run.py imports its own); training adds to the CORAL
@@ -231,14 +230,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            reader=f"{SRS}.reviews:read_reviews",
            batcher=f"{SRS}.time_aware_loop:ReviewTensors.batch",
            loss="nextstep.models.time_aware:coral_loss", metrics=f"{SRS}.eval:evaluate_predictions",
-           formats=REVIEW_FORMATS, named=False, flags=("seed",),
+           formats=REVIEW_FORMATS, flags=("seed",),
            restorer=f"{SRS}.time_aware_export:restore_time_aware",
            train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
            evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"}),
 )}
 
 
-def family(name: str) -> Family:
+def family(name: "str | Family") -> Family:
+    """The entry of a family name (an entry is returned as it is: a run takes either)."""
+    if isinstance(name, Family):
+        return name
     try:
         return FAMILIES[name]
     except KeyError:

@@ -57,11 +57,12 @@ def irt_recovery(model, vocab: Vocabulary, truth_file: Path, test_pred: dict) ->
     }
 
 
-def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainConfig,
+def train_model(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainConfig,
                 fmt: str | None = None, progress: bool = True, log: bool = True) -> dict:
-    entry = family(model_name)
+    """The run of the knowledge-tracing families: `entry` is the family's registry entry (or its name)."""
+    entry = family(entry)
     if entry.task != TASK:
-        raise ValueError(f"{model_name} is a {entry.task} model, not a {TASK} one")
+        raise ValueError(f"{entry.name} is a {entry.task} model, not a {TASK} one")
     read, batcher, loss, score = entry.parts()
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
@@ -117,7 +118,7 @@ def train_model(model_name: str, data_dir: str | Path, out_dir: str | Path, *, c
 
     parity_q, parity_r = _parity_batch(test_enc, length=max(40, 2 * getattr(model.cfg, "window", 0) + 1))
     manifest = {
-        "name": model_name,
+        "name": entry.name,
         "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
         "task": TASK,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

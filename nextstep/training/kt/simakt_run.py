@@ -350,6 +350,11 @@ def refit_answer_heads(model: SimAKT, seqs: list[Trajectory], banks: list, itera
             "interactions": int(targets.numel()), "maps": maps}
 
 
+def train_entry(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: SimAKTTrainConfig, **options) -> dict:
+    """The registry's run (families.py: `(entry, data, out, *, cfg, **options)`): SimAKT is its family's only one."""
+    return train_simakt(data_dir, out_dir, cfg=cfg, name=entry.name, **options)
+
+
 def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,
                  similarity: dict | None = None, name: str = "simakt", export: bool = True, log=print) -> dict:
     """Train, evaluate on the test file, and (export=True) export to out_dir; returns the manifest (without

@@ -25,11 +25,12 @@ from .export import TASK, export_next_item
 from .sessions import SessionData
 
 
-def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, *, cfg=None, valid: bool = False,
+def train_next_item(entry, data_dir: str | Path, out_dir: str | Path, *, cfg=None, valid: bool = False,
                     fmt: str | None = None, progress: bool = True, log: bool = True, top_k: int = 100) -> dict:
-    entry = family(model_name)
+    """The run of the next-item families: `entry` is the family's registry entry (or its name)."""
+    entry = family(entry)
     if entry.task != TASK:
-        raise ValueError(f"{model_name} is a {entry.task} model, not a {TASK} one")
+        raise ValueError(f"{entry.name} is a {entry.task} model, not a {TASK} one")
     read, _, _, score = entry.parts()
     cfg = cfg if cfg is not None else entry.resolve("train_config")()
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -56,7 +57,7 @@ def train_next_item(model_name: str, data_dir: str | Path, out_dir: str | Path, 
     metrics = {split: {**score(model, test_enc), "dropped_unknown_events": dropped}}
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
-        "name": model_name,
+        "name": entry.name,
         "version": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "data": {"dir": str(data_dir), "train_file": train.path, "eval_file": test.path, "split": split,

@@ -97,6 +97,12 @@ def parity_inputs(rt: ReviewTensors, n: int = 4, length: int = 24) -> Window:
                   torch.ones(idx.shape, dtype=torch.bool))
 
 
+def train_entry(entry, data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTrainConfig | None = None,
+                **options) -> dict:
+    """The registry's run (families.py: `(entry, data, out, *, cfg, **options)`): the only flashcard family's."""
+    return train_time_aware(data, out_dir, cfg=cfg, **options)
+
+
 def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTrainConfig | None = None,
                      n_splits: int = 5, day_columns: str = "check", duration_cap_s: float | None = None,
                      baselines: bool = True, progress: bool = True) -> dict:
