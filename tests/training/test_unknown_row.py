@@ -13,7 +13,7 @@ from nextstep.training.families import family
 from nextstep.training.kt.data import KTDataset, Sequence
 from nextstep.training.kt.loop import TrainConfig
 from nextstep.training.kt.run import load_model, train_model
-from nextstep.training.kt.simakt_run import KTVocab
+from nextstep.training.kt.simakt_run import build_vocab, encode_questions, vocab_parts
 from nextstep.training.next_item.ranking import conservative_ranks
 from nextstep.training.next_item.run import encode_eval
 from nextstep.training.next_item.sessions import SessionData
@@ -107,9 +107,10 @@ def test_without_the_options_row_1_stays_untrained(rare_data, tmp_path):
 def test_simakt_vocabulary_gives_rare_skills_and_pairs_no_row():
     seqs = [Sequence("a", np.array([1, 1, 1, 2]), np.array([1, 0, 1, 1]), problems=np.array([10, 10, 11, 12])),
             Sequence("b", np.array([1, 1, 3]), np.array([0, 1, 1]), problems=np.array([10, 13, 14]))]
-    vocab = KTVocab.build(KTDataset(seqs, 2, "x", "dtransformer"), min_count=2)
-    assert vocab.skills.ids == [1] and vocab.pairs == [(10, 1)]
-    rows = vocab.encode(np.array([1, 1, 2, 3]), np.array([10, 11, 12, 14]))
+    vocab = build_vocab(KTDataset(seqs, 2, "x", "dtransformer"), min_count=2)
+    pairs, skills, _ = vocab_parts(vocab)
+    assert skills.ids == [1] and pairs == [(10, 1)]
+    rows = encode_questions(vocab, np.array([1, 1, 2, 3]), np.array([10, 11, 12, 14]))
     assert rows.tolist() == [2, 3, 1, 1]  # the pair's row, skill 1's bare row, then unknown twice
 
 

@@ -97,74 +97,75 @@ def load_similarity(path: str | Path | None) -> dict:
 
 # ----------------------------------------------------------------------------- vocabulary
 
-@dataclass
-class KTVocab:
-    """Question rows: 0 padding, 1 unknown, then every (problem, skill) pair seen in training, then every
-    skill alone (what an unseen problem of a known skill maps to). External ids: "problem:skill" and "skill"
-    (just "skill" for data without problem ids)."""
+# SimAKT's question rows are one data.Vocabulary whose ids are every (problem, skill) pair seen in training,
+# "problem:skill", then every skill alone, "skill" (what an unseen problem of a known skill maps to; data without
+# problem ids have the skills only): rows 0 padding, 1 unknown, then the pairs, then the skills. The skill and
+# problem rows of each question row (`tables`) follow from those ids.
 
-    skills: Vocabulary
-    problems: Vocabulary | None
-    pairs: list[tuple[int, int]]  # (problem id, skill id) in row order, after the 2 reserved rows
-
-    @classmethod
-    def build(cls, ds: KTDataset, min_count: int = 1) -> "KTVocab":
-        """min_count: a skill, or a (problem, skill) pair, seen fewer times than this gets no row of its own (a rare
-        pair of a kept skill is answered by the skill's row, a rare skill by the unknown row)."""
-        skills = Vocabulary.build(np.concatenate([s.questions for s in ds.sequences]), min_count=min_count)
-        if ds.sequences[0].problems is None:
-            return cls(skills, None, [])
-        counts = Counter((int(p), int(q)) for s in ds.sequences for p, q in zip(s.problems, s.questions, strict=True))
+def build_vocab(ds: KTDataset, min_count: int = 1) -> Vocabulary:
+    """min_count: a skill, or a (problem, skill) pair, seen fewer times than this gets no row of its own (a rare
+    pair of a kept skill is answered by the skill's row, a rare skill by the unknown row)."""
+    skills = Vocabulary.build(np.concatenate([s.questions for s in ds.sequences]), min_count=min_count)
+    pairs = []
+    if ds.sequences[0].problems is not None:
+        counts = Counter((int(p), int(q)) for s in ds.sequences
+                         for p, q in zip(s.problems, s.questions, strict=True))
         kept = set(skills.ids)
         pairs = sorted(pair for pair, n in counts.items() if n >= min_count and pair[1] in kept)
-        problems = Vocabulary.build(np.asarray([p for p, _ in pairs], dtype=np.int64))
-        return cls(skills, problems, pairs)
-
-    @property
-    def ids(self) -> list[str]:
-        return [f"{p}:{q}" for p, q in self.pairs] + [str(q) for q in self.skills.ids]
-
-    def __len__(self) -> int:
-        return 2 + len(self.pairs) + len(self.skills.ids)
-
-    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(question row -> skill row, question row -> problem row)."""
-        n = len(self)
-        skill, problem = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
-        skill[0] = problem[0] = 0
-        if self.pairs:
-            p, q = np.array(self.pairs).T
-            skill[2:2 + len(p)], problem[2:2 + len(p)] = self.skills.encode(q), self.problems.encode(p)
-        skill[2 + len(self.pairs):] = np.arange(2, len(self.skills))
-        return torch.from_numpy(skill), torch.from_numpy(problem)
-
-    def encode(self, questions: np.ndarray, problems: np.ndarray | None) -> np.ndarray:
-        """Rows: the (problem, skill) pair if seen in training, else the skill alone, else unknown (1)."""
-        skill_rows = self.skills.encode(questions)
-        rows = np.where(skill_rows > 1, skill_rows + len(self.pairs), 1)  # the bare-skill rows follow the pairs
-        if self.pairs and problems is not None:
-            keys = np.asarray(problems, dtype=np.int64) * (1 << 32) + np.asarray(questions, dtype=np.int64)
-            table = np.array([p * (1 << 32) + q for p, q in self.pairs], dtype=np.int64)  # sorted: pairs are
-            pos = np.clip(np.searchsorted(table, keys), 0, len(table) - 1)
-            rows = np.where(table[pos] == keys, pos + 2, rows)
-        return rows.astype(np.int64)
-
-    def to_json(self) -> dict:
-        return {"ids": self.ids, "skills": self.skills.ids, "problems": self.problems.ids if self.problems else None,
-                "pairs": [list(p) for p in self.pairs]}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "KTVocab":
-        problems = Vocabulary(d["problems"]) if d.get("problems") is not None else None
-        return cls(Vocabulary(d["skills"]), problems, [tuple(p) for p in d.get("pairs", [])])
+    return Vocabulary([f"{p}:{q}" for p, q in pairs] + [str(q) for q in skills.ids])
 
 
-def sequences(ds: KTDataset, vocab: KTVocab) -> list[Trajectory]:
+def vocab_parts(vocab: Vocabulary) -> tuple[list[tuple[int, int]], Vocabulary, Vocabulary]:
+    """(the (problem, skill) pairs in row order, the skills' Vocabulary, the pairs' problems' Vocabulary)."""
+    pairs = [tuple(int(x) for x in i.split(":")) for i in vocab.ids if ":" in i]
+    skills = vocab.ids[len(pairs):]
+    if all(_is_int_text(q) for q in skills):
+        skills = [int(q) for q in skills]
+    return pairs, Vocabulary(skills), Vocabulary.build(np.asarray([p for p, _ in pairs], dtype=np.int64))
+
+
+def _is_int_text(text: str) -> bool:
+    return text.lstrip("-").isdigit() and str(int(text)) == text
+
+
+def vocab_tables(vocab: Vocabulary) -> tuple[torch.Tensor, torch.Tensor]:
+    """(question row -> skill row, question row -> problem row)."""
+    pairs, skills, problems = vocab_parts(vocab)
+    n = len(vocab)
+    skill, problem = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
+    skill[0] = problem[0] = 0
+    if pairs:
+        p, q = np.array(pairs).T
+        skill[2:2 + len(p)], problem[2:2 + len(p)] = skills.encode(q), problems.encode(p)
+    skill[2 + len(pairs):] = np.arange(2, len(skills))
+    return torch.from_numpy(skill), torch.from_numpy(problem)
+
+
+def encode_questions(vocab: Vocabulary, questions: np.ndarray, problems: np.ndarray | None) -> np.ndarray:
+    """Rows: the (problem, skill) pair if seen in training, else the skill alone, else unknown (1)."""
+    questions = np.asarray(questions)
+    rows = vocab.encode(questions.astype(str))  # a bare skill's row (never a pair's: their ids hold a colon)
+    if problems is not None and vocab.ids and ":" in vocab.ids[0]:
+        keys = np.char.add(np.char.add(np.asarray(problems, dtype=np.int64).astype(str), ":"), questions.astype(str))
+        pair_rows = vocab.encode(keys)
+        rows = np.where(pair_rows != Vocabulary.UNKNOWN, pair_rows, rows)
+    return rows.astype(np.int64)
+
+
+def vocab_json(vocab: Vocabulary, problems: bool) -> dict:
+    """The artifact's vocab_questions.json: its ids (what the service reads), with the skills, the problems (None
+    for data without problem ids) and the pairs they are made of."""
+    pairs, skills, problem_vocab = vocab_parts(vocab)
+    return {"ids": list(vocab.ids), "skills": skills.ids, "problems": problem_vocab.ids if problems else None,
+            "pairs": [list(p) for p in pairs]}
+
+
+def sequences(ds: KTDataset, vocab: Vocabulary) -> list[Trajectory]:
     """Every sequence whole, as (question rows, responses)."""
-    return [(vocab.encode(s.questions, s.problems), s.responses) for s in ds.sequences]
+    return [(encode_questions(vocab, s.questions, s.problems), s.responses) for s in ds.sequences]
 
 
-def trajectories(ds: KTDataset, vocab: KTVocab, window: int) -> tuple[list[Trajectory], list[str]]:
+def trajectories(ds: KTDataset, vocab: Vocabulary, window: int) -> tuple[list[Trajectory], list[str]]:
     """Every sequence cut into chunks of at most `window` (each starts afresh), with its student id: what
     training and the banks see."""
     out, ids = [], []
@@ -371,19 +372,21 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
     # ids seen only by validation or test students are unknown, as in serving; so are rare ones, and a share of the
     # fitting interactions is given as unknown: the unknown row learns an average question (run.py)
-    vocab = KTVocab.build(fit_ds, min_count=cfg.min_question_count)
-    model_cfg = SimAKTConfig(n_questions=len(vocab), n_skills=len(vocab.skills),
-                             n_problems=len(vocab.problems) if vocab.problems else 0,
+    vocab = build_vocab(fit_ds, min_count=cfg.min_question_count)
+    has_problems = fit_ds.sequences[0].problems is not None
+    _, skill_vocab, problem_vocab = vocab_parts(vocab)
+    model_cfg = SimAKTConfig(n_questions=len(vocab), n_skills=len(skill_vocab),
+                             n_problems=len(problem_vocab) if has_problems else 0,
                              similarity=similarity or {}, **cfg.model)
     torch.manual_seed(cfg.seed)
     model = SimAKT(model_cfg)
-    skill, problem = vocab.tables()
+    skill, problem = vocab_tables(vocab)
     model.question_skill.copy_(skill)
     model.question_problem.copy_(problem)
     fit_trajs, fit_ids = trajectories(fit_ds, vocab, model_cfg.window)
     fit_trajs = list(zip(hide_ids([q for q, _ in fit_trajs], cfg.unknown_share, cfg.seed), [r for _, r in fit_trajs],
                          strict=True))
-    unknown = unknown_record(len(vocab.skills.ids), len(np.unique(np.concatenate([s.questions for s in
+    unknown = unknown_record(len(skill_vocab.ids), len(np.unique(np.concatenate([s.questions for s in
                                                                                  fit_ds.sequences]))),
                              cfg.min_question_count, cfg.unknown_share, [q for q, _ in fit_trajs])
     valid_trajs, valid_ids = trajectories(valid_ds, vocab, model_cfg.window)
@@ -427,8 +430,8 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     if not export:
         return manifest
     bank_prov = provenance(model, train_ds.path, fit_ids + valid_ids, cfg.seed) if banks else None
-    return export_simakt(model, Path(out_dir), manifest=manifest, vocab_json=vocab.to_json(), banks=banks,
-                         bank_provenance=bank_prov, parity=test_seqs)
+    return export_simakt(model, Path(out_dir), manifest=manifest, vocab_json=vocab_json(vocab, has_problems),
+                         banks=banks, bank_provenance=bank_prov, parity=test_seqs)
 
 
 def evaluate_simakt(artifact_dir: str | Path, data_dir: str | Path, bank_version: str | None = None) -> dict:
@@ -438,7 +441,7 @@ def evaluate_simakt(artifact_dir: str | Path, data_dir: str | Path, bank_version
     model, manifest = load_simakt(artifact_dir)
     version = bank_version or manifest["banks"]["default"]
     banks = load_banks(artifact_dir / manifest["banks"]["dir"] / version, model) if model.sim.active else []
-    vocab = KTVocab.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
+    vocab = Vocabulary.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
     _, test_ds = load_dataset(data_dir)
     seqs = sequences(test_ds, vocab)
     return {**binary_metrics(*predict(model, seqs, banks)), "bank_version": version if banks else None,
@@ -456,8 +459,7 @@ def build_artifact_banks(artifact_dir: str | Path, data_dir: str | Path, *, vers
     train_path, _, fmt, kwargs = find_split_files(data_dir)
     reader = READERS[fmt]  # every knowledge-tracing format, the long CSV included
     train = reader(train_path, **kwargs)
-    vocab_json = json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text())
-    vocab = KTVocab.from_json(vocab_json)
+    vocab = Vocabulary.from_json(json.loads((artifact_dir / manifest["vocabularies"]["questions"]).read_text()))
     trajs, ids = trajectories(train, vocab, model.cfg.window)
     banks = build_banks(model, trajs, ids, seed)
     version = version or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -6,17 +6,21 @@ import pytest
 import torch
 
 from nextstep.cli import main
+from nextstep.training.data import Vocabulary
 from nextstep.training.kt.banks import build_banks, load_banks
 from nextstep.training.kt.data import load_dataset
 from nextstep.training.kt.simakt_ablation import table
 from nextstep.training.kt.simakt_export import load_simakt
 from nextstep.training.kt.simakt_run import (
-    KTVocab,
     SimAKTTrainConfig,
     build_artifact_banks,
+    build_vocab,
+    encode_questions,
     split_folds,
     train_simakt,
     trajectories,
+    vocab_json,
+    vocab_tables,
 )
 from nextstep.training.kt.synthetic import write_problem_dataset
 
@@ -70,7 +74,7 @@ def test_answer_heads_are_refitted_on_validation_students_and_nothing_else_moves
     assert 0.5 < refit["test_end_to_end"]["auc"] <= 1
     model, _ = load_simakt(out)
     train, _ = load_dataset(data)
-    vocab = KTVocab.from_json(json.loads((out / "vocab_questions.json").read_text()))
+    vocab = Vocabulary.from_json(json.loads((out / "vocab_questions.json").read_text()))
     trajs, ids = trajectories(train, vocab, model.cfg.window)
     with torch.no_grad():
         model.answerers[0].mix.weight.copy_(torch.tensor([[-3.0, 0, -3.0, 0, 0]]))  # reads the peers backwards
@@ -110,7 +114,7 @@ def test_banks_hold_training_students_only(run):
     finally:
         write_problem_dataset(data, n_train=100, n_test=30, length=(5, 50))
     assert built["students"] == len(train)
-    vocab = KTVocab.from_json(json.loads((out / "vocab_questions.json").read_text()))
+    vocab = Vocabulary.from_json(json.loads((out / "vocab_questions.json").read_text()))
     trajs, ids = trajectories(train, vocab, model.cfg.window)
     test_trajs, test_ids = trajectories(test, vocab, model.cfg.window)
     a = build_banks(model, trajs, ids, seed=3)
@@ -164,13 +168,16 @@ def test_cross_fitting_folds_split_by_student(k):
 
 def test_vocabulary_pairs_fall_back_to_the_skill():
     train, _ = load_dataset_from_lines(["3", "10,11,20", "1,1,2", "1,0,1"])
-    vocab = KTVocab.build(train)
+    vocab = build_vocab(train)
     assert vocab.ids == ["10:1", "11:1", "20:2", "1", "2"]
-    rows = vocab.encode(np.array([1, 2, 1, 9]), np.array([10, 99, 12, 10]))
+    rows = encode_questions(vocab, np.array([1, 2, 1, 9]), np.array([10, 99, 12, 10]))
     assert rows.tolist() == [2, 6, 5, 1]  # the pair; skill 2 alone; skill 1 alone; unknown skill
-    skill, problem = vocab.tables()
+    skill, problem = vocab_tables(vocab)
     assert skill.tolist() == [0, 1, 2, 2, 3, 2, 3] and problem.tolist() == [0, 1, 2, 3, 4, 1, 1]
-    assert KTVocab.from_json(json.loads(json.dumps(vocab.to_json()))).ids == vocab.ids
+    written = json.loads(json.dumps(vocab_json(vocab, problems=True)))  # the artifact's vocab_questions.json
+    assert written == {"ids": vocab.ids, "skills": [1, 2], "problems": [10, 11, 20],
+                       "pairs": [[10, 1], [11, 1], [20, 2]]}
+    assert Vocabulary.from_json(written) == vocab
 
 
 def load_dataset_from_lines(lines, tmp=Path("/tmp")):
