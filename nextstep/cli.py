@@ -325,60 +325,29 @@ def cmd_events_export(args) -> int:
     return 0
 
 
-def build_demo_artifacts(artifacts: Path, data: Path, epochs: int):
-    """Generate a small GPCM data set in `data`, train each variant briefly into `artifacts`/NAME/demo.
-    Yields (name, artifact dir, manifest) as each is ready."""
-    from .training.kt.loop import TrainConfig
-    from .training.kt.run import train_model
-    from .training.kt.synthetic import write_gpcm_dataset
-
-    write_gpcm_dataset(data, n_students=200, n_questions=30, seq_len_range=(40, 60), seed=7)
-    for name in ("deep_gpcm", "attention_gpcm", "coral_gpcm"):
-        out = artifacts / name / "demo"
-        cfg = TrainConfig(epochs=epochs, max_len=60, model={"window": 16} if name == "attention_gpcm" else {})
-        yield name, out, train_model(name, data, out, cfg=cfg, progress=False, log=False)
-
-
-def build_demo_srs(artifacts: Path, data: Path) -> Path:
-    """A small flashcard model (time_aware) trained on a generated review log, exported to artifacts/time_aware/demo."""
-    from .training.srs.reviews import simulate_reviews, write_review_csv
-    from .training.srs.time_aware_loop import TimeAwareTrainConfig
-    from .training.srs.time_aware_run import train_time_aware
-
-    data.mkdir(parents=True, exist_ok=True)
-    reviews = write_review_csv(simulate_reviews(n_users=3, n_cards=80, n_days=120, seed=7), data / "reviews.csv")
-    out = artifacts / "time_aware" / "demo"
-    train_time_aware(reviews, out, cfg=TimeAwareTrainConfig(max_epochs=5), progress=False)
-    return out
-
-
 def cmd_demo(args) -> int:
-    """Generate a small GPCM data set, train each variant briefly, export, and show predictions."""
+    """Build every family's demo recipe (its registry entry's: generated data, brief training, export) and print
+    what each shows: its held-out metrics, a GPCM learner replayed through the exported ONNX graphs."""
     require("torch", "train", "nextstep demo")
     import tempfile
 
-    import numpy as np
-
-    from .training.export import onnx_session
+    from .demo import build_one
+    from .training.families import load
 
     work = Path(args.out or tempfile.mkdtemp(prefix="nextstep-demo-"))
-    for name, out, manifest in build_demo_artifacts(work / "artifacts", work / "data", args.epochs):
-        test = manifest["metrics"]["test"]
-        print(f"{name:15s} test: accuracy {test['categorical_accuracy']:.3f}  qwk {test['qwk']:.3f}  "
-              f"nll {test['nll']:.3f}   parity ok: {manifest['parity']['passed']}")
-        # replay a learner through the exported ONNX graphs, as the service will
-        vocab = json.loads((out / "vocab_questions.json").read_text())["ids"]
-        step, predict = onnx_session(out / "step.onnx"), onnx_session(out / "predict.onnx")
-        state = {s["name"]: np.load(out / s["file"])[None] for s in manifest["state"]}
-        history = [(vocab[0], 3), (vocab[1], 2), (vocab[2], 3)]
-        for qid, response in history:
-            feeds = {**state, "question": np.array([vocab.index(qid) + 2]), "response": np.array([response])}
-            outs = step.run(None, {i.name: feeds[i.name] for i in step.get_inputs()})
-            state = dict(zip(state, outs, strict=True))
-        feeds = {**state, "questions": np.array([[vocab.index(vocab[3]) + 2]])}
-        probs, theta, alpha, beta = predict.run(None, {i.name: feeds[i.name] for i in predict.get_inputs()})
-        print(f"{'':15s} after {history}: P(response to {vocab[3]}) = {[round(float(p), 3) for p in probs[0, 0]]}, "
-              f"theta {theta[0, 0]:.2f}, alpha {alpha[0, 0]:.2f}, beta {[round(float(b), 2) for b in beta[0, 0]]}")
+    for entry in FAMILIES.values():
+        if entry.demo is None:
+            continue
+        out = work / "artifacts" / entry.name / "demo"
+        manifest = build_one(entry, work / "data" / entry.name, out, epochs=args.epochs)
+        if entry.demo.show:
+            lines = load(entry.demo.show)(entry.name, out, manifest)
+        else:
+            test = manifest["metrics"]["test"]
+            lines = [f"{entry.name:15s} test: " + "  ".join(f"{k} {v:.3f}" for k, v in test.items()
+                                                             if isinstance(v, float))
+                     + f"   parity ok: {manifest['parity']['passed']}"]
+        print("\n".join(lines))
     print(f"artifacts in {work / 'artifacts'}")
     return 0
 
@@ -815,7 +784,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")
-    demo.add_argument("--epochs", type=_int_in(1), default=5, help="training epochs of each model (default 5)")
+    demo.add_argument("--epochs", type=_int_in(1),
+                      help="training epochs of each model that takes --epochs (default: its demo recipe's)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

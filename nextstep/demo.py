@@ -1,12 +1,16 @@
-"""The bundled demo models: what `make run` (`nextstep serve --demo`) serves when ./artifacts is empty.
+"""The demo models: what `make run` (`nextstep serve --demo`) serves when ./artifacts is empty, and what
+`nextstep demo` trains.
 
     python -m nextstep.demo                 # = make demo-artifacts: rebuild nextstep/demo_artifacts/ (needs torch)
     python -m nextstep.demo --out DIR       # build them elsewhere (the tests compare such a build with the bundle)
 
-Three tiny models, one per task the service answers, each trained for real on data generated here with fixed
-seeds (never on a real data set), exported with its family's exporter (parity checked), then reduced to what
-the service reads: manifest, ONNX graphs (without the exporter's per-node debug metadata), initial state,
-vocabulary. Weights, TorchScript, parity inputs and reports are left out; the command rebuilds them.
+Each family's registry entry (nextstep/training/families.py) carries its demo recipe, where it has one: the data
+generator and its settings (fixed seeds; never a real data set), the training settings and the run's keywords.
+This module builds a recipe (`build_one`): it generates the data, trains through the family's run and exports
+with the family's exporter (parity checked). The bundled models are the recipes marked `bundled`, one per task
+the service answers, reduced to what the service reads: manifest, ONNX graphs (without the exporter's per-node
+debug metadata), initial state, vocabulary. Weights, TorchScript, parity inputs and reports are left out; the
+command rebuilds them.
 
     deep_gpcm   knowledge tracing   questions "0".."19", responses 0..3 (GPCM synthetic, 100 students)
     gru4rec     next item           items "1".."60" (Zipf sessions with a successor signal, 300 sessions)
@@ -25,60 +29,26 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .training.families import FAMILIES, load
+
 BUNDLED = Path(__file__).with_name("demo_artifacts")
 VERSION = "demo"
 COMMAND = "python -m nextstep.demo  (make demo-artifacts)"
-
-# everything that decides what is built; the manifests record it under "demo"
-KT_DATA = {"n_students": 100, "n_questions": 20, "seq_len_range": (20, 40), "seed": 7}
-KT_TRAIN = {"epochs": 3, "max_len": 40, "model": {"memory_size": 8, "key_dim": 8, "value_dim": 16, "summary_dim": 8}}
-SESSION_DATA = {"n_sessions": 300, "n_items": 60, "length_range": (2, 9), "follow": 0.7, "seed": 0}
-SESSION_TRAIN = {"epochs": 2, "n_sample": 16, "seed": 0, "model": {"layers": (16,)}}
-REVIEW_DATA = {"n_users": 1, "n_cards": 40, "n_days": 40, "seed": 7}
-REVIEW_TRAIN = {"max_epochs": 2, "seed": 0, "threads": 1,
-                "model": {"d_model": 16, "n_layers": 1, "ffn_dim": 32, "t2v_dim": 4, "window": 32, "card_window": 4}}
-REVIEW_SPLITS = 2
-MODELS = ("deep_gpcm", "gru4rec", "time_aware")
+MODELS = tuple(name for name, entry in FAMILIES.items() if entry.demo and entry.demo.bundled)  # one per task
 
 
-def _build_kt(data: Path, out: Path) -> dict:
-    from .training.kt.loop import TrainConfig
-    from .training.kt.run import train_model
-    from .training.kt.synthetic import write_gpcm_dataset
-
-    write_gpcm_dataset(data, **KT_DATA)
-    return train_model("deep_gpcm", data, out, cfg=TrainConfig(**KT_TRAIN), progress=False, log=False)
-
-
-def _build_sessions(data: Path, out: Path) -> dict:
-    import numpy as np
-
-    from .training.next_item.gru4rec_loop import GRU4RecTrainConfig
-    from .training.next_item.run import train_next_item
-    from .training.next_item.sessions import subset, write_gru4rec_tsv, zipf_sessions
-
-    sessions = zipf_sessions(**SESSION_DATA)
-    n_train = SESSION_DATA["n_sessions"] * 5 // 6
-    data.mkdir(parents=True, exist_ok=True)
-    write_gru4rec_tsv(subset(sessions, np.arange(n_train)), data / "demo_train_full.txt")
-    write_gru4rec_tsv(subset(sessions, np.arange(n_train, len(sessions))), data / "demo_test.txt")
-    return train_next_item("gru4rec", data, out, cfg=GRU4RecTrainConfig(**SESSION_TRAIN), progress=False, log=False,
-                           top_k=30)
-
-
-def _build_srs(data: Path, out: Path) -> dict:
-    from .training.srs.reviews import simulate_reviews, write_review_csv
-    from .training.srs.time_aware_loop import TimeAwareTrainConfig
-    from .training.srs.time_aware_run import train_time_aware
-
-    data.mkdir(parents=True, exist_ok=True)
-    reviews = write_review_csv(simulate_reviews(**REVIEW_DATA), data / "reviews.csv")
-    return train_time_aware(reviews, out, cfg=TimeAwareTrainConfig(**REVIEW_TRAIN), n_splits=REVIEW_SPLITS,
-                            baselines=False, progress=False)
-
-
-BUILDERS = {"deep_gpcm": (_build_kt, KT_DATA, KT_TRAIN), "gru4rec": (_build_sessions, SESSION_DATA, SESSION_TRAIN),
-            "time_aware": (_build_srs, REVIEW_DATA, {**REVIEW_TRAIN, "n_splits": REVIEW_SPLITS})}
+def build_one(entry, data: Path, out: Path, epochs: int | None = None) -> dict:
+    """Build a family's demo recipe: generate its data into `data`, train through its run into `out` (exported,
+    parity checked); return the manifest. epochs: instead of the recipe's, where the family takes --epochs."""
+    recipe = entry.demo
+    path = load(recipe.data)(data, **recipe.generated)
+    fields = entry.config_fields("train_config")
+    settings = {**recipe.training, **({"epochs": epochs} if epochs and "epochs" in entry.flags else {})}
+    cfg = entry.resolve("train_config")(**{k: v for k, v in settings.items() if k in fields})
+    options = {k: v for k, v in settings.items() if k not in fields} | recipe.run
+    if entry.progress:
+        options[entry.progress] = False
+    return entry.resolve("train")(entry, path, out, cfg=cfg, **options)
 
 
 def slim_onnx(src: Path, dst: Path) -> None:
@@ -107,7 +77,7 @@ def slim_onnx(src: Path, dst: Path) -> None:
 
 def served_copy(artifact: Path, dst: Path, manifest: dict, name: str) -> dict:
     """Copy what the service reads of an exported artifact into `dst`; return the manifest written there."""
-    _, data_settings, train_settings = BUILDERS[name]
+    recipe = FAMILIES[name].demo
     dst.mkdir(parents=True, exist_ok=True)
     graphs = {}
     for g, spec in manifest["graphs"].items():
@@ -122,24 +92,23 @@ def served_copy(artifact: Path, dst: Path, manifest: dict, name: str) -> dict:
     kept["data"] = {k: v for k, v in manifest["data"].items()
                     if k not in ("dir", "path", "file", "train_file", "test_file", "eval_file")}
     kept.update(version=VERSION, graphs=graphs, demo={
-        "built_by": COMMAND, "generated_data": json.loads(json.dumps(data_settings)),
-        "training": json.loads(json.dumps(train_settings)),
+        "built_by": COMMAND, "generated_data": json.loads(json.dumps(recipe.generated)),
+        "training": json.loads(json.dumps(recipe.training)),
         "left_out": "weights.pt, TorchScript graphs, parity inputs and report: rebuild with the command to get them"})
     (dst / "manifest.json").write_text(json.dumps(kept, indent=2) + "\n")
     return kept
 
 
 def build(out: Path, work: Path | None = None, log=print) -> dict[str, dict]:
-    """Build the three demo models into out/NAME/demo (replacing what is there); return their manifests."""
+    """Build the bundled demo models into out/NAME/demo (replacing what is there); return their manifests."""
     out = Path(out)
     with tempfile.TemporaryDirectory(prefix="nextstep-demo-") as tmp:
         work = Path(work or tmp)
         manifests = {}
         for name in MODELS:
-            builder = BUILDERS[name][0]
             log(f"building {name} ...")
             artifact = work / "artifacts" / name
-            manifest = builder(work / "data" / name, artifact)
+            manifest = build_one(FAMILIES[name], work / "data" / name, artifact)
             target = out / name / VERSION
             if target.exists():
                 shutil.rmtree(target)

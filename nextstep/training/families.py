@@ -62,6 +62,25 @@ def _type_error(value, hint) -> str | None:
     return " or ".join(_JSON_TYPES.get(o, "null") for o in plain)
 
 
+def load(path: str):
+    """The object a "module:attribute" path names (attribute may be dotted: "module:Class.method")."""
+    module, _, attribute = path.partition(":")
+    return reduce(getattr, attribute.split("."), import_module(module))
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A family's demo recipe: a small model trained on data generated with fixed seeds (nextstep/demo.py builds
+    it: `python -m nextstep.demo` the bundled ones, `nextstep demo` every family that has a recipe)."""
+    data: str  # "module:function" (directory, **generated) -> what the run reads (a data set directory or a file)
+    generated: dict  # the generator's settings, seeds included
+    training: dict  # training config fields (model settings under "model"), then keywords of the run: recorded
+    run: dict = field(default_factory=dict)  # further keywords of the run, not recorded (what it logs or skips)
+    bundled: bool = False  # one of the demo models bundled with the package (nextstep/demo_artifacts)
+    show: str | None = None  # "module:function" (name, artifact dir, manifest) -> the lines `nextstep demo`
+    # prints of it (default: its held-out metrics)
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -91,14 +110,12 @@ class Family:
     banks: str | None = None  # "module:function" (artifact, data, version, seed) -> summary: `nextstep banks build`
     reads_clicks: bool = True  # False: the model's answer does not depend on the events (popularity), so no
     # training event is hidden as the unknown row
+    demo: Demo | None = None  # its demo recipe (nextstep/demo.py), where it has one
 
     def resolve(self, what: str):
         """The object an entry's path names: `resolve("model")` is the class; None for a part it has not."""
         path = getattr(self, what)
-        if path is None:
-            return None
-        module, _, attribute = path.partition(":")
-        return reduce(getattr, attribute.split("."), import_module(module))
+        return None if path is None else load(path)
 
     def parts(self) -> tuple:
         """(reader, batcher, loss, metrics), resolved."""
@@ -153,7 +170,7 @@ class Family:
 
 
 def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None,
-        loss: str = f"{KT}.losses:OutputLoss") -> Family:
+        loss: str = f"{KT}.losses:OutputLoss", demo: Demo | None = None) -> Family:
     return Family(name, "knowledge_tracing", model, config, f"{KT}.loop:TrainConfig",
                   f"{KT_RUN}:train_model", f"{KT}.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
                   reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
@@ -161,12 +178,12 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
                   loss=loss,
                   metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS,
                   train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"},
-                  restorer=restorer)
+                  restorer=restorer, demo=demo)
 
 
 def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, fit: str, batcher: str | None,
                loss: str | None, restorer: str | None = None, flags: tuple[str, ...] = ("epochs", "seed"),
-               reads_clicks: bool = True) -> Family:
+               reads_clicks: bool = True, demo: Demo | None = None) -> Family:
     return Family(name, "next_item", model, config, train_config, f"{NEXT_ITEM}.run:train_next_item",
                   f"{NEXT_ITEM}.export:NextItemExporter",
                   f"{NEXT_ITEM}.run:evaluate_next_item", help,
@@ -174,7 +191,7 @@ def _next_item(name: str, model: str, config: str, train_config: str, help: str,
                   metrics=f"{NEXT_ITEM}.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
                   train_options={"format": "fmt", "valid": "valid"},
                   evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags, fit=fit,
-                  reads_clicks=reads_clicks)
+                  reads_clicks=reads_clicks, demo=demo)
 
 
 def _counts(name: str, model: str, help: str, **kwargs) -> Family:
@@ -187,13 +204,24 @@ def _counts(name: str, model: str, help: str, **kwargs) -> Family:
 GPCM = "nextstep.models.deep_gpcm"
 GPCM_LOSS = f"{KT}.losses:GPCMLoss"  # the CORAL variant's cumulative logits, the order penalty
 COUNTS = f"{NEXT_ITEM}.counts:CountConfig"
+
+
+def _gpcm_demo(model: dict | None = None, bundled: bool = False) -> Demo:
+    # 100 generated learners of 20 questions, responses 0..3; `nextstep demo` replays a learner through the graphs
+    return Demo(f"{KT}.synthetic:write_gpcm_dataset",
+                {"n_students": 100, "n_questions": 20, "seq_len_range": (20, 40), "seed": 7},
+                {"epochs": 3, "max_len": 40,
+                 "model": {"memory_size": 8, "key_dim": 8, "value_dim": 16, "summary_dim": 8, **(model or {})}},
+                run={"log": False}, bundled=bundled, show=f"{KT}.synthetic:replay_gpcm")
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _kt("deep_gpcm", f"{GPCM}:deep_gpcm", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output",
-        restorer=f"{GPCM}:restore", loss=GPCM_LOSS),
+        restorer=f"{GPCM}:restore", loss=GPCM_LOSS, demo=_gpcm_demo(bundled=True)),
     _kt("attention_gpcm", f"{GPCM}:AttentionGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM with attention-refined writes",
-        loss=GPCM_LOSS),
+        loss=GPCM_LOSS, demo=_gpcm_demo({"window": 16})),
     _kt("coral_gpcm", f"{GPCM}:CORALGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM blended with CORAL thresholds",
-        loss=GPCM_LOSS),
+        loss=GPCM_LOSS, demo=_gpcm_demo()),
     _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)"),
     Family("simakt", "knowledge_tracing", "nextstep.models.simakt:SimAKT", "nextstep.models.simakt:SimAKTConfig",
            f"{KT}.simakt_run:SimAKTTrainConfig", f"{KT}.simakt_run:train_entry",
@@ -210,7 +238,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                f"{NEXT_ITEM}.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
                fit=f"{NEXT_ITEM}.gru4rec_loop:train_gru4rec", batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
                loss=f"{NEXT_ITEM}.gru4rec_step:TrainStep",  # cross-entropy, bpr or bpr-max, hand-written gradients
-               flags=("epochs", "seed", "loss")),
+               flags=("epochs", "seed", "loss"),
+               # 300 Zipf sessions over 60 items with a successor signal, the last sixth held out
+               demo=Demo(f"{NEXT_ITEM}.sessions:write_zipf_split",
+                         {"n_sessions": 300, "n_items": 60, "length_range": (2, 9), "follow": 0.7, "seed": 0},
+                         {"epochs": 2, "n_sample": 16, "seed": 0, "model": {"layers": (16,)}},
+                         run={"log": False, "top_k": 30}, bundled=True)),
     # the builder sets the family's defaults (a learned repeat channel, a transition head), the restorer keeps an
     # older artifact's config as it was trained (models/mrn.py)
     _next_item("mrn", "nextstep.models.mrn:mrn", "nextstep.models.mrn:MRNConfig",
@@ -233,7 +266,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            formats=REVIEW_FORMATS, flags=("seed",),
            restorer=f"{SRS}.time_aware_export:restore_time_aware",
            train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
-           evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"}),
+           evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
+           # a simulated review log of one user and 40 cards; evaluated on 2 protocol splits, no baselines
+           demo=Demo(f"{SRS}.reviews:write_simulated_reviews", {"n_users": 1, "n_cards": 40, "n_days": 40, "seed": 7},
+                     {"max_epochs": 2, "seed": 0, "threads": 1,
+                      "model": {"d_model": 16, "n_layers": 1, "ffn_dim": 32, "t2v_dim": 4, "window": 32,
+                                "card_window": 4},
+                      "n_splits": 2},
+                     run={"baselines": False}, bundled=True)),
 )}
 
 

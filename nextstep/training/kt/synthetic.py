@@ -167,3 +167,26 @@ def write_problem_dataset(out_dir: str | os.PathLike, *, n_train: int = 120, n_t
             lines += [str(L), ",".join(map(str, p)), ",".join(map(str, q)), ",".join(map(str, r))]
         (out / name).write_text("\n".join(lines) + "\n")
     return out
+
+
+def replay_gpcm(name: str, artifact: Path, manifest: dict) -> list[str]:
+    """What `nextstep demo` prints of a GPCM model trained on a generated set: its held-out metrics, then a learner
+    replayed through the exported ONNX graphs as the service runs them (step per answer, then predict)."""
+    from nextstep.training.export import onnx_session
+
+    test = manifest["metrics"]["test"]
+    lines = [f"{name:15s} test: accuracy {test['categorical_accuracy']:.3f}  qwk {test['qwk']:.3f}  "
+             f"nll {test['nll']:.3f}   parity ok: {manifest['parity']['passed']}"]
+    vocab = json.loads((artifact / manifest["vocabularies"]["questions"]).read_text())["ids"]
+    step, predict = onnx_session(artifact / "step.onnx"), onnx_session(artifact / "predict.onnx")
+    state = {s["name"]: np.load(artifact / s["file"])[None] for s in manifest["state"]}
+    history = [(vocab[0], 3), (vocab[1], 2), (vocab[2], 3)]
+    for qid, response in history:
+        feeds = {**state, "question": np.array([vocab.index(qid) + 2]), "response": np.array([response])}
+        outs = step.run(None, {i.name: feeds[i.name] for i in step.get_inputs()})
+        state = dict(zip(state, outs, strict=True))
+    feeds = {**state, "questions": np.array([[vocab.index(vocab[3]) + 2]])}
+    probs, theta, alpha, beta = predict.run(None, {i.name: feeds[i.name] for i in predict.get_inputs()})
+    lines.append(f"{'':15s} after {history}: P(response to {vocab[3]}) = {[round(float(p), 3) for p in probs[0, 0]]}, "
+                 f"theta {theta[0, 0]:.2f}, alpha {alpha[0, 0]:.2f}, beta {[round(float(b), 2) for b in beta[0, 0]]}")
+    return lines

@@ -217,6 +217,19 @@ def subset(data: SessionData, sessions: np.ndarray) -> SessionData:
                        np.r_[0, np.cumsum(lengths)].astype(np.int64), data.path)
 
 
+def write_zipf_split(directory: str | os.PathLike, **kwargs) -> Path:
+    """Generate sessions (``**kwargs`` as for `zipf_sessions`) and write them as a data set directory the
+    next-item run reads: the first five sixths to ``demo_train_full.txt``, the rest to ``demo_test.txt``
+    (GRU4Rec's TSV). Returns the directory."""
+    sessions = zipf_sessions(**kwargs)
+    n_train = len(sessions.session_ids) * 5 // 6
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    write_gru4rec_tsv(subset(sessions, np.arange(n_train)), out / "demo_train_full.txt")
+    write_gru4rec_tsv(subset(sessions, np.arange(n_train, len(sessions.session_ids))), out / "demo_test.txt")
+    return out
+
+
 def zipf_sessions(n_sessions: int, n_items: int, length_range: tuple[int, int] = (2, 10), exponent: float = 0.8,
                   follow: float = 0.0, seed: int = 0) -> SessionData:
     """Seed 002 section 6.3: items drawn with weight 1 / rank^exponent, session lengths uniform in

@@ -911,6 +911,13 @@ def read_review_data(path: str | os.PathLike, *, day_columns: str = "check", day
     return concat_users(users, str(root))
 
 
+def write_simulated_reviews(directory: str | os.PathLike, **kwargs) -> Path:
+    """Generate a review log (``**kwargs`` as for `simulate_reviews`) and write it as ``reviews.csv`` in
+    `directory`; returns the file (what the flashcard run reads)."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return write_review_csv(simulate_reviews(**kwargs), Path(directory) / "reviews.csv")
+
+
 def simulate_reviews(n_users: int = 2, n_cards: int = 40, n_decks: int = 3, n_days: int = 60,
                      reviews_per_day: int = 20, seed: int = 0) -> ReviewLog:
     """A small generated review log with a real forgetting signal, for tests and demos.

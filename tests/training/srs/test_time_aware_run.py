@@ -196,13 +196,16 @@ def test_calibration_blends_with_fsrs6_and_is_a_positive_affine_map_fitted_on_he
     assert float(model.blend) == 0.0 and model.calibration.tolist() == [1.0, 0.0]
 
 
-def test_the_serve_demo_builds_a_flashcard_model_the_service_loads(tmp_path):
-    from nextstep.cli import build_demo_srs
+def test_the_demo_recipe_builds_a_flashcard_model_the_service_loads(tmp_path):
+    from nextstep.demo import build_one
     from nextstep.service.registry import load_artifact
+    from nextstep.training.families import family
 
-    out = build_demo_srs(tmp_path / "artifacts", tmp_path / "data")
-    loaded = load_artifact(out)
-    assert loaded.window == (64, 16) and "predict" in loaded.sessions
+    entry = family("time_aware")
+    build_one(entry, tmp_path / "data", tmp_path / "artifacts" / "time_aware" / "demo")
+    loaded = load_artifact(tmp_path / "artifacts" / "time_aware" / "demo")
+    model = entry.demo.training["model"]
+    assert loaded.window == (model["window"], model["card_window"]) and "predict" in loaded.sessions
 
 
 def test_tuning_split_never_scores_the_last_two_test_blocks(artifact, log):
