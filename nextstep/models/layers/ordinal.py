@@ -6,6 +6,7 @@ Seed 000 sections 1, 4, 5; with the fixes its README asks for:
 - CORAL uses its own global thresholds tau, never the item thresholds beta.
 """
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -209,9 +210,14 @@ def solve_item_embeddings(embedding: nn.Embedding, rows: torch.Tensor, threshold
         targets.append(_inverse_softplus(alpha.clamp(min=1e-4)).unsqueeze(1))
         weights.append(discrimination.weight)
         biases.append(discrimination.bias)
-    target = torch.cat(targets, 1).to(embedding.weight.dtype)  # (R, n)
-    W, b = torch.cat(weights, 0), torch.cat(biases, 0)  # (n, dk), (n,)
-    embedding.weight[rows] = torch.linalg.lstsq(W, (target - b).T).solution.T  # (R, dk)
+    target = torch.cat(targets, 1).double()  # (R, n)
+    W, b = torch.cat(weights, 0).double(), torch.cat(biases, 0).double()  # (n, dk), (n,)
+    # solved in float64 by numpy's LAPACK, rounded once to the embedding's dtype: the same bits on every run.
+    # torch.linalg.lstsq (MKL) rounds after where its workspace lands in memory: in float32 the same system gave
+    # solutions ~1e-5 apart from call to call (the demo artifacts differed from build to build), in float64 ones
+    # that differ in their last bits
+    solution = np.linalg.lstsq(W.numpy(), (target - b).T.numpy(), rcond=None)[0]  # (dk, R)
+    embedding.weight[rows] = torch.from_numpy(solution.T).to(embedding.weight.dtype)
     keys = embedding.weight[rows]
     error = (thresholds(keys) - beta).abs().max()
     if discrimination is not None:
