@@ -32,6 +32,8 @@ from pathlib import Path
 
 from .demo import require
 from .training.families import FAMILIES, family
+from .training.families import above_zero as _above_zero
+from .training.families import int_in as _int_in
 
 
 def _config(args, entry):
@@ -561,9 +563,11 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
-ALL_FLAGS = ("epochs", "seed", "loss", "device")  # set training config fields (a family's entry says which)
+# the options of `train` some family takes, by name (the first entry's, where several take one)
+TRAIN_OPTIONS = {o.name: o for entry in reversed(FAMILIES.values()) for o in entry.options}
+ALL_FLAGS = tuple(name for name, o in TRAIN_OPTIONS.items() if o.keyword is None)  # set training config fields
 ALL_OPTIONS = {  # the family-specific options of each command (a family's entry says which it takes)
-    "train": ("format", "valid", "day_columns", "duration_cap_s", "similarity_config"),
+    "train": tuple(name for name, o in TRAIN_OPTIONS.items() if o.keyword is not None),
     "evaluate": ("format", "valid", "max_len", "banks", "day_columns", "duration_cap_s"),
 }
 TRUE = ("1", "true", "yes", "on")
@@ -579,25 +583,6 @@ DATA_HELP = {  # --data of train, by task
 }
 
 
-def _int_in(low: int, high: int | None = None):
-    """An argparse type: an integer in [low, high] (out of it: argparse's usage error, naming the option)."""
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low or high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be {low} to {high}" if high is not None else
-                                             f"must be at least {low}")
-        return value
-    parse.__name__ = "int"  # argparse names the type in its message for what int() refuses
-    return parse
-
-
-def _above_zero(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError("must be a number above 0")
-    return value
-
-
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0 <= value < 1:
@@ -606,12 +591,9 @@ def _fraction(text: str) -> float:
 
 
 def _train_parser(parser: argparse.ArgumentParser, entry) -> None:
-    """`train NAME`'s options: those every family takes, then the family's own. The others are there too, hidden
-    from its help, so that giving one is refused by name (`_options`, `_config`) rather than as unrecognised."""
-    def own(takes: bool, *flags: str, help: str, **kwargs) -> None:
-        parser.add_argument(*flags, help=help if takes else argparse.SUPPRESS,
-                            **{k: v for k, v in kwargs.items() if takes or k != "choices"})
-
+    """`train NAME`'s options: those every family takes, then the family's own (its registry entry's). The others
+    are there too, hidden from its help, so that giving one is refused by name (`_options`, `_config`) rather than
+    as unrecognised."""
     parser.add_argument("--data", required=True, help=f"{DATA_HELP[entry.task]}; formats read: "
                                                       f"{', '.join(entry.formats)} (detected)")
     parser.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION); it is written only when "
@@ -619,26 +601,13 @@ def _train_parser(parser: argparse.ArgumentParser, entry) -> None:
                                       "beside it, removed if the run stops)")
     parser.add_argument("--force", action="store_true",
                         help="replace the artifact already in --out (by the new one, once it is complete)")
-    own("format" in entry.train_options, "--format", choices=entry.formats,
-        help="the data format, where detection is wrong")
-    flags = entry.flags
-    own("epochs" in flags, "--epochs", type=_int_in(1),
-        help="training epochs, an upper bound where the family stops early (default: its config's)")
-    own("seed" in flags, "--seed", type=int, help="random seed of the run (default: its config's, 0)")
-    own("loss" in flags, "--loss", help="training loss: cross-entropy, bpr or bpr-max")
-    options = entry.train_options
-    own("valid" in options, "--valid", action="store_true",
-        help="train on *_train_tr and evaluate on *_train_valid (tuning; test unread)")
-    own("day_columns" in options, "--day-columns", choices=["check", "ignore", "trust"],
-        help="a review-log CSV's day_offset/elapsed_days columns are checked against the times (default), "
-             "recomputed from the times (ignore), or taken as they are (trust)")
-    own("duration_cap_s" in options, "--duration-cap-s", type=_above_zero,
-        help="the app's answer-time cap in seconds, when the CSV cannot say (Anki: 60 by default; capped answers "
-             "are left out of the duration error)")
-    own("similarity_config" in options, "--similarity-config",
-        help="JSON or YAML file of block 3's inter-student heads (FILE#name picks one of several); default: none, "
-             "the DTransformer baseline")
-    own("device" in flags, "--device", help="torch device to train on (default cpu)")
+    for option in entry.options:
+        parser.add_argument(option.flag, help=option.help, **option.argparse)
+    own = {option.name for option in entry.options}
+    for option in TRAIN_OPTIONS.values():
+        if option.name not in own:
+            parser.add_argument(option.flag, help=argparse.SUPPRESS,
+                                **{k: v for k, v in option.argparse.items() if k != "choices"})
     parser.add_argument("--config", help="JSON file of training config fields (model overrides under 'model')")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=cmd_train)

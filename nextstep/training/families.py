@@ -11,13 +11,15 @@ and no entry imports another family's code):
   signatures are the task's own). A run shared by several families takes them from the entry of the family it
   runs: the knowledge-tracing run all four, the next-item run its reader and metrics (GRU4Rec's and MRN's batcher
   and loss sit inside their own fit). A family's own run (SimAKT, time-aware) uses its parts directly;
-- which command-line options apply, and the keyword each becomes, and the data formats its reader takes (what
-  `nextstep train NAME --help` lists).
+- its options of `nextstep train NAME` (`Option`: its help, how argparse reads it, the training config field or
+  the run's keyword it sets; the CLI adds each entry's as they are), the evaluate options it takes and the keyword
+  each becomes, and the data formats its reader takes (what `nextstep train NAME --help` lists).
 
 The CLI's `train`, `evaluate` and `export` are built from this table. A new family is a model file, an entry
 here, a config and its tests.
 """
 
+import argparse
 import json
 import types
 import typing
@@ -68,6 +70,53 @@ def load(path: str):
     return reduce(getattr, attribute.split("."), import_module(module))
 
 
+def int_in(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high] (out of it: argparse's usage error, naming the option)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}" if high is not None else
+                                             f"must be at least {low}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in its message for what int() refuses
+    return parse
+
+
+def above_zero(text: str) -> float:
+    """An argparse type: a number above 0."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError("must be a number above 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """An option of `nextstep train NAME` that not every family takes: an entry lists its own, in the order its
+    help shows them, and the CLI adds them as they are (the others' too, hidden, so that one given to a family
+    that does not take it is refused by name)."""
+    name: str  # as a keyword: "day_columns" is --day-columns
+    help: str
+    keyword: str | tuple[str, str] | None = None  # the run's keyword it becomes, or (keyword, "module:function"
+    # turning the option's value into the keyword's); None: a flag, setting the training config field of its name
+    argparse: dict = field(default_factory=dict)  # how argparse reads it: type, choices, action
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _format(formats: tuple[str, ...]) -> Option:
+    return Option("format", "the data format, where detection is wrong", "fmt", {"choices": formats})
+
+
+EPOCHS = Option("epochs", "training epochs, an upper bound where the family stops early (default: its config's)",
+                argparse={"type": int_in(1)})
+SEED = Option("seed", "random seed of the run (default: its config's, 0)", argparse={"type": int})
+VALID = Option("valid", "train on *_train_tr and evaluate on *_train_valid (tuning; test unread)", "valid",
+               {"action": "store_true"})
+
+
 @dataclass(frozen=True)
 class Demo:
     """A family's demo recipe: a small model trained on data generated with fixed seeds (nextstep/demo.py builds
@@ -98,10 +147,8 @@ class Family:
     loss: str | None  # "module:function" (or "module:Class.method") of the loss minimised
     metrics: str | None  # "module:function" scoring predictions on held-out data
     formats: tuple[str, ...] = ()  # the data formats its reader reads (detected; --format, where it takes one, picks)
-    train_options: dict = field(default_factory=dict)  # CLI option -> keyword of train, or (keyword, "module:
-    # function" turning the option's value into the keyword's)
+    options: tuple[Option, ...] = (EPOCHS, SEED)  # its options of `nextstep train NAME`, with their help
     evaluate_options: dict = field(default_factory=dict)  # CLI option -> keyword of evaluate
-    flags: tuple[str, ...] = ("epochs", "seed")  # CLI flags that set training config fields
     progress: str | None = "progress"  # train's keyword for showing progress (False with --quiet)
     restorer: str | None = None  # "module:function" (name, config, weights) -> model; default: build + load
     user_error: str | None = None  # "module:Class" of the errors in what a user gave (a message, not a traceback)
@@ -111,6 +158,16 @@ class Family:
     reads_clicks: bool = True  # False: the model's answer does not depend on the events (popularity), so no
     # training event is hidden as the unknown row
     demo: Demo | None = None  # its demo recipe (nextstep/demo.py), where it has one
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Its options that set training config fields (--epochs, --seed...)."""
+        return tuple(o.name for o in self.options if o.keyword is None)
+
+    @property
+    def train_options(self) -> dict:
+        """Its other options: option -> keyword of train, or (keyword, "module:function" converting the value)."""
+        return {o.name: o.keyword for o in self.options if o.keyword is not None}
 
     def resolve(self, what: str):
         """The object an entry's path names: `resolve("model")` is the class; None for a part it has not."""
@@ -177,20 +234,21 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
                   # (TrainConfig.loss, n_cats) -> the loss over the model's whole output: (out, targets, mask)
                   loss=loss,
                   metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS,
-                  train_options={"format": "fmt"}, evaluate_options={"format": "fmt", "max_len": "max_len"},
+                  options=(_format(KT_FORMATS), EPOCHS, SEED),
+                  evaluate_options={"format": "fmt", "max_len": "max_len"},
                   restorer=restorer, demo=demo)
 
 
 def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, fit: str, batcher: str | None,
-               loss: str | None, restorer: str | None = None, flags: tuple[str, ...] = ("epochs", "seed"),
+               loss: str | None, restorer: str | None = None, options: tuple[Option, ...] = (EPOCHS, SEED),
                reads_clicks: bool = True, demo: Demo | None = None) -> Family:
     return Family(name, "next_item", model, config, train_config, f"{NEXT_ITEM}.run:train_next_item",
                   f"{NEXT_ITEM}.export:NextItemExporter",
                   f"{NEXT_ITEM}.run:evaluate_next_item", help,
                   reader=f"{NEXT_ITEM}.sessions:load_session_split", batcher=batcher, loss=loss,
                   metrics=f"{NEXT_ITEM}.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
-                  train_options={"format": "fmt", "valid": "valid"},
-                  evaluate_options={"format": "fmt", "valid": "valid"}, flags=flags, fit=fit,
+                  options=(_format(SESSION_FORMATS), *options, VALID),
+                  evaluate_options={"format": "fmt", "valid": "valid"}, fit=fit,
                   reads_clicks=reads_clicks, demo=demo)
 
 
@@ -198,7 +256,7 @@ def _counts(name: str, model: str, help: str, **kwargs) -> Family:
     # counted from the whole training split in one pass: no batches, nothing minimised
     return _next_item(name, f"nextstep.models.next_item:{model}", COUNTS, COUNTS, help, batcher=None, loss=None,
                       fit=f"{NEXT_ITEM}.counts:fit_{name}", restorer=f"{NEXT_ITEM}.counts:restore_{name}",
-                      flags=("seed",), **kwargs)
+                      options=(SEED,), **kwargs)
 
 
 GPCM = "nextstep.models.deep_gpcm"
@@ -231,14 +289,18 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            # the prediction loss; training adds the problem L2 and, with lambda_cl, the contrastive loss
            loss="torch.nn.functional:binary_cross_entropy_with_logits",
            metrics=f"{KT}.simakt_run:binary_metrics", formats=KT_FORMATS,
-           evaluate_options={"banks": "bank_version"}, flags=("epochs", "seed", "device"), progress=None,
-           train_options={"similarity_config": ("similarity", f"{KT}.simakt_run:load_similarity")},
+           evaluate_options={"banks": "bank_version"}, progress=None,
+           options=(EPOCHS, SEED,
+                    Option("similarity_config", "JSON or YAML file of block 3's inter-student heads (FILE#name "
+                           "picks one of several); default: none, the DTransformer baseline",
+                           ("similarity", f"{KT}.simakt_run:load_similarity")),
+                    Option("device", "torch device to train on (default cpu)")),
            user_error="nextstep.models.simakt:ConfigError", banks=f"{KT}.simakt_run:build_artifact_banks"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
                f"{NEXT_ITEM}.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
                fit=f"{NEXT_ITEM}.gru4rec_loop:train_gru4rec", batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
                loss=f"{NEXT_ITEM}.gru4rec_step:TrainStep",  # cross-entropy, bpr or bpr-max, hand-written gradients
-               flags=("epochs", "seed", "loss"),
+               options=(EPOCHS, SEED, Option("loss", "training loss: cross-entropy, bpr or bpr-max")),
                # 300 Zipf sessions over 60 items with a successor signal, the last sixth held out
                demo=Demo(f"{NEXT_ITEM}.sessions:write_zipf_split",
                          {"n_sessions": 300, "n_items": 60, "length_range": (2, 9), "follow": 0.7, "seed": 0},
@@ -263,9 +325,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            reader=f"{SRS}.reviews:read_reviews",
            batcher=f"{SRS}.time_aware_loop:ReviewTensors.batch",
            loss="nextstep.models.time_aware:coral_loss", metrics=f"{SRS}.eval:evaluate_predictions",
-           formats=REVIEW_FORMATS, flags=("seed",),
+           formats=REVIEW_FORMATS,
            restorer=f"{SRS}.time_aware_export:restore_time_aware",
-           train_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
+           options=(SEED,
+                    Option("day_columns", "a review-log CSV's day_offset/elapsed_days columns are checked against "
+                           "the times (default), recomputed from the times (ignore), or taken as they are (trust)",
+                           "day_columns", {"choices": ["check", "ignore", "trust"]}),
+                    Option("duration_cap_s", "the app's answer-time cap in seconds, when the CSV cannot say (Anki: "
+                           "60 by default; capped answers are left out of the duration error)", "duration_cap_s",
+                           {"type": above_zero})),
            evaluate_options={"day_columns": "day_columns", "duration_cap_s": "duration_cap_s"},
            # a simulated review log of one user and 40 cards; evaluated on 2 protocol splits, no baselines
            demo=Demo(f"{SRS}.reviews:write_simulated_reviews", {"n_users": 1, "n_cards": 40, "n_days": 40, "seed": 7},

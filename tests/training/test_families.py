@@ -3,6 +3,7 @@ task and the parts its runs use, and offers only options the command line has.""
 
 import dataclasses
 import json
+import re
 import typing
 
 import pytest
@@ -50,6 +51,19 @@ def test_the_cli_offers_every_family_and_only_them(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "nope", "--data", "d"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("entry", FAMILIES.values(), ids=lambda f: f.name)
+def test_train_help_shows_the_entry_s_options_and_only_them(entry, capsys):
+    """`train NAME --help` lists the options the entry carries, in its order, each with its help; the other
+    families' options are not shown (given, they are refused by name: the test below)."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", entry.name, "--help"])
+    shown = capsys.readouterr().out
+    flags = re.findall(r"^  (--[a-z-]+)", shown, re.MULTILINE)
+    assert flags == ["--data", "--out", "--force", *(o.flag for o in entry.options), "--config", "--quiet"]
+    for option in entry.options:  # the help as argparse wraps it
+        assert " ".join(option.help.split()) in " ".join(shown.split()), option.name
 
 
 def test_each_entry_names_the_formats_its_reader_reads():
