@@ -158,6 +158,9 @@ class Family:
     reads_clicks: bool = True  # False: the model's answer does not depend on the events (popularity), so no
     # training event is hidden as the unknown row
     demo: Demo | None = None  # its demo recipe (nextstep/demo.py), where it has one
+    # a small untrained model of the family, for the tests every family is held to (tests/models/test_streaming.py):
+    # a config dict for `build`, or "module:function" () -> model (a family fitted from counts)
+    sample: dict | str | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -181,6 +184,10 @@ class Family:
     def build(self, config: dict):
         """An untrained model from a config dict (a manifest's or weights.pt's `config`)."""
         return self.resolve("model")(self.resolve("config")(**config))
+
+    def sample_model(self):
+        """The family's small sample model (`sample`)."""
+        return self.build(self.sample) if isinstance(self.sample, dict) else self.resolve("sample")()
 
     def restore(self, config: dict, weights: dict):
         """The model of an artifact's weights.pt: `restorer(name, config, weights)` where the family names one
@@ -227,7 +234,7 @@ class Family:
 
 
 def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None,
-        loss: str = f"{KT}.losses:OutputLoss", demo: Demo | None = None) -> Family:
+        loss: str = f"{KT}.losses:OutputLoss", demo: Demo | None = None, sample: dict | None = None) -> Family:
     return Family(name, "knowledge_tracing", model, config, f"{KT}.loop:TrainConfig",
                   f"{KT_RUN}:train_model", f"{KT}.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
                   reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
@@ -236,12 +243,12 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
                   metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS,
                   options=(_format(KT_FORMATS), EPOCHS, SEED),
                   evaluate_options={"format": "fmt", "max_len": "max_len"},
-                  restorer=restorer, demo=demo)
+                  restorer=restorer, demo=demo, sample=sample)
 
 
 def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, fit: str, batcher: str | None,
                loss: str | None, restorer: str | None = None, options: tuple[Option, ...] = (EPOCHS, SEED),
-               reads_clicks: bool = True, demo: Demo | None = None) -> Family:
+               reads_clicks: bool = True, demo: Demo | None = None, sample: dict | str | None = None) -> Family:
     return Family(name, "next_item", model, config, train_config, f"{NEXT_ITEM}.run:train_next_item",
                   f"{NEXT_ITEM}.export:NextItemExporter",
                   f"{NEXT_ITEM}.run:evaluate_next_item", help,
@@ -249,19 +256,20 @@ def _next_item(name: str, model: str, config: str, train_config: str, help: str,
                   metrics=f"{NEXT_ITEM}.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
                   options=(_format(SESSION_FORMATS), *options, VALID),
                   evaluate_options={"format": "fmt", "valid": "valid"}, fit=fit,
-                  reads_clicks=reads_clicks, demo=demo)
+                  reads_clicks=reads_clicks, demo=demo, sample=sample)
 
 
 def _counts(name: str, model: str, help: str, **kwargs) -> Family:
     # counted from the whole training split in one pass: no batches, nothing minimised
     return _next_item(name, f"nextstep.models.next_item:{model}", COUNTS, COUNTS, help, batcher=None, loss=None,
                       fit=f"{NEXT_ITEM}.counts:fit_{name}", restorer=f"{NEXT_ITEM}.counts:restore_{name}",
-                      options=(SEED,), **kwargs)
+                      options=(SEED,), sample=f"{NEXT_ITEM}.counts:sample_{name}", **kwargs)
 
 
 GPCM = "nextstep.models.deep_gpcm"
 GPCM_LOSS = f"{KT}.losses:GPCMLoss"  # the CORAL variant's cumulative logits, the order penalty
 COUNTS = f"{NEXT_ITEM}.counts:CountConfig"
+GPCM_SAMPLE = {"n_questions": 12, "n_cats": 3, "window": 4}
 
 
 def _gpcm_demo(model: dict | None = None, bundled: bool = False) -> Demo:
@@ -275,12 +283,13 @@ def _gpcm_demo(model: dict | None = None, bundled: bool = False) -> Demo:
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _kt("deep_gpcm", f"{GPCM}:deep_gpcm", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output",
-        restorer=f"{GPCM}:restore", loss=GPCM_LOSS, demo=_gpcm_demo(bundled=True)),
+        restorer=f"{GPCM}:restore", loss=GPCM_LOSS, demo=_gpcm_demo(bundled=True), sample=GPCM_SAMPLE),
     _kt("attention_gpcm", f"{GPCM}:AttentionGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM with attention-refined writes",
-        loss=GPCM_LOSS, demo=_gpcm_demo({"window": 16})),
+        loss=GPCM_LOSS, demo=_gpcm_demo({"window": 16}), sample=GPCM_SAMPLE),
     _kt("coral_gpcm", f"{GPCM}:CORALGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM blended with CORAL thresholds",
-        loss=GPCM_LOSS, demo=_gpcm_demo()),
-    _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)"),
+        loss=GPCM_LOSS, demo=_gpcm_demo(), sample=GPCM_SAMPLE),
+    _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)",
+        sample={"n_questions": 12, "n_cats": 3, "hidden": 8, "embed_dim": 8, "layers": 2}),
     Family("simakt", "knowledge_tracing", "nextstep.models.simakt:SimAKT", "nextstep.models.simakt:SimAKTConfig",
            f"{KT}.simakt_run:SimAKTTrainConfig", f"{KT}.simakt_run:train_entry",
            f"{KT}.simakt_export:SimAKTExporter",
@@ -295,7 +304,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                            "picks one of several); default: none, the DTransformer baseline",
                            ("similarity", f"{KT}.simakt_run:load_similarity")),
                     Option("device", "torch device to train on (default cpu)")),
-           user_error="nextstep.models.simakt:ConfigError", banks=f"{KT}.simakt_run:build_artifact_banks"),
+           user_error="nextstep.models.simakt:ConfigError", banks=f"{KT}.simakt_run:build_artifact_banks",
+           sample={"n_questions": 12, "n_skills": 6, "d_model": 16, "n_heads": 2, "n_know": 2, "window": 8}),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
                f"{NEXT_ITEM}.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
                fit=f"{NEXT_ITEM}.gru4rec_loop:train_gru4rec", batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
@@ -305,14 +315,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                demo=Demo(f"{NEXT_ITEM}.sessions:write_zipf_split",
                          {"n_sessions": 300, "n_items": 60, "length_range": (2, 9), "follow": 0.7, "seed": 0},
                          {"epochs": 2, "n_sample": 16, "seed": 0, "model": {"layers": (16,)}},
-                         run={"log": False, "top_k": 30}, bundled=True)),
+                         run={"log": False, "top_k": 30}, bundled=True),
+               sample={"n_items": 8, "layers": (6,)}),
     # the builder sets the family's defaults (a learned repeat channel, a transition head), the restorer keeps an
     # older artifact's config as it was trained (models/mrn.py)
     _next_item("mrn", "nextstep.models.mrn:mrn", "nextstep.models.mrn:MRNConfig",
                f"{NEXT_ITEM}.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)",
                fit=f"{NEXT_ITEM}.mrn_loop:train_mrn", batcher=f"{NEXT_ITEM}.mrn_loop:length_batches",
                loss=f"{NEXT_ITEM}.mrn_loop:mrn_loss",
-               restorer="nextstep.models.mrn:restore"),
+               restorer="nextstep.models.mrn:restore", sample={"n_items": 8}),
     _counts("popularity", "Popularity", "training click counts", reads_clicks=False),
     _counts("markov", "Markov", "first-order Markov chain"),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",
@@ -341,7 +352,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                       "model": {"d_model": 16, "n_layers": 1, "ffn_dim": 32, "t2v_dim": 4, "window": 32,
                                 "card_window": 4},
                       "n_splits": 2},
-                     run={"baselines": False}, bundled=True)),
+                     run={"baselines": False}, bundled=True),
+           sample={"d_model": 16, "ffn_dim": 16, "window": 8, "card_window": 2}),
 )}
 
 

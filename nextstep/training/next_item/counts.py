@@ -4,6 +4,8 @@ Their fits and restorers, as their registry entries name them (families.py)."""
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...models.next_item import Markov, Popularity
 from ..data import ITEM_UNKNOWN_SHARE, check_unknown_options
 from .sessions import SessionData
@@ -39,3 +41,12 @@ def restore_popularity(family: str, config: dict, state_dict: dict) -> Popularit
 def restore_markov(family: str, config: dict, state_dict: dict) -> Markov:
     """Markov with its tables as saved (their shapes are data, not config)."""
     return Markov(config["n_items"], state_dict["successors"], state_dict["counts"], state_dict["popularity"])
+
+
+def sample_popularity() -> Popularity:
+    """A small counted model (the registry's `sample`: the streaming contract's tests)."""
+    return Popularity.fit(np.array([2, 3, 4, 2, 5, 3]), 8)
+
+
+def sample_markov() -> Markov:
+    return Markov.fit(np.array([2, 3, 4, 2, 5, 3]), np.array([0, 3, 6]), 8)
