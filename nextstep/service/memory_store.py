@@ -72,6 +72,7 @@ class InProcessStore:
         self._bounds = log
         self._clock = clock
         self._data: dict[str, _Entry] = {}
+        self._leases: dict[str, tuple[str, float]] = {}  # key -> (owner, time.monotonic() deadline)
         self._lock = asyncio.Lock()
         self._next_sweep = time.monotonic() + (ttl_seconds or math.inf)
 
@@ -165,6 +166,18 @@ class InProcessStore:
                           and (after is None or k > after))
         page = keys[:max(1, count)]
         return ("0" if len(keys) <= len(page) else "k" + page[-1]), page
+
+    async def lease(self, key: str, owner: str, ms: int) -> bool:
+        now = time.monotonic()
+        held = self._leases.get(key)
+        if held is not None and held[1] > now:
+            return False
+        self._leases[key] = (owner, now + ms / 1000)
+        return True
+
+    async def release(self, key: str, owner: str) -> None:
+        if self._leases.get(key, ("",))[0] == owner:
+            del self._leases[key]
 
     async def delete(self, key: str) -> bool:
         async with self._lock:

@@ -138,6 +138,12 @@ end
 return {version, events, total, base}
 """
 
+# KEYS[1] a key's lease, ARGV[1] its owner: delete it only if that owner still holds it.
+_RELEASE_LUA = r"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 # KEYS[1] meta, the ring, the fields of schema "", the log, the buckets; and every other schema's state and fields
 _DELETE_LUA = r"""
 local keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}
@@ -236,7 +242,8 @@ class RedisStore:
         self.client = client
         self._execute = client.execute
         self._scripts = {name: (hashlib.sha1(lua.encode()).hexdigest(), lua)
-                         for name, lua in (("cas", _CAS_LUA), ("read", _READ_LUA), ("delete", _DELETE_LUA))}
+                         for name, lua in (("cas", _CAS_LUA), ("read", _READ_LUA), ("delete", _DELETE_LUA),
+                                             ("release", _RELEASE_LUA))}
 
     def _keys(self, key: str, schema: str = "") -> tuple[str, str, str, str, str, str]:
         """The meta hash, the schema's state, the ring, the state's companion fields, the log, the buckets."""
@@ -325,6 +332,17 @@ class RedisStore:
             if text.startswith(head) and text.endswith("}"):  # (a state of another schema ends otherwise)
                 keys.append(text[len(head):-1])
         return following, keys
+
+    async def lease(self, key: str, owner: str, ms: int) -> bool:
+        (reply,) = await self._execute("lease", (("SET", self._lease_key(key), owner, "NX", "PX", int(ms)),),
+                                       idempotent=False, write=True)
+        return reply not in (None, b"", "")
+
+    async def release(self, key: str, owner: str) -> None:
+        await self._script("release", "release", (self._lease_key(key),), (owner,), write=True)
+
+    def _lease_key(self, key: str) -> str:
+        return f"{self._prefix}:{{{key}}}:lease"  # (the key's slot; a scan skips it: it does not end with the tag)
 
     async def delete(self, key: str) -> bool:
         meta, _, ring, fields, log, ids = self._keys(key)

@@ -7,9 +7,10 @@ earlier review of its card, as an FSRSItem of its card's reviews up to it). The 
 `card_size` reviews, so a card with more starts its history at the oldest one kept; on a user whose cards all have
 at most `card_size` reviews, the fit equals the protocol's on the same reviews (tests/service/test_srs_refit.py).
 
-`nextstep srs refit --model NAME` runs it for every user of the model (a SCAN of the store's keys, one node) or
-those named; each user is fitted under a lease (SET NX PX), so that two workers never fit the same user at once, and
-a fit is written with a compare-and-set of the header alone. This module needs fsrs_rs_python and numpy only (no
+`nextstep srs refit --model NAME` runs it for every user of the model (the store's walk over its keys, every
+primary of a Redis Cluster) or those named; each user is fitted under the store's lease of their key (state.py's
+`lease`), so that two workers never fit the same user at once, and a fit is written with a compare-and-set of the
+header alone. This module needs fsrs_rs_python and numpy only (no
 torch): the service image has both.
 """
 
@@ -61,66 +62,48 @@ def fit_stored(rows: np.ndarray, day_start_hour: float,
     return [float(x) for x in fit_fsrs6(log, np.arange(len(log), dtype=np.int64))], scored
 
 
-async def scan_users(store, prefix: str) -> list[str]:
-    """The user ids with a key under `prefix` (srs:<model>:<schema>:) in a Redis store (one node's keys: SCAN)."""
-    client = getattr(store, "client", None)
-    if client is None:
-        raise ValueError("listing users needs the Redis store (NEXTSTEP_REDIS_URL); name the users instead")
-    head = f"{store._prefix}:{{{prefix}"
-    users, cursor = [], b"0"
-    while True:
-        (reply,) = await client.execute("scan", (("SCAN", cursor, "MATCH", head.replace("*", r"\*") + "*}",
-                                                  "COUNT", 1000),))
-        cursor, keys = reply
-        for k in keys:
-            k = k.decode() if isinstance(k, bytes) else k
-            if k.startswith(head) and k.endswith("}"):
-                users.append(k[len(head):-1])
-        if cursor in (b"0", "0", 0):
-            return sorted(set(users))
-
-
-async def lease(store, key: str, owner: str, ms: int = LEASE_MS) -> bool:
-    """Take the refit lease of a user's key (SET NX PX); True when taken (always, without Redis: one process)."""
-    client = getattr(store, "client", None)
-    if client is None:
-        return True
-    (reply,) = await client.execute("refit lease", (("SET", f"{store._prefix}:refit:{{{key}}}", owner, "NX", "PX",
-                                                      ms),), idempotent=False, write=True)
-    return reply not in (None, b"", "")
-
-
-async def release(store, key: str) -> None:
-    client = getattr(store, "client", None)
-    if client is not None:
-        await client.execute("refit release", (("DEL", f"{store._prefix}:refit:{{{key}}}"),), write=True)
-
-
 async def refit_all(srs, model_name: str, users: list[str] | None = None, *, force: bool = False,
                     log: Callable[[str], None] = print) -> list[dict]:
-    """Refit every user of the model (or those named) whose fit is due; one line per user refitted or failed."""
+    """Refit every user of the model (or those named) whose fit is due; one line per user refitted, failed or held by
+    another worker."""
     import json
     import os
     import socket
 
     model = srs.model(model_name)
-    store = getattr(srs.store, "_store", srs.store)
-    if users is None:
-        users = await scan_users(store, f"{srs.PREFIX}:{model.name}:{model.schema}:")
     owner = f"{socket.gethostname()}:{os.getpid()}"
-    done = []
-    for user in users:
-        key = srs.key(model, user)
-        if not await lease(store, key, owner):
-            done.append({"user_id": user, "refitted": False, "reason": "another worker holds its lease"})
-            continue
-        try:
-            result = await srs.refit(model_name, user, force=force)
-        except Exception as exc:  # one user's failure must not stop the others
-            result = {"user_id": user, "refitted": False, "reason": f"failed: {exc}"}
-        finally:
-            await release(store, key)
-        done.append(result)
-        if result.get("refitted") or str(result.get("reason", "")).startswith("failed"):
-            log(json.dumps({k: v for k, v in result.items() if k != "w"}))
+    done, tried = [], set()
+    async for page in _pages(srs, model, users):
+        for user in page:
+            if user in tried:  # (a walk may meet a key twice)
+                continue
+            tried.add(user)
+            key = srs.key(model, user)
+            if not await srs.store.lease(key, owner, LEASE_MS):
+                done.append({"user_id": user, "refitted": False, "reason": "another worker holds its lease"})
+                log(json.dumps(done[-1]))
+                continue
+            try:
+                result = await srs.refit(model_name, user, force=force)
+            except Exception as exc:  # one user's failure must not stop the others
+                result = {"user_id": user, "refitted": False, "reason": f"failed: {exc}"}
+            finally:
+                await srs.store.release(key, owner)
+            done.append(result)
+            if result.get("refitted") or str(result.get("reason", "")).startswith("failed"):
+                log(json.dumps({k: v for k, v in result.items() if k != "w"}))
     return done
+
+
+async def _pages(srs, model, users: list[str] | None):
+    """The users named, or every user with a state under the model's layout, a page at a time (the store's walk:
+    every primary of a Redis Cluster)."""
+    if users is not None:
+        yield users
+        return
+    cursor = "0"
+    while True:
+        cursor, page = await srs.entities(model, cursor)
+        yield page
+        if cursor == "0":
+            return

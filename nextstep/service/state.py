@@ -129,6 +129,16 @@ class StateStore(Protocol):
         throughout it, some maybe twice, in no particular order; on a Redis Cluster, every primary's."""
         ...
 
+    async def lease(self, key: str, owner: str, ms: int) -> bool:
+        """Take `key`'s lease for `owner` for `ms` milliseconds, unless another owner holds it: True when taken. A
+        worker holds it while it works on the key off the request path (a flashcard user's refit), so that two
+        workers, on any replicas, never work on one key at once; it lapses by itself if the worker dies."""
+        ...
+
+    async def release(self, key: str, owner: str) -> None:
+        """Drop `key`'s lease if `owner` still holds it (one that lapsed and was taken since is left alone)."""
+        ...
+
     async def delete(self, key: str) -> bool:
         """Remove every schema's state, the log, the companion fields and the event ids; True if there was
         something to remove."""

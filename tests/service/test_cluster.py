@@ -22,6 +22,7 @@ from tests.service.conftest import _raw
 from tests.service.test_kt_api import test_no_lost_updates_and_replays_change_nothing  # noqa: F401
 from tests.service.test_state import (  # noqa: F401 -- the contract, collected here against the cluster
     _wait_for,
+    test_a_lease_has_one_owner_until_released_or_lapsed,
     test_companion_fields_are_written_by_the_cas_and_read_with_the_state,
     test_companion_fields_share_the_ttl,
     test_dedupe_window_keeps_the_newest_ids,
@@ -114,6 +115,28 @@ def test_migrate_and_export_cover_every_primary(tmp_path, redis_cluster, serve):
     assert asyncio.run(export())["entities"] == {"train": 30}
     data = read_long_csv(tmp_path / "out" / f"{MODEL}_train.csv.gz")
     assert sorted(s.student_id for s in data.sequences) == sorted(learners)
+
+
+def test_the_flashcard_refit_walks_every_primary(tmp_path, redis_cluster, serve, monkeypatch, capsys):
+    """`nextstep srs refit` over every user of a model finds the users on each of the three primaries (it walked
+    one node's keys before)."""
+    import shutil
+
+    from nextstep import demo
+    from tests.service.test_srs_refit import MODEL as SRS
+    from tests.service.test_srs_refit import as_reviews, post, refit, user_log
+
+    shutil.copytree(demo.BUNDLED / SRS / demo.VERSION, tmp_path / SRS / demo.VERSION)
+    monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_cluster.url)
+    monkeypatch.setenv("NEXTSTEP_SRS_REFIT_MIN_SCORED", "1000000")  # none due: the walk alone is tested
+    reviews = as_reviews(user_log(3, 4), 0, 20)
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_cluster.url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        for i in range(24):
+            post(http, f"user-{i}", reviews)
+    keys = {p: int(_raw(p, "DBSIZE").strip(b":\r\n")) for p in redis_cluster.primary_ports()}
+    assert len(keys) == 3 and all(n > 0 for n in keys.values()), keys
+    assert refit(tmp_path, monkeypatch, capsys) == {"users": 24, "refitted": 0}
 
 
 def test_banks_on_the_cluster(redis_cluster):

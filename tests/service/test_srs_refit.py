@@ -105,6 +105,34 @@ def test_the_parameters_held_after_a_prefix_are_what_the_protocol_fits_on_it(art
         assert http.get(f"/v1/srs/{MODEL}/users/u1").json()["parameters"]["fitted_on"] == 0
 
 
+def test_a_user_another_worker_is_fitting_is_left_to_it(art, worker_env, serve, monkeypatch, capsys):
+    """Two workers never fit one user at once: while the user's lease is held elsewhere (a worker on another
+    machine), a refit skips them and says so; once released, the next refit fits them."""
+    path = art / MODEL / demo.VERSION
+    log = user_log(5, load_artifact(path).extra.window[1])
+    key = f"srs:{MODEL}:{load_artifact(path).schema}:u1"
+
+    async def hold(take: bool) -> bool:
+        store = RedisStore(worker_env, ttl_seconds=None)
+        try:
+            return await store.lease(key, "elsewhere", 60_000) if take else await store.release(key, "elsewhere")
+        finally:
+            await store.close()
+
+    with serve(Settings(artifacts_dir=art, redis_url=worker_env)) as url, httpx.Client(base_url=url) as http:
+        post(http, "u1", as_reviews(log, 0, 200))
+        assert asyncio.run(hold(True))
+        capsys.readouterr()
+        assert main(["srs", "refit", "--model", MODEL, "--artifacts", str(art)]) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+        assert lines == [{"user_id": "u1", "refitted": False, "reason": "another worker holds its lease"},
+                         {"users": 1, "refitted": 0}]
+        assert http.get(f"/v1/srs/{MODEL}/users/u1").json()["parameters"]["fitted_on"] == 0
+        asyncio.run(hold(False))
+        assert refit(art, monkeypatch, capsys) == {"users": 1, "refitted": 1}
+        assert http.get(f"/v1/srs/{MODEL}/users/u1").json()["parameters"]["fitted_on"] == 200
+
+
 def test_two_users_get_their_own_parameters_and_their_own_curves_from_one_artifact(art, worker_env, serve,
                                                                                    monkeypatch, capsys):
     path = art / MODEL / demo.VERSION

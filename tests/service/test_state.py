@@ -307,6 +307,30 @@ def test_scan_walks_every_key_of_a_prefix_once(open_store: Opener) -> None:
     asyncio.run(body())
 
 
+def test_a_lease_has_one_owner_until_released_or_lapsed(open_store: Opener) -> None:
+    """Two workers never hold one key's lease at once; only its owner releases it; a lapsed lease can be taken; a
+    lease is per key, and is neither a state nor a key a walk finds."""
+
+    async def body() -> None:
+        async with open_store() as store:
+            assert await store.lease(KEY, "a", 60_000)
+            assert not await store.lease(KEY, "b", 60_000)
+            assert not await store.lease(KEY, "a", 60_000)  # (not re-entrant: a second fit of one user waits too)
+            assert await store.lease(KEY + "x", "b", 60_000)  # another key's lease
+            await store.release(KEY, "b")  # not b's: kept
+            assert not await store.lease(KEY, "b", 60_000)
+            await store.release(KEY, "a")
+            assert await store.lease(KEY, "b", 150)
+            await asyncio.sleep(0.3)  # b's lapsed (a dead worker's), and a takes it
+            assert await store.lease(KEY, "a", 60_000)
+            await store.release(KEY, "b")  # b, whose lease lapsed, cannot drop a's
+            assert not await store.lease(KEY, "c", 60_000)
+            assert not (await store.get(KEY)).exists
+            assert (await store.scan(KEY[:-2]))[1] == []
+
+    asyncio.run(body())
+
+
 def test_no_lost_updates_under_concurrency(open_store: Opener) -> None:
     """50 tasks x 40 increments on one key, each a read / seen / CAS / retry loop: all 2,000 land.
 
