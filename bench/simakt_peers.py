@@ -31,9 +31,10 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from nextstep.training.data import Vocabulary
 from nextstep.training.kt.data import load_dataset, split_students
 from nextstep.training.kt.simakt_export import load_simakt
-from nextstep.training.kt.simakt_run import KTVocab, trajectories
+from nextstep.training.kt.simakt_run import trajectories
 
 
 @torch.no_grad()
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     model, manifest = load_simakt(Path(args.artifact))
     model.eval()
-    vocab = KTVocab.from_json(json.loads((Path(args.artifact) / manifest["vocabularies"]["questions"]).read_text()))
+    vocab = Vocabulary.from_json(json.loads((Path(args.artifact) / manifest["vocabularies"]["questions"]).read_text()))
     train, _ = load_dataset(args.data)
     fit_ds, valid_ds = split_students(train, 0.1, args.seed)
     peers = encode(model, *trajectories(fit_ds, vocab, model.cfg.window))

@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nextstep.training.data import Vocabulary
 from nextstep.training.kt.banks import load_banks
 from nextstep.training.kt.data import load_dataset
 from nextstep.training.kt.loop import batches
 from nextstep.training.kt.simakt_export import load_simakt
-from nextstep.training.kt.simakt_run import KTVocab, bank_tensors, binary_metrics, predict, sequences
+from nextstep.training.kt.simakt_run import bank_tensors, binary_metrics, predict, sequences
 
 
 def join_cut(seqs: list, cut: int) -> list:
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     art = Path(args.artifact)
     model, manifest = load_simakt(art)
     banks = load_banks(art / manifest["banks"]["dir"] / manifest["banks"]["default"], model) if model.heads else []
-    vocab = KTVocab.from_json(json.loads((art / manifest["vocabularies"]["questions"]).read_text()))
+    vocab = Vocabulary.from_json(json.loads((art / manifest["vocabularies"]["questions"]).read_text()))
     seqs = sequences(load_dataset(args.data)[1], vocab)
     if args.join_cut:
         seqs = join_cut(seqs, args.join_cut)
