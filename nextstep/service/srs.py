@@ -72,7 +72,7 @@ import hashlib
 import json
 import math
 import time as _time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,6 +233,20 @@ class History:
         return float(self.recent["time"][-1]) if len(self.recent) else None
 
 
+@dataclass(frozen=True)
+class Moved:
+    """A user's state for a layout, rebuilt from their state under another layout of the model (`carried`): the
+    key it came from, the history (every card's field), the fields to write, and what the answer says of it."""
+
+    source: str
+    history: History
+    fields: dict[str, bytes]
+    said: dict
+
+
+NOT_REBUILT = {"rebuilt_from_events": 0}
+
+
 def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
     if not blob:
         return np.zeros(0, dtype=ROW)
@@ -289,11 +303,44 @@ def window(model: LoadedModel, history: History, card_id: str) -> np.ndarray:
     card_rows = history.cards.get(card_id, np.zeros(0, dtype=ROW))
     seqs = select(card_rows["seq"], n, size, card_size)
     first_recent = n - len(recent)
+    if len(recent) != min(n, size) or (len(recent) and int(recent["seq"][0]) != first_recent):
+        # a state rebuilt from narrower windows (`carried`) lacks reviews the store no longer held, until newer
+        # ones replace them: the window is the rows it has of those the rule picks
+        held = np.concatenate([card_rows, recent])
+        _, first = np.unique(held["seq"], return_index=True)
+        held = held[first]
+        return held[np.isin(held["seq"], seqs)]
     older = seqs[seqs < first_recent]  # only the card's rows can be older than the recent block
     at = np.searchsorted(card_rows["seq"], older)
     if len(older) and not np.array_equal(card_rows["seq"][np.minimum(at, len(card_rows) - 1)], older):
         raise RuntimeError(f"stored reviews of card {card_id!r} lack rows {older.tolist()} that the window needs")
     return np.concatenate([card_rows[at], recent[seqs[seqs >= first_recent] - first_recent]])
+
+
+def _tail(rows: np.ndarray, size: int) -> np.ndarray:
+    """The rows (ROW, in sequence order) of the user's last `size` reviews: the recent block."""
+    return rows[rows["seq"] > rows["seq"][-1] - size] if len(rows) else rows
+
+
+def carried(recent: np.ndarray, fields: Mapping[str, bytes], window: tuple[int, int]
+            ) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
+    """A user's stored reviews under another layout (its recent block and every card's field) laid out for `window`
+    (size, card_size): (the new recent block: the reviews held of the last `size`; each card's new field: the
+    reviews held of its last `card_size`; how many distinct reviews were held). A card's reviews are those of its
+    field and those of the recent block with its id's hash. Where the new windows are no larger than the old,
+    every review they keep was held, and the result is what the new layout would have stored."""
+    from .srs_refit import stored_rows
+
+    rows = stored_rows(recent, fields)  # every review held, once, in sequence order
+    size, card_size = window
+    order = np.argsort(rows["card"], kind="stable")  # by card, each card's in sequence order
+    by_card = rows["card"][order]
+    cards = {}
+    for card in fields:
+        h = id_hash(card)
+        own = rows[order[np.searchsorted(by_card, h, "left"):np.searchsorted(by_card, h, "right")]]
+        cards[card] = own[max(len(own) - card_size, 0):] if card_size else own[:0]
+    return _tail(rows, size), cards, len(rows)
 
 
 def _width(rows: int, size: int) -> int:
@@ -376,6 +423,105 @@ class SpacedRepetition(StatefulTask):
         stored, _ = await self.store.read(key, fields=list(dict.fromkeys(cards)))
         return _decode(stored)
 
+    # ------------------------------------------------------------------ other layouts of the model
+
+    def layouts(self, model: LoadedModel) -> list[tuple[str, tuple[int, int]]]:
+        """(schema, window) of the model's other stored layouts the registry knows (its loaded versions with other
+        window sizes), newest version first, each once."""
+        seen, out = {model.schema}, []
+        versions = [m for m in self.registry.models() if m.name == model.name and m.task == self.TASK]
+        for m in sorted(versions, key=lambda m: (str(m.manifest.get("created")), m.version), reverse=True):
+            if m.schema not in seen:
+                seen.add(m.schema)
+                out.append((m.schema, m.extra.window))
+        return out
+
+    def _key_of(self, model: LoadedModel, schema: str, user_id: str) -> str:
+        return f"{self.PREFIX}:{model.name}:{schema}:{user_id}"
+
+    async def _rebuild(self, model: LoadedModel, user_id: str, target: StoredState) -> Moved | None:
+        """The user's state for `model`'s layout (which has none: `target`) rebuilt from their state under the
+        newest other layout that has one (`layouts`), or None when none has: its reviews laid out for this
+        layout's windows (`carried`), its card count, drift sums, scored count and FSRS-6 parameters carried over.
+        What the answer says: `rebuilt_from_events` (the reviews read), and, where this layout's windows are larger,
+        `reviews_not_held`: the user's reviews the old layout no longer held (the new windows lack them until newer
+        reviews replace them)."""
+        for schema, old_window in self.layouts(model):
+            source = self._key_of(model, schema, user_id)
+            stored = await self.store.read_all(source)
+            if not stored.exists or not stored.blob:
+                continue
+            old = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
+            if not len(old.recent):
+                continue
+            recent, cards, held = carried(old.recent, stored.fields, model.extra.window)
+            said = {"rebuilt_from_events": held}
+            size, card_size = model.extra.window
+            if (size > old_window[0] or card_size > old_window[1]) and old.count > held:
+                said["reviews_not_held"] = old.count - held
+            history = History(target, recent, cards, old.n_cards, old.drift, old.scored, old.fit)
+            return Moved(source, history, {card: rows.tobytes() for card, rows in cards.items()}, said)
+        return None
+
+    async def _carry(self, model: LoadedModel, user_id: str, target: StoredState) -> dict:
+        """Store the user's state for `model`'s layout (which has none: `target`) rebuilt from another layout's
+        (`_rebuild`), with a compare-and-set that holds only if it still has none; what the answer says of it
+        (`rebuilt_from_events` 0: nothing to rebuild, or another request stored a state first)."""
+        moved = await self._rebuild(model, user_id, target)
+        if moved is None:
+            return NOT_REBUILT
+        h = moved.history
+        written = await self.store.compare_and_set(self.key(model, user_id), target.version,
+                                                   _encode(h.recent, h.n_cards, h.drift, h.scored, h.fit), h.count,
+                                                   fields=moved.fields)
+        return moved.said if written is not None else NOT_REBUILT
+
+    async def _history(self, model: LoadedModel, user_id: str, cards: Sequence[str]) -> tuple[History, dict]:
+        """(the user's history for `model` with the fields of `cards`, what the answer says of a rebuild): a user
+        without a state under this layout but with one under another has it rebuilt and stored first."""
+        key = self.key(model, user_id)
+        history = await self._read(key, cards)
+        if history.stored.exists:
+            return history, NOT_REBUILT
+        said = await self._carry(model, user_id, history.stored)
+        return (await self._read(key, cards) if said["rebuilt_from_events"] else history), said
+
+    async def entities(self, model: LoadedModel, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+        """A step of a walk over the users stored under the model's other layouts (`layouts`), one layout after the
+        other: the cursor is "<schema>/<the store's cursor>" ("0": start, and once the walk is over)."""
+        schemas = [schema for schema, _ in self.layouts(model)]
+        if cursor == "0":
+            at, inner = 0, "0"
+        else:
+            schema, sep, inner = cursor.partition("/")
+            if not sep or schema not in schemas:
+                raise ValueError(f"not a migration cursor of model {model.name}: {cursor!r}")
+            at = schemas.index(schema)
+        if at >= len(schemas):
+            return "0", []
+        prefix = self._key_of(model, schemas[at], "")
+        following, keys = await self.store.scan(prefix, inner, count)
+        if following == "0":
+            following = f"{schemas[at + 1]}/0" if at + 1 < len(schemas) else "0"
+        else:
+            following = f"{schemas[at]}/{following}"
+        return following, [k[len(prefix):] for k in keys]
+
+    async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
+        """A user stored under another layout given a state under `model`'s (rebuilt from the newest other layout
+        that has one): (reviews it was rebuilt from, True). A user who has one already costs one read."""
+        stored = await self.store.get(self.key(model, entity))
+        if stored.exists:
+            return 0, True
+        return (await self._carry(model, entity, stored))["rebuilt_from_events"], True
+
+    async def delete(self, model_name: str, entity: str) -> bool:
+        """Delete the user's reviews under every layout of the model the registry knows (else another layout's would
+        be rebuilt on their next request)."""
+        model = self.model(model_name)
+        keys = [self.key(model, entity)] + [self._key_of(model, schema, entity) for schema, _ in self.layouts(model)]
+        return any([await self.store.delete(key) for key in keys])
+
     async def _run(self, model: LoadedModel, hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray,
                    decks: np.ndarray, times: np.ndarray, graph: str = "predict",
                    **extra: np.ndarray) -> dict[str, np.ndarray]:
@@ -448,7 +594,14 @@ class SpacedRepetition(StatefulTask):
         asked = [r.card_id for r in reviews] + ([predict[0]] if predict is not None else [])
 
         async def attempt(stored: StoredState, fresh: list[int], *_) -> Change:
-            history = _decode(stored)
+            history, said, carried_fields = _decode(stored), NOT_REBUILT, {}
+            if not stored.exists:  # a first write under this layout: the user's state under another, if any
+                moved = await self._rebuild(model, user_id, stored)
+                if moved is not None:
+                    history, said, carried_fields = moved.history, moved.said, moved.fields
+                    ids = [reviews[i].event_id for i in fresh if reviews[i].event_id is not None]
+                    applied = await self.store.seen(moved.source, ids) if ids else set()  # (its replay window)
+                    fresh = [i for i in fresh if reviews[i].event_id not in applied]
             last = history.last_time
             if fresh and last is not None and reviews[fresh[0]].time < last:
                 i = fresh[0]
@@ -466,7 +619,7 @@ class SpacedRepetition(StatefulTask):
             windows = []  # each new review's window, before it (for FSRS-6's error on it: the drift)
             for j, i in enumerate(fresh):
                 card = reviews[i].card_id
-                before = History(history.stored, np.concatenate([history.recent, new[:j]])[-size:],
+                before = History(history.stored, _tail(np.concatenate([history.recent, new[:j]]), size),
                                  {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
                 windows.append(window(model, before, card))
                 added.setdefault(card, []).append(j)
@@ -475,7 +628,7 @@ class SpacedRepetition(StatefulTask):
             scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
             touched = {card: field(card) for card in added}  # after the errors: the fields carry them too
             n_cards = history.n_cards + sum(card not in history.cards for card in added)
-            recent = np.concatenate([history.recent, new])[-size:]
+            recent = _tail(np.concatenate([history.recent, new]), size)
             after = History(history.stored, recent, {**history.cards, **touched}, n_cards, drift, scored, history.fit)
             at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
 
@@ -488,12 +641,14 @@ class SpacedRepetition(StatefulTask):
                 return {"user_id": user_id, "model": model.name, "version": model.version,
                         "applied": len(fresh), "replayed": len(reviews) - len(fresh),
                         "reviews_total": written.events, "last_review_time": after.last_time,
-                        "state_version": written.version,
+                        "state_version": written.version, **said,
                         "prediction": await self._answer(model, after, predict[0], predict[1], at)
                         if predict is not None else None}
 
-            return Change(_encode(recent, n_cards, drift, scored, history.fit) if fresh else None, answer, len(fresh),
-                          {card: rows.tobytes() for card, rows in touched.items()})
+            moved = said["rebuilt_from_events"] > 0
+            return Change(_encode(recent, n_cards, drift, scored, history.fit) if fresh or moved else None, answer,
+                          len(fresh) + (history.count if moved else 0),
+                          {**carried_fields, **{card: rows.tobytes() for card, rows in touched.items()}})
 
         return await self.write(model, self.key(model, user_id), f"user {user_id!r}", [r.event_id for r in reviews],
                                 attempt, fields=list(dict.fromkeys(asked)))
@@ -507,11 +662,11 @@ class SpacedRepetition(StatefulTask):
             raise InvalidInput("card_id", "must not be empty")
         if at is not None:
             check_time(at, "time")
-        history = await self._read(self.key(model, user_id), [card_id])
+        history, said = await self._history(model, user_id, [card_id])
         at = self._query_time(history, at, "time")
         answer = await self._answer(model, history, card_id, deck_id, at)
         return {"user_id": user_id, "model": model.name, "version": model.version,
-                "reviews_total": history.stored.events, **answer}
+                "reviews_total": history.stored.events, **said, **answer}
 
     @operation
     async def schedule(self, model_name: str, user_id: str, cards: list[tuple[str, str]], retention: float,
@@ -535,7 +690,7 @@ class SpacedRepetition(StatefulTask):
                 raise InvalidInput(f"cards[{i}].card_id", "must not be empty")
         if now is not None:
             check_time(now, "now")
-        history = await self._read(self.key(model, user_id), [c for c, _ in cards])
+        history, said = await self._history(model, user_id, [c for c, _ in cards])
         now = self._query_time(history, now, "now")
         windows = [window(model, history, card) for card, _ in cards]
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
@@ -567,7 +722,7 @@ class SpacedRepetition(StatefulTask):
                    for i in range(n)]
         return {"user_id": user_id, "model": model.name, "version": model.version, "now": now,
                 "desired_retention": retention, "horizon_days": horizon_days,
-                "max_interval_days": self.max_interval_days, "reviews_total": history.stored.events,
+                "max_interval_days": self.max_interval_days, "reviews_total": history.stored.events, **said,
                 "cards": results}
 
     @operation
@@ -601,12 +756,20 @@ class SpacedRepetition(StatefulTask):
         if now is not None:
             check_time(now, "now")
         key = self.key(model, user_id)
-        if cards is None:  # every card the user has: their fields, decoded together below
-            stored = await self.store.read_all(key)
-            asked = list(stored.fields)
-        else:
+
+        async def read() -> tuple[StoredState, list[str]]:
+            if cards is None:  # every card the user has: their fields, decoded together below
+                stored = await self.store.read_all(key)
+                return stored, list(stored.fields)
             asked = list(dict.fromkeys(c for c, _ in cards))
-            stored, _ = await self.store.read(key, fields=asked)
+            return (await self.store.read(key, fields=asked))[0], asked
+
+        stored, asked = await read()
+        said = NOT_REBUILT
+        if not stored.exists:
+            said = await self._carry(model, user_id, stored)
+            if said["rebuilt_from_events"]:
+                stored, asked = await read()
         history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
         fields = stored.fields
         reviewed = [c for c in asked if fields.get(c)]
@@ -670,7 +833,7 @@ class SpacedRepetition(StatefulTask):
                 "new_cards_per_day": new_cards_per_day, "seconds_per_new_card": new_s, "sampled_cards": sampled,
                 "model_curve": {"stretch": curve.stretch, "decay": curve.decay},
                 "replicas": int(out["replicas"]), "seed": seed, "max_interval_days": max_interval,
-                "reviews_total": history.stored.events, "retentions": results}
+                "reviews_total": history.stored.events, **said, "retentions": results}
 
     async def _calibrate(self, model: LoadedModel, history: History, deck: tuple[np.ndarray, np.ndarray, np.ndarray],
                          reviewed: list[str], stability: np.ndarray, last_time: np.ndarray, now: float,
@@ -751,6 +914,8 @@ class SpacedRepetition(StatefulTask):
         model = self.model(model_name, user_id)
         key = self.key(model, user_id)
         header = _decode(await self.store.get(key))
+        if not header.stored.exists and (await self._carry(model, user_id, header.stored))["rebuilt_from_events"]:
+            header = _decode(await self.store.get(key))  # (rebuilt from another layout's state)
         out = {"user_id": user_id, "model": model.name, "refitted": False}
         if not header.stored.exists:
             return {**out, "reason": "no reviews"}
@@ -780,12 +945,18 @@ class SpacedRepetition(StatefulTask):
 
     async def summary(self, model_name: str, user_id: str) -> dict:
         model = self.model(model_name, user_id)
-        history = _decode(await self.store.get(self.key(model, user_id)))
+        key = self.key(model, user_id)
+        history = _decode(await self.store.get(key))
+        said = NOT_REBUILT
+        if not history.stored.exists:
+            said = await self._carry(model, user_id, history.stored)
+            if said["rebuilt_from_events"]:
+                history = _decode(await self.store.get(key))
         stored = history.stored
         fit = history.fit
         return {"user_id": user_id, "model": model.name, "version": model.version, "exists": stored.exists,
                 "reviews_total": stored.events, "last_review_time": history.last_time, "cards": history.n_cards,
-                "state_version": stored.version, "last_update": stored.updated,
+                "state_version": stored.version, "last_update": stored.updated, **said,
                 "parameters": {"w": [float(x) for x in (fit.w if fit.w is not None else default_params(model))],
                                "fitted_on": fit.fitted_on, "fitted_at": fit.fitted_at,
                                "scored_reviews": history.scored if history.scored >= 0 else None}}

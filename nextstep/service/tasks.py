@@ -51,8 +51,9 @@ class TaskPlugin:
     attr: str  # app.state.<attr>: the service its routes' dependency reads
     store: Callable[[Settings], dict]  # its state store's options from the settings (make_store: TTL, log bounds)
     build: Callable[[Shared, StateStore], StatefulTask]  # its service, over its store, from its settings
-    # None where each version keeps its own state of an entity (the event log's); else why there is none, as the
-    # refusals of POST /v1/models/{model}/migrate ("is a <task> model: ...") and of a shadow rollout say it
+    # None where a migration brings an entity's state to a version (knowledge tracing and sessions: from the event
+    # log; flashcards: from another window layout's stored reviews); else why there is none, as the refusals of
+    # POST /v1/models/{model}/migrate ("is a <task> model: ...") and of a shadow rollout say it
     no_migrate: str | None = None
     no_shadow: str | None = None
 
@@ -81,7 +82,8 @@ def service(app: FastAPI, task: str) -> StatefulTask:
 
 
 def stateful_task(app: FastAPI, task: str) -> StatefulTask | None:
-    """The service of a task whose entities have event logs and whose versions keep states of their own
-    (knowledge tracing, sessions); None for the others (flashcards)."""
+    """The service of a task whose entities' states a migration brings to a version (`migrate`: knowledge tracing and
+    sessions from their event logs, flashcards from another window layout's stored reviews); None for a task that
+    refuses (`no_migrate`)."""
     found = plugin(task)
     return getattr(app.state, found.attr) if found is not None and found.no_migrate is None else None

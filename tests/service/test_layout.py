@@ -50,4 +50,4 @@ def test_each_task_is_one_plugin_and_the_app_serves_every_one(tmp_path: Path) ->
             assert {(r.path, frozenset(r.methods)) for r in p.router.routes} <= served, p.spec.name
             assert isinstance(getattr(app.state, p.attr), p.service)
             assert (stateful_task(app, p.spec.name) is None) == (p.no_migrate is not None)
-    assert [p.spec.name for p in plugins() if p.no_migrate] == ["srs"]
+    assert [p.spec.name for p in plugins() if p.no_migrate] == []  # (flashcards migrate across window layouts)

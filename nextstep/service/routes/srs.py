@@ -139,22 +139,23 @@ PREDICTION = {"card_id": "card-17", "deck_id": "spanish", "time": 1767312000.0,
               "expected_duration_s": 5.8, "history_used": 1, "card_reviews": 1}
 USER = {"user_id": "user-42", "model": "time_aware", "version": "1"}
 REVIEWS = {**USER, "applied": 1, "replayed": 0, "reviews_total": 1, "last_review_time": 1767225600.0,
-           "state_version": 1, "prediction": {**PREDICTION, "card_id": "card-18", "card_reviews": 0}}
-PREDICT = {**USER, "reviews_total": 1, **PREDICTION}
+           "state_version": 1, "rebuilt_from_events": 0,
+           "prediction": {**PREDICTION, "card_id": "card-18", "card_reviews": 0}}
+PREDICT = {**USER, "reviews_total": 1, "rebuilt_from_events": 0, **PREDICTION}
 SCHEDULE = {**USER, "now": 1767312000.0, "desired_retention": 0.9, "horizon_days": 36500.0,
-            "max_interval_days": 1825.0, "reviews_total": 1,
+            "max_interval_days": 1825.0, "reviews_total": 1, "rebuilt_from_events": 0,
             "cards": [{"card_id": "card-17", "deck_id": "spanish", "status": "scheduled", "due": 1767657600.0,
                        "interval_days": 4.0, "p_recall_at_due": 0.9, "expected_duration_s": 5.9}]}
 SIMULATE = {**USER, "now": 1767312000.0, "days": 3, "cards": 412, "new_cards": 200, "new_cards_introduced": 30,
             "new_cards_per_day": 10, "seconds_per_new_card": 14.2, "sampled_cards": 24,
             "model_curve": {"stretch": 1.08, "decay": 0.19}, "replicas": 5, "seed": 0,
-            "max_interval_days": 1825, "reviews_total": 2210,
+            "max_interval_days": 1825, "reviews_total": 2210, "rebuilt_from_events": 0,
             "retentions": [{"desired_retention": 0.9, "reviews_per_day": [61.4, 38.2, 35.0],
                             "minutes_per_day": [9.1, 5.9, 5.5], "total_reviews": 134.6, "total_minutes": 20.5,
                             "mean_minutes_per_day": 6.83, "recalled_at_end": 391.7, "interval_ratio_to_fsrs6": 1.12,
                             "seconds_per_review": 7.9}]}
 SUMMARY = {**USER, "exists": True, "reviews_total": 1, "last_review_time": 1767225600.0, "cards": 1,
-           "state_version": 1, "last_update": 1767225601.0,
+           "state_version": 1, "last_update": 1767225601.0, "rebuilt_from_events": 0,
            "parameters": {"w": [0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796,
                                 1.4835, 0.0614, 0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542],
                           "fitted_on": 0, "fitted_at": None, "scored_reviews": 0}}
@@ -222,9 +223,9 @@ def _service(app: Shared, store) -> SpacedRepetition:
 
 
 # users keep their reviews for years: NEXTSTEP_SRS_TTL_SECONDS idle (two years; 0: never). The stored reviews are the
-# user's log, shared by every version of a layout: no state of a version's own to migrate or shadow
+# user's log, shared by every version of a layout: a migration rebuilds them for a version with other window sizes
+# (SpacedRepetition.entities, catch_up); no state of a version's own to shadow
 TASK = TaskPlugin(SPEC, SpacedRepetition, router, "srs", build=_service,
                   store=lambda s: {"ttl_seconds": s.srs_ttl_seconds or None},
-                  no_migrate="its versions share their users' stored reviews, there is nothing to migrate",
                   no_shadow="is a flashcard model: its versions share each user's stored reviews and keep no state "
                             "of their own to shadow; use a canary")
