@@ -297,7 +297,7 @@ def cmd_events_export(args) -> int:
     import asyncio
 
     from .service.errors import StoreUnavailable
-    from .service.event_export import LAYOUTS, export_events
+    from .service.event_export import EXPORTED, export_events, srs_schemas
     from .service.stores import make_store
 
     settings = _service_settings(args, "events export")
@@ -305,17 +305,21 @@ def cmd_events_export(args) -> int:
     task = args.task or (manifest or {}).get("task")
     if task is None:
         raise SystemExit(f"events export: no artifact of {args.model!r} under {settings.artifacts_dir} to tell its "
-                         f"task: pass --task ({', '.join(LAYOUTS)})")
-    if task not in LAYOUTS:
+                         f"task: pass --task ({', '.join(EXPORTED)})")
+    if task not in EXPORTED:
         raise SystemExit(f"events export: {args.model} is a {task} model; events are exported for "
-                         f"{', '.join(LAYOUTS)} models (flashcard reviews: GET /v1/srs/{{model}}/users/{{id}})")
+                         f"{', '.join(EXPORTED)} models")
     n_cats = ((manifest or {}).get("responses") or {}).get("n_cats") if task == "knowledge_tracing" else None
+    # flashcards: the window layouts of the model's versions, newest first (a user's reviews come from the newest
+    # layout that holds them)
+    schemas = srs_schemas(settings.artifacts_dir, args.model) if task == "srs" else []
 
     async def run() -> dict:
         store = make_store(settings.redis_url, ttl_seconds=None, options=settings.redis_options())
         try:
             return await export_events(store, task, args.model, Path(args.out), test_fraction=args.test_fraction,
-                                       n_cats=n_cats, progress=None if args.quiet else lambda c: print(
+                                       n_cats=n_cats, schemas=schemas,
+                                       progress=None if args.quiet else lambda c: print(
                                            f"{c['entities']} entities, {c['events']} events", file=sys.stderr))
         finally:
             await store.close()
@@ -729,13 +733,14 @@ def build_parser() -> argparse.ArgumentParser:
     export_ev = events_sub.add_parser(
         "export", help="write a model's event logs as training files (train and test, split by entity)",
         description="Write every learner's (or session's) logged events as the files `nextstep train` reads for "
-                    "the model's family: the long CSV for knowledge tracing, GRU4Rec's TSV for sessions, gzipped, "
-                    "split into train and test by a hash of the entity id. Reads NEXTSTEP_* settings.")
+                    "the model's family: the long CSV for knowledge tracing, GRU4Rec's TSV for sessions, the "
+                    "review-log CSV of each flashcard user's stored reviews, gzipped, split into train and test by a "
+                    "hash of the entity id. Reads NEXTSTEP_* settings.")
     export_ev.add_argument("--model", required=True, help="the model's name (its entities' logs are read)")
     export_ev.add_argument("--out", required=True, help="folder to write (files of an earlier export are refused)")
     export_ev.add_argument("--test-fraction", type=_fraction, default=0.2,
                            help="share of entities written to the test file (default 0.2; 0: all to train)")
-    export_ev.add_argument("--task", choices=("knowledge_tracing", "next_item"),
+    export_ev.add_argument("--task", choices=("knowledge_tracing", "next_item", "srs"),
                            help="the model's task (default: read from its artifact)")
     export_ev.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR)")
     export_ev.add_argument("--quiet", action="store_true", help="no progress lines")
