@@ -22,6 +22,22 @@ sizes goes on from them; see schema_hash):
 Each stored review is a fixed 42-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
 the review count is the next one), the card and deck as int64, the time, the duration, rating and state, and
 FSRS-6's error on it (below).
+
+Other layouts. The stored reviews are the user's log (issue 37): a version whose window sizes differ from those of
+the version that stored them finds no state under its own schema, and builds one (`_rebuild`, `carried`) from the
+user's state under the newest other layout of the model that has one (`layouts`: the schemas of the model's other
+loaded versions, newest first): the reviews held there (the recent block and every card's field, each once by
+sequence number) laid out for its windows, with the header's card count, drift sums, scored count and FSRS-6
+parameters carried over, written with the store's compare-and-set (a first write under the layout takes the rebuilt
+reviews with it; a read stores it by itself, `_carry`). The answer says `rebuilt_from_events` (the reviews read; 0
+otherwise) and, where the new windows are larger, `reviews_not_held` (the user's reviews the old layout no longer
+held). With windows no larger, every review the new layout keeps was held, and the state equals the one the same
+reviews recorded under the new layout give (each review's FSRS-6 error depends on its card's last `card_size`
+reviews only, so with the same card window the errors and the drift are the same too); with larger windows the new
+recent block has gaps, which `window` leaves out, until `size` newer reviews fill it. Only the first write under a
+layout rebuilds: a layout that already holds a state for the user never looks at the others. A migration
+(`entities`, `catch_up`: POST /v1/models/{model}/migrate, `nextstep states migrate`) rebuilds every user of the other
+layouts ahead of their first request; `delete` removes the user under every layout.
 A request reads the blob and only the fields of the cards it names, in one round trip, and writes them
 back with one compare-and-set, so the cost of a request does not grow with the number of cards a user has.
 The review count is the store's event counter.

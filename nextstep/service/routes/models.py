@@ -191,8 +191,10 @@ async def abort_rollout(request: Request, model: Annotated[str, PathParam(descri
                          "from its event log, as its first request to that version would, so that no request "
                          "waits for it after `latest` moves. Call again with the answer's `cursor` until "
                          "`done`: each call is one page, so the caller sets the pace, and a walk can stop and "
-                         "resume anywhere; it is safe while serving, from any replica. Flashcard models need "
-                         "none: their versions share their users' stored reviews.",
+                         "resume anywhere; it is safe while serving, from any replica. Flashcard models: the "
+                         "users stored under the model's other window layouts (its other loaded versions' window "
+                         "sizes) each get a state for the version's layout rebuilt from their stored reviews; "
+                         "versions of one layout share their users' reviews, and have no one to walk.",
              responses=answer({"model": "deep_gpcm", "version": "2", "cursor": "1792", "done": False,
                                "entities": 500, "rebuilt": 496, "events": 61390, "lagging": 0}, 404, 422))
 
