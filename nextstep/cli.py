@@ -244,7 +244,7 @@ def cmd_states_migrate(args) -> int:
 
     from .service.app import create_app
     from .service.errors import StoreUnavailable, UnknownModel
-    from .service.tasks import stateful_task
+    from .service.tasks import plugin, stateful_task
 
     settings = _service_settings(args, "states migrate")
 
@@ -254,8 +254,8 @@ def cmd_states_migrate(args) -> int:
             model = app.state.registry.get(args.model, args.to)
             task = stateful_task(app, model.task)
             if task is None:
-                raise SystemExit(f"states migrate: {model.name} is a {model.task} model: its versions share their "
-                                 "users' stored reviews, there is nothing to migrate")
+                raise SystemExit(f"states migrate: {model.name} is a {model.task} model: "
+                                 f"{plugin(model.task).no_migrate}")
             totals = {"model": model.name, "version": model.version, "entities": 0, "rebuilt": 0, "events": 0,
                       "lagging": 0}
             started, cursor = time.monotonic(), args.cursor
