@@ -21,8 +21,8 @@ rows, how its blob is laid out, and what it answers. What they share lives here:
 * `model(name, entity)` - the version that answers an entity: a canary rollout's candidate for the entities in its
   fraction (rollouts.py); `shadow` queues a shadow rollout's candidate to follow an entity's log after a write
   (`run_shadows`, `follow_log`), off the request path.
-* `migrate` - a page of entities (`entities`: the store's scan) caught up with their logs for a version
-  (`catch_up`), for `nextstep states migrate` and POST /v1/models/{model}/migrate.
+* `migrate` - a page of entities (`to_migrate`: by default `entities`, the store's scan) caught up with their logs
+  for a version (`catch_up`), for `nextstep states migrate` and POST /v1/models/{model}/migrate.
 """
 
 import asyncio
@@ -178,17 +178,22 @@ class StatefulTask:
         following, keys = await self.store.scan(prefix, cursor, count)
         return following, [k[len(prefix):] for k in keys]
 
+    async def to_migrate(self, model: LoadedModel, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+        """A step of a walk over the entities a migration to `model` visits (`migrate`): those of `entities`, unless
+        the task finds them elsewhere."""
+        return await self.entities(model, cursor, count)
+
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         """Fold into the entity's state for `model` the logged events it lacks, and store it: (events folded,
         whether the stored state is now current: False when another write came first)."""
         raise NotImplementedError
 
     async def migrate(self, model: LoadedModel, cursor: str = "0", count: int = 500, tries: int = 3) -> dict:
-        """One page of a migration to `model`'s version: each entity of the page (`entities`) caught up with its
+        """One page of a migration to `model`'s version: each entity of the page (`to_migrate`) caught up with its
         log and stored (`catch_up`, again when another write came first, up to `tries`). Safe while serving and
         from any number of processes: every write is a compare-and-set that holds only if the log did not move;
         a second walk finds nothing to do for the entities the first brought up to date."""
-        following, entities = await self.entities(model, cursor, count)
+        following, entities = await self.to_migrate(model, cursor, count)
         rebuilt = events = lagging = 0
         for entity in entities:
             for _ in range(tries):

@@ -36,8 +36,8 @@ reviews recorded under the new layout give (each review's FSRS-6 error depends o
 reviews only, so with the same card window the errors and the drift are the same too); with larger windows the new
 recent block has gaps, which `window` leaves out, until `size` newer reviews fill it. Only the first write under a
 layout rebuilds: a layout that already holds a state for the user never looks at the others. A migration
-(`entities`, `catch_up`: POST /v1/models/{model}/migrate, `nextstep states migrate`) rebuilds every user of the other
-layouts ahead of their first request; `delete` removes the user under every layout.
+(`to_migrate`, `catch_up`: POST /v1/models/{model}/migrate, `nextstep states migrate`) rebuilds every user of the
+other layouts ahead of their first request; `delete` removes the user under every layout.
 A request reads the blob and only the fields of the cards it names, in one round trip, and writes them
 back with one compare-and-set, so the cost of a request does not grow with the number of cards a user has.
 The review count is the store's event counter.
@@ -502,7 +502,7 @@ class SpacedRepetition(StatefulTask):
         said = await self._carry(model, user_id, history.stored)
         return (await self._read(key, cards) if said["rebuilt_from_events"] else history), said
 
-    async def entities(self, model: LoadedModel, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
+    async def to_migrate(self, model: LoadedModel, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
         """A step of a walk over the users stored under the model's other layouts (`layouts`), one layout after the
         other: the cursor is "<schema>/<the store's cursor>" ("0": start, and once the walk is over)."""
         schemas = [schema for schema, _ in self.layouts(model)]
