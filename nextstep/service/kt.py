@@ -307,11 +307,11 @@ class KnowledgeTracer(StatefulTask):
 
     async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
         key, schema = self.key(model, entity), self.schema(model)
-        bank = await self.banks.current(model)
         stored = await self.store.get(key, schema=schema)
-        behind = await self.behind(key, stored)
         if stored.behind <= 0:
             return True
+        bank = await self.banks.current(model)
+        behind = await self.behind(key, stored)
         state, _ = await self._decode(model, stored, bank)
         split = self._split(stored, behind, since)
         state, said = await self._catch_up(model, state, Behind(behind.rows[:split], behind.missing), bank)
