@@ -22,6 +22,11 @@ Per user (each folder holding one user's data, read as `nextstep train/evaluate 
    t = S / f * (r^(-1/w20) - 1), f = 0.9^(-1/w20) - 1 (R(t) = (1 + f t / S)^-w20 = r), in days, unrounded, capped
    at the same maximum interval as the service's.
 
+`--set gap_shrink=true --export-to DIR` first re-exports the artifact with those model settings changed (settings
+without weights only, such as `gap_shrink`: the trained weights are loaded as they are, the setting changed on the
+model, and the export's parity and monotonicity checks run again, as `nextstep export` runs them) into DIR, which
+`nextstep evaluate DIR` can then score, and measures that.
+
 Prints per user: cards, the median ratio served / FSRS-6 at each retention, the share of cards with a ratio above
 2 and below 0.5, the median and largest served interval; with --json, all of it as JSON. Not a speed bench: it
 states what the schedules are. About 1-3 minutes a user on one core (a schedule request per card and retention).
@@ -50,6 +55,30 @@ from nextstep.training.srs.reviews import ReviewLog, read_users
 
 MODEL = "time_aware"
 POST_BATCH = 100
+
+
+def reexport_with(artifact: Path, out: Path, changes: dict) -> Path:
+    """A new artifact at `out` from `artifact`'s weights with model settings that hold no weights changed: the model
+    is restored with its own config and weights, the settings set on it, and exported again (parity and the
+    monotonicity check as `nextstep export` runs them). A setting that would change the weights' shapes is refused."""
+    import torch
+
+    from nextstep.training.export import export, load_weights
+    from nextstep.training.families import family, restore
+    from nextstep.training.srs.time_aware_export import TimeAwareExporter
+
+    model, manifest = load_weights(artifact, restore)
+    for key, value in changes.items():
+        if not hasattr(model.cfg, key):
+            raise SystemExit(f"--set {key}: {type(model.cfg).__name__} has no such setting")
+        setattr(model.cfg, key, value)
+    fresh = family(model.family).build(model.cfg.to_dict()).state_dict()
+    if {k: v.shape for k, v in fresh.items()} != {k: v.shape for k, v in model.state_dict().items()}:
+        raise SystemExit(f"--set {changes}: changes the model's weights; train with it instead")
+    with np.load(artifact / manifest["parity"]["inputs"]) as parity:
+        sequence = tuple(torch.from_numpy(parity[f"arr_{i}"]) for i in range(len(parity.files)))
+    export(TimeAwareExporter.from_artifact(model, artifact, manifest), out, manifest=manifest, sequence=sequence)
+    return out
 
 
 def fsrs6_intervals(w: list[float], stability: np.ndarray, retention: float) -> np.ndarray:
@@ -166,7 +195,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="NEXTSTEP_SRS_MAX_INTERVAL_DAYS for the service; FSRS-6's intervals get the same cap")
     parser.add_argument("--users", nargs="+", help="only these users (names as read_users gives them)")
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=JSON",
+                        help="model settings without weights to change first (e.g. gap_shrink=true); needs --export-to")
+    parser.add_argument("--export-to", type=Path, help="where the re-exported artifact goes (a new directory)")
     args = parser.parse_args(argv)
+    if args.set:
+        if args.export_to is None:
+            raise SystemExit("--set needs --export-to")
+        changes = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+        args.artifact = reexport_with(args.artifact, args.export_to, changes)
     users = [(n, log) for n, log in read_users(args.data) if not args.users or n in args.users]
     root = Path(tempfile.mkdtemp())
     try:
@@ -183,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name}: {res['cards']} cards  {cells}  ({res['seconds']:.0f} s)", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    report = {"artifact": str(args.artifact), "data": args.data, "retentions": args.retentions,
+    report = {"artifact": str(args.artifact), "set": args.set, "data": args.data, "retentions": args.retentions,
               "max_interval_days": args.max_interval_days, "users": results}
     inside = [all(0.5 <= u[str(r)]["median_ratio"] <= 2 for r in args.retentions) for u in results]
     print(f"users with every median ratio in [0.5, 2]: {sum(inside)} of {len(results)}")

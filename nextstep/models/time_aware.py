@@ -102,8 +102,9 @@ class TimeAwareConfig:
     deck_drift_gain: float = 1.0
     # past the longest gap between two reviews of a card among the rows a query sees (at least a day), the network's
     # curve falls as FSRS-6's does from there: R(t) = R_net(min(t, G)) * R_FSRS(t) / R_FSRS(G), so the correction
-    # never stretches an interval further than the reviews support (issue 38, part 4). Off: the network's own curve
-    gap_shrink: bool = False
+    # never stretches an interval further than the reviews support (issue 38, part 4). Off: the network's own curve.
+    # On by default: chosen on validation users (docs/results.md, "Served intervals against FSRS-6's")
+    gap_shrink: bool = True
 
     @property
     def n_heads(self) -> int:

@@ -360,6 +360,22 @@ def test_past_the_longest_gap_the_network_falls_as_fsrs6_does(shrunk):
     assert checked >= 2
 
 
+def test_gap_shrink_is_the_default(shrunk):
+    """A model built with the default config (as `nextstep train` builds one) shrinks past the longest gap: with the
+    `shrunk` fixture's weights it answers exactly as that fixture does."""
+    cfg = {k: v for k, v in shrunk.cfg.to_dict().items() if k != "gap_shrink"}
+    default = TimeAwareTransformer(TimeAwareConfig(**cfg)).eval()
+    assert default.cfg.gap_shrink
+    default.load_state_dict(shrunk.state_dict())
+    seq = _sequences(19, b=3, t=12)
+    win = prefix_window(seq, 11)._replace(error=None)
+    times = seq.time[:, 10] + 400 * 86400.0  # far past any gap in the window
+    with torch.no_grad():
+        a = default.readout(win, seq.card[:, 11], seq.deck[:, 11], times)
+        b = shrunk.readout(win, seq.card[:, 11], seq.deck[:, 11], times)
+    torch.testing.assert_close(a.recall, b.recall, atol=0, rtol=0)
+
+
 def test_gap_shrink_keeps_stepping_equal_to_the_full_pass(shrunk):
     seq = _sequences(23)
     params = _user_params()
