@@ -103,7 +103,8 @@ class TimeAwareConfig:
     # past the longest gap between two reviews of a card among the rows a query sees (at least a day), the network's
     # curve falls as FSRS-6's does from there: R(t) = R_net(min(t, G)) * R_FSRS(t) / R_FSRS(G), so the correction
     # never stretches an interval further than the reviews support (issue 38, part 4). Off: the network's own curve.
-    # On by default: chosen on validation users (docs/results.md, "Served intervals against FSRS-6's")
+    # On by default, for the model a training run returns (it fits the network with it off): chosen on validation
+    # users (docs/results.md, "Served intervals against FSRS-6's")
     gap_shrink: bool = True
 
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -171,7 +171,9 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     training loss when no user has enough rows to hold any out). Each user's FSRS-6 parameters are fitted on that
     user's `rows` first, as the baseline is (`rt.set_params`, which predictions then read): the network learns
     corrections to each user's curve. The model's own `fsrs_w` stays fsrs-rs's defaults: a user the service has not
-    fitted yet starts from them."""
+    fitted yet starts from them. The network is fitted and calibrated on its own curve at every elapsed time;
+    `cfg.gap_shrink` (a rule with no weights) applies to the model returned, the one evaluated and exported: the
+    setting chosen on validation users (docs/results.md, "Served intervals against FSRS-6's")."""
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
@@ -179,7 +181,7 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     train_rows, valid_rows = split_validation(rt.log, rows, tcfg.valid_fraction)
     watched = valid_rows[rt.log.elapsed_days[valid_rows] > 0] if tcfg.valid_scored else valid_rows
     watched = watched if len(watched) else valid_rows
-    model = TimeAwareTransformer(cfg)
+    model = TimeAwareTransformer(replace(cfg, gap_shrink=False))
     rt.set_params(fit_fsrs6_by_user(rt.log, np.sort(rows), hist=rt.hist))  # each user's curve the network corrects
     rt.set_drift(model)  # FSRS-6's errors under these parameters (the drift the rest of the fit reads)
     model.to(tcfg.device)
@@ -201,6 +203,7 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     calibration = calibrate(model, rt, valid_rows, blend_prior=tcfg.blend_prior,
                             drift_gain_prior=tcfg.drift_gain_prior,
                             min_rows=200 if tcfg.platt else None) if tcfg.calibrate else None
+    model.cfg = cfg  # gap_shrink as configured, from here on
     best = [row for row in history if row["best"]][-1][monitor]
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
                    "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
