@@ -205,7 +205,7 @@ def test_the_demo_recipe_builds_a_flashcard_model_the_service_loads(tmp_path):
     build_one(entry, tmp_path / "data", tmp_path / "artifacts" / "time_aware" / "demo")
     loaded = load_artifact(tmp_path / "artifacts" / "time_aware" / "demo")
     model = entry.demo.training["model"]
-    assert loaded.window == (model["window"], model["card_window"]) and "predict" in loaded.sessions
+    assert loaded.extra.window == (model["window"], model["card_window"]) and "predict" in loaded.sessions
 
 
 def test_tuning_split_never_scores_the_last_two_test_blocks(artifact, log):
