@@ -430,7 +430,7 @@ class SpacedRepetition(StatefulTask):
     # a user's stored reviews are their log already (every version of the same layout reads them): one state per
     # layout, under a key of its own
     def key(self, model: LoadedModel, entity: str) -> str:
-        return f"{self.PREFIX}:{model.name}:{model.schema}:{entity}"
+        return self._key_of(model, model.schema, entity)
 
     def schema(self, model: LoadedModel) -> str:
         return ""
@@ -453,6 +453,7 @@ class SpacedRepetition(StatefulTask):
         return out
 
     def _key_of(self, model: LoadedModel, schema: str, user_id: str) -> str:
+        """The user's key under a layout (`schema`) of the model: `key` is the one of the model's own layout."""
         return f"{self.PREFIX}:{model.name}:{schema}:{user_id}"
 
     async def _rebuild(self, model: LoadedModel, user_id: str, target: StoredState) -> Moved | None:
