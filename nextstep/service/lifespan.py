@@ -91,6 +91,12 @@ async def lifespan(app: FastAPI):
         if p.no_shadow is None:
             service.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
             shadow_workers.append(asyncio.create_task(service.run_shadows(settings.shadow_queue)))
+    # what a task runs beside its requests (the flashcard refit worker): started now, cancelled at shutdown
+    background = []
+    for service in services:
+        start = getattr(service, "background", None)
+        if start is not None:
+            background.extend(start(settings, metrics))
     # (in a thread: set_serving waits for a reload in progress, which takes seconds)
     await rollouts.start(lambda current: asyncio.to_thread(
         registry.set_serving, {m: r.serving for m, r in current.items()}))
@@ -100,9 +106,9 @@ async def lifespan(app: FastAPI):
     yield
     await app.state.fleet.close()
     await rollouts.close()
-    for worker in shadow_workers:
+    for worker in shadow_workers + background:
         worker.cancel()
-    await asyncio.gather(*shadow_workers, return_exceptions=True)
+    await asyncio.gather(*shadow_workers, *background, return_exceptions=True)
     await quality.close()
     await engines.close()
     await banks.close()

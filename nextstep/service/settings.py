@@ -94,12 +94,20 @@ class Settings(BaseSettings):
     # card that would have waited 10 years costs one review in five years; letting it wait loses the card
     srs_max_interval_days: int = Field(default=1825, ge=1, le=36500)
     srs_max_simulate_cards: int = Field(default=10_000, ge=1)  # cards per srs simulate request (stored or given)
-    # a flashcard user's FSRS-6 parameters are refitted from their stored reviews (`nextstep srs refit`, off the
-    # request path) once they have this many scored reviews (fsrs-rs fits only the initial stabilities below 64
-    # items and keeps its defaults below 8) ...
+    # a flashcard user's FSRS-6 parameters are refitted from their stored reviews (off the request path) once they
+    # have this many scored reviews (fsrs-rs fits only the initial stabilities below 64 items and keeps its defaults
+    # below 8) ...
     srs_refit_min_scored: int = Field(default=32, ge=1)
     # ... and again whenever this many more have arrived since the last fit
     srs_refit_every_scored: int = Field(default=100, ge=1)
+    # who refits them: `auto`, the service itself (a write that leaves a user due a fit queues them for the
+    # replica's refit worker: one fit at a time, in a process of its own, under a lease per user; where fsrs-rs is
+    # not installed it says so at startup and refits nothing); `off`, only `nextstep srs refit`. docs/decisions.md,
+    # "Flashcard refits in the service"
+    srs_refit: str = Field(default="auto", pattern="^(auto|off)$")
+    # users waiting for the refit worker, per replica; past it a user is dropped (nextstep_srs_refits_total{outcome=
+    # "dropped"}) and queued again by their next review
+    srs_refit_queue: int = Field(default=1_000, ge=1)
     cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
     # a question (knowledge tracing) or item (sessions) id the model never saw: answer it through the version's unknown
     # row, trained for it, flagged "known": false and counted (nextstep_unknown_ids_total); or error: a 422 naming the

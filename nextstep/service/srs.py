@@ -54,11 +54,14 @@ same thing: how far the user is from FSRS-6 lately).
 Parameters. Each user's FSRS-6 parameters are an input of both graphs (`fsrs_w`): one artifact serves every
 user with their own memory model. A new user starts from the manifest's `fsrs6.parameters` (fsrs-rs's defaults
 for an artifact trained across users). They are refitted off the request path, from the user's stored reviews, by
-fsrs-rs (`refit`, which `nextstep srs refit` runs for every user or those named): once the user has at least
-NEXTSTEP_SRS_REFIT_MIN_SCORED scored reviews, and again whenever NEXTSTEP_SRS_REFIT_EVERY_SCORED more have arrived
-since the last fit. The fit is the evaluation protocol's (`srs_eval.fit_fsrs6`) on the reviews the store holds: the
-recent block and each card's last `card_size` reviews (a card with more starts its history at the oldest kept).
-The new parameters are written with a compare-and-set of the header alone (reviews recorded meanwhile are kept).
+fsrs-rs (`refit`): once the user has at least NEXTSTEP_SRS_REFIT_MIN_SCORED scored reviews, and again whenever
+NEXTSTEP_SRS_REFIT_EVERY_SCORED more have arrived since the last fit. The service does it itself
+(NEXTSTEP_SRS_REFIT=auto): a write that leaves the user due a fit queues them for the replica's refit worker
+(srs_refit.py's RefitWorker: a bounded queue, one fit at a time in a process of its own, under the store's lease of
+the user); `nextstep srs refit` runs it for every user or those named. The fit is the evaluation protocol's
+(`srs_eval.fit_fsrs6`) on the reviews the store holds: the recent block and each card's last `card_size` reviews (a
+card with more starts its history at the oldest kept). The new parameters are written with a compare-and-set of the
+header alone (reviews recorded meanwhile are kept).
 
 Ids. The graph only compares card and deck ids for equality, so the service maps its string ids to int64
 with a stable hash (`id_hash`: the first 8 bytes of BLAKE2b, as a signed little-endian integer). Two ids
@@ -418,6 +421,8 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
 
 class SpacedRepetition(StatefulTask):
     TASK, PREFIX = SPEC.name, "srs"
+    refits = None  # srs_refit.RefitWorker: queues users due a fit after a write (None: NEXTSTEP_SRS_REFIT off)
+    fit_executor = None  # where `refit` runs fsrs-rs (None: a thread; the worker's: a process of its own)
 
     def __init__(self, *args, max_interval_days: float = 1825.0, refit_min_scored: int = 32,
                  refit_every_scored: int = 100, quality: Quality | None = None, **kwargs):
@@ -655,6 +660,8 @@ class SpacedRepetition(StatefulTask):
                     p = recall[scored_now]
                     self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1),
                                         (new["rating"][scored_now] > 1).astype(np.int64), self.role(model))
+                if self.refits is not None and fresh:  # a fit due now: the refit worker's, off the request path
+                    self.refits.offer(model, user_id, scored, history.fit)
                 return {"user_id": user_id, "model": model.name, "version": model.version,
                         "applied": len(fresh), "replayed": len(reviews) - len(fresh),
                         "reviews_total": written.events, "last_review_time": after.last_time,
@@ -915,15 +922,25 @@ class SpacedRepetition(StatefulTask):
     def refit_due(self, scored: int, fit: Fit) -> bool:
         """Whether a user with `scored` scored reviews and this fit is due one: a first fit once they have
         refit_min_scored, then again every refit_every_scored more."""
-        if fit.w is None:
-            return scored >= self.refit_min_scored
-        return scored - fit.fitted_scored >= self.refit_every_scored
+        return self._due(fit)(scored)
+
+    def _due(self, fit: Fit):
+        from ..training.srs.stored_fit import Due
+
+        return Due(self.refit_min_scored, self.refit_every_scored, None if fit.w is None else fit.fitted_scored)
+
+    def background(self, settings, metrics) -> list:
+        """The tasks this service runs beside the requests (lifespan.py starts them, and cancels them at shutdown):
+        the refit worker (srs_refit.start_refits; none when NEXTSTEP_SRS_REFIT is off)."""
+        from .srs_refit import start_refits
+
+        return start_refits(self, settings, metrics)
 
     async def refit(self, model_name: str, user_id: str, *, force: bool = False, now: float | None = None) -> dict:
         """Fit the user's FSRS-6 parameters on their stored reviews (srs_refit.fit_stored: the evaluation protocol's
-        fit, fsrs-rs, in a worker thread) when one is due (`refit_due`; `force`: whatever the counts), and store them
-        with a compare-and-set of the header (reviews recorded meanwhile stay). Not a request's work: `nextstep srs
-        refit` runs it. Returns what it did."""
+        fit, fsrs-rs, in `fit_executor`) when one is due (`refit_due`; `force`: whatever the counts), and store them
+        with a compare-and-set of the header (reviews recorded meanwhile stay). Not a request's work: the refit
+        worker (srs_refit.RefitWorker) and `nextstep srs refit` run it. Returns what it did."""
         import asyncio
 
         from .srs_refit import fit_stored, stored_rows
@@ -942,8 +959,8 @@ class SpacedRepetition(StatefulTask):
         history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
         rows = stored_rows(history.recent, stored.fields)
         day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0))
-        w, scored = await asyncio.to_thread(fit_stored, rows, day_start,
-                                            True if force else lambda n: self.refit_due(n, history.fit))
+        w, scored = await asyncio.get_running_loop().run_in_executor(
+            self.fit_executor, fit_stored, rows, day_start, True if force else self._due(history.fit))
         if w is None:
             return {**out, "reason": "not due", "scored_reviews": scored}
         fit = Fit(tuple(float(x) for x in w), len(rows), scored, _time.time() if now is None else float(now))
