@@ -1,12 +1,15 @@
-"""Each flashcard user's own FSRS-6 parameters: kept in their stored state, refitted off the request path by the
-`nextstep srs refit` worker from their stored reviews with the evaluation protocol's fit, and fed to the graphs.
-Real HTTP into the app, real Redis, real ONNX Runtime on the bundled demo artifact (no training here)."""
+"""Each flashcard user's own FSRS-6 parameters: kept in their stored state, refitted off the request path from their
+stored reviews with the evaluation protocol's fit (by the service's own refit worker, NEXTSTEP_SRS_REFIT=auto, and by
+the `nextstep srs refit` command), and fed to the graphs. Real HTTP into the app, real Redis, real ONNX Runtime on the
+bundled demo artifact (no training here)."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import shutil
+import time
 
 import httpx
 import numpy as np
@@ -14,10 +17,13 @@ import pytest
 
 from nextstep import demo
 from nextstep.cli import main
+from nextstep.service import srs as service
+from nextstep.service.app import create_app
 from nextstep.service.redis_store import RedisStore
-from nextstep.service.registry import load_artifact
+from nextstep.service.registry import ModelRegistry, load_artifact
 from nextstep.service.settings import Settings
-from nextstep.service.srs import HEADER, HEADER_V3, ROW, _decode, history_feeds, id_hash, window
+from nextstep.service.srs import HEADER, HEADER_V3, ROW, SpacedRepetition, _decode, history_feeds, id_hash, window
+from nextstep.service.srs_refit import RefitWorker, fit_stored, stored_rows
 from nextstep.training.srs.eval import fit_fsrs6
 from nextstep.training.srs.reviews import ReviewLog, simulate_reviews
 
@@ -50,9 +56,9 @@ def as_reviews(log: ReviewLog, lo: int, hi: int) -> list[dict]:
             for i in range(lo, hi)]
 
 
-def post(http, user: str, reviews: list[dict]) -> None:
-    for lo in range(0, len(reviews), 100):
-        reply = http.post(f"/v1/srs/{MODEL}/reviews", json={"user_id": user, "reviews": reviews[lo:lo + 100]})
+def post(http, user: str, reviews: list[dict], chunk: int = 100) -> None:
+    for lo in range(0, len(reviews), chunk):
+        reply = http.post(f"/v1/srs/{MODEL}/reviews", json={"user_id": user, "reviews": reviews[lo:lo + chunk]})
         assert reply.status_code == 200, reply.text
 
 
@@ -67,9 +73,11 @@ def refit(art, monkeypatch, capsys, *users: str) -> dict:
 
 @pytest.fixture
 def worker_env(monkeypatch, redis_url):
+    """The `nextstep srs refit` command's settings; the service these tests run leaves the refits to it."""
     monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_url)
     monkeypatch.setenv("NEXTSTEP_SRS_REFIT_MIN_SCORED", "40")
     monkeypatch.setenv("NEXTSTEP_SRS_REFIT_EVERY_SCORED", "30")
+    monkeypatch.setenv("NEXTSTEP_SRS_REFIT", "off")
     return redis_url
 
 
@@ -218,3 +226,168 @@ def test_a_state_stored_before_per_user_parameters_still_reads_and_is_upgraded(a
     blob = asyncio.run(header_tag())
     assert int(np.frombuffer(blob, dtype="<i8", count=1)[0]) == -4 and (len(blob) - HEADER.itemsize) % ROW.itemsize == 0
     assert np.frombuffer(blob, dtype=HEADER, count=1)[0]["drift"][1] > 1.0  # the drift carried over (and grew)
+
+
+# -- the service's own refit worker (NEXTSTEP_SRS_REFIT=auto) ------------------------------------------------------
+def until(what: str, check, timeout: float = 60.0):
+    """Poll `check()` until it answers something true (returned); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def refits(http) -> dict[str, float]:
+    """nextstep_srs_refits_total of the demo model, by outcome."""
+    prefix = f'nextstep_srs_refits_total{{model="{MODEL}",outcome="'
+    return {line[len(prefix):].split('"')[0]: float(line.split()[-1]) for line in http.get("/metrics").text.splitlines()
+            if line.startswith(prefix)}
+
+
+def parameters(http, user: str) -> dict:
+    return http.get(f"/v1/srs/{MODEL}/users/{user}").json()["parameters"]
+
+
+def stored_fit(url: str, model, user: str) -> tuple[list[float], int]:
+    """fit_stored on every review the store holds for the user now, and how many they are."""
+    async def read():
+        store = RedisStore(url, ttl_seconds=None)
+        try:
+            return await store.read_all(f"srs:{MODEL}:{model.schema}:{user}")
+        finally:
+            await store.close()
+
+    stored = asyncio.run(read())
+    rows = stored_rows(_decode(stored).recent, stored.fields)
+    return fit_stored(rows, model.manifest["model_config"]["day_start_hour"])[0], len(rows)
+
+
+def lease(url: str, key: str, take: bool) -> bool | None:
+    """Take (or release) the user's refit lease as another replica would."""
+    async def run():
+        store = RedisStore(url, ttl_seconds=None)
+        try:
+            return await store.lease(key, "elsewhere", 60_000) if take else await store.release(key, "elsewhere")
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def auto(art, url: str, **more) -> Settings:
+    return Settings(artifacts_dir=art, redis_url=url, srs_refit="auto", srs_refit_min_scored=40,
+                    srs_refit_every_scored=30, **more)
+
+
+def test_the_service_refits_a_user_once_enough_scored_reviews_arrived_and_again_later(art, redis_url, serve):
+    """Reviews posted over HTTP past NEXTSTEP_SRS_REFIT_MIN_SCORED scored reviews: the replica's worker fits the user
+    off the request path, with the protocol's fit on the reviews stored (fit_stored), and again once
+    NEXTSTEP_SRS_REFIT_EVERY_SCORED more arrived; a user below the threshold is never queued."""
+    model = load_artifact(art / MODEL / demo.VERSION)
+    log = user_log(5, model.extra.window[1])
+    half = len(log) // 2
+    app = create_app(auto(art, redis_url))
+    with serve(app.state.settings, app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        # fsrs-rs holds the GIL while it fits: the worker fits in a process of its own, not in a thread
+        assert isinstance(app.state.srs.fit_executor, concurrent.futures.ProcessPoolExecutor)
+        post(http, "few", as_reviews(log, 0, 30))  # 30 reviews: fewer than 40 scored
+        post(http, "u1", as_reviews(log, 0, half), chunk=half)  # one write: one fit, on all of them
+        got = until("u1's first fit", lambda: parameters(http, "u1")["fitted_on"] and parameters(http, "u1"))
+        w, held = stored_fit(redis_url, model, "u1")
+        assert got["fitted_on"] == held == half and got["fitted_at"] > 0
+        assert got["w"] == pytest.approx(w, abs=1e-9)
+        assert got["w"] == pytest.approx(fit_fsrs6(log.take(np.arange(half), log.user_ids, np.array([0, half])),
+                                                   np.arange(half)), abs=1e-9)
+        # the worker takes users in turn: "few" came first, and was never queued (no turn: neither done nor skipped)
+        assert parameters(http, "few")["fitted_on"] == 0
+        assert refits(http) == {"done": 1.0}
+        post(http, "u1", as_reviews(log, half, len(log)), chunk=len(log))  # far more than 30 scored reviews more
+        again = until("u1's second fit", lambda: parameters(http, "u1")["fitted_on"] == len(log)
+                      and parameters(http, "u1"))
+        assert again["w"] == pytest.approx(stored_fit(redis_url, model, "u1")[0], abs=1e-9)
+        assert again["w"] == pytest.approx(fit_fsrs6(log, np.arange(len(log))), abs=1e-9)
+        assert refits(http) == {"done": 2.0}
+        assert parameters(http, "few")["fitted_on"] == 0
+
+
+def test_a_user_whose_lease_another_replica_holds_is_skipped_and_fitted_on_a_later_review(art, redis_url, serve):
+    model = load_artifact(art / MODEL / demo.VERSION)
+    log = user_log(5, model.extra.window[1])
+    key = f"srs:{MODEL}:{model.schema}:u1"
+    assert lease(redis_url, key, True)
+    with serve(auto(art, redis_url)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        post(http, "u1", as_reviews(log, 0, 200), chunk=200)
+        until("the skipped turn", lambda: refits(http).get("skipped"))
+        assert parameters(http, "u1")["fitted_on"] == 0 and refits(http) == {"skipped": 1.0}
+        lease(redis_url, key, False)
+        late = {"card_id": f"c{int(log.card[199])}", "time": float(log.time[199]) + 86400, "rating": 3}  # scored
+        post(http, "u1", [late])
+        until("u1's fit", lambda: parameters(http, "u1")["fitted_on"] == 201)
+        assert refits(http) == {"skipped": 1.0, "done": 1.0}
+
+
+def test_a_failed_refit_is_counted_and_the_worker_goes_on(art, redis_url, serve):
+    """A user whose stored reviews do not decode (a card's field cut short) fails, counted; the next user is fitted."""
+    model = load_artifact(art / MODEL / demo.VERSION)
+    log = user_log(5, model.extra.window[1])
+    key = f"srs:{MODEL}:{model.schema}:bad"
+    with serve(auto(art, redis_url)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        post(http, "bad", as_reviews(log, 0, 20))  # below the threshold: not queued yet
+
+        async def cut():
+            store = RedisStore(redis_url, ttl_seconds=None)
+            try:
+                stored = await store.get(key)
+                assert await store.compare_and_set(key, stored.version, stored.blob, 0, fields={"junk": b"xyz"})
+            finally:
+                await store.close()
+
+        asyncio.run(cut())
+        post(http, "bad", as_reviews(log, 20, 200), chunk=180)
+        post(http, "good", as_reviews(log, 0, 200), chunk=200)
+        until("good's fit", lambda: parameters(http, "good")["fitted_on"] == 200)
+        assert refits(http) == {"failed": 1.0, "done": 1.0}
+        assert parameters(http, "bad")["fitted_on"] == 0
+
+
+def test_with_the_setting_off_the_service_never_refits_and_the_command_still_does(art, worker_env, serve, monkeypatch,
+                                                                                  capsys):
+    log = user_log(5, load_artifact(art / MODEL / demo.VERSION).extra.window[1])
+    settings = Settings(artifacts_dir=art, redis_url=worker_env)
+    assert settings.srs_refit == "off"  # (worker_env)
+    app = create_app(settings)
+    with serve(settings, app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        post(http, "u1", as_reviews(log, 0, 200), chunk=200)
+        assert app.state.srs.refits is None  # no worker, no queue: nothing will fit u1
+        assert parameters(http, "u1")["fitted_on"] == 0 and refits(http) == {}
+        assert refit(art, monkeypatch, capsys) == {"users": 1, "refitted": 1}  # the batch command
+        assert parameters(http, "u1")["fitted_on"] == 200
+
+
+def test_the_queue_holds_a_user_once_and_drops_past_its_size(art):
+    """RefitWorker.offer: a user due a fit is queued once however many writes come before their turn; a user not due
+    is not queued; past the queue's size a user is dropped, counted."""
+    async def run() -> tuple[list[str], list[tuple]]:
+        registry = ModelRegistry(art)
+        registry.reload()
+        model = registry.get(MODEL)
+        srs = SpacedRepetition(registry, None, None, refit_min_scored=40, refit_every_scored=30)
+        seen = []
+        worker = RefitWorker(srs, 2, lambda name, outcome: seen.append((name, outcome)))
+        try:
+            worker.offer(model, "a", 39, service.NO_FIT)  # not due
+            worker.offer(model, "a", 40, service.NO_FIT)
+            worker.offer(model, "a", 45, service.NO_FIT)  # waiting already: one turn
+            worker.offer(model, "b", 10, service.Fit((0.0,) * 21, 100, 50, 1.0))  # fitted on 50 scored: due at 80
+            worker.offer(model, "b", 80, service.Fit((0.0,) * 21, 100, 50, 1.0))
+            worker.offer(model, "c", 100, service.NO_FIT)  # the queue is full
+            queued = [worker.queue.get_nowait()[2] for _ in range(worker.queue.qsize())]
+            return queued, seen
+        finally:
+            worker.executor.shutdown()
+
+    queued, seen = asyncio.run(run())
+    assert queued == ["a", "b"] and seen == [(MODEL, "dropped")]
