@@ -13,7 +13,7 @@ sizes goes on from them; see schema_hash):
 * the blob: a header, followed by the user's last `size` reviews (the recent block), oldest first. The header
   (`HEADER`, layout v4) holds a tag (-4), the number of distinct cards reviewed (int64), the user's drift sums (m, w)
   (two float64, TimeAwareTransformer.drift_update), the number of scored reviews recorded, and the user's own FSRS-6
-  parameters with their provenance (`Fit`: the 21 weights, how many reviews and scored reviews they were fitted on,
+  parameters with their provenance (`Fit`: the 21 weights, the reviews they were fitted on, the scored count then,
   when). A v3 header (`HEADER_V3`, before per-user parameters: the card count and the drift only, its first field a
   count >= 0 where v4's is its negative tag) still reads: the user has the artifact's default parameters, and their
   next write stores v4;
@@ -214,8 +214,9 @@ class Review:
 
 @dataclass(frozen=True)
 class Fit:
-    """A user's FSRS-6 parameters: `w` None until a fit (the model's defaults), the reviews and scored reviews the
-    fit used, and when it was made (unix seconds)."""
+    """A user's FSRS-6 parameters: `w` None until a fit (the model's defaults), the reviews the fit used, the scored
+    reviews the user had recorded by then (the next fit is due refit_every_scored after them), and when it was made
+    (unix seconds)."""
 
     w: tuple[float, ...] | None = None
     fitted_on: int = 0
@@ -959,11 +960,15 @@ class SpacedRepetition(StatefulTask):
         history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
         rows = stored_rows(history.recent, stored.fields)
         day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0))
+        known = history.scored >= 0  # (a v3 header does not know the user's scored reviews: the fit counts them)
         w, scored = await asyncio.get_running_loop().run_in_executor(
-            self.fit_executor, fit_stored, rows, day_start, True if force else self._due(history.fit))
+            self.fit_executor, fit_stored, rows, day_start, True if force or known else self._due(history.fit))
         if w is None:
             return {**out, "reason": "not due", "scored_reviews": scored}
-        fit = Fit(tuple(float(x) for x in w), len(rows), scored, _time.time() if now is None else float(now))
+        # due again `refit_every_scored` scored reviews after those recorded now (the fit may see fewer: the store
+        # keeps each card's last card_size reviews; counted against those, every write would be due)
+        fit = Fit(tuple(float(x) for x in w), len(rows), history.scored if known else scored,
+                  _time.time() if now is None else float(now))
 
         async def attempt(current: StoredState, *_) -> Change:
             latest = _decode(current)

@@ -391,3 +391,24 @@ def test_the_queue_holds_a_user_once_and_drops_past_its_size(art):
 
     queued, seen = asyncio.run(run())
     assert queued == ["a", "b"] and seen == [(MODEL, "dropped")]
+
+
+def test_a_user_whose_store_keeps_part_of_their_reviews_is_queued_again_only_after_enough_new_ones(art, redis_url,
+                                                                                                   serve):
+    """A user with more reviews of a card than the store keeps (each card's last `card_size`): the fit sees fewer
+    scored reviews than the user has recorded, and a fit is due again after NEXTSTEP_SRS_REFIT_EVERY_SCORED scored
+    reviews more than they had recorded at the fit, not at every write."""
+    model = load_artifact(art / MODEL / demo.VERSION)
+    log = user_log(5, 10 ** 6)  # every review: up to a dozen per card, four kept
+    with serve(auto(art, redis_url)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        post(http, "u1", as_reviews(log, 0, 400), chunk=400)
+        got = until("u1's fit", lambda: parameters(http, "u1")["fitted_on"] and parameters(http, "u1"))
+        w, held = stored_fit(redis_url, model, "u1")
+        assert got["fitted_on"] == held < 400 and got["w"] == pytest.approx(w, abs=1e-9)
+        post(http, "u1", as_reviews(log, 400, 405))  # a few scored reviews more: not due
+        post(http, "u2", as_reviews(log, 0, 200), chunk=200)
+        until("u2's fit", lambda: parameters(http, "u2")["fitted_on"])
+        assert refits(http) == {"done": 2.0}  # (u1, had it been queued again, came before u2: one worker, in turn)
+        post(http, "u1", as_reviews(log, 405, 500), chunk=95)  # past 30 scored more
+        until("u1's second fit", lambda: parameters(http, "u1")["fitted_on"] > held)
+        assert refits(http) == {"done": 3.0}
