@@ -56,10 +56,10 @@ class Metrics:
                                      "live-quality scoring queue was full", ["model"], registry=r)
         self.shadow = Counter("nextstep_shadow_total", "shadow turns by model and outcome (done; dropped: the queue "
                               "was full; failed)", ["model", "outcome"], registry=r)
-        self.srs_refits = Counter("nextstep_srs_refits_total", "flashcard users' FSRS-6 refits by the service's "
+        self.srs_refits = Counter("nextstep_srs_refits_total", "flashcard users' turns at the service's FSRS-6 "
                                   "refit worker, by model and outcome (done; skipped: another worker held the user's "
-                                  "lease, or they were no longer due; dropped: the queue was full; failed)",
-                                  ["model", "outcome"], registry=r)
+                                  "lease; not_due: nothing new to fit by their turn; dropped: the queue was full; "
+                                  "failed)", ["model", "outcome"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
         self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request
         self.in_flight.set_function(lambda: self.serving)

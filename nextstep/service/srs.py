@@ -423,7 +423,7 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
 class SpacedRepetition(StatefulTask):
     TASK, PREFIX = SPEC.name, "srs"
     refits = None  # srs_refit.RefitWorker: queues users due a fit after a write (None: NEXTSTEP_SRS_REFIT off)
-    fit_executor = None  # where `refit` runs fsrs-rs (None: a thread; the worker's: a process of its own)
+    fitter = None  # where `refit` runs fsrs-rs: srs_refit.FitProcess (the worker's), or None: a thread
 
     def __init__(self, *args, max_interval_days: float = 1825.0, refit_min_scored: int = 32,
                  refit_every_scored: int = 100, quality: Quality | None = None, **kwargs):
@@ -938,13 +938,13 @@ class SpacedRepetition(StatefulTask):
         return start_refits(self, settings, metrics)
 
     async def refit(self, model_name: str, user_id: str, *, force: bool = False, now: float | None = None) -> dict:
-        """Fit the user's FSRS-6 parameters on their stored reviews (srs_refit.fit_stored: the evaluation protocol's
-        fit, fsrs-rs, in `fit_executor`) when one is due (`refit_due`; `force`: whatever the counts), and store them
+        """Fit the user's FSRS-6 parameters on their stored reviews (srs_refit.fit_held: the evaluation protocol's
+        fit, fsrs-rs, in `fitter`) when one is due (`refit_due`; `force`: whatever the counts), and store them
         with a compare-and-set of the header (reviews recorded meanwhile stay). Not a request's work: the refit
         worker (srs_refit.RefitWorker) and `nextstep srs refit` run it. Returns what it did."""
         import asyncio
 
-        from .srs_refit import fit_stored, stored_rows
+        from .srs_refit import fit_held
 
         model = self.model(model_name, user_id)
         key = self.key(model, user_id)
@@ -958,16 +958,16 @@ class SpacedRepetition(StatefulTask):
             return {**out, "reason": "not due", "scored_reviews": header.scored}
         stored = await self.store.read_all(key)
         history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
-        rows = stored_rows(history.recent, stored.fields)
         day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0))
         known = history.scored >= 0  # (a v3 header does not know the user's scored reviews: the fit counts them)
-        w, scored = await asyncio.get_running_loop().run_in_executor(
-            self.fit_executor, fit_stored, rows, day_start, True if force or known else self._due(history.fit))
+        fit_args = (history.recent, stored.fields, day_start, True if force or known else self._due(history.fit))
+        w, scored, held = await (self.fitter.fit(*fit_args) if self.fitter is not None else
+                                 asyncio.to_thread(fit_held, *fit_args))
         if w is None:
             return {**out, "reason": "not due", "scored_reviews": scored}
         # due again `refit_every_scored` scored reviews after those recorded now (the fit may see fewer: the store
         # keeps each card's last card_size reviews; counted against those, every write would be due)
-        fit = Fit(tuple(float(x) for x in w), len(rows), history.scored if known else scored,
+        fit = Fit(tuple(float(x) for x in w), held, history.scored if known else scored,
                   _time.time() if now is None else float(now))
 
         async def attempt(current: StoredState, *_) -> Change:

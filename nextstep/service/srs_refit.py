@@ -15,11 +15,12 @@ alone (reviews recorded meanwhile are kept):
 * in the service (`RefitWorker`, NEXTSTEP_SRS_REFIT=auto): a write that leaves a user due a fit (`refit_due`) queues
   them (`offer`: a bounded queue of NEXTSTEP_SRS_REFIT_QUEUE users; a user already waiting is one turn; a full queue
   drops the user, who is queued again by their next review), and one worker per replica fits them one at a time.
-  The fit runs in a process of its own (one, started on the first fit): fsrs-rs's `compute_parameters` holds the
-  GIL from start to end (0.15 s for 28,000 scored reviews; bench/srs_refit_cost.py), so in a thread it would stall
-  every request of the replica for that long. Outcomes are counted (nextstep_srs_refits_total): done; skipped
-  (another worker holds the lease, or the user was no longer due: another replica fitted them first); dropped;
-  failed.
+  The fit runs in a process of its own (`FitProcess`, started on the first fit): fsrs-rs's `compute_parameters`
+  holds the GIL from start to end (0.15 s for a user of 38,000 reviews; bench/srs_refit_cost.py), so in a thread it
+  would stall every request of the replica for that long. Each turn is counted (nextstep_srs_refits_total): done;
+  skipped (another worker holds the user's lease: they are queued again by their next review); not_due (by their
+  turn nothing was left to fit: a fit made after they were queued saw their reviews, or they were deleted); dropped
+  (the queue was full); failed (logged).
 * `nextstep srs refit --model NAME` (`refit_all`) for every user of the model (the store's walk over its keys, every
   primary of a Redis Cluster) or those named: a batch, e.g. after the service ran with NEXTSTEP_SRS_REFIT=off.
 
@@ -29,29 +30,24 @@ This module needs fsrs_rs_python and numpy only (no torch): the service image ha
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
-import multiprocessing
 import os
+import pickle
 import socket
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 
-from ..training.srs.stored_fit import Due, fit_stored, review_log  # noqa: F401 (where they were before)
+# (here too for srs.py, event_export.py and the tests: the service asks this module)
+from ..training.srs.stored_fit import Due, fit_held, fit_stored, review_log, stored_rows  # noqa: F401
 
 logger = logging.getLogger(__name__)
 LEASE_MS = 300_000  # how long a worker holds a user's refit lease (a fit takes well under a second)
-OUTCOMES = ("done", "skipped", "dropped", "failed")  # nextstep_srs_refits_total's
-
-
-def stored_rows(recent: np.ndarray, fields: Mapping[str, bytes]) -> np.ndarray:
-    """Every review the store holds for a user (ROW), each once, in the order they were recorded."""
-    parts = [recent] + [np.frombuffer(v, dtype=recent.dtype) for v in fields.values() if v]  # (srs.ROW)
-    rows = np.concatenate(parts)
-    _, first = np.unique(rows["seq"], return_index=True)
-    return rows[first]  # (sorted by seq)
+OUTCOMES = ("done", "skipped", "not_due", "dropped", "failed")  # nextstep_srs_refits_total's
+FIT_TIMEOUT_S = 120.0  # a fit running longer is stopped, and counted failed: well within the lease
 
 
 def owner() -> str:
@@ -59,10 +55,73 @@ def owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def fitting_process() -> concurrent.futures.ProcessPoolExecutor:
-    """One process to fit in, started on the first fit: spawned, not forked (the service has threads: ONNX
-    Runtime's, the store's), and it imports fsrs-rs and the protocol's fit only (training/srs/stored_fit.py)."""
-    return concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+class FitProcess:
+    """A process of its own that the service fits in (`python -m nextstep.training.srs.stored_fit`: numpy, fsrs-rs
+    and the protocol's fit, no service code), started on the first fit and again after one died or overran; each
+    fit is a pickle of `fit_stored`'s arguments down its stdin and one of its answer back up its stdout, one at a
+    time (the rows are put together there too: a user's thousands of cards take milliseconds). Not
+    multiprocessing's pools: their spawned children first import the parent's main script, which a script
+    that starts the service without an `if __name__ == "__main__":` guard would run again; and a fork of the
+    service would copy its threads' locks (ONNX Runtime's, the store's)."""
+
+    def __init__(self, timeout_s: float = FIT_TIMEOUT_S):
+        self.timeout_s = timeout_s
+        self._proc: asyncio.subprocess.Process | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        """The process's id while it runs (None before the first fit, and once stopped)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    async def fit(self, recent: np.ndarray, fields: Mapping[str, bytes], day_start_hour: float,
+                  due) -> tuple[list[float] | None, int, int]:
+        """`fit_held(recent, fields, day_start_hour, due)`, run in the process."""
+        async with self._lock:
+            try:
+                return await asyncio.wait_for(self._call((recent, dict(fields), day_start_hour, due)), self.timeout_s)
+            except TimeoutError:
+                await self.close()
+                raise RuntimeError(f"the fit took longer than {self.timeout_s:g} s: stopped") from None
+            except BaseException:  # (an answer half read, a cancellation: the next fit starts a fresh process)
+                await self.close()
+                raise
+
+    async def _call(self, request: tuple) -> tuple[list[float] | None, int, int]:
+        if self._proc is None or self._proc.returncode is not None:
+            import nextstep
+
+            home = str(Path(nextstep.__file__).resolve().parent.parent)  # (this very package, wherever it came from)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")]))}
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "nextstep.training.srs.stored_fit", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, env=env)
+        proc = self._proc
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            proc.stdin.write(len(data).to_bytes(8, "little") + data)
+            await proc.stdin.drain()
+            size = int.from_bytes(await proc.stdout.readexactly(8), "little")
+            ok, answer = pickle.loads(await proc.stdout.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            raise RuntimeError(f"the fitting process ended (exit status {await proc.wait()})") from None
+        if not ok:
+            raise RuntimeError(f"the fit failed: {answer}")
+        return answer
+
+    async def close(self) -> None:
+        """Stop the process (it ends by itself once its stdin closes; killed if it does not within 5 s)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
 
 
 def start_refits(srs, settings, metrics) -> list[asyncio.Task]:
@@ -85,14 +144,13 @@ def start_refits(srs, settings, metrics) -> list[asyncio.Task]:
 class RefitWorker:
     """The in-service refit (the module's docstring): `offer` queues a user after a write, `run` fits them."""
 
-    def __init__(self, srs, size: int, on_outcome: Callable[[str, str], None] = lambda model, outcome: None,
-                 executor: concurrent.futures.Executor | None = None):
+    def __init__(self, srs, size: int, on_outcome: Callable[[str, str], None] = lambda model, outcome: None):
         self.srs, self.on_outcome = srs, on_outcome
         self.queue: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue(maxsize=size)
         self.waiting: set[tuple[str, str, str]] = set()  # (model, version, user) in the queue
         self.owner = owner()
-        self.executor = executor if executor is not None else fitting_process()
-        srs.fit_executor, srs.refits = self.executor, self
+        self.fitter = FitProcess()
+        srs.fitter, srs.refits = self.fitter, self
 
     def offer(self, model, user_id: str, scored: int, fit) -> None:
         """After a write of `user_id`'s reviews through `model` (their scored reviews now: `scored`, -1 unknown;
@@ -111,16 +169,15 @@ class RefitWorker:
         self.waiting.add(turn)
 
     async def run(self) -> None:
-        """Fit the users queued, one at a time, until cancelled (then the fitting process is stopped, once the fit
-        it runs, if any, is over)."""
+        """Fit the users queued, one at a time, until cancelled (then the fitting process is stopped)."""
         try:
             while True:
                 turn = await self.queue.get()
                 self.waiting.discard(turn)  # (a write from now on may queue them again)
                 self.on_outcome(turn[0], await self.turn(*turn))
         finally:
-            self.srs.refits = None
-            await asyncio.shield(asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True))
+            self.srs.refits = self.srs.fitter = None
+            await self.fitter.close()
 
     async def turn(self, name: str, version: str, user_id: str) -> str:
         """One user's refit under their lease: its outcome."""
@@ -134,18 +191,12 @@ class RefitWorker:
             finally:
                 with contextlib.suppress(Exception):  # (else it lapses by itself)
                     await srs.store.release(key, self.owner)
-            return "done" if result.get("refitted") else "skipped"
+            return "done" if result.get("refitted") else "not_due"  # (no reviews, or none new since the last fit)
         except asyncio.CancelledError:
             raise
-        except concurrent.futures.process.BrokenProcessPool:  # the fitting process died (e.g. killed for memory)
-            logger.exception("the refit of user %r of %s@%s lost its fitting process; starting another", user_id,
-                             name, version)
-            self.executor = srs.fit_executor = fitting_process()
-            return "failed"
         except Exception:
             logger.exception("the refit of user %r of %s@%s failed", user_id, name, version)
             return "failed"
-
 
 async def refit_all(srs, model_name: str, users: list[str] | None = None, *, force: bool = False,
                     log: Callable[[str], None] = print) -> list[dict]:

@@ -6,8 +6,8 @@ bundled demo artifact (no training here)."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
+import os
 import shutil
 import time
 
@@ -23,7 +23,7 @@ from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import ModelRegistry, load_artifact
 from nextstep.service.settings import Settings
 from nextstep.service.srs import HEADER, HEADER_V3, ROW, SpacedRepetition, _decode, history_feeds, id_hash, window
-from nextstep.service.srs_refit import RefitWorker, fit_stored, stored_rows
+from nextstep.service.srs_refit import FitProcess, RefitWorker, fit_stored, stored_rows
 from nextstep.training.srs.eval import fit_fsrs6
 from nextstep.training.srs.reviews import ReviewLog, simulate_reviews
 
@@ -215,6 +215,10 @@ def test_a_state_stored_before_per_user_parameters_still_reads_and_is_upgraded(a
             {"card_id": "a", "time": 1e9 + 3 * 86400, "rating": 3}]})
         assert reply.status_code == 200, reply.text
         assert http.get(f"/v1/srs/{MODEL}/users/old").json()["reviews_total"] == 3
+        # (the service refits by default) a v3 header does not count scored reviews: the write queues the user, and
+        # the fit, counting those stored, finds too few
+        until("the v3 user's turn", lambda: refits(http))
+        assert refits(http) == {"not_due": 1.0} and parameters(http, "old")["fitted_on"] == 0
 
     async def header_tag():
         store = RedisStore(redis_url, ttl_seconds=None)
@@ -292,7 +296,7 @@ def test_the_service_refits_a_user_once_enough_scored_reviews_arrived_and_again_
     app = create_app(auto(art, redis_url))
     with serve(app.state.settings, app) as url, httpx.Client(base_url=url, timeout=30) as http:
         # fsrs-rs holds the GIL while it fits: the worker fits in a process of its own, not in a thread
-        assert isinstance(app.state.srs.fit_executor, concurrent.futures.ProcessPoolExecutor)
+        assert isinstance(app.state.srs.fitter, FitProcess)
         post(http, "few", as_reviews(log, 0, 30))  # 30 reviews: fewer than 40 scored
         post(http, "u1", as_reviews(log, 0, half), chunk=half)  # one write: one fit, on all of them
         got = until("u1's first fit", lambda: parameters(http, "u1")["fitted_on"] and parameters(http, "u1"))
@@ -311,6 +315,10 @@ def test_the_service_refits_a_user_once_enough_scored_reviews_arrived_and_again_
         assert again["w"] == pytest.approx(fit_fsrs6(log, np.arange(len(log))), abs=1e-9)
         assert refits(http) == {"done": 2.0}
         assert parameters(http, "few")["fitted_on"] == 0
+        fitter = app.state.srs.fitter
+        pid = fitter.pid
+        assert pid is not None and pid != os.getpid()
+    assert fitter.pid is None and not os.path.exists(f"/proc/{pid}")  # the shutdown stopped it (and reaped it)
 
 
 def test_a_user_whose_lease_another_replica_holds_is_skipped_and_fitted_on_a_later_review(art, redis_url, serve):
@@ -377,17 +385,13 @@ def test_the_queue_holds_a_user_once_and_drops_past_its_size(art):
         srs = SpacedRepetition(registry, None, None, refit_min_scored=40, refit_every_scored=30)
         seen = []
         worker = RefitWorker(srs, 2, lambda name, outcome: seen.append((name, outcome)))
-        try:
-            worker.offer(model, "a", 39, service.NO_FIT)  # not due
-            worker.offer(model, "a", 40, service.NO_FIT)
-            worker.offer(model, "a", 45, service.NO_FIT)  # waiting already: one turn
-            worker.offer(model, "b", 10, service.Fit((0.0,) * 21, 100, 50, 1.0))  # fitted on 50 scored: due at 80
-            worker.offer(model, "b", 80, service.Fit((0.0,) * 21, 100, 50, 1.0))
-            worker.offer(model, "c", 100, service.NO_FIT)  # the queue is full
-            queued = [worker.queue.get_nowait()[2] for _ in range(worker.queue.qsize())]
-            return queued, seen
-        finally:
-            worker.executor.shutdown()
+        worker.offer(model, "a", 39, service.NO_FIT)  # not due
+        worker.offer(model, "a", 40, service.NO_FIT)
+        worker.offer(model, "a", 45, service.NO_FIT)  # waiting already: one turn
+        worker.offer(model, "b", 10, service.Fit((0.0,) * 21, 100, 50, 1.0))  # fitted at 50 scored: due at 80
+        worker.offer(model, "b", 80, service.Fit((0.0,) * 21, 100, 50, 1.0))
+        worker.offer(model, "c", 100, service.NO_FIT)  # the queue is full
+        return [worker.queue.get_nowait()[2] for _ in range(worker.queue.qsize())], seen
 
     queued, seen = asyncio.run(run())
     assert queued == ["a", "b"] and seen == [(MODEL, "dropped")]

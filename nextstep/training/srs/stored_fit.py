@@ -6,7 +6,7 @@ fit: service/srs_refit.py) imports numpy, fsrs-rs and the evaluation protocol on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +26,19 @@ class Due:
         if self.fitted_scored is None:
             return scored >= self.min_scored
         return scored - self.fitted_scored >= self.every_scored
+
+
+def stored_rows(recent: np.ndarray, fields: Mapping[str, bytes]) -> np.ndarray:
+    """Every review the store holds for a user (service/srs.py's ROW: their recent block, and each card's field of
+    rows), each once, in the order they were recorded. One array over the joined bytes (a user's thousands of cards:
+    milliseconds, where one array per card took a quarter of a second)."""
+    size = recent.dtype.itemsize
+    cut = next((card for card, v in fields.items() if len(v) % size), None)
+    if cut is not None:
+        raise ValueError(f"stored reviews of card {cut!r} ({len(fields[cut])} bytes) are not whole {size}-byte rows")
+    rows = np.frombuffer(b"".join([np.ascontiguousarray(recent).tobytes(), *fields.values()]), dtype=recent.dtype)
+    _, first = np.unique(rows["seq"], return_index=True)
+    return rows[first]  # (sorted by seq)
 
 
 def review_log(rows: np.ndarray, day_start_hour: float):
@@ -57,3 +70,48 @@ def fit_stored(rows: np.ndarray, day_start_hour: float,
     if callable(due) and not due(scored):
         return None, scored
     return [float(x) for x in fit_fsrs6(log, np.arange(len(log), dtype=np.int64))], scored
+
+
+def fit_held(recent: np.ndarray, fields: Mapping[str, bytes], day_start_hour: float,
+             due: bool | Callable[[int], bool] = True) -> tuple[list[float] | None, int, int]:
+    """`fit_stored` on the reviews a user's stored record holds (`stored_rows`), and how many they are: what a refit
+    hands the fitting process (the rows are put together there too, off the service's event loop)."""
+    rows = stored_rows(recent, fields)
+    return (*fit_stored(rows, day_start_hour, due), len(rows))
+
+
+def _exactly(stream, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) != n:
+        raise EOFError(f"{len(data)} of {n} bytes")
+    return data
+
+
+def serve_fits() -> None:
+    """The service's fitting process (service/srs_refit.py's FitProcess): a request on stdin (8 bytes, its length
+    little-endian, then the pickle of fit_held's arguments), its answer on stdout (the same framing: the pickle of
+    (True, fit_held's result) or (False, what went wrong)), until stdin closes. Whatever else writes to stdout
+    (a library's print) goes to stderr: stdout is the answers' alone."""
+    import os
+    import pickle
+    import sys
+
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    requests = sys.stdin.buffer
+    while True:
+        head = requests.read(8)
+        if len(head) < 8:  # (the service closed our stdin: it is done with us)
+            return
+        args = pickle.loads(_exactly(requests, int.from_bytes(head, "little")))
+        try:
+            answer = (True, fit_held(*args))
+        except Exception as exc:  # (the service counts it failed; the process goes on)
+            answer = (False, f"{type(exc).__name__}: {exc}")
+        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        answers.write(len(data).to_bytes(8, "little") + data)
+        answers.flush()
+
+
+if __name__ == "__main__":
+    serve_fits()
