@@ -19,7 +19,8 @@ alone (reviews recorded meanwhile are kept):
   holds the GIL from start to end (0.15 s for a user of 38,000 reviews; bench/srs_refit_cost.py), so in a thread it
   would stall every request of the replica for that long. Each turn is counted (nextstep_srs_refits_total): done;
   skipped (another worker holds the user's lease: they are queued again by their next review); not_due (by their
-  turn nothing was left to fit: a fit made after they were queued saw their reviews, or they were deleted); dropped
+  turn nothing was left to fit: a fit made after they were queued saw their reviews, they were deleted, or the
+  version that queued them was withdrawn); dropped
   (the queue was full); failed (logged).
 * `nextstep srs refit --model NAME` (`refit_all`) for every user of the model (the store's walk over its keys, every
   primary of a Redis Cluster) or those named: a batch, e.g. after the service ran with NEXTSTEP_SRS_REFIT=off.
@@ -43,6 +44,7 @@ import numpy as np
 
 # (here too for srs.py, event_export.py and the tests: the service asks this module)
 from ..training.srs.stored_fit import Due, fit_held, fit_stored, review_log, stored_rows  # noqa: F401
+from .errors import UnknownModel
 
 logger = logging.getLogger(__name__)
 LEASE_MS = 300_000  # how long a worker holds a user's refit lease (a fit takes well under a second)
@@ -194,6 +196,8 @@ class RefitWorker:
             return "done" if result.get("refitted") else "not_due"  # (no reviews, or none new since the last fit)
         except asyncio.CancelledError:
             raise
+        except UnknownModel:  # the version was withdrawn meanwhile: their next review (another version) queues them
+            return "not_due"
         except Exception:
             logger.exception("the refit of user %r of %s@%s failed", user_id, name, version)
             return "failed"
