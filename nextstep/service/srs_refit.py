@@ -20,8 +20,7 @@ alone (reviews recorded meanwhile are kept):
   would stall every request of the replica for that long. Each turn is counted (nextstep_srs_refits_total): done;
   skipped (another worker holds the user's lease: they are queued again by their next review); not_due (by their
   turn nothing was left to fit: a fit made after they were queued saw their reviews, they were deleted, or the
-  version that queued them was withdrawn); dropped
-  (the queue was full); failed (logged).
+  version that queued them was withdrawn); dropped (the queue was full); failed (logged).
 * `nextstep srs refit --model NAME` (`refit_all`) for every user of the model (the store's walk over its keys, every
   primary of a Redis Cluster) or those named: a batch, e.g. after the service ran with NEXTSTEP_SRS_REFIT=off.
 
@@ -57,10 +56,14 @@ def owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class _Ended(RuntimeError):
+    """The fitting process ended before it answered."""
+
+
 class FitProcess:
     """A process of its own that the service fits in (`python -m nextstep.training.srs.stored_fit`: numpy, fsrs-rs
     and the protocol's fit, no service code), started on the first fit and again after one died or overran; each
-    fit is a pickle of `fit_stored`'s arguments down its stdin and one of its answer back up its stdout, one at a
+    fit is a pickle of `fit_held`'s arguments down its stdin and one of its answer back up its stdout, one at a
     time (the rows are put together there too: a user's thousands of cards take milliseconds). Not
     multiprocessing's pools: their spawned children first import the parent's main script, which a script
     that starts the service without an `if __name__ == "__main__":` guard would run again; and a fork of the
@@ -78,16 +81,23 @@ class FitProcess:
 
     async def fit(self, recent: np.ndarray, fields: Mapping[str, bytes], day_start_hour: float,
                   due) -> tuple[list[float] | None, int, int]:
-        """`fit_held(recent, fields, day_start_hour, due)`, run in the process."""
+        """`fit_held(recent, fields, day_start_hour, due)`, run in the process (once more in a fresh one if the
+        process had ended, e.g. killed for memory)."""
+        request = (recent, dict(fields), day_start_hour, due)
         async with self._lock:
-            try:
-                return await asyncio.wait_for(self._call((recent, dict(fields), day_start_hour, due)), self.timeout_s)
-            except TimeoutError:
-                await self.close()
-                raise RuntimeError(f"the fit took longer than {self.timeout_s:g} s: stopped") from None
-            except BaseException:  # (an answer half read, a cancellation: the next fit starts a fresh process)
-                await self.close()
-                raise
+            for again in (True, False):
+                try:
+                    return await asyncio.wait_for(self._call(request), self.timeout_s)
+                except _Ended:
+                    await self.close()
+                    if not again:
+                        raise
+                except TimeoutError:
+                    await self.close()
+                    raise RuntimeError(f"the fit took longer than {self.timeout_s:g} s: stopped") from None
+                except BaseException:  # (an answer half read, a cancellation: the next fit starts a fresh process)
+                    await self.close()
+                    raise
 
     async def _call(self, request: tuple) -> tuple[list[float] | None, int, int]:
         if self._proc is None or self._proc.returncode is not None:
@@ -106,7 +116,7 @@ class FitProcess:
             size = int.from_bytes(await proc.stdout.readexactly(8), "little")
             ok, answer = pickle.loads(await proc.stdout.readexactly(size))
         except (asyncio.IncompleteReadError, ConnectionError):
-            raise RuntimeError(f"the fitting process ended (exit status {await proc.wait()})") from None
+            raise _Ended(f"the fitting process ended (exit status {await proc.wait()})") from None
         if not ok:
             raise RuntimeError(f"the fit failed: {answer}")
         return answer

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import time
 
 import httpx
@@ -359,6 +360,25 @@ def test_a_failed_refit_is_counted_and_the_worker_goes_on(art, redis_url, serve)
         until("good's fit", lambda: parameters(http, "good")["fitted_on"] == 200)
         assert refits(http) == {"failed": 1.0, "done": 1.0}
         assert parameters(http, "bad")["fitted_on"] == 0
+
+
+def test_a_fitting_process_that_was_killed_is_replaced_at_the_next_fit(art, redis_url, serve):
+    """The fitting process killed between fits (the kernel's OOM killer, an operator): the next fit starts another,
+    and the user is fitted (done, not failed)."""
+    model = load_artifact(art / MODEL / demo.VERSION)
+    log = user_log(5, model.extra.window[1])
+    app = create_app(auto(art, redis_url))
+    with serve(app.state.settings, app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        post(http, "u1", as_reviews(log, 0, 200), chunk=200)
+        until("u1's fit", lambda: parameters(http, "u1")["fitted_on"])
+        first = app.state.srs.fitter.pid
+        os.kill(first, signal.SIGKILL)
+        post(http, "u2", as_reviews(log, 0, 200), chunk=200)
+        until("u2's fit", lambda: parameters(http, "u2")["fitted_on"] == 200)
+        assert refits(http) == {"done": 2.0}
+        assert app.state.srs.fitter.pid not in (None, first)
+        w, _ = stored_fit(redis_url, model, "u2")
+        assert parameters(http, "u2")["w"] == pytest.approx(w, abs=1e-9)
 
 
 def test_with_the_setting_off_the_service_never_refits_and_the_command_still_does(art, worker_env, serve, monkeypatch,
