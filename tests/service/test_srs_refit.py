@@ -208,7 +208,8 @@ def test_a_state_stored_before_per_user_parameters_still_reads_and_is_upgraded(a
 
     asyncio.run(write())
     defaults = json.loads((art / MODEL / demo.VERSION / "manifest.json").read_text())["fsrs6"]["parameters"]
-    with serve(Settings(artifacts_dir=art, redis_url=redis_url)) as url, httpx.Client(base_url=url) as http:
+    with serve(Settings(artifacts_dir=art, redis_url=redis_url, srs_refit="auto")) as url, \
+            httpx.Client(base_url=url) as http:
         user = http.get(f"/v1/srs/{MODEL}/users/old").json()
         assert user["reviews_total"] == 2 and user["cards"] == 1
         assert user["parameters"]["w"] == pytest.approx(defaults) and user["parameters"]["fitted_on"] == 0
@@ -216,8 +217,8 @@ def test_a_state_stored_before_per_user_parameters_still_reads_and_is_upgraded(a
             {"card_id": "a", "time": 1e9 + 3 * 86400, "rating": 3}]})
         assert reply.status_code == 200, reply.text
         assert http.get(f"/v1/srs/{MODEL}/users/old").json()["reviews_total"] == 3
-        # (the service refits by default) a v3 header does not count scored reviews: the write queues the user, and
-        # the fit, counting those stored, finds too few
+        # a v3 header does not count scored reviews: the write queues the user for the service's refit, and the
+        # fit, counting those stored, finds too few
         until("the v3 user's turn", lambda: refits(http))
         assert refits(http) == {"not_due": 1.0} and parameters(http, "old")["fitted_on"] == 0
 
