@@ -923,9 +923,9 @@ class SpacedRepetition(StatefulTask):
     def refit_due(self, scored: int, fit: Fit) -> bool:
         """Whether a user with `scored` scored reviews and this fit is due one: a first fit once they have
         refit_min_scored, then again every refit_every_scored more."""
-        return self._due(fit)(scored)
+        return self._fit_due(fit)(scored)
 
-    def _due(self, fit: Fit):
+    def _fit_due(self, fit: Fit):
         from ..training.srs.stored_fit import Due
 
         return Due(self.refit_min_scored, self.refit_every_scored, None if fit.w is None else fit.fitted_scored)
@@ -960,7 +960,7 @@ class SpacedRepetition(StatefulTask):
         history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
         day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0))
         known = history.scored >= 0  # (a v3 header does not know the user's scored reviews: the fit counts them)
-        fit_args = (history.recent, stored.fields, day_start, True if force or known else self._due(history.fit))
+        fit_args = (history.recent, stored.fields, day_start, True if force or known else self._fit_due(history.fit))
         w, scored, held = await (self.fitter.fit(*fit_args) if self.fitter is not None else
                                  asyncio.to_thread(fit_held, *fit_args))
         if w is None:
