@@ -88,7 +88,8 @@ end
 
 local version = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
 if version ~= tonumber(ARGV[1]) then return false end
-local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids')  -- ids: a window in the old layout
+local total = tonumber(meta[1] or '0')
 if tonumber(ARGV[2]) >= 0 and total ~= tonumber(ARGV[2]) then return false end
 version = version + 1
 local first_row = 14 + 2 * tonumber(ARGV[12])
@@ -96,7 +97,7 @@ local n_rows = tonumber(ARGV[first_row - 1])
 local first_fp = first_row + n_rows
 if n_rows > 0 then redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) end
 total = total + n_rows
-local base = tonumber(redis.call('HGET', KEYS[1], 'base') or '0')
+local base = tonumber(meta[2] or '0')
 if total - base > tonumber(ARGV[8]) then  -- past the count bound: the oldest go, down to keep_rows
   local drop = total - base - tonumber(ARGV[9])
   redis.call('LTRIM', KEYS[5], drop, -1)
@@ -111,15 +112,15 @@ while min_time >= 0 and base < total do  -- then any older than the age bound
   redis.call('LPOP', KEYS[5])
   base = base + 1
 end
-redis.call('HSET', KEYS[1], 'total', total, 'base', base)
-if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], ARGV[11], 1) end
+local counts = {'total', total, 'base', base}  -- the meta's fields written (one HSET)
+if ARGV[11] ~= '' then counts[5], counts[6] = ARGV[11], 1 end
 local events = redis.call('HINCRBY', KEYS[2], 'events', ARGV[4])
 redis.call('HSET', KEYS[2], 'version', version, 'blob', ARGV[3], 'updated', ARGV[5], 'logged', total)
 for i = 13, first_row - 2, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
-local old_n = redis.call('HGET', KEYS[1], 'ids')  -- a window in the old layout
+local old_n = meta[4]
 if #ARGV >= first_fp or old_n then
   local width = tonumber(ARGV[7])
-  local n = tonumber(redis.call('HGET', KEYS[1], 'recorded') or '0')
+  local n = tonumber(meta[3] or '0')
   local held = redis.call('STRLEN', KEYS[3])
   if held ~= math.min(n, width) then
     if width == 0 or held == 0 or n < held then  -- none, or its count or ring is gone (an older release deleted
@@ -154,29 +155,28 @@ if #ARGV >= first_fp or old_n then
   if old_n then  -- the old layout's ids join the window (each fingerprint's first 7 bytes), oldest first
     local ring = redis.call('GET', KEYS[7]) or ''
     local old_held, old_total = #ring / 8, tonumber(old_n)
-    local first = math.max(old_total - old_held, old_total - width)
-    if n == 0 and width > 0 then  -- no window in this layout yet: built at once
-      local order, parts, args = {}, {}, {}
-      for j = first, old_total - 1 do
-        local at = (j % old_held) * 8
-        local field = string.sub(ring, at + 1, at + 1)
-        local part = parts[field]
-        if not part then part = {}; parts[field] = part; args[#args + 1] = field end
-        part[#part + 1] = string.sub(ring, at + 2, at + 1 + W)
-        order[#order + 1] = field
+    if n == 0 and width > 0 then  -- no window in this layout yet: built at once, by two passes in C (string.gsub)
+      local order = string.gsub(ring, '(.).......', '%1')  -- the ring's first bytes: the ids' buckets
+      local start = old_total % math.max(old_held, 1)
+      order = string.sub(order, start + 1) .. string.sub(order, 1, start)  -- oldest first
+      local drop = {}  -- per bucket, its oldest entries beyond the window's newest `width`
+      for j = 1, #order - width do
+        local field = string.sub(order, j, j)
+        drop[field] = (drop[field] or 0) + 1
       end
-      if #order > 0 then
-        local pairs_ = {}
-        for _, field in ipairs(args) do
-          pairs_[#pairs_ + 1] = field
-          pairs_[#pairs_ + 1] = table.concat(parts[field])
+      local buckets, args = redis.call('HGETALL', KEYS[8]), {}
+      for k = 1, #buckets, 2 do  -- each bucket's fingerprints, oldest first: their bytes 2 to 7
+        local entries = string.sub(string.gsub(buckets[k + 1], '.(......).', '%1'), (drop[buckets[k]] or 0) * W + 1)
+        if #entries > 0 then
+          args[#args + 1] = buckets[k]
+          args[#args + 1] = entries
         end
-        redis.call('HSET', KEYS[6], unpack(pairs_))
-        redis.call('SET', KEYS[3], table.concat(order))
-        n = #order
       end
+      if #args > 0 then redis.call('HSET', KEYS[6], unpack(args)) end
+      n = math.min(#order, width)
+      if n > 0 then redis.call('SET', KEYS[3], string.sub(order, -n)) end
     elseif width > 0 then  -- (an older release wrote beside this layout during a rolling upgrade)
-      for j = first, old_total - 1 do
+      for j = math.max(old_total - old_held, old_total - width), old_total - 1 do
         local at = (j % old_held) * 8
         record(string.sub(ring, at + 1, at + 1), string.sub(ring, at + 2, at + 1 + W))
       end
@@ -187,8 +187,14 @@ if #ARGV >= first_fp or old_n then
   if width > 0 then
     for i = first_fp, #ARGV do record(string.sub(ARGV[i], 1, 1), string.sub(ARGV[i], 2, 1 + W)) end
   end
-  if n > 0 then redis.call('HSET', KEYS[1], 'recorded', n) else redis.call('HDEL', KEYS[1], 'recorded') end
+  if n > 0 then
+    counts[#counts + 1] = 'recorded'
+    counts[#counts + 1] = n
+  elseif meta[3] then
+    redis.call('HDEL', KEYS[1], 'recorded')
+  end
 end
+redis.call('HSET', KEYS[1], unpack(counts))
 local ttl = tonumber(ARGV[6])
 for i = 1, 6 do
   if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end

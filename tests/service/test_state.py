@@ -691,15 +691,17 @@ def test_redis_window_in_the_old_layout_is_read_then_moved_by_the_next_write(red
             assert [59_000 < await raw.pttl(k) <= 60_000 for k in (meta, f"{meta}:order", f"{meta}:seen")] == [True] * 3
             assert (await store.log(KEY))[1][-1].payload == b"row"
 
-            # a window not yet full, moved into a smaller one: the newest 20
-            await raw.delete(meta, *old_keys, f"{meta}:log", f"{meta}:order", f"{meta}:seen")
-            for version, event_id in enumerate(ids[:30]):
-                await _old_write(raw, "old", version, [event_id], 50)
-            smaller = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=20, key_prefix="old")
-            assert await smaller.seen(KEY, ids) == set(ids[:30])
-            assert await smaller.compare_and_set(KEY, 30, b"new", 1, ["new-0"]) is not None
-            assert await window() == expected([*ids[11:30], "new-0"])
-            await smaller.close()
+            # moved into a smaller window: the newest 20; a window not yet full, into a larger one: all of it
+            for width, written, kept in ((20, ids, ids[61:]), (60, ids[:30], ids[:30])):
+                await raw.delete(meta, *old_keys, f"{meta}:log", f"{meta}:order", f"{meta}:seen")
+                for version, event_id in enumerate(written):
+                    await _old_write(raw, "old", version, [event_id], 50)
+                other = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=width, key_prefix="old")
+                assert await other.seen(KEY, ids) == set(written[-50:])
+                assert await other.compare_and_set(KEY, len(written), b"new", 1, ["new-0"]) is not None
+                assert await window() == expected([*kept, "new-0"])
+                assert await other.seen(KEY, [*ids, "new-0"]) == {*kept, "new-0"}
+                await other.close()
             # deleted by this release: the old layout's keys too
             for version, event_id in enumerate(ids[:3]):
                 await _old_write(raw, "other", version, [event_id], 50)
