@@ -170,10 +170,10 @@ async def window_cost(args, redis_port: int, raw) -> dict:
     stores = {name: code.RedisStore(url, ttl_seconds=None, key_prefix=f"window-{name}") for name, code in codes.items()}
     version = dict.fromkeys(stores, 0)
 
-    async def fill(name: str, store, prefix: str, key: str = key) -> None:
-        for start in range(0, full, 100):
-            await store.compare_and_set(key, version[name], b"x", 100, [f"{prefix}{i:06d}" for i in range(start,
-                                                                                                          start + 100)])
+    async def fill(name: str, store, prefix: str, key: str = key, count: int = full) -> None:
+        for start in range(0, count, 100):
+            ids = [f"{prefix}{i:06d}" for i in range(start, min(start + 100, count))]
+            await store.compare_and_set(key, version[name], b"x", len(ids), ids)
             version[name] += 1
 
     def used() -> tuple[int, float]:
@@ -190,8 +190,17 @@ async def window_cost(args, redis_port: int, raw) -> dict:
     out: dict = {"ops_per_round": ops, "rounds": args.window_rounds, "codes": {}}
     try:
         for name, store in stores.items():
+            smaller = {}
+            for count in (200, 1_000):  # windows not full: their bytes
+                version[name] = 0
+                await fill(name, store, "s-", f"size-{count}", count)
+                smaller[count] = window_bytes(f"window-{name}", f"size-{count}")
+            version[name] = 0
             await fill(name, store, "w-")
-            out["codes"][name] = {"bytes": window_bytes(f"window-{name}"), "read": [], "write": []}
+            out["codes"][name] = {"bytes": window_bytes(f"window-{name}"), "bytes_smaller": smaller, "read": [],
+                                  "write": []}
+            print(f"  windows of 200 and 1,000 ids, {name}: {smaller[200]['total']} B {smaller[200]['keys']}, "
+                  f"{smaller[1_000]['total']} B {smaller[1_000]['keys']}")
         fresh = full
         for r in range(args.window_rounds):
             for name, store in list(stores.items())[::1 if r % 2 == 0 else -1]:  # (ABBA: drift cancels)
