@@ -13,13 +13,14 @@ path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and
     migrate    --migrate-learners learners of 50 events through version 1, then every page of a migration to
                version 2 (KnowledgeTracer.migrate, as `nextstep states migrate` runs it): learners and events a second
     export     every learner above written by the event export (the long CSV, gzipped): events a second
-    window     the replay window alone, through RedisStore (no model): a key with a full window of the default
-               10,000 ids, then --window-ops reads of one new id and as many writes of one (each forgetting the
-               oldest), --window-rounds times: the Redis CPU per read and per write (the script's time from INFO
-               commandstats, and the server's used_cpu), and MEMORY USAGE of the window's keys. With --baseline
-               (another checkout's nextstep/service/redis_store.py) the same for that store, interleaved round by
-               round on the same server, and the cost of this store's first write to a full window the baseline
-               wrote (the move of an old layout)
+    window     the replay window alone, through RedisStore (no model): MEMORY USAGE of windows of 200, 1,000 and
+               the default 10,000 ids; at the full one, --window-ops reads of one new id and as many writes of one
+               (each forgetting the oldest), --window-rounds times: the Redis CPU per read and per write (the
+               script's time from INFO commandstats, which counts waits for the CPU too, and the server's
+               used_cpu). With --baseline (another checkout's nextstep/service/redis_store.py) the same for that
+               store, on the same server, the two alternating round by round (ABBA), with the median of each
+               round's ratio to the baseline's round beside it; and the cost of this store's first write to a
+               full window the baseline wrote (the move of an old layout), over --window-moves windows
 
     python bench/event_log.py [--learners 5] [--only window] [--baseline OTHER/nextstep/service/redis_store.py]
                               [--json OUT]
@@ -231,6 +232,17 @@ async def window_cost(args, redis_port: int, raw) -> dict:
                   f"({figures['read_median']['server_cpu_us']:.1f} us server CPU), per write "
                   f"{figures['write_median']['script_us']:.1f} us ({figures['write_median']['server_cpu_us']:.1f} us); "
                   f"medians of {args.window_rounds} rounds of {ops}")
+        if args.baseline:  # each round's figure over the baseline's beside it: the machine's drift cancels
+            out["this_over_baseline"] = {}
+            for kind in ("read", "write"):
+                for m in ("script_us", "server_cpu_us"):
+                    ratios = sorted(a[m] / b[m] for a, b in zip(out["codes"]["this"][kind],
+                                                                out["codes"]["baseline"][kind], strict=True))
+                    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+                    out["this_over_baseline"][f"{kind}_{m}"] = {"median": statistics.median(ratios),
+                                                                 "quartiles": [q[0], q[2]]}
+                    print(f"  this store over the baseline, {kind}, {m}: median {statistics.median(ratios):.3f} "
+                          f"(quartiles {q[0]:.3f}, {q[2]:.3f}) over {len(ratios)} paired rounds")
         if args.baseline:  # this store's first write to a full window the baseline wrote (--window-moves keys)
             moved = redis_store.RedisStore(url, ttl_seconds=None, key_prefix="window-baseline")
             moves = []
@@ -280,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("window",), help="run this part alone")
     parser.add_argument("--baseline", help="another checkout's nextstep/service/redis_store.py: its window measured "
                                            "beside this one's")
-    parser.add_argument("--window-ops", type=int, default=2_000, help="reads and writes a round (default 2,000)")
-    parser.add_argument("--window-rounds", type=int, default=3, help="rounds of them per store (default 3)")
+    parser.add_argument("--window-ops", type=int, default=1_000, help="reads and writes a round (default 1,000)")
+    parser.add_argument("--window-rounds", type=int, default=20, help="rounds of them per store (default 20)")
     parser.add_argument("--window-moves", type=int, default=5, help="baseline windows moved by this store (default 5)")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
