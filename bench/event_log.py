@@ -168,7 +168,8 @@ async def window_cost(args, redis_port: int, raw) -> dict:
     if args.baseline:
         codes = {"baseline": load_store(args.baseline), **codes}
     url, full, ops, key = f"redis://127.0.0.1:{redis_port}/0", DEFAULT_MAX_EVENT_IDS, args.window_ops, "learner"
-    stores = {name: code.RedisStore(url, ttl_seconds=None, key_prefix=f"window-{name}") for name, code in codes.items()}
+    stores = {name: code.RedisStore(url, ttl_seconds=None, key_prefix=f"window-{name}", socket_timeout=10)
+              for name, code in codes.items()}  # (timeout: a loaded machine may stall the server for a while)
     version = dict.fromkeys(stores, 0)
 
     async def fill(name: str, store, prefix: str, key: str = key, count: int = full) -> None:
@@ -244,7 +245,7 @@ async def window_cost(args, redis_port: int, raw) -> dict:
                     print(f"  this store over the baseline, {kind}, {m}: median {statistics.median(ratios):.3f} "
                           f"(quartiles {q[0]:.3f}, {q[2]:.3f}) over {len(ratios)} paired rounds")
         if args.baseline:  # this store's first write to a full window the baseline wrote (--window-moves keys)
-            moved = redis_store.RedisStore(url, ttl_seconds=None, key_prefix="window-baseline")
+            moved = redis_store.RedisStore(url, ttl_seconds=None, key_prefix="window-baseline", socket_timeout=10)
             moves = []
             try:
                 for k in range(args.window_moves):
