@@ -49,9 +49,9 @@ end
 
 # KEYS[1] meta, KEYS[2] the schema's state, KEYS[3] companion fields, KEYS[4] buckets, KEYS[5] the old layout's
 # buckets. ARGV: n_fields, field names, bucket names -> {the state's version, events, updated, blob, logged; the meta's
-# total, base; fields; buckets; the old layout's buckets}: a layout the meta hash does not count answers nils. One
-# command (a pipeline of several would meet a loading or read-only server's refusals one by one), no writes (so a
-# read-only replica runs it).
+# total, base; fields; buckets (nils where the meta hash counts none); the old layout's buckets where it counts
+# some}. One command (a pipeline of several would meet a loading or read-only server's refusals one by one), no
+# writes (so a read-only replica runs it).
 _READ_LUA = "#!lua flags=no-writes\n" + r"""
 local out = redis.call('HMGET', KEYS[2], 'version', 'events', 'updated', 'blob', 'logged')
 local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids')
@@ -60,14 +60,14 @@ local n_fields = tonumber(ARGV[1])
 if n_fields > 0 then
   for _, v in ipairs(redis.call('HMGET', KEYS[3], unpack(ARGV, 2, n_fields + 1))) do out[#out + 1] = v end
 end
-local n_buckets = #ARGV - n_fields - 1
-if n_buckets > 0 then
-  for layout = 3, 4 do
-    if meta[layout] then
-      for _, v in ipairs(redis.call('HMGET', KEYS[layout + 1], unpack(ARGV, n_fields + 2))) do out[#out + 1] = v end
-    else
-      for _ = 1, n_buckets do out[#out + 1] = false end
-    end
+if #ARGV > n_fields + 1 then
+  if meta[3] then
+    for _, v in ipairs(redis.call('HMGET', KEYS[4], unpack(ARGV, n_fields + 2))) do out[#out + 1] = v end
+  else
+    for _ = n_fields + 2, #ARGV do out[#out + 1] = false end
+  end
+  if meta[4] then  -- (only then: the old layout's buckets)
+    for _, v in ipairs(redis.call('HMGET', KEYS[5], unpack(ARGV, n_fields + 2))) do out[#out + 1] = v end
   end
 end
 return out
@@ -350,9 +350,8 @@ class RedisStore:
         reply = await self._script(what, "read", (meta, state_key, fields_key, buckets_key, old_buckets),
                                    (len(fields), *fields, *(f[:1] for f in fingerprints)), write=False)
         (version, events, updated, blob, logged, total, base), rest = reply[:7], reply[7:]
-        buckets = rest[len(fields):]
-        seen = (_in_window(event_ids, fingerprints, buckets[:len(fingerprints)], buckets[len(fingerprints):])
-                if fingerprints else set())
+        buckets, n = rest[len(fields):], len(fingerprints)
+        seen = _in_window(event_ids, fingerprints, buckets[:n], buckets[n:] or [None] * n) if n else set()
         total, base = _int(total), _int(base)
         if version is None:
             return replace(ABSENT, total=total, base=base), seen
