@@ -18,7 +18,7 @@ Everything runs on this machine and talks to 127.0.0.1 only:
 4. the stateless alternative: POST /v1/kt/deep_gpcm/batch with one student's whole 200-event history and
    the same single prediction, over one connection (httpx, at least 50 timed requests); before that the
    same 200 events are sent one per request to /events, and the two final predictions are compared;
-5. the bytes Redis holds per student (MEMORY USAGE of the state hash and of its :ids replay window, the blob
+5. the bytes Redis holds per student (MEMORY USAGE of the state hash and of its replay window, the blob
    size);
 6. a summary against the issue's targets.
 
@@ -482,8 +482,9 @@ def stateless_vs_stateful(base: str, question_ids: list[str], n_cats: int, n_req
 # -- Redis bytes per student -------------------------------------------------------------------------
 def student_bytes(redis_port: int, student: str, model: str = MODEL) -> dict | None:
     """Every Redis key of one learner: the meta hash (with the state before November 2026), the version's state
-    hash, the event log (since November 2026), the replay window (a ring of 8-byte fingerprints; before November
-    2026 also 256 buckets of them, and before that a sorted set)."""
+    hash, the event log (since November 2026), the replay window (since issue 37 a ring of one byte per id and
+    256 buckets of 6 bytes per id; before, a ring of 8-byte fingerprints and buckets of them, and before that a
+    sorted set)."""
     import redis
 
     r = redis.Redis(host="127.0.0.1", port=redis_port, socket_timeout=5)
@@ -492,13 +493,14 @@ def student_bytes(redis_port: int, student: str, model: str = MODEL) -> dict | N
         if not keys:
             return None
         sizes = {k.decode(): r.memory_usage(k, samples=0) or 0 for k in keys}
-        part = {"ids_bytes": (":ids", ":ring"), "log_bytes": (":log",)}
+        part = {"ids_bytes": (":seen", ":order", ":ids", ":ring"), "log_bytes": (":log",)}
         out = {name: sum(v for k, v in sizes.items() if k.endswith(ends)) for name, ends in part.items()}
         states = [k for k in keys if r.type(k) == b"hash" and r.hexists(k, "blob")]
-        ring = next((k for k in keys if k.endswith(b":ring")), None)
+        order = next((k for k in keys if k.endswith(b":order")), None)  # one byte per id
+        ring = next((k for k in keys if k.endswith(b":ring")), None)  # (the layout before: 8 bytes per id)
         return {"student": student, "keys": sorted(sizes), "blob_bytes": r.hstrlen(states[0], "blob") if states else 0,
                 "hash_bytes": sum(sizes.values()) - out["ids_bytes"] - out["log_bytes"], **out,
-                "event_ids": r.strlen(ring) // 8 if ring else 0,
+                "event_ids": r.strlen(order) if order else r.strlen(ring) // 8 if ring else 0,
                 "events": int(r.hget(states[0], "events") or 0) if states else 0, "total_bytes": sum(sizes.values())}
     finally:
         r.close()

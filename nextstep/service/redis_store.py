@@ -24,55 +24,72 @@ from .state import (
     encode_rows,
 )
 
-# The replay window in Redis: the 8-byte fingerprints (BLAKE2b-64) of the newest `max_event_ids` event ids of a
-# key, twice: in a STRING `<key>:ring`, oldest overwritten first (slot = n mod max_ids, n = the meta hash's `ids`,
-# the ids ever recorded), which says what to forget; and in a HASH `<key>:ids` of up to 256 buckets (field = the
-# fingerprint's first byte, value = its fingerprints concatenated), which answers "seen?" from one bucket (about
-# max_ids / 256 fingerprints, read with HMGET and scanned here) instead of the whole window: about 18 B per id
-# (docs/decisions.md; scanning the ring alone costs 8 B per id but about 7 times the Redis CPU at a full window).
-# A fingerprint only counts where it starts on an 8-byte boundary.
-_FIND_LUA = r"""
-local function find(s, fp)
-  local at = string.find(s, fp, 1, true)
-  while at and (at - 1) % 8 ~= 0 do at = string.find(s, fp, at + 1, true) end
+# The replay window in Redis: the newest `max_event_ids` event ids of a key, as 7 bytes of each id's fingerprint
+# (BLAKE2b-64's first 7), kept in two keys. A HASH `<key>:seen` of up to 256 buckets: field = the fingerprint's first
+# byte, value = the other 6 bytes of each id that byte leads, concatenated in the order they were recorded; it
+# answers "seen?" from one bucket (about max_ids / 256 entries, read with HMGET and scanned here). A STRING
+# `<key>:order`, a ring of one byte per id, slot = n mod max_ids (n = the meta hash's `recorded`, the ids ever
+# recorded in this layout): each id's bucket, which says what to forget. Ids enter a bucket in order and leave the
+# window oldest first, so the window's oldest id is always the first entry of its bucket: forgetting it drops that
+# bucket's first 6 bytes, no search. About 9 B per id at a full window of 10,000 (docs/decisions.md).
+# An entry only counts where it starts at a multiple of 6.
+#
+# The layout before it (until November 2026) kept the whole 8-byte fingerprint twice: in a STRING `<key>:ring` and in
+# a HASH `<key>:ids` of buckets by the first byte (8-byte entries), counted by the meta hash's `ids`. A key still in
+# it (`ids` present) is read in both layouts and converted by its next compare-and-set (below).
+_ENTRY = 6  # bytes of a bucket entry
+
+_FIND_LUA = f"local W = {_ENTRY}\n" + r"""
+local function find(s, entry)
+  local at = string.find(s, entry, 1, true)
+  while at and (at - 1) % W ~= 0 do at = string.find(s, entry, at + 1, true) end
   return at
 end
 """
 
-# KEYS[1] meta, KEYS[2] the schema's state, KEYS[3] companion fields, KEYS[4] buckets. ARGV: n_fields, field names,
-# bucket names -> {the state's version, events, updated, blob, logged; the meta's total, base; fields; buckets}. One
-# command (a pipeline of several would meet a loading or read-only server's refusals one by one), no writes (so a
-# read-only replica runs it).
+# KEYS[1] meta, KEYS[2] the schema's state, KEYS[3] companion fields, KEYS[4] buckets, KEYS[5] the old layout's
+# buckets. ARGV: n_fields, field names, bucket names -> {the state's version, events, updated, blob, logged; the meta's
+# total, base; fields; buckets (nils where the meta hash counts none); the old layout's buckets where it counts
+# some}. One command (a pipeline of several would meet a loading or read-only server's refusals one by one), no
+# writes (so a read-only replica runs it).
 _READ_LUA = "#!lua flags=no-writes\n" + r"""
 local out = redis.call('HMGET', KEYS[2], 'version', 'events', 'updated', 'blob', 'logged')
-for _, v in ipairs(redis.call('HMGET', KEYS[1], 'total', 'base')) do out[#out + 1] = v end
+local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids')
+out[6], out[7] = meta[1], meta[2]
 local n_fields = tonumber(ARGV[1])
 if n_fields > 0 then
   for _, v in ipairs(redis.call('HMGET', KEYS[3], unpack(ARGV, 2, n_fields + 1))) do out[#out + 1] = v end
 end
 if #ARGV > n_fields + 1 then
-  for _, v in ipairs(redis.call('HMGET', KEYS[4], unpack(ARGV, n_fields + 2))) do out[#out + 1] = v end
+  if meta[3] then
+    for _, v in ipairs(redis.call('HMGET', KEYS[4], unpack(ARGV, n_fields + 2))) do out[#out + 1] = v end
+  else
+    for _ = n_fields + 2, #ARGV do out[#out + 1] = false end
+  end
+  if meta[4] then  -- (only then: the old layout's buckets)
+    for _, v in ipairs(redis.call('HMGET', KEYS[5], unpack(ARGV, n_fields + 2))) do out[#out + 1] = v end
+  end
 end
 return out
 """
 
-# KEYS[1] meta, KEYS[2] the schema's state, KEYS[3] ring, KEYS[4] companion fields, KEYS[5] log, KEYS[6] buckets.
+# KEYS[1] meta, KEYS[2] the schema's state, KEYS[3] order, KEYS[4] companion fields, KEYS[5] log, KEYS[6] buckets,
+# KEYS[7] the old layout's ring, KEYS[8] its buckets.
 # ARGV: expected_version, expected_total (-1: any), blob, added_events, now, ttl_ms (0 = no expiry), max_ids,
 #       max_rows, keep_rows, min_time (-1: any age), schema marker (a meta field naming the schema; '' for
-#       schema ''), n_fields, n_fields (name, value) pairs, n_rows, rows (encoded), fingerprints...
+#       schema ''), n_fields, n_fields (name, value) pairs, n_rows, rows (encoded), fingerprints (7 bytes each)...
 _CAS_LUA = _FIND_LUA + r"""
-local function forget(fp)
-  local field = string.sub(fp, 1, 1)
+local function forget(field)  -- the window's oldest id: the first entry of its bucket
   local bucket = redis.call('HGET', KEYS[6], field)
-  local at = bucket and find(bucket, fp)
-  if not at then return end
-  bucket = string.sub(bucket, 1, at - 1) .. string.sub(bucket, at + 8)
-  if #bucket == 0 then redis.call('HDEL', KEYS[6], field) else redis.call('HSET', KEYS[6], field, bucket) end
+  if not bucket then return end
+  if #bucket <= W then redis.call('HDEL', KEYS[6], field)
+  else redis.call('HSET', KEYS[6], field, string.sub(bucket, W + 1)) end
 end
 
 local version = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
 if version ~= tonumber(ARGV[1]) then return false end
-local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids')  -- ids: a window in the old layout
+local total = tonumber(meta[1] or '0')
 if tonumber(ARGV[2]) >= 0 and total ~= tonumber(ARGV[2]) then return false end
 version = version + 1
 local first_row = 14 + 2 * tonumber(ARGV[12])
@@ -80,7 +97,7 @@ local n_rows = tonumber(ARGV[first_row - 1])
 local first_fp = first_row + n_rows
 if n_rows > 0 then redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) end
 total = total + n_rows
-local base = tonumber(redis.call('HGET', KEYS[1], 'base') or '0')
+local base = tonumber(meta[2] or '0')
 if total - base > tonumber(ARGV[8]) then  -- past the count bound: the oldest go, down to keep_rows
   local drop = total - base - tonumber(ARGV[9])
   redis.call('LTRIM', KEYS[5], drop, -1)
@@ -95,45 +112,92 @@ while min_time >= 0 and base < total do  -- then any older than the age bound
   redis.call('LPOP', KEYS[5])
   base = base + 1
 end
-redis.call('HSET', KEYS[1], 'total', total, 'base', base)
-if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], ARGV[11], 1) end
+local counts = {'total', total, 'base', base}  -- the meta's fields written (one HSET)
+if ARGV[11] ~= '' then counts[5], counts[6] = ARGV[11], 1 end
 local events = redis.call('HINCRBY', KEYS[2], 'events', ARGV[4])
 redis.call('HSET', KEYS[2], 'version', version, 'blob', ARGV[3], 'updated', ARGV[5], 'logged', total)
 for i = 13, first_row - 2, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
-if #ARGV >= first_fp then
+local old_n = meta[4]
+if #ARGV >= first_fp or old_n then
   local width = tonumber(ARGV[7])
-  local n = tonumber(redis.call('HGET', KEYS[1], 'ids') or '0')
-  local held = redis.call('STRLEN', KEYS[3]) / 8
-  if held > width then  -- the window was made smaller: forget all but the newest `width`, keep them oldest first
-    local ring, kept = redis.call('GET', KEYS[3]), {}
-    for j = n - held, n - 1 do
-      local at = (j % held) * 8
-      local fp = string.sub(ring, at + 1, at + 8)
-      if j < n - width then forget(fp) else kept[#kept + 1] = fp end
+  local n = tonumber(meta[3] or '0')
+  local held = redis.call('STRLEN', KEYS[3])
+  if held ~= math.min(n, width) then
+    if width == 0 or held == 0 or n < held then  -- none, or its count or ring is gone (an older release deleted
+      -- the key beside this layout's keys): the window starts afresh
+      redis.call('DEL', KEYS[3], KEYS[6])
+      n = 0
+    else  -- the window was made smaller or larger: forget all but the newest `width`, keep them oldest first
+      local ring, kept = redis.call('GET', KEYS[3]) or '', {}
+      for j = n - held, n - 1 do
+        local field = string.sub(ring, j % held + 1, j % held + 1)
+        if j < n - width then forget(field) else kept[#kept + 1] = field end
+      end
+      redis.call('SET', KEYS[3], table.concat(kept))
+      n = #kept
     end
-    redis.call('SET', KEYS[3], table.concat(kept))
-    n = width
   end
-  for i = first_fp, #ARGV do
-    local fp = ARGV[i]
-    local bucket = redis.call('HGET', KEYS[6], string.sub(fp, 1, 1)) or ''
-    if not find(bucket, fp) then  -- a replayed id keeps its place
-      local slot = (n % width) * 8
-      if n >= width then forget(redis.call('GETRANGE', KEYS[3], slot, slot + 7)) end  -- the oldest
-      local field = string.sub(fp, 1, 1)  -- (re-read: forgetting may have changed this bucket)
-      redis.call('HSET', KEYS[6], field, (redis.call('HGET', KEYS[6], field) or '') .. fp)
-      redis.call('SETRANGE', KEYS[3], slot, fp)
-      n = n + 1
-      if n == width then  -- just filled: rewrite it at its exact size (growing left up to 2x spare room)
-        redis.call('SET', KEYS[3], redis.call('GET', KEYS[3]))
+  local function record(field, entry)
+    local bucket = redis.call('HGET', KEYS[6], field) or ''
+    if find(bucket, entry) then return end  -- a replayed id keeps its place
+    local slot = n % width
+    if n >= width then  -- the oldest goes
+      local oldest = redis.call('GETRANGE', KEYS[3], slot, slot)
+      if oldest == field then bucket = string.sub(bucket, W + 1) else forget(oldest) end
+    end
+    redis.call('HSET', KEYS[6], field, bucket .. entry)
+    redis.call('SETRANGE', KEYS[3], slot, field)
+    n = n + 1
+    if n == width then  -- just filled: rewrite it at its exact size (growing left up to 2x spare room)
+      redis.call('SET', KEYS[3], redis.call('GET', KEYS[3]))
+    end
+  end
+  if old_n then  -- the old layout's ids join the window (each fingerprint's first 7 bytes), oldest first
+    local ring = redis.call('GET', KEYS[7]) or ''
+    local old_held, old_total = #ring / 8, tonumber(old_n)
+    if n == 0 and width > 0 then  -- no window in this layout yet: built at once, by two passes in C (string.gsub)
+      local order = string.gsub(ring, '(.).......', '%1')  -- the ring's first bytes: the ids' buckets
+      local start = old_total % math.max(old_held, 1)
+      order = string.sub(order, start + 1) .. string.sub(order, 1, start)  -- oldest first
+      local drop = {}  -- per bucket, its oldest entries beyond the window's newest `width`
+      for j = 1, #order - width do
+        local field = string.sub(order, j, j)
+        drop[field] = (drop[field] or 0) + 1
+      end
+      local buckets, args = redis.call('HGETALL', KEYS[8]), {}
+      for k = 1, #buckets, 2 do  -- each bucket's fingerprints, oldest first: their bytes 2 to 7
+        local entries = string.sub(string.gsub(buckets[k + 1], '.(......).', '%1'), (drop[buckets[k]] or 0) * W + 1)
+        if #entries > 0 then
+          args[#args + 1] = buckets[k]
+          args[#args + 1] = entries
+        end
+      end
+      if #args > 0 then redis.call('HSET', KEYS[6], unpack(args)) end
+      n = math.min(#order, width)
+      if n > 0 then redis.call('SET', KEYS[3], string.sub(order, -n)) end
+    elseif width > 0 then  -- (an older release wrote beside this layout during a rolling upgrade)
+      for j = math.max(old_total - old_held, old_total - width), old_total - 1 do
+        local at = (j % old_held) * 8
+        record(string.sub(ring, at + 1, at + 1), string.sub(ring, at + 2, at + 1 + W))
       end
     end
+    redis.call('DEL', KEYS[7], KEYS[8])
+    redis.call('HDEL', KEYS[1], 'ids')
   end
-  redis.call('HSET', KEYS[1], 'ids', n)
+  if width > 0 then
+    for i = first_fp, #ARGV do record(string.sub(ARGV[i], 1, 1), string.sub(ARGV[i], 2, 1 + W)) end
+  end
+  if n > 0 then
+    counts[#counts + 1] = 'recorded'
+    counts[#counts + 1] = n
+  elseif meta[3] then
+    redis.call('HDEL', KEYS[1], 'recorded')
+  end
 end
+redis.call('HSET', KEYS[1], unpack(counts))
 local ttl = tonumber(ARGV[6])
-for _, k in ipairs(KEYS) do
-  if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('PERSIST', k) end
+for i = 1, 6 do
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end
 end
 return {version, events, total, base}
 """
@@ -144,9 +208,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS[1] meta, the ring, the fields of schema "", the log, the buckets; and every other schema's state and fields
+# KEYS[1] meta, the order, the fields of schema "", the log, the buckets, the old layout's ring and buckets; and every
+# other schema's state and fields
 _DELETE_LUA = r"""
-local keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}
+local keys = {unpack(KEYS)}
 for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
   if string.sub(f, 1, 2) == 's:' then
     local state = KEYS[1] .. ':s:' .. string.sub(f, 3)
@@ -161,19 +226,23 @@ return redis.call('DEL', unpack(keys))
 _FIELDS = (b"version", b"events", b"updated", b"blob", b"logged")
 
 
-def _in_window(event_ids: Sequence[str], fingerprints: list[bytes], buckets: list) -> set[str]:
-    """The ids whose fingerprint is in its bucket, at an 8-byte boundary."""
-    seen = set()
-    for event_id, fp, bucket in zip(event_ids, fingerprints, buckets, strict=True):
-        at = bucket.find(fp) if bucket else -1
-        while at > 0 and at % 8:
-            at = bucket.find(fp, at + 1)
-        if at >= 0:
-            seen.add(event_id)
-    return seen
+def _holds(bucket: bytes | None, entry: bytes, width: int) -> bool:
+    """Whether `entry` is in `bucket` at a multiple of `width`."""
+    at = bucket.find(entry) if bucket else -1
+    while at > 0 and at % width:
+        at = bucket.find(entry, at + 1)
+    return at >= 0
+
+
+def _in_window(event_ids: Sequence[str], fingerprints: list[bytes], buckets: list, old_buckets: list) -> set[str]:
+    """The ids found in their bucket: the 6 bytes after the field (at a multiple of 6), or, in the old layout's
+    bucket, the whole 8-byte fingerprint (at a multiple of 8)."""
+    return {event_id for event_id, fp, bucket, old in zip(event_ids, fingerprints, buckets, old_buckets, strict=True)
+            if _holds(bucket, fp[1:1 + _ENTRY], _ENTRY) or _holds(old, fp, 8)}
 
 
 def _fingerprint(event_id: str) -> bytes:
+    """BLAKE2b-64 of the id: its first byte names the bucket, the next 6 are the entry (the old layout kept all 8)."""
     return hashlib.blake2b(event_id.encode(), digest_size=8).digest()
 
 
@@ -191,20 +260,23 @@ def _int(value, default: int = 0) -> int:
 
 class RedisStore:
     """State in Redis. For a caller key K, under the Redis Cluster hash tag {K} (every key of an entity in one
-    slot, and a caller key ending in ":ring" cannot collide with another key's window):
+    slot, and a caller key ending in ":seen" cannot collide with another key's window):
 
-        <prefix>:{K}              HASH  the key's meta (total, base: its log's counts; ids: event ids ever
-                                        recorded; s:<schema>: the schemas holding a state) and the state of
-                                        schema "" (version, events, updated, blob, logged)
+        <prefix>:{K}              HASH  the key's meta (total, base: its log's counts; recorded: event ids ever
+                                        recorded in the window; s:<schema>: the schemas holding a state) and the
+                                        state of schema "" (version, events, updated, blob, logged)
         <prefix>:{K}:s:<schema>   HASH  the state of another schema (a model version's layout)
         ...:fields                HASH  a state's companion fields (only where some were written)
         <prefix>:{K}:log          LIST  the event log, oldest first: each 4-byte big-endian seconds, the payload
-        <prefix>:{K}:ring         STRING the replay window: the fingerprints of the newest `max_event_ids` ids
-        <prefix>:{K}:ids          HASH  the same fingerprints in 256 buckets by their first byte (lookups)
+        <prefix>:{K}:seen         HASH  the replay window, the newest `max_event_ids` ids: up to 256 buckets by
+                                        their fingerprint's first byte, 6 more bytes of it per id, oldest first
+        <prefix>:{K}:order        STRING the same ids' buckets, one byte each, in a ring (which id to forget)
 
     all refreshed to the TTL by each write (another schema's state keeps its own). A fingerprint is BLAKE2b-64 of the
-    id: a new id is taken for a replay only if its fingerprint equals one of the window's, about
-    `max_event_ids / 2**64` (5e-16 at 10,000) per event.
+    id, and the window keeps its first 7 bytes: a new id is taken for a replay only if those 56 bits equal an id's
+    of the window, about `max_event_ids / 2**56` (1.4e-13 at 10,000) per event. A key written before November 2026
+    may still hold its window in the old layout (`:ring` and `:ids`, counted by the meta's `ids`): it is read too,
+    and its next compare-and-set moves it into this one.
 
     The client (redis_clients.py) is chosen by the URL: one node, a cluster or a Sentinel-watched primary. Every
     operation either completes or raises `StoreUnavailable` within about `2 * socket_timeout` seconds per try
@@ -245,11 +317,13 @@ class RedisStore:
                          for name, lua in (("cas", _CAS_LUA), ("read", _READ_LUA), ("delete", _DELETE_LUA),
                                              ("release", _RELEASE_LUA))}
 
-    def _keys(self, key: str, schema: str = "") -> tuple[str, str, str, str, str, str]:
-        """The meta hash, the schema's state, the ring, the state's companion fields, the log, the buckets."""
+    def _keys(self, key: str, schema: str = "") -> tuple[str, str, str, str, str, str, str, str]:
+        """The meta hash, the schema's state, the order, the state's companion fields, the log, the buckets; the old
+        layout's ring and buckets."""
         meta = f"{self._prefix}:{{{key}}}"
         state = f"{meta}:s:{schema}" if schema else meta
-        return meta, state, f"{meta}:ring", f"{state}:fields", f"{meta}:log", f"{meta}:ids"
+        return (meta, state, f"{meta}:order", f"{state}:fields", f"{meta}:log", f"{meta}:seen", f"{meta}:ring",
+                f"{meta}:ids")
 
     async def _script(self, what: str, name: str, keys: Sequence[str], args: Sequence, *, write: bool) -> object:
         """The script by its digest; NOSCRIPT (a restarted or flushed server) -> EVAL, which loads it again. A write
@@ -271,12 +345,13 @@ class RedisStore:
                    what: str = "read") -> tuple[StoredState, set[str]]:
         """The state, the meta hash's log counts, the event ids' buckets and the fields asked for: one script, so one
         round trip and one point in time (the fields belong to the version read)."""
-        meta, state_key, _, fields_key, _, ids_key = self._keys(key, schema)
+        meta, state_key, _, fields_key, _, buckets_key, _, old_buckets = self._keys(key, schema)
         fingerprints = [_fingerprint(i) for i in event_ids]
-        reply = await self._script(what, "read", (meta, state_key, fields_key, ids_key),
+        reply = await self._script(what, "read", (meta, state_key, fields_key, buckets_key, old_buckets),
                                    (len(fields), *fields, *(f[:1] for f in fingerprints)), write=False)
         (version, events, updated, blob, logged, total, base), rest = reply[:7], reply[7:]
-        seen = _in_window(event_ids, fingerprints, rest[len(fields):]) if fingerprints else set()
+        buckets, n = rest[len(fields):], len(fingerprints)
+        seen = _in_window(event_ids, fingerprints, buckets[:n], buckets[n:] or [None] * n) if n else set()
         total, base = _int(total), _int(base)
         if version is None:
             return replace(ABSENT, total=total, base=base), seen
@@ -284,7 +359,7 @@ class RedisStore:
         return StoredState(int(version), int(events), float(updated), blob, found, _int(logged), total, base), seen
 
     async def read_all(self, key: str, *, schema: str = "") -> StoredState:
-        meta, state_key, _, fields_key, _, _ = self._keys(key, schema)
+        meta, state_key, _, fields_key, *_ = self._keys(key, schema)
         reply, counts, values = await self._execute("read all", (
             ("HMGET", state_key, *_FIELDS), ("HMGET", meta, "total", "base"), ("HGETALL", fields_key)), atomic=True)
         (version, events, updated, blob, logged), (total, base) = reply, counts
@@ -307,7 +382,7 @@ class RedisStore:
         frames = encode_rows(rows)
         args = (expected_version, -1 if expected_total is None else expected_total, blob, added_events, repr(now),
                 self._ttl_ms, self._max_ids, bounds.max_rows, bounds.keep, min_time, f"s:{schema}" if schema else "",
-                len(pairs) // 2, *pairs, len(frames), *frames, *(_fingerprint(i) for i in event_ids))
+                len(pairs) // 2, *pairs, len(frames), *frames, *(_fingerprint(i)[:1 + _ENTRY] for i in event_ids))
         reply = await self._script("compare_and_set", "cas", self._keys(key, schema), args, write=True)
         if reply is None:
             return None
@@ -315,7 +390,7 @@ class RedisStore:
         return StoredState(version, events, now, bytes(blob), {}, total, total, base)
 
     async def log(self, key: str) -> tuple[int, list[LogRow]]:
-        meta, *_, log, _ = self._keys(key)
+        meta, *_, log, _, _, _ = self._keys(key)
         base, items = await self._execute("log", (("HGET", meta, "base"), ("LRANGE", log, 0, -1)), atomic=True)
         return _int(base), decode_rows(items)
 
@@ -345,8 +420,9 @@ class RedisStore:
         return f"{self._prefix}:{{{key}}}:lease"  # (the key's slot; a scan skips it: it does not end with the tag)
 
     async def delete(self, key: str) -> bool:
-        meta, _, ring, fields, log, ids = self._keys(key)
-        removed = await self._script("delete", "delete", (meta, ring, fields, log, ids), (), write=True)
+        meta, _, order, fields, log, buckets, old_ring, old_buckets = self._keys(key)
+        removed = await self._script("delete", "delete", (meta, order, fields, log, buckets, old_ring, old_buckets),
+                                     (), write=True)
         return removed > 0
 
     async def ping(self) -> None:

@@ -6,9 +6,12 @@ version and a count of absorbed events. Writers never lock: they read, compute, 
 concurrent events for one entity are all applied and none is lost (optimistic concurrency).
 
 Events may carry ids. The ids applied to a key are kept (newest `max_event_ids` of them: the
-de-duplication window) so a replayed event can be recognised with `seen` and skipped. Checking
-`seen` and then writing is race-free because the write is conditional on the version: if another
-writer applied the same id in between, the version moved and the CAS fails.
+de-duplication window; 0 keeps none) so a replayed event can be recognised with `seen` and skipped. An id
+recorded again while in the window keeps its place, and a window made larger or smaller keeps its newest ids.
+Checking `seen` and then writing is race-free because the write is conditional on the version: if another
+writer applied the same id in between, the version moved and the CAS fails. The in-process store keeps the ids
+themselves; Redis keeps 56 bits of a hash of each, so there a new id is taken for a replay with a probability of
+about `max_event_ids / 2**56` (redis_store.py).
 
 Each key also holds its *event log* (since November 2026): the events applied to it, as the task encoded them
 (`LogRow`: a time and a payload), appended by the same compare-and-set that writes the state, so the log is the
@@ -102,7 +105,8 @@ class StateStore(Protocol):
         ...
 
     async def seen(self, key: str, event_ids: Sequence[str]) -> set[str]:
-        """Which of `event_ids` were already applied to `key` (within the de-duplication window)."""
+        """Which of `event_ids` were already applied to `key` (within the de-duplication window: the newest
+        `max_event_ids` ids recorded by `compare_and_set`, whatever the schema)."""
         ...
 
     async def compare_and_set(

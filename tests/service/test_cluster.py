@@ -21,8 +21,11 @@ from nextstep.service.state import StateStore
 from tests.service.conftest import _raw
 from tests.service.test_kt_api import test_no_lost_updates_and_replays_change_nothing  # noqa: F401
 from tests.service.test_state import (  # noqa: F401 -- the contract, collected here against the cluster
+    KEY,
+    _old_write,
     _wait_for,
     test_a_lease_has_one_owner_until_released_or_lapsed,
+    test_a_window_of_no_ids_remembers_none,
     test_companion_fields_are_written_by_the_cas_and_read_with_the_state,
     test_companion_fields_share_the_ttl,
     test_dedupe_window_keeps_the_newest_ids,
@@ -78,6 +81,32 @@ def test_learners_on_every_node_are_served(artifacts, redis_cluster, serve):
             assert http.get(f"/v1/kt/{MODEL}/students/learner-{i}").json()["events_total"] == 1
     keys = {p: int(_raw(p, "DBSIZE").strip(b":\r\n")) for p in redis_cluster.primary_ports()}
     assert len(keys) == 3 and all(n > 0 for n in keys.values()), keys
+
+
+def test_a_window_in_the_old_layout_is_read_and_moved_on_the_cluster(redis_cluster):
+    """A window the release before wrote (its script, on the key's node) is read, then moved by the next write: the
+    old keys and the new ones share the key's slot, so one script sees them all."""
+    from redis.asyncio.cluster import RedisCluster
+
+    async def body() -> None:
+        raw = RedisCluster(host="127.0.0.1", port=redis_cluster.primary_ports()[0])
+        store = RedisStore(redis_cluster.url, ttl_seconds=None, max_event_ids=20, key_prefix="old")
+        meta = f"old:{{{KEY}}}"
+        try:
+            ids = [f"old-{i}" for i in range(30)]
+            for version, event_id in enumerate(ids):
+                await _old_write(raw, "old", version, [event_id], 20)
+            assert await store.seen(KEY, ids) == set(ids[10:])
+            assert await store.compare_and_set(KEY, 30, b"new", 1, ["new"]) is not None
+            assert await store.seen(KEY, [*ids, "new"]) == {*ids[11:], "new"}
+            assert not await raw.exists(f"{meta}:ring") and not await raw.exists(f"{meta}:ids")
+            assert await raw.strlen(f"{meta}:order") == 20
+            assert await store.delete(KEY) and not await raw.exists(meta)
+        finally:
+            await store.close()
+            await raw.aclose()
+
+    asyncio.run(body())
 
 
 def test_migrate_and_export_cover_every_primary(tmp_path, redis_cluster, serve):

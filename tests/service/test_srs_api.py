@@ -483,7 +483,7 @@ def test_state_survives_a_restart_and_expires_after_two_idle_years_by_default(sr
             await raw.aclose()
 
     keys = asyncio.run(ttls("*srs:time_aware:*"))
-    assert {k.rsplit("}", 1)[1] for k in keys} == {"", ":fields", ":ids", ":ring"}
+    assert {k.rsplit("}", 1)[1] for k in keys} == {"", ":fields", ":order", ":seen"}
     two_years = 730 * 86400 * 1000
     assert all(two_years - 120_000 < ttl <= two_years for ttl in keys.values()), keys  # every key, on each write
     with serve(Settings(artifacts_dir=art, redis_url=redis_url, srs_ttl_seconds=60)) as url:

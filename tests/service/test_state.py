@@ -13,6 +13,7 @@ import random
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -227,6 +228,19 @@ def test_dedupe_window_keeps_the_newest_ids(open_store: Opener) -> None:
     asyncio.run(body())
 
 
+def test_a_window_of_no_ids_remembers_none(open_store: Opener) -> None:
+    """max_event_ids=0: ids are accepted and none is remembered (the Redis script divided by the width)."""
+
+    async def body() -> None:
+        async with open_store(max_event_ids=0) as store:
+            written = await store.compare_and_set(KEY, 0, b"x", 2, ["e0", "e1"])
+            assert written is not None and written.version == 1
+            assert await store.seen(KEY, ["e0", "e1"]) == set()
+            assert await store.compare_and_set(KEY, 1, b"y", 1, ["e0"]) is not None
+
+    asyncio.run(body())
+
+
 def test_the_log_is_written_with_the_state_and_shared_by_every_schema(open_store: Opener) -> None:
     """Rows go in with the compare-and-set that writes a state; a schema's state records how much of the log it
     reflects, so another schema's state (a model version that did not see those events) knows it lags; a write that
@@ -385,19 +399,15 @@ def test_redis_key_layout_and_ttl(redis_url: str, client: str) -> None:
                 b"logged": b"2",  # the logged events this state reflects
                 b"total": b"2",  # events ever logged
                 b"base": b"0",  # of them trimmed from the log
-                b"ids": b"2",  # event ids recorded so far
+                b"recorded": b"2",  # event ids recorded in the replay window so far
             }
             # the log: a list of 4-byte big-endian whole seconds and the payload, oldest first
             assert await raw.lrange(f"{meta}:log", 0, -1) == [b"\0\0\0\x07x", b"\0\0\x01\x2c"]
-            # the replay window: 8-byte BLAKE2b fingerprints of the ids, in a ring (oldest first until it wraps)
-            # and in buckets keyed by their first byte
-            fingerprints = [hashlib.blake2b(i, digest_size=8).digest() for i in (b"a", b"b")]
-            assert await raw.get(f"{meta}:ring") == b"".join(fingerprints)
-            buckets: dict[bytes, bytes] = {}
-            for fp in fingerprints:
-                buckets[fp[:1]] = buckets.get(fp[:1], b"") + fp
-            assert await raw.hgetall(f"{meta}:ids") == buckets
-            window = (meta, f"{meta}:ring", f"{meta}:log", f"{meta}:ids")
+            # the replay window: buckets keyed by the first byte of each id's BLAKE2b-64 fingerprint, holding its
+            # next 6 bytes, oldest first; and the ring of those first bytes (oldest first until it wraps)
+            assert await raw.hgetall(f"{meta}:seen") == _buckets([b"a", b"b"])
+            assert await raw.get(f"{meta}:order") == b"".join(_fp(i)[:1] for i in (b"a", b"b"))
+            window = (meta, f"{meta}:order", f"{meta}:log", f"{meta}:seen")
             for k in window:
                 assert 59_000 < await raw.pttl(k) <= 60_000
             # companion fields: a hash of their own, written by the CAS, with the same TTL
@@ -418,8 +428,8 @@ def test_redis_key_layout_and_ttl(redis_url: str, client: str) -> None:
             assert await forever.delete(KEY) and not await raw.exists(*window)
             await forever.compare_and_set(KEY, 0, b"blob", 1)
             await forever.close()
-            # a caller key ending in ":ids" cannot collide with another key's id set
-            assert await store.compare_and_set(KEY + ":ids", 0, b"x", 1) is not None
+            # a caller key ending in ":seen" cannot collide with another key's window
+            assert await store.compare_and_set(KEY + ":seen", 0, b"x", 1) is not None
         finally:
             await store.close()
             await raw.aclose()
@@ -545,33 +555,64 @@ def test_redis_url_pointing_at_something_else_is_unavailable(client: str) -> Non
     asyncio.run(body())
 
 
-def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str, client: str) -> None:
-    """The ring wraps over the oldest and the buckets follow it; a smaller max_event_ids keeps the newest."""
+def _fp(event_id: bytes) -> bytes:
+    return hashlib.blake2b(event_id, digest_size=8).digest()
+
+
+def _buckets(ids: list[bytes]) -> dict[bytes, bytes]:
+    """The window's buckets for these ids, oldest first: field = the fingerprint's first byte, entries its next 6."""
+    buckets: dict[bytes, bytes] = {}
+    for i in ids:
+        fp = _fp(i)
+        buckets[fp[:1]] = buckets.get(fp[:1], b"") + fp[1:7]
+    return buckets
+
+
+def _oldest_first(ring: bytes, recorded: int) -> bytes:
+    """The ring's bytes from the oldest id's slot on."""
+    slot = recorded % len(ring)
+    return ring[slot:] + ring[:slot]
+
+
+def test_redis_replay_window_is_buckets_and_a_ring_of_their_names(redis_url: str, client: str) -> None:
+    """The ring wraps over the oldest and the buckets follow it; a smaller max_event_ids keeps the newest, a larger
+    one keeps them all and grows; an entry counts only at a multiple of 6 bytes."""
 
     async def body() -> None:
         store = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=4, key_prefix="ring")
         raw = aioredis.Redis.from_url(redis_url)
+        meta = f"ring:{{{KEY}}}"
+        ring, buckets = f"{meta}:order", f"{meta}:seen"
+
+        async def window() -> tuple[bytes, dict]:  # (the ring oldest first, the buckets)
+            recorded = int(await raw.hget(meta, "recorded") or 0)
+            return _oldest_first(await raw.get(ring) or b"", recorded), await raw.hgetall(buckets)
+
+        def expected(ids: list[str]) -> tuple[bytes, dict]:
+            return b"".join(_fp(i.encode())[:1] for i in ids), _buckets([i.encode() for i in ids])
+
         try:
-            ids = [f"event-{i}" for i in range(10)]
+            ids = [f"event-{i}" for i in range(12)]
             for version, event_id in enumerate(ids[:6]):
                 await store.compare_and_set(KEY, version, b"x", 1, [event_id, event_id])  # repeated within a call
-            ring, buckets = f"ring:{{{KEY}}}:ring", f"ring:{{{KEY}}}:ids"
-
-            async def bucketed() -> int:  # fingerprints held in the buckets
-                return sum(len(v) for v in (await raw.hgetall(buckets)).values()) // 8
-
-            assert await raw.strlen(ring) == 4 * 8 and await bucketed() == 4
+            assert await window() == expected(ids[2:6])
             assert await store.seen(KEY, ids) == set(ids[2:6])
             smaller = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=2, key_prefix="ring")
             await smaller.compare_and_set(KEY, 6, b"x", 1, [ids[6]])
-            assert await raw.strlen(ring) == 2 * 8 and await bucketed() == 2
+            assert await window() == expected(ids[5:7]) and await raw.strlen(ring) == 2
             assert await smaller.seen(KEY, ids) == {ids[5], ids[6]}
             await smaller.close()
-            # a fingerprint's bytes count only where they start on an 8-byte boundary
-            fingerprint = hashlib.blake2b(b"target", digest_size=8).digest()
-            await raw.hset(buckets, fingerprint[:1], fingerprint[:1] * 4 + fingerprint + b"\x00" * 4)
+            larger = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=5, key_prefix="ring")
+            for version, event_id in enumerate(ids[7:12], start=7):
+                await larger.compare_and_set(KEY, version, b"x", 1, [event_id])
+                assert await larger.seen(KEY, ids) == set(ids[max(5, version - 4):version + 1])
+            assert await window() == expected(ids[7:12]) and await raw.strlen(ring) == 5
+            await larger.close()
+            # an entry's bytes count only where they start at a multiple of 6
+            fp = _fp(b"target")
+            await raw.hset(buckets, fp[:1], b"\x00" * 3 + fp[1:7] + b"\x00" * 3)
             assert await store.seen(KEY, ["target"]) == set()
-            await raw.hset(buckets, fingerprint[:1], fingerprint[:1] * 8 + fingerprint)
+            await raw.hset(buckets, fp[:1], b"\x00" * 6 + fp[1:7])
             assert await store.seen(KEY, ["target"]) == {"target"}
         finally:
             await store.close()
@@ -581,21 +622,128 @@ def test_redis_replay_window_is_a_ring_of_fingerprints(redis_url: str, client: s
 
 
 def test_redis_replay_window_at_scale_remembers_exactly_the_newest(redis_url: str, client: str) -> None:
-    """Many ids through a 300-id window, a few per write: exactly the newest 300 are seen, and the buckets hold
-    exactly the ring's fingerprints (nothing leaks as the ring wraps)."""
+    """Many ids through a 300-id window, a few per write (some replayed): exactly the newest 300 are seen, and the
+    buckets and the ring hold exactly theirs, oldest first (nothing leaks as the ring wraps)."""
 
     async def body() -> None:
         store = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=300, key_prefix="scale")
         raw = aioredis.Redis.from_url(redis_url)
+        meta = f"scale:{{{KEY}}}"
         try:
             ids = [f"id-{i}" for i in range(1_000)]
             for version, start in enumerate(range(0, len(ids), 4)):
-                await store.compare_and_set(KEY, version, b"x", 4, ids[start:start + 4])
+                replayed = ids[start - 290:start - 289] if start >= 290 else []  # still in the window: stays put
+                await store.compare_and_set(KEY, version, b"x", 4, ids[start:start + 4] + replayed)
             assert await store.seen(KEY, ids) == set(ids[-300:])
-            ring = await raw.get(f"scale:{{{KEY}}}:ring")
-            bucketed = b"".join((await raw.hgetall(f"scale:{{{KEY}}}:ids")).values())
-            held = sorted(bucketed[i:i + 8] for i in range(0, len(bucketed), 8))
-            assert len(ring) == 300 * 8 and held == sorted(ring[i:i + 8] for i in range(0, len(ring), 8))
+            newest = [i.encode() for i in ids[-300:]]
+            assert await raw.hgetall(f"{meta}:seen") == _buckets(newest)
+            ring = _oldest_first(await raw.get(f"{meta}:order"), int(await raw.hget(meta, "recorded")))
+            assert ring == b"".join(_fp(i)[:1] for i in newest)
+        finally:
+            await store.close()
+            await raw.aclose()
+
+    asyncio.run(body())
+
+
+# The compare-and-set script of the release before (the window as 8-byte fingerprints in `:ring` and `:ids`), as it
+# ran: what a deployment upgraded from it holds, and what a replica still running it writes during a rolling upgrade.
+OLD_CAS = (Path(__file__).parent / "old_window_cas.lua").read_text()
+
+
+async def _old_write(raw, prefix: str, version: int, ids: list[str], max_ids: int) -> None:
+    meta = f"{prefix}:{{{KEY}}}"
+    keys = (meta, meta, f"{meta}:ring", f"{meta}:fields", f"{meta}:log", f"{meta}:ids")
+    args = (version, -1, b"old", len(ids), "1.0", 0, max_ids, 10_000, 8_750, -1, "", 0, 1, b"\0\0\0\x01row",
+            *(_fp(i.encode()) for i in ids))
+    assert await raw.eval(OLD_CAS, len(keys), *keys, *args) is not None
+
+
+def test_redis_window_in_the_old_layout_is_read_then_moved_by_the_next_write(redis_url: str, client: str) -> None:
+    """A window the release before wrote (wrapped, and not yet full) is read as it is, moved into the new layout by
+    the next compare-and-set (the newest `max_event_ids` of it, oldest first), and no replayed id is taken as new."""
+
+    async def body() -> None:
+        raw = aioredis.Redis.from_url(redis_url)
+        meta = f"old:{{{KEY}}}"
+        old_keys = (f"{meta}:ring", f"{meta}:ids")
+        store = RedisStore(_as(redis_url, client), ttl_seconds=60, max_event_ids=50, key_prefix="old")
+
+        async def window() -> tuple[bytes, dict]:  # (the ring oldest first, the buckets)
+            recorded = int(await raw.hget(meta, "recorded"))
+            return _oldest_first(await raw.get(f"{meta}:order"), recorded), await raw.hgetall(f"{meta}:seen")
+
+        def expected(ids: list[str]) -> tuple[bytes, dict]:
+            return b"".join(_fp(i.encode())[:1] for i in ids), _buckets([i.encode() for i in ids])
+
+        try:
+            ids = [f"old-{i}" for i in range(80)]
+            for version, event_id in enumerate(ids):  # the old release, a window of 50: its ring wrapped
+                await _old_write(raw, "old", version, [event_id], 50)
+            state, seen = await store.read(KEY, ids)
+            assert (state.version, state.total, seen) == (80, 80, set(ids[30:]))
+            assert await raw.exists(*old_keys) == 2 and not await raw.exists(f"{meta}:seen")  # a read moves nothing
+            # the next write moves it (then adds its own id, the oldest going), and the old keys go
+            assert await store.compare_and_set(KEY, 80, b"new", 1, ["new-0", ids[40]]) is not None
+            assert await window() == expected([*ids[31:], "new-0"])  # (a replayed id kept its place)
+            assert not await raw.exists(*old_keys) and b"ids" not in await raw.hgetall(meta)
+            assert await store.seen(KEY, [*ids, "new-0"]) == {*ids[31:], "new-0"}
+            assert [59_000 < await raw.pttl(k) <= 60_000 for k in (meta, f"{meta}:order", f"{meta}:seen")] == [True] * 3
+            assert (await store.log(KEY))[1][-1].payload == b"row"
+
+            # moved into a smaller window: the newest 20; a window not yet full, into a larger one: all of it
+            for width, written, kept in ((20, ids, ids[61:]), (60, ids[:30], ids[:30])):
+                await raw.delete(meta, *old_keys, f"{meta}:log", f"{meta}:order", f"{meta}:seen")
+                for version, event_id in enumerate(written):
+                    await _old_write(raw, "old", version, [event_id], 50)
+                other = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=width, key_prefix="old")
+                assert await other.seen(KEY, ids) == set(written[-50:])
+                assert await other.compare_and_set(KEY, len(written), b"new", 1, ["new-0"]) is not None
+                assert await window() == expected([*kept, "new-0"])
+                assert await other.seen(KEY, [*ids, "new-0"]) == {*kept, "new-0"}
+                await other.close()
+            # deleted by this release: the old layout's keys too
+            for version, event_id in enumerate(ids[:3]):
+                await _old_write(raw, "other", version, [event_id], 50)
+            other = RedisStore(_as(redis_url, client), ttl_seconds=None, key_prefix="other")
+            assert await other.delete(KEY) and not await raw.keys("other:*")
+            await other.close()
+        finally:
+            await store.close()
+            await raw.aclose()
+
+    asyncio.run(body())
+
+
+def test_redis_window_across_a_rolling_upgrade(redis_url: str, client: str) -> None:
+    """Replicas of the release before and of this one on one Redis: the old script's writes after a key was moved
+    (a window of its own, in the old keys) are read and then joined by this release; an old replica's delete leaves
+    this layout's keys behind, and the next write starts the window afresh from them (none of the deleted ids
+    counts); nothing fails."""
+
+    async def body() -> None:
+        raw = aioredis.Redis.from_url(redis_url)
+        meta = f"roll:{{{KEY}}}"
+        store = RedisStore(_as(redis_url, client), ttl_seconds=None, max_event_ids=10, key_prefix="roll")
+        try:
+            ids = [f"id-{i}" for i in range(20)]
+            for version, event_id in enumerate(ids[:8]):  # the old release
+                await _old_write(raw, "roll", version, [event_id], 10)
+            assert await store.compare_and_set(KEY, 8, b"new", 1, ids[8:10]) is not None  # moved, and full
+            await _old_write(raw, "roll", 9, ids[10:12], 10)  # an old replica, after: the old keys again
+            assert await store.seen(KEY, ids) == set(ids[:12])  # both layouts answer
+            assert await store.compare_and_set(KEY, 10, b"new", 1, [ids[12], ids[11]]) is not None
+            assert await store.seen(KEY, ids) == set(ids[3:13])  # its two joined, oldest first: the newest 10
+            assert not await raw.exists(f"{meta}:ring", f"{meta}:ids")
+            ring = _oldest_first(await raw.get(f"{meta}:order"), int(await raw.hget(meta, "recorded")))
+            assert ring == b"".join(_fp(i.encode())[:1] for i in ids[3:13])
+            assert await raw.hgetall(f"{meta}:seen") == _buckets([i.encode() for i in ids[3:13]])
+            # an old replica's delete (its script's keys) leaves this layout's window without its count
+            await raw.delete(meta, f"{meta}:ring", f"{meta}:fields", f"{meta}:log", f"{meta}:ids")
+            assert await store.seen(KEY, ids) == set()
+            assert await store.compare_and_set(KEY, 0, b"again", 1, [ids[19]]) is not None
+            assert await store.seen(KEY, ids) == {ids[19]}
+            assert await raw.hgetall(f"{meta}:seen") == _buckets([ids[19].encode()])
         finally:
             await store.close()
             await raw.aclose()
