@@ -263,6 +263,46 @@ class Moved:
 NOT_REBUILT = {"rebuilt_from_events": 0}
 
 
+@dataclass(frozen=True)
+class ShadowTurn:
+    """A serving write's reviews, for a shadow rollout's candidate to follow (`follow_log`, off the request path):
+    the serving layout (`schema`), the user's history before the write (its recent block, the fields of the cards
+    written that had one, its header), the reviews written (ROW, errors NaN), their card ids and event ids, each
+    one's window just before it under the serving layout, and which of them live quality scored for the serving
+    version."""
+
+    schema: str
+    before: History
+    new: np.ndarray
+    cards: tuple[str, ...]
+    event_ids: tuple[str, ...]
+    windows: tuple[np.ndarray, ...]
+    scored: np.ndarray
+
+    @classmethod
+    def of(cls, model: LoadedModel, history: History, new: np.ndarray, reviews: Sequence[Review],
+           windows: Sequence[np.ndarray], scored: np.ndarray) -> ShadowTurn:
+        cards = tuple(r.card_id for r in reviews)
+        own = {card: history.cards[card] for card in dict.fromkeys(cards) if card in history.cards}
+        rows = new.copy()
+        rows["error"] = np.nan
+        return cls(model.schema, History(history.stored, history.recent, own, history.n_cards, history.drift,
+                                         history.scored, history.fit),
+                   rows, cards, tuple(r.event_id for r in reviews if r.event_id is not None), tuple(windows),
+                   scored)
+
+
+def _same_row(a: np.void, b: np.void) -> bool:
+    """Whether two stored rows are one review (its sequence number, card, time and rating)."""
+    return all(a[name] == b[name] for name in ("seq", "card", "time", "rating"))
+
+
+def _holds(rows: np.ndarray, row: np.void) -> bool:
+    """Whether `rows` (ROW, in sequence order) hold that review."""
+    at = np.searchsorted(rows["seq"], row["seq"])
+    return bool(at < len(rows) and _same_row(rows[at], row))
+
+
 def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
     if not blob:
         return np.zeros(0, dtype=ROW)
@@ -540,11 +580,11 @@ class SpacedRepetition(StatefulTask):
         return any([await self.store.delete(key) for key in keys])
 
     async def _run(self, model: LoadedModel, hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray,
-                   decks: np.ndarray, times: np.ndarray, graph: str = "predict",
+                   decks: np.ndarray, times: np.ndarray, graph: str = "predict", background: bool = False,
                    **extra: np.ndarray) -> dict[str, np.ndarray]:
         """The graph's outputs for queries (cards[i], decks[i], times[i], and extra[name][i]) on the windows
         hist[which[i]], in calls of at most MAX_CELLS history cells (a big schedule neither builds nor runs one
-        huge batch)."""
+        huge batch). `background`: work no request waits for (a shadow's turn), never run inline."""
         names = [o.name for o in model.sessions[graph].get_outputs()]
         step = max(1, MAX_CELLS // hist["hist_valid"].shape[1])
         parts = []
@@ -553,7 +593,7 @@ class SpacedRepetition(StatefulTask):
             feed = {name: value[rows] for name, value in hist.items()}
             feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step],
                         **{name: value[lo:lo + step] for name, value in extra.items()})
-            outs = await self.engines.run(model, graph, feed)
+            outs = await self.engines.run(model, graph, feed, background=background)
             parts.append(dict(zip(names, outs, strict=True)))
         return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
@@ -570,7 +610,8 @@ class SpacedRepetition(StatefulTask):
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
     async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
-                     new: np.ndarray, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     new: np.ndarray, params: np.ndarray, background: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, and
         the model's P(recall) of each from its window: NaN where not scored, for live quality), each answered from
         its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) under the user's FSRS-6
@@ -579,7 +620,7 @@ class SpacedRepetition(StatefulTask):
             return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), drift, params)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
-                                                                   ("card", "deck", "time")))
+                                                                   ("card", "deck", "time")), background=background)
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
         sums = drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]), drift)
         return (sums[-1], np.where(out["scored"], errors, np.nan).astype(np.float32),
@@ -655,6 +696,8 @@ class SpacedRepetition(StatefulTask):
                     p = recall[scored_now]
                     self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1),
                                         (new["rating"][scored_now] > 1).astype(np.int64), self.role(model))
+                self.shadow(model, user_id, written, len(fresh), lambda: ShadowTurn.of(
+                    model, history, new, [reviews[i] for i in fresh], windows, scored_now))
                 return {"user_id": user_id, "model": model.name, "version": model.version,
                         "applied": len(fresh), "replayed": len(reviews) - len(fresh),
                         "reviews_total": written.events, "last_review_time": after.last_time,
@@ -909,6 +952,121 @@ class SpacedRepetition(StatefulTask):
         return {"card_id": card[0], "deck_id": card[1], "status": status, "due": float(due),
                 "interval_days": (float(due) - now) / 86400.0, "p_recall_at_due": float(recall),
                 "expected_duration_s": float(duration)}
+
+    # ------------------------------------------------------------------ shadow rollouts (off the request path)
+
+    async def follow_log(self, model: LoadedModel, user_id: str, turn: ShadowTurn) -> bool:
+        """A shadow turn: the candidate `model`'s P(recall) of the reviews a serving write recorded (`turn`), each
+        from its window just before it, scored for live quality (role "shadow") on the reviews the serving version's
+        were scored on. Of the serving layout, the reviews are shared: scoring is all there is to do, from the
+        windows the serving version read, under the user's drift sums and FSRS-6 parameters as they were. Of
+        another layout, the candidate's own state of the user takes the reviews too (`_follow`). Whether its state
+        was stored (or had nothing to store)."""
+        new, scored = turn.new, turn.scored
+        if model.schema != turn.schema:
+            return await self._follow(model, user_id, turn)
+        if scored.any():
+            windows = turn.windows
+            hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]),
+                                 turn.before.drift, turn.before.params(model))
+            out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
+                                                                       ("card", "deck", "time")), background=True)
+            self._score_shadow(model, out["recall"].astype(np.float64), new, scored)
+        return True
+
+    async def _follow(self, model: LoadedModel, user_id: str, turn: ShadowTurn) -> bool:
+        """A shadow turn of a candidate of another layout: the reviews appended to its state of the user, as a write
+        through it would append them (its windows, its drift, the user's FSRS-6 parameters as the serving layout
+        holds them), with their event ids, and its P(recall) of each scored. A state that does not end where the
+        serving one did before the write (none yet, a turn dropped, a shadow stopped and started again) is rebuilt
+        first from the serving layout's state as it was before the write (`_before_write`); when that state has
+        moved on since, the turn stores nothing and the user's next one rebuilds. A compare-and-set on the
+        candidate's key: whether it held."""
+        key, new = self.key(model, user_id), turn.new
+        first = int(new["seq"][0])
+        stored, _ = await self.store.read(key, fields=list(dict.fromkeys(turn.cards)))
+        history, fields = _decode(stored), {}
+        if stored.exists and history.count >= first + len(new) and _holds(history.recent, new[-1]):
+            return True  # (it has them: rebuilt after the write)
+        before = turn.before.recent
+        if not (stored.exists and history.count == first
+                and (_same_row(history.recent[-1], before[-1]) if len(before) else not len(history.recent))):
+            rebuilt = await self._before_write(model, user_id, turn, stored)
+            if rebuilt is None:
+                return True
+            history, fields = rebuilt
+        after, touched, recall = await self._append(model, history, new, turn.cards, turn.before.params(model))
+        blob = _encode(after.recent, after.n_cards, after.drift, after.scored, turn.before.fit)
+        written = await self.store.compare_and_set(key, stored.version, blob, after.count - stored.events,
+                                                   list(turn.event_ids),
+                                                   fields={**fields, **{c: r.tobytes() for c, r in touched.items()}})
+        if written is None:
+            return False
+        self._score_shadow(model, recall, new, turn.scored)
+        return True
+
+    async def _before_write(self, model: LoadedModel, user_id: str, turn: ShadowTurn, target: StoredState
+                            ) -> tuple[History, dict[str, bytes]] | None:
+        """The user's state under `model`'s layout as it would have been just before the serving write of `turn`
+        (its state `target` is missing or lags): the reviews the serving layout held then laid out for this layout's
+        windows (`carried`), with the header as it was; and the fields to write (a state replaced has its other cards
+        emptied). The reviews held then: the recent block and the written cards' fields as the turn kept them, and
+        every other card's field as the serving layout holds it now, which the write left as it was. None when the
+        serving state holds other reviews than those up to the write's now (another write came since: its own turn
+        rebuilds; or none)."""
+        now = await self.store.read_all(self._key_of(model, turn.schema, user_id))
+        source = _decode(StoredState(now.version, now.events, now.updated, now.blob))  # (the fields as they are)
+        new, b = turn.new, turn.before
+        first = int(new["seq"][0])
+        if source.count != first + len(new) or not _holds(source.recent, new[-1]):
+            return None
+        written = set(turn.cards)
+        held = {card: rows for card, rows in now.fields.items() if card not in written}
+        held.update({card: rows.tobytes() for card, rows in b.cards.items()})
+        recent, cards, _ = carried(b.recent, held, model.extra.window)
+        if (int(recent["seq"][-1]) + 1 if len(recent) else 0) != first:
+            return None
+        fields = {card: rows.tobytes() for card, rows in cards.items()}
+        if target.exists:
+            fields.update({card: b"" for card in (await self.store.read_all(self.key(model, user_id))).fields
+                           if card not in fields})
+        return History(target, recent, cards, b.n_cards, b.drift, b.scored, b.fit), fields
+
+    async def _append(self, model: LoadedModel, history: History, new: np.ndarray, cards: Sequence[str],
+                      params: np.ndarray) -> tuple[History, dict[str, np.ndarray], np.ndarray]:
+        """The user's history after the reviews `new` (ROW, sequence numbers from history.count on; their card ids
+        `cards`) under `model`'s layout, as add_reviews records them: (the history after; the fields of the cards
+        reviewed, errors in; the model's P(recall) of each review from its window just before it, NaN where not
+        scored). A shadow's work: its graph calls run in the background."""
+        size, card_size = model.extra.window
+        new = new.copy()
+        added: dict[str, list[int]] = {}
+
+        def field(card: str) -> np.ndarray:
+            rows = np.concatenate([history.cards.get(card, np.zeros(0, dtype=ROW)), new[added.get(card, [])]])
+            return rows[-card_size:] if card_size else rows[:0]
+
+        windows = []
+        for j, card in enumerate(cards):
+            before = History(history.stored, _tail(np.concatenate([history.recent, new[:j]]), size),
+                             {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
+            windows.append(window(model, before, card))
+            added.setdefault(card, []).append(j)
+        drift, new["error"], recall = await self._drift(model, history.drift, windows, new, params, background=True)
+        scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
+        touched = {card: field(card) for card in added}
+        n_cards = history.n_cards + sum(card not in history.cards for card in added)
+        recent = _tail(np.concatenate([history.recent, new]), size)
+        return (History(history.stored, recent, {**history.cards, **touched}, n_cards, drift, scored, history.fit),
+                touched, recall)
+
+    def _score_shadow(self, model: LoadedModel, recall: np.ndarray, new: np.ndarray, scored: np.ndarray) -> None:
+        """Live quality of a shadow: its P(recall) of the reviews the serving version's was scored on."""
+        keep = scored & ~np.isnan(recall)
+        if self.quality is not None and keep.any():
+            p = recall[keep]
+            self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1),
+                                (new["rating"][keep] > 1).astype(np.int64), "shadow")
 
     # ------------------------------------------------------------------ refits (off the request path)
 
