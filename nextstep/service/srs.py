@@ -42,6 +42,20 @@ A request reads the blob and only the fields of the cards it names, in one round
 back with one compare-and-set, so the cost of a request does not grow with the number of cards a user has.
 The review count is the store's event counter.
 
+Shadow rollouts (issue 35). After each write through the serving version for a user in a shadow's fraction, the
+candidate takes a turn off the request path (core.StatefulTask.shadow, `follow_log`), from what the write queued
+(`ShadowTurn`: the reviews, each one's window just before it, the user's state before the write). Of the serving
+layout, the candidate shares the user's reviews: its turn is its P(recall) of each review the serving version's was
+scored on, from the same window, drift sums and FSRS-6 parameters (its own defaults before a fit), recorded with role
+"shadow"; nothing is stored. Of another layout, the candidate's own state of the user takes the reviews as a write
+through it would (its windows, its drift sums; the user's parameters as the serving layout holds them; the event
+ids), scored the same way; a state that does not end where the serving one did before the write (none yet, a turn
+dropped or failed, a shadow stopped and started again) is first rebuilt from the serving layout's state as it was
+just before the write, so that every turn is scored; if the serving state has moved on since, the turn stores nothing
+and the user's next one rebuilds. An abort leaves those states as they are, no longer following; a promotion finds
+each user of the fraction ready as of their last turn (a user whose last turn was dropped, and who has written
+nothing since, keeps a state without those reviews: the back-and-forth rule above).
+
 Drift. Each recorded review the protocol scores (its card last reviewed on an earlier scheduler day) adds
 FSRS-6's error on it to the user's drift sums: the predict graph answers every new review from its window
 just before it (one batched call per request) with FSRS-6's own recall (`fsrs_recall`) and whether it is
@@ -1008,12 +1022,13 @@ class SpacedRepetition(StatefulTask):
     async def _before_write(self, model: LoadedModel, user_id: str, turn: ShadowTurn, target: StoredState
                             ) -> tuple[History, dict[str, bytes]] | None:
         """The user's state under `model`'s layout as it would have been just before the serving write of `turn`
-        (its state `target` is missing or lags): the reviews the serving layout held then laid out for this layout's
-        windows (`carried`), with the header as it was; and the fields to write (a state replaced has its other cards
-        emptied). The reviews held then: the recent block and the written cards' fields as the turn kept them, and
-        every other card's field as the serving layout holds it now, which the write left as it was. None when the
-        serving state holds other reviews than those up to the write's now (another write came since: its own turn
-        rebuilds; or none)."""
+        (its state `target` is missing or lags), and the fields to write: the reviews the serving layout held then,
+        with those the lagging state holds if it is a part of the same history (its last review among those held
+        then; else it is replaced, its other cards emptied), laid out for this layout's windows (`carried`), with
+        the serving header as it was. The reviews held then: the recent block and the written cards' fields as the
+        turn kept them, and every other card's field as the serving layout holds it now, which the write left as
+        it was. None when the serving state holds other reviews than those up to the write's now (another write came
+        since: its own turn rebuilds; or none)."""
         now = await self.store.read_all(self._key_of(model, turn.schema, user_id))
         source = _decode(StoredState(now.version, now.events, now.updated, now.blob))  # (the fields as they are)
         new, b = turn.new, turn.before
@@ -1023,14 +1038,22 @@ class SpacedRepetition(StatefulTask):
         written = set(turn.cards)
         held = {card: rows for card, rows in now.fields.items() if card not in written}
         held.update({card: rows.tobytes() for card, rows in b.cards.items()})
-        recent, cards, _ = carried(b.recent, held, model.extra.window)
+        recent, emptied = b.recent, {}
+        if target.exists:
+            from .srs_refit import stored_rows
+
+            own = await self.store.read_all(self.key(model, user_id))
+            lagging = _decode(StoredState(own.version, own.events, own.updated, own.blob))
+            if len(lagging.recent) and _holds(stored_rows(b.recent, held), lagging.recent[-1]):
+                recent = np.concatenate([lagging.recent, b.recent])  # (wider windows keep what it held)
+                held = {card: own.fields.get(card, b"") + held.get(card, b"") for card in {*own.fields, *held}}
+            else:
+                emptied = {card: b"" for card in own.fields if card not in held}
+        recent, cards, _ = carried(recent, held, model.extra.window)
         if (int(recent["seq"][-1]) + 1 if len(recent) else 0) != first:
             return None
-        fields = {card: rows.tobytes() for card, rows in cards.items()}
-        if target.exists:
-            fields.update({card: b"" for card in (await self.store.read_all(self.key(model, user_id))).fields
-                           if card not in fields})
-        return History(target, recent, cards, b.n_cards, b.drift, b.scored, b.fit), fields
+        return (History(target, recent, cards, b.n_cards, b.drift, b.scored, b.fit),
+                {**emptied, **{card: rows.tobytes() for card, rows in cards.items()}})
 
     async def _append(self, model: LoadedModel, history: History, new: np.ndarray, cards: Sequence[str],
                       params: np.ndarray) -> tuple[History, dict[str, np.ndarray], np.ndarray]:

@@ -328,22 +328,24 @@ def same_stored(url: str, a: str, b: str) -> None:
         same_rows(x.fields[card], y.fields[card])
 
 
+@pytest.mark.parametrize("size", [16, 64])
 def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_once_promoted(
-        tmp_path, redis_url, serve):
-    """Version 2 reads windows of 16 reviews where version 1 reads 32. In a 100% shadow, version 2's own state of each
-    user takes the reviews version 1 records: a user stored before the shadow is rebuilt from the reviews version 1
-    held just before their first shadowed write, and one whose reviews went on while the shadow was stopped is
-    rebuilt at their next shadowed write. A twin model (the demo with version 2's windows, under another name) takes
-    the same requests live: each state is the twin's, the shadow's scores are those of the twin's version 2, which
-    took the requests made while the shadow ran (its version 1 took the others; they share the reviews), and once
-    promoted version 2 answers from that state, rebuilding nothing."""
+        size, tmp_path, redis_url, serve):
+    """Version 2 reads windows of `size` reviews where version 1 reads 32. In a 100% shadow, version 2's own state of
+    each user takes the reviews version 1 records: a user stored before the shadow is rebuilt from the reviews
+    version 1 held just before their first shadowed write, and one whose reviews went on while the shadow was stopped
+    is rebuilt at their next shadowed write (keeping what it held: wider windows lose nothing). A twin model (the
+    demo with version 2's windows, under another name) takes the same requests live: each state is the twin's, the
+    shadow's scores are those of the twin's version 2, which took the requests made while the shadow ran (its
+    version 1 took the others; they share the reviews), and once promoted version 2 answers from that state,
+    rebuilding nothing."""
     add_flashcards(tmp_path, "1", 2026)
     for version in ("1", "2"):
         shutil.copytree(tmp_path / "time_aware" / "1", tmp_path / "twin" / version)
         manifest = json.loads((tmp_path / "twin" / version / "manifest.json").read_text())
         (tmp_path / "twin" / version / "manifest.json").write_text(json.dumps({
-            **manifest, "version": version, "window": {"size": 16, "card_size": CARD_SIZE}}))
-    small, twin_schema = (schema_hash(name, 16, CARD_SIZE) for name in ("time_aware", "twin"))
+            **manifest, "version": version, "window": {"size": size, "card_size": CARD_SIZE}}))
+    layout, twin_schema = (schema_hash(name, size, CARD_SIZE) for name in ("time_aware", "twin"))
     users = {"early": reviews_of(80, 70, 8, tag="e"), "new": reviews_of(81, 50, 8, tag="n")}
     before = {"early": 20, "new": 0}  # reviews recorded before the shadow starts
     chunk = {"early": 1, "new": 4}  # reviews a request
@@ -362,7 +364,7 @@ def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_
             return len(range(lo, hi, chunk[user]))
 
         record("early", 0, before["early"], False)
-        srs_version(tmp_path, "2", 2027, 16)
+        srs_version(tmp_path, "2", 2027, size)
         assert http.post("/v1/models/reload").status_code == 200
         assert http.put("/v1/models/time_aware/rollout", json=shadow).status_code == 200
         turns = 0
@@ -383,7 +385,7 @@ def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_
             assert quality["2"][name] == pytest.approx(twin[name], abs=1e-6)
         assert quality["1"]["scored"] == sum(int(scored(r[:before[u] + 50]).sum()) for u, r in users.items())
         for user in users:
-            same_stored(redis_url, f"srs:time_aware:{small}:{user}", f"srs:twin:{twin_schema}:{user}")
+            same_stored(redis_url, f"srs:time_aware:{layout}:{user}", f"srs:twin:{twin_schema}:{user}")
 
         assert http.post("/v1/models/time_aware/rollout/promote").json()["serving"] == "2"
         for user, reviews in users.items():
