@@ -51,10 +51,11 @@ scored on, from the same window, drift sums and FSRS-6 parameters (its own defau
 through it would (its windows, its drift sums; the user's parameters as the serving layout holds them; the event
 ids), scored the same way; a state that does not end where the serving one did before the write (none yet, a turn
 dropped or failed, a shadow stopped and started again) is first rebuilt from the serving layout's state as it was
-just before the write, so that every turn is scored; if the serving state has moved on since, the turn stores nothing
-and the user's next one rebuilds. An abort leaves those states as they are, no longer following; a promotion finds
-each user of the fraction ready as of their last turn (a user whose last turn was dropped, and who has written
-nothing since, keeps a state without those reviews: the back-and-forth rule above).
+just before the write (keeping the reviews it held, if it is part of the same history), so that every turn is scored;
+if the serving state has moved on since, the turn stores nothing and the user's next one rebuilds. An abort leaves
+those states as they are, no longer following. A promotion finds each user of the fraction ready as of their last
+turn; one whose last turn was dropped or failed, and who has written nothing since, has a state without the reviews
+of that write, which the promoted version goes on from (a layout holding a state never looks at the others).
 
 Drift. Each recorded review the protocol scores (its card last reviewed on an earlier scheduler day) adds
 FSRS-6's error on it to the user's drift sums: the predict graph answers every new review from its window
