@@ -52,10 +52,12 @@ through it would (its windows, its drift sums; the user's parameters as the serv
 ids), scored the same way; a state that does not end where the serving one did before the write (none yet, a turn
 dropped or failed, a shadow stopped and started again) is first rebuilt from the serving layout's state as it was
 just before the write (keeping the reviews it held, if it is part of the same history), so that every turn is scored;
-if the serving state has moved on since, the turn stores nothing and the user's next one rebuilds. An abort leaves
-those states as they are, no longer following. A promotion finds each user of the fraction ready as of their last
-turn; one whose last turn was dropped or failed, and who has written nothing since, has a state without the reviews
-of that write, which the promoted version goes on from (a layout holding a state never looks at the others).
+if the serving state has moved on since, the turn stores nothing and the user's next one rebuilds. While such a
+candidate is a canary, its states of the users outside its fraction keep up the same way, unscored (`keep_up`: a
+shadow's states stay ready through a canary to the promotion). An abort leaves those states as they are, no longer
+following. A promotion finds each user of the fraction ready as of their last turn; one whose last turn was dropped
+or failed, and who has written nothing since, has a state without the reviews of that write, which the promoted
+version goes on from (a layout holding a state never looks at the others).
 
 Drift. Each recorded review the protocol scores (its card last reviewed on an earlier scheduler day) adds
 FSRS-6's error on it to the user's drift sums: the predict graph answers every new review from its window
@@ -99,18 +101,20 @@ intervals and answer times measured on a sample of the deck (two graph calls, wh
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import math
 import time as _time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
-from .errors import InvalidInput, TooLarge
+from .errors import InvalidInput, TooLarge, UnknownModel
 from .quality import Quality
 from .registry import ONNX_DTYPES, LoadedModel, TaskFields, TaskSpec, register_task
 from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, ModelCurve, shares
@@ -284,7 +288,7 @@ class ShadowTurn:
     the serving layout (`schema`), the user's history before the write (its recent block, the fields of the cards
     written that had one, its header), the reviews written (ROW, errors NaN), their card ids and event ids, each
     one's window just before it under the serving layout, and which of them live quality scored for the serving
-    version."""
+    version. `keep_up`: a canary's turn (`keep_up`), unscored, for a state the candidate has."""
 
     schema: str
     before: History
@@ -293,6 +297,7 @@ class ShadowTurn:
     event_ids: tuple[str, ...]
     windows: tuple[np.ndarray, ...]
     scored: np.ndarray
+    keep_up: bool = False
 
     @classmethod
     def of(cls, model: LoadedModel, history: History, new: np.ndarray, reviews: Sequence[Review],
@@ -711,8 +716,10 @@ class SpacedRepetition(StatefulTask):
                     p = recall[scored_now]
                     self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1),
                                         (new["rating"][scored_now] > 1).astype(np.int64), self.role(model))
-                self.shadow(model, user_id, written, len(fresh), lambda: ShadowTurn.of(
-                    model, history, new, [reviews[i] for i in fresh], windows, scored_now))
+                turn = functools.partial(ShadowTurn.of, model, history, new, [reviews[i] for i in fresh], windows,
+                                         scored_now)
+                self.shadow(model, user_id, written, len(fresh), turn)
+                self.keep_up(model, user_id, len(fresh), turn)
                 return {"user_id": user_id, "model": model.name, "version": model.version,
                         "applied": len(fresh), "replayed": len(reviews) - len(fresh),
                         "reviews_total": written.events, "last_review_time": after.last_time,
@@ -970,6 +977,30 @@ class SpacedRepetition(StatefulTask):
 
     # ------------------------------------------------------------------ shadow rollouts (off the request path)
 
+    def keep_up(self, model: LoadedModel, user_id: str, events: int, turn: Callable[[], ShadowTurn]) -> None:
+        """After a write of `events` reviews through `model` while a candidate of another layout is a canary (the
+        write's user outside its fraction): queue a turn for the candidate (`follow_log`, as a shadow's, unscored)
+        in which its state of the user, if it has one (a shadow's, say), takes the reviews, so that it has them if
+        the candidate serves the user later (a wider fraction, a promotion). A user it has no state for is rebuilt
+        from the serving layout's on their first request to it. A full queue drops the turn (counted)."""
+        rollout = self.rollouts.current.get(model.name) if self.rollouts is not None else None
+        if (rollout is None or rollout.mode != "canary" or rollout.candidate in (None, model.version) or not events
+                or self.shadows is None):
+            return
+        try:
+            candidate = self.registry.get(model.name, rollout.candidate, task=self.TASK)
+        except UnknownModel:  # (withdrawn meanwhile)
+            return
+        if candidate.schema == model.schema:  # (the reviews are shared)
+            return
+        if self.shadows.full():
+            self.on_shadow(model.name, "dropped")
+            return
+        try:
+            self.shadows.put_nowait((model.name, rollout.candidate, user_id, replace(turn(), keep_up=True)))
+        except asyncio.QueueFull:
+            self.on_shadow(model.name, "dropped")
+
     async def follow_log(self, model: LoadedModel, user_id: str, turn: ShadowTurn) -> bool:
         """A shadow turn: the candidate `model`'s P(recall) of the reviews a serving write recorded (`turn`), each
         from its window just before it, scored for live quality (role "shadow") on the reviews the serving version's
@@ -996,10 +1027,13 @@ class SpacedRepetition(StatefulTask):
         serving one did before the write (none yet, a turn dropped, a shadow stopped and started again) is rebuilt
         first from the serving layout's state as it was before the write (`_before_write`); when that state has
         moved on since, the turn stores nothing and the user's next one rebuilds. A compare-and-set on the
-        candidate's key: whether it held."""
+        candidate's key: whether it held. A canary's turn (`keep_up`) stores nothing for a user the candidate has no
+        state of, and scores nothing."""
         key, new = self.key(model, user_id), turn.new
         first = int(new["seq"][0])
         stored, _ = await self.store.read(key, fields=list(dict.fromkeys(turn.cards)))
+        if turn.keep_up and not stored.exists:
+            return True
         history, fields = _decode(stored), {}
         if stored.exists and history.count >= first + len(new) and _holds(history.recent, new[-1]):
             return True  # (it has them: rebuilt after the write)
@@ -1017,7 +1051,8 @@ class SpacedRepetition(StatefulTask):
                                                    fields={**fields, **{c: r.tobytes() for c, r in touched.items()}})
         if written is None:
             return False
-        self._score_shadow(model, recall, new, turn.scored)
+        if not turn.keep_up:
+            self._score_shadow(model, recall, new, turn.scored)
         return True
 
     async def _before_write(self, model: LoadedModel, user_id: str, turn: ShadowTurn, target: StoredState

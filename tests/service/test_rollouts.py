@@ -335,10 +335,11 @@ def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_
     each user takes the reviews version 1 records: a user stored before the shadow is rebuilt from the reviews
     version 1 held just before their first shadowed write, and one whose reviews went on while the shadow was stopped
     is rebuilt at their next shadowed write (keeping what it held: wider windows lose nothing). A twin model (the
-    demo with version 2's windows, under another name) takes the same requests live: each state is the twin's, the
-    shadow's scores are those of the twin's version 2, which took the requests made while the shadow ran (its
-    version 1 took the others; they share the reviews), and once promoted version 2 answers from that state,
-    rebuilding nothing."""
+    demo with version 2's windows, under another name) takes the same requests live: each state is the twin's, and
+    the shadow's scores are those of the twin's version 2, which took the requests made while the shadow ran (its
+    version 1 took the others; they share the reviews). Then a 50% canary: version 2 answers one user, and its state
+    of the other keeps up with the reviews version 1 records; once promoted, version 2 answers both from their
+    states, rebuilding nothing."""
     add_flashcards(tmp_path, "1", 2026)
     for version in ("1", "2"):
         shutil.copytree(tmp_path / "time_aware" / "1", tmp_path / "twin" / version)
@@ -346,20 +347,21 @@ def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_
         (tmp_path / "twin" / version / "manifest.json").write_text(json.dumps({
             **manifest, "version": version, "window": {"size": size, "card_size": CARD_SIZE}}))
     layout, twin_schema = (schema_hash(name, size, CARD_SIZE) for name in ("time_aware", "twin"))
-    users = {"early": reviews_of(80, 70, 8, tag="e"), "new": reviews_of(81, 50, 8, tag="n")}
+    users = {"early": reviews_of(80, 80, 8, tag="e"), "new": reviews_of(81, 60, 8, tag="n")}
+    assert in_fraction("time_aware", "early", 0.5) and not in_fraction("time_aware", "new", 0.5)
     before = {"early": 20, "new": 0}  # reviews recorded before the shadow starts
     chunk = {"early": 1, "new": 4}  # reviews a request
     shadow = {"candidate": "2", "mode": "shadow", "fraction": 1.0}
     settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
 
-        def record(user: str, lo: int, hi: int, shadowed: bool) -> int:
-            """The user's reviews lo:hi through the serving version and the twin; the requests made."""
+        def record(user: str, lo: int, hi: int, shadowed: bool, version: str = "1") -> int:
+            """The user's reviews lo:hi through the version answering them and the twin; the requests made."""
             twin = "twin@2" if shadowed else "twin@1"
             for at in range(lo, hi, chunk[user]):
                 body = {"user_id": user, "reviews": users[user][at:min(at + chunk[user], hi)]}
                 reply = http.post("/v1/srs/time_aware/reviews", json=body)
-                assert reply.status_code == 200 and reply.json()["version"] == "1", reply.text
+                assert reply.status_code == 200 and reply.json()["version"] == version, reply.text
                 assert http.post(f"/v1/srs/{twin}/reviews", json=body).status_code == 200
             return len(range(lo, hi, chunk[user]))
 
@@ -387,13 +389,18 @@ def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_
         for user in users:
             same_stored(redis_url, f"srs:time_aware:{layout}:{user}", f"srs:twin:{twin_schema}:{user}")
 
+        assert http.put("/v1/models/time_aware/rollout", json={"candidate": "2", "fraction": 0.5}).status_code == 200
+        kept_up = record("new", before["new"] + 50, before["new"] + 60, False)
+        record("early", before["early"] + 50, before["early"] + 60, False, version="2")
+        assert shadow_turns(http, turns + kept_up) == turns + kept_up == 53
+        for user in users:
+            same_stored(redis_url, f"srs:time_aware:{layout}:{user}", f"srs:twin:{twin_schema}:{user}")
         assert http.post("/v1/models/time_aware/rollout/promote").json()["serving"] == "2"
         for user, reviews in users.items():
             got = summary(http, "time_aware", user)
-            assert (got["version"], got["rebuilt_from_events"], got["reviews_total"]) == \
-                ("2", 0, before[user] + 50)
+            assert (got["version"], got["rebuilt_from_events"], got["reviews_total"]) == ("2", 0, len(reviews))
             cards = sorted({r["card_id"] for r in reviews})
-            at = reviews[before[user] + 49]["time"] + DAY
+            at = reviews[-1]["time"] + DAY
             promoted, live = (answers(http, model, user, cards, at) for model in ("time_aware", "twin@2"))
             close([{k: v for k, v in a.items() if k not in ("model", "version")} for a in promoted],
                   [{k: v for k, v in a.items() if k not in ("model", "version")} for a in live])
