@@ -323,6 +323,20 @@ def _holds(rows: np.ndarray, row: np.void) -> bool:
     return bool(at < len(rows) and _same_row(rows[at], row))
 
 
+def _merged(own: StoredState, recent: np.ndarray, fields: Mapping[str, bytes]
+            ) -> tuple[np.ndarray, dict[str, bytes]] | None:
+    """The reviews a lagging state holds (`own`, its whole record) and those another layout holds (its recent block
+    and fields), together as a recent block and fields for `carried`, if they are one history: the state's last
+    review is among the others. None if not."""
+    from .srs_refit import stored_rows
+
+    lagging = _decode(StoredState(own.version, own.events, own.updated, own.blob))
+    if not len(lagging.recent) or not _holds(stored_rows(recent, fields), lagging.recent[-1]):
+        return None
+    return (np.concatenate([lagging.recent, recent]),
+            {card: own.fields.get(card, b"") + fields.get(card, b"") for card in {*own.fields, *fields}})
+
+
 def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
     if not blob:
         return np.zeros(0, dtype=ROW)
@@ -586,11 +600,40 @@ class SpacedRepetition(StatefulTask):
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         """A user stored under another layout given a state under `model`'s (rebuilt from the newest other layout
-        that has one): (reviews it was rebuilt from, True). A user who has one already costs one read."""
+        that has one): (reviews it was rebuilt from, True). A user who has one already costs two reads, and has it
+        brought up to date where it lags (`_refresh`): (reviews it took, whether it is stored)."""
         stored = await self.store.get(self.key(model, entity))
         if stored.exists:
-            return 0, True
+            return await self._refresh(model, entity, stored)
         return (await self._carry(model, entity, stored))["rebuilt_from_events"], True
+
+    async def _refresh(self, model: LoadedModel, user_id: str, stored: StoredState) -> tuple[int, bool]:
+        """The user's state under `model`'s layout (`stored`) brought up to date with their state under the newest
+        other layout that has one, where it lags it: that one has more reviews, among them this one's last (the same
+        history, which went on under the other layout: a shadow's state after an abort, or after a dropped turn; a
+        user back on an older layout). The reviews of both, laid out for this layout's windows (`carried`), with the
+        other's header, stored with a compare-and-set. (reviews it took, False when another write came first.)"""
+        for schema, _ in self.layouts(model):
+            source = self._key_of(model, schema, user_id)
+            other = await self.store.get(source)
+            if other.exists and other.blob:
+                break
+        else:
+            return 0, True
+        if _decode(other).count <= _decode(stored).count:
+            return 0, True
+        whole = await self.store.read_all(source)
+        theirs = _decode(StoredState(whole.version, whole.events, whole.updated, whole.blob))
+        own = await self.store.read_all(self.key(model, user_id))
+        merged = _merged(own, theirs.recent, whole.fields)
+        if merged is None:  # (another history: left as it is)
+            return 0, True
+        recent, cards, _ = carried(*merged, model.extra.window)
+        written = await self.store.compare_and_set(
+            self.key(model, user_id), own.version, _encode(recent, theirs.n_cards, theirs.drift, theirs.scored,
+                                                           theirs.fit),
+            theirs.count - own.events, fields={card: rows.tobytes() for card, rows in cards.items()})
+        return (theirs.count - own.events, True) if written is not None else (0, False)
 
     async def delete(self, model_name: str, entity: str) -> bool:
         """Delete the user's reviews under every layout of the model the registry knows (else another layout's would
@@ -1076,13 +1119,10 @@ class SpacedRepetition(StatefulTask):
         held.update({card: rows.tobytes() for card, rows in b.cards.items()})
         recent, emptied = b.recent, {}
         if target.exists:
-            from .srs_refit import stored_rows
-
             own = await self.store.read_all(self.key(model, user_id))
-            lagging = _decode(StoredState(own.version, own.events, own.updated, own.blob))
-            if len(lagging.recent) and _holds(stored_rows(b.recent, held), lagging.recent[-1]):
-                recent = np.concatenate([lagging.recent, b.recent])  # (wider windows keep what it held)
-                held = {card: own.fields.get(card, b"") + held.get(card, b"") for card in {*own.fields, *held}}
+            merged = _merged(own, b.recent, held)  # (wider windows keep what it held)
+            if merged is not None:
+                recent, held = merged
             else:
                 emptied = {card: b"" for card in own.fields if card not in held}
         recent, cards, _ = carried(recent, held, model.extra.window)

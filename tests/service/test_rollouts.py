@@ -404,3 +404,33 @@ def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_
             promoted, live = (answers(http, model, user, cards, at) for model in ("time_aware", "twin@2"))
             close([{k: v for k, v in a.items() if k not in ("model", "version")} for a in promoted],
                   [{k: v for k, v in a.items() if k not in ("model", "version")} for a in live])
+
+
+def test_an_aborted_flashcard_shadow_leaves_its_states_and_a_migration_brings_them_up_to_date(
+        tmp_path, redis_url, serve):
+    """After an abort, version 2's states (of another layout) no longer follow: a user who goes on reviewing has a
+    state there without those reviews, which version 2 would go on from. A migration to version 2 brings it up to
+    date (the user's state there is a part of their history, which went on under version 1): it is then the state of
+    a user whose same reviews went to version 2 from the start; a second walk finds nothing to do."""
+    add_flashcards(tmp_path, "1", 2026)
+    srs_version(tmp_path, "2", 2025, 16)  # (older: version 1 serves)
+    layout = schema_hash("time_aware", 16, CARD_SIZE)
+    reviews = reviews_of(90, 30, 6, tag="a")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        assert http.put("/v1/models/time_aware/rollout", json={"candidate": "2", "mode": "shadow",
+                                                              "fraction": 1.0}).status_code == 200
+        for lo in range(0, 30, 5):
+            if lo == 15:
+                assert http.delete("/v1/models/time_aware/rollout").status_code == 200
+                assert shadow_turns(http, 3) == 3
+            for user, model in (("u", "time_aware"), ("twin", "time_aware@2")):
+                reply = http.post(f"/v1/srs/{model}/reviews", json={"user_id": user, "reviews": reviews[lo:lo + 5]})
+                assert reply.status_code == 200, reply.text
+        assert summary(http, "time_aware@2", "u")["reviews_total"] == 15  # (stale: what the shadow took)
+        walk = http.post("/v1/models/time_aware/migrate", json={"version": "2"}).json()
+        assert (walk["done"], walk["entities"], walk["rebuilt"], walk["events"], walk["lagging"]) == (True, 1, 1, 15, 0)
+        same_stored(redis_url, f"srs:time_aware:{layout}:u", f"srs:time_aware:{layout}:twin")
+        again = http.post("/v1/models/time_aware/migrate", json={"version": "2"}).json()
+        assert (again["entities"], again["rebuilt"], again["events"]) == (1, 0, 0)
+        assert summary(http, "time_aware@2", "u")["reviews_total"] == 30
