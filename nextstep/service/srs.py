@@ -288,7 +288,7 @@ class ShadowTurn:
     the serving layout (`schema`), the user's history before the write (its recent block, the fields of the cards
     written that had one, its header), the reviews written (ROW, errors NaN), their card ids and event ids, each
     one's window just before it under the serving layout, and which of them live quality scored for the serving
-    version. `keep_up`: a canary's turn (`keep_up`), unscored, for a state the candidate has."""
+    version. `keep_up`: a canary's turn (SpacedRepetition.keep_up): unscored, for a state the candidate has."""
 
     schema: str
     before: History
