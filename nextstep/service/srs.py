@@ -337,6 +337,28 @@ def _merged(own: StoredState, recent: np.ndarray, fields: Mapping[str, bytes]
             {card: own.fields.get(card, b"") + fields.get(card, b"") for card in {*own.fields, *fields}})
 
 
+def _took(own: StoredState, held: np.ndarray, since: float) -> tuple[np.ndarray, list[str], StoredState] | None:
+    """Of a candidate's state (`own`, its whole record), the reviews it took itself after those it shares with the
+    serving layout (`held`: the reviews that holds, ROW in sequence order), where they are its last ones, all in its
+    recent block, none before `since` (the time of the serving write's last review): those reviews (ROW), their
+    card ids, and the record without them. None where it is not so (no such reviews; or another history)."""
+    mine = _decode(StoredState(own.version, own.events, own.updated, own.blob))
+    shared = np.array([_holds(held, row) for row in mine.recent], dtype=bool)
+    if not len(shared) or shared.all() or not shared[0]:
+        return None
+    start = int(np.argmin(shared))  # (the first not shared)
+    rows = mine.recent[start:]
+    ids = {id_hash(card): card for card in own.fields}
+    cards = [ids.get(int(card)) for card in rows["card"]]
+    if shared[start:].any() or len(rows) != mine.count - int(rows["seq"][0]) or None in cards \
+            or rows["time"].min() < since:
+        return None
+    first = int(rows["seq"][0])
+    kept = {card: _rows(value)[_rows(value)["seq"] < first].tobytes() for card, value in own.fields.items()}
+    return rows, cards, StoredState(own.version, own.events, own.updated,
+                                    _encode(mine.recent[:start], mine.n_cards, mine.drift), fields=kept)
+
+
 def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
     if not blob:
         return np.zeros(0, dtype=ROW)
@@ -1069,15 +1091,17 @@ class SpacedRepetition(StatefulTask):
         holds them), with their event ids, and its P(recall) of each scored. A state that does not end where the
         serving one did before the write (none yet, a turn dropped, a shadow stopped and started again) is rebuilt
         first from the serving layout's state as it was before the write (`_before_write`); when that state has
-        moved on since, the turn stores nothing and the user's next one rebuilds. A compare-and-set on the
-        candidate's key: whether it held. A canary's turn (`keep_up`) stores nothing for a user the candidate has no
-        state of, and scores nothing."""
+        moved on since, the turn stores nothing and the user's next one rebuilds. A state that took reviews of its
+        own after the write's place (the candidate began answering the user, a canary or a promotion, while this
+        turn waited) has them recorded again after the write's (`_took`), so that none is lost. A compare-and-set on
+        the candidate's key: whether it held. A canary's turn (`keep_up`) stores nothing for a user the candidate
+        has no state of, and scores nothing."""
         key, new = self.key(model, user_id), turn.new
         first = int(new["seq"][0])
         stored, _ = await self.store.read(key, fields=list(dict.fromkeys(turn.cards)))
         if turn.keep_up and not stored.exists:
             return True
-        history, fields = _decode(stored), {}
+        history, fields, took = _decode(stored), {}, None
         if stored.exists and history.count >= first + len(new) and _holds(history.recent, new[-1]):
             return True  # (it has them: rebuilt after the write)
         before = turn.before.recent
@@ -1086,8 +1110,15 @@ class SpacedRepetition(StatefulTask):
             rebuilt = await self._before_write(model, user_id, turn, stored)
             if rebuilt is None:
                 return True
-            history, fields = rebuilt
-        after, touched, recall = await self._append(model, history, new, turn.cards, turn.before.params(model))
+            history, fields, took = rebuilt
+        params = turn.before.params(model)
+        after, touched, recall = await self._append(model, history, new, turn.cards, params)
+        if took is not None:  # (the candidate's own reviews, after the write's)
+            rows, cards = took
+            rows = rows.copy()
+            rows["seq"] = np.arange(after.count, after.count + len(rows))
+            after, later, _ = await self._append(model, after, rows, cards, params)
+            touched.update(later)
         blob = _encode(after.recent, after.n_cards, after.drift, after.scored, turn.before.fit)
         written = await self.store.compare_and_set(key, stored.version, blob, after.count - stored.events,
                                                    list(turn.event_ids),
@@ -1099,11 +1130,13 @@ class SpacedRepetition(StatefulTask):
         return True
 
     async def _before_write(self, model: LoadedModel, user_id: str, turn: ShadowTurn, target: StoredState
-                            ) -> tuple[History, dict[str, bytes]] | None:
+                            ) -> tuple[History, dict[str, bytes], tuple[np.ndarray, list[str]] | None] | None:
         """The user's state under `model`'s layout as it would have been just before the serving write of `turn`
-        (its state `target` is missing or lags), and the fields to write: the reviews the serving layout held then,
-        with those the lagging state holds if it is a part of the same history (its last review among those held
-        then; else it is replaced, its other cards emptied), laid out for this layout's windows (`carried`), with
+        (its state `target` is missing or lags), the fields to write, and the reviews that state took itself
+        after the write's place (`_took`: to record again after the write's; None: none). The state: the
+        reviews the serving layout held then, with those the lagging state holds if it is a part of the same history
+        (its last review, but for those it took, among those held then; else it is replaced, its other cards
+        emptied), laid out for this layout's windows (`carried`), with
         the serving header as it was. The reviews held then: the recent block and the written cards' fields as the
         turn kept them, and every other card's field as the serving layout holds it now, which the write left as
         it was. None when the serving state holds other reviews than those up to the write's now (another write came
@@ -1117,19 +1150,22 @@ class SpacedRepetition(StatefulTask):
         written = set(turn.cards)
         held = {card: rows for card, rows in now.fields.items() if card not in written}
         held.update({card: rows.tobytes() for card, rows in b.cards.items()})
-        recent, emptied = b.recent, {}
+        recent, emptied, took = b.recent, {}, None
         if target.exists:
+            from .srs_refit import stored_rows
+
             own = await self.store.read_all(self.key(model, user_id))
-            merged = _merged(own, b.recent, held)  # (wider windows keep what it held)
+            took = _took(own, stored_rows(b.recent, held), float(new["time"][-1]))
+            merged = _merged(own if took is None else took[2], b.recent, held)  # (wider windows keep what it held)
             if merged is not None:
                 recent, held = merged
             else:
-                emptied = {card: b"" for card in own.fields if card not in held}
+                emptied, took = {card: b"" for card in own.fields if card not in held}, None
         recent, cards, _ = carried(recent, held, model.extra.window)
         if (int(recent["seq"][-1]) + 1 if len(recent) else 0) != first:
             return None
         return (History(target, recent, cards, b.n_cards, b.drift, b.scored, b.fit),
-                {**emptied, **{card: rows.tobytes() for card, rows in cards.items()}})
+                {**emptied, **{card: rows.tobytes() for card, rows in cards.items()}}, took and took[:2])
 
     async def _append(self, model: LoadedModel, history: History, new: np.ndarray, cards: Sequence[str],
                       params: np.ndarray) -> tuple[History, dict[str, np.ndarray], np.ndarray]:

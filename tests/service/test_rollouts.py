@@ -15,9 +15,11 @@ import pytest
 from onnx import numpy_helper
 
 from nextstep.service.redis_store import RedisStore
-from nextstep.service.rollouts import in_fraction
+from nextstep.service.registry import ModelRegistry
+from nextstep.service.rollouts import Rollout, Rollouts, in_fraction
+from nextstep.service.runtime import Engines
 from nextstep.service.settings import Settings
-from nextstep.service.srs import HEADER, schema_hash
+from nextstep.service.srs import HEADER, Review, SpacedRepetition, schema_hash
 from tests.service.test_srs_upgrades import CARD_SIZE, DAY, answers, close, reviews_of, same_rows, summary
 from tests.service.test_srs_upgrades import add_version as srs_version
 from tests.service.test_upgrades import DEMO, add_version, learner_events
@@ -434,3 +436,51 @@ def test_an_aborted_flashcard_shadow_leaves_its_states_and_a_migration_brings_th
         again = http.post("/v1/models/time_aware/migrate", json={"version": "2"}).json()
         assert (again["entities"], again["rebuilt"], again["events"]) == (1, 0, 0)
         assert summary(http, "time_aware@2", "u")["reviews_total"] == 30
+
+
+def test_a_shadow_turn_still_queued_when_its_candidate_starts_answering_loses_no_review(tmp_path, redis_url):
+    """A shadow of another layout becomes a canary (or is promoted) while turns of a user's last writes wait in the
+    queue (any replica's): the candidate answers the user's next reviews from its state, which lacks those writes'.
+    When the turns come, their reviews go before the ones the candidate took (as they came), which are recorded
+    again after them: the state is the one all the reviews recorded through version 2 in order give. The service
+    object itself, over a real Redis, its shadow queue followed by hand, so the turns wait for certain."""
+    add_flashcards(tmp_path, "1", 2026)
+    srs_version(tmp_path, "2", 2025, 16)  # (older: version 1 serves)
+    layout = schema_hash("time_aware", 16, CARD_SIZE)
+    reviews = [Review(r["card_id"], r["time"], r["rating"], r["deck_id"], r.get("duration"), r.get("state"),
+                      r["event_id"]) for r in reviews_of(91, 12, 4, tag="q")]
+
+    async def scenario() -> None:
+        store = RedisStore(redis_url, ttl_seconds=None)
+        registry = ModelRegistry(tmp_path, new_versions="manual")
+        registry.reload()
+        srs = SpacedRepetition(registry, store, Engines(8, 0.0))
+        srs.rollouts, srs.shadows = Rollouts(None), asyncio.Queue(100)
+
+        async def follow(turns: int) -> None:
+            for _ in range(turns):
+                name, version, user, turn = srs.shadows.get_nowait()
+                assert await srs.follow_log(registry.get(name, version), user, turn)
+
+        try:
+            await srs.rollouts.put("time_aware", Rollout("1", "2", "shadow", 1.0))
+            for i, r in enumerate(reviews[:6]):
+                assert (await srs.add_reviews("time_aware", "u", [r]))["version"] == "1"
+                if i < 3:
+                    await follow(1)  # (the last three writes' turns wait)
+            assert (await store.get(srs.key(registry.get("time_aware@2"), "u"))).events == 3
+            await srs.rollouts.put("time_aware", Rollout("1", "2", "canary", 1.0))
+            for r in reviews[6:9]:
+                assert (await srs.add_reviews("time_aware", "u", [r]))["version"] == "2"
+            await follow(3)  # (the three writes' turns version 1 took before the canary)
+            await srs.rollouts.put("time_aware", Rollout("2"))  # promoted (the service's rollouts set it serving)
+            registry.set_serving({"time_aware": "2"})
+            assert (await srs.add_reviews("time_aware", "u", reviews[9:]))["version"] == "2"
+            for r in reviews:
+                await srs.add_reviews("time_aware@2", "twin", [r])
+            assert srs.shadows.empty()
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+    same_stored(redis_url, f"srs:time_aware:{layout}:u", f"srs:time_aware:{layout}:twin")
