@@ -129,16 +129,33 @@ def run(args, work: Path, procs) -> int:
             return {"requests": len(took), "answered_by": answered, "p50_ms": statistics.median(took) * 1000,
                     "requests_per_second": len(took) / seconds}
 
+        def shadow_turns() -> dict[str, int]:
+            """nextstep_shadow_total of the model, by outcome."""
+            head = f'nextstep_shadow_total{{model="{model}",outcome="'
+            return {line[len(head):].split('"')[0]: int(float(line.split()[-1]))
+                    for line in http.get("/metrics").text.splitlines() if line.startswith(head)}
+
         def stage(name: str) -> None:
+            turns = shadow_turns()
             load = events(name)
-            time.sleep(1.5)  # (the shadow's queue drains; the replica flushes its scores)
+            started, seen = time.perf_counter(), None
+            while time.perf_counter() - started < 300:  # the shadow's queue drains: its counts stop moving
+                time.sleep(1.0)
+                now = shadow_turns()
+                if now == seen:
+                    break
+                seen = now
+            load["drained_after_s"] = time.perf_counter() - started - 1.0  # (about: the last second moved nothing)
+            load["shadow_turns"] = {k: v - turns.get(k, 0) for k, v in seen.items() if v - turns.get(k, 0)}
             reply = http.get(f"/v1/models/{model}/quality", params={"window": 3600})
             if reply.status_code != 200:
-                raise BenchError(f"{stage}: quality {reply.status_code} {reply.text[:300]}")
+                raise BenchError(f"{name}: quality {reply.status_code} {reply.text[:300]}")
             quality = reply.json()["versions"]
             out["stages"][name] = {**load, "quality": quality}
             print(f"\n{name}: answered by {load['answered_by']}; p50 {load['p50_ms']:.2f} ms, "
-                  f"{load['requests_per_second']:.0f} requests/s")
+                  f"{load['requests_per_second']:.0f} requests/s" +
+                  (f"; shadow turns {load['shadow_turns']}, the last {load['drained_after_s']:.0f} s after the "
+                   "last answer" if load["shadow_turns"] else ""))
             for q in quality:
                 if q["scored"]:
                     print(f"  version {q['version']} ({q['role']}): scored {q['scored']}, log loss "
