@@ -52,9 +52,11 @@ through it would (its windows, its drift sums; the user's parameters as the serv
 ids), scored the same way; a state that does not end where the serving one did before the write (none yet, a turn
 dropped or failed, a shadow stopped and started again) is first rebuilt from the serving layout's state as it was
 just before the write (keeping the reviews it held, if it is part of the same history), so that every turn is scored;
-if the serving state has moved on since, the turn stores nothing and the user's next one rebuilds. While such a
-candidate is a canary, its states of the users outside its fraction keep up the same way, unscored (`keep_up`: a
-shadow's states stay ready through a canary to the promotion). An abort leaves those states as they are, no longer
+if the serving state has moved on since, the turn stores nothing and the user's next one rebuilds. A turn that
+waited while the candidate began answering the user (a canary, a promotion: on any replica) puts the write's reviews
+before those the candidate took meanwhile, which are recorded again after them. While such a candidate is a canary,
+its states of the users outside its fraction keep up the same way, unscored (`keep_up`: a shadow's states stay ready
+through a canary to the promotion). An abort leaves those states as they are, no longer
 following. A promotion finds each user of the fraction ready as of their last turn; one whose last turn was dropped
 or failed, and who has written nothing since, has a state without the reviews of that write, which the promoted
 version goes on from (a layout holding a state never looks at the others).
