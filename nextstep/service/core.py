@@ -121,24 +121,30 @@ class StatefulTask:
         rows = rows[max(start - base, 0):max(stored.total - base, 0)]  # (the log may have moved since: the CAS says)
         return Behind(rows, max(base - start, 0))
 
-    def shadow(self, model: LoadedModel, entity: str, written: StoredState, events: int) -> None:
+    def shadow(self, model: LoadedModel, entity: str, written: StoredState, events: int,
+               turn: Callable[[], object] | None = None) -> None:
         """After a write (`written`) that logged `events` events for an entity through the serving `model`: when a
         shadow rollout covers the entity, queue its candidate to follow (`follow_log`), off the request path, scoring
         from the first of those events on; a full queue drops the turn (counted): the candidate catches up unscored
-        on its next one."""
+        on its next one. `turn`: makes what the task's `follow_log` takes instead of the log position of the first
+        of those events (flashcards: the reviews written, srs.ShadowTurn), called only when a turn is queued."""
         rollout = self.rollouts.current.get(model.name) if self.rollouts is not None else None
         if (rollout is None or rollout.mode != "shadow" or rollout.candidate in (None, model.version) or not events
                 or self.shadows is None or not in_fraction(model.name, entity, rollout.fraction)):
             return
+        if self.shadows.full():
+            self.on_shadow(model.name, "dropped")
+            return
         try:
-            self.shadows.put_nowait((model.name, rollout.candidate, entity, written.total - events))
+            self.shadows.put_nowait((model.name, rollout.candidate, entity,
+                                     turn() if turn is not None else written.total - events))
         except asyncio.QueueFull:
             self.on_shadow(model.name, "dropped")
 
     async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
         """A shadow's turn: the entity's state for `model` caught up with its log and stored, the logged events from
         log position `since` on scored for live quality (role "shadow"; those before it are folded unscored). Whether
-        it was stored (or already current)."""
+        it was stored (or already current). (`since` is what `shadow`'s `turn` made, for a task that passes one.)"""
         raise NotImplementedError
 
     @staticmethod

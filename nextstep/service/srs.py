@@ -42,6 +42,25 @@ A request reads the blob and only the fields of the cards it names, in one round
 back with one compare-and-set, so the cost of a request does not grow with the number of cards a user has.
 The review count is the store's event counter.
 
+Shadow rollouts (issue 35). After each write through the serving version for a user in a shadow's fraction, the
+candidate takes a turn off the request path (core.StatefulTask.shadow, `follow_log`), from what the write queued
+(`ShadowTurn`: the reviews, each one's window just before it, the user's state before the write). Of the serving
+layout, the candidate shares the user's reviews: its turn is its P(recall) of each review the serving version's was
+scored on, from the same window, drift sums and FSRS-6 parameters (its own defaults before a fit), recorded with role
+"shadow"; nothing is stored. Of another layout, the candidate's own state of the user takes the reviews as a write
+through it would (its windows, its drift sums; the user's parameters as the serving layout holds them; the event
+ids), scored the same way; a state that does not end where the serving one did before the write (none yet, a turn
+dropped or failed, a shadow stopped and started again) is first rebuilt from the serving layout's state as it was
+just before the write (keeping the reviews it held, if it is part of the same history), so that every turn is scored;
+if the serving state has moved on since, the turn stores nothing and the user's next one rebuilds. A turn that
+waited while the candidate began answering the user (a canary, a promotion: on any replica) puts the write's reviews
+before those the candidate took meanwhile, which are recorded again after them. While such a candidate is a canary,
+its states of the users outside its fraction keep up the same way, unscored (`keep_up`: a shadow's states stay ready
+through a canary to the promotion). An abort leaves those states as they are, no longer
+following. A promotion finds each user of the fraction ready as of their last turn; one whose last turn was dropped
+or failed, and who has written nothing since, has a state without the reviews of that write, which the promoted
+version goes on from (a layout holding a state never looks at the others).
+
 Drift. Each recorded review the protocol scores (its card last reviewed on an earlier scheduler day) adds
 FSRS-6's error on it to the user's drift sums: the predict graph answers every new review from its window
 just before it (one batched call per request) with FSRS-6's own recall (`fsrs_recall`) and whether it is
@@ -87,18 +106,20 @@ intervals and answer times measured on a sample of the deck (two graph calls, wh
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import math
 import time as _time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
-from .errors import InvalidInput, TooLarge
+from .errors import InvalidInput, TooLarge, UnknownModel
 from .quality import Quality
 from .registry import ONNX_DTYPES, LoadedModel, TaskFields, TaskSpec, register_task
 from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, ModelCurve, shares
@@ -265,6 +286,83 @@ class Moved:
 
 
 NOT_REBUILT = {"rebuilt_from_events": 0}
+
+
+@dataclass(frozen=True)
+class ShadowTurn:
+    """A serving write's reviews, for a shadow rollout's candidate to follow (`follow_log`, off the request path):
+    the serving layout (`schema`), the user's history before the write (its recent block, the fields of the cards
+    written that had one, its header), the reviews written (ROW, errors NaN), their card ids and event ids, each
+    one's window just before it under the serving layout, and which of them live quality scored for the serving
+    version. `keep_up`: a canary's turn (SpacedRepetition.keep_up): unscored, for a state the candidate has."""
+
+    schema: str
+    before: History
+    new: np.ndarray
+    cards: tuple[str, ...]
+    event_ids: tuple[str, ...]
+    windows: tuple[np.ndarray, ...]
+    scored: np.ndarray
+    keep_up: bool = False
+
+    @classmethod
+    def of(cls, model: LoadedModel, history: History, new: np.ndarray, reviews: Sequence[Review],
+           windows: Sequence[np.ndarray], scored: np.ndarray) -> ShadowTurn:
+        cards = tuple(r.card_id for r in reviews)
+        own = {card: history.cards[card] for card in dict.fromkeys(cards) if card in history.cards}
+        rows = new.copy()
+        rows["error"] = np.nan
+        return cls(model.schema, History(history.stored, history.recent, own, history.n_cards, history.drift,
+                                         history.scored, history.fit),
+                   rows, cards, tuple(r.event_id for r in reviews if r.event_id is not None), tuple(windows),
+                   scored)
+
+
+def _same_row(a: np.void, b: np.void) -> bool:
+    """Whether two stored rows are one review (its sequence number, card, time and rating)."""
+    return all(a[name] == b[name] for name in ("seq", "card", "time", "rating"))
+
+
+def _holds(rows: np.ndarray, row: np.void) -> bool:
+    """Whether `rows` (ROW, in sequence order) hold that review."""
+    at = np.searchsorted(rows["seq"], row["seq"])
+    return bool(at < len(rows) and _same_row(rows[at], row))
+
+
+def _merged(own: StoredState, recent: np.ndarray, fields: Mapping[str, bytes]
+            ) -> tuple[np.ndarray, dict[str, bytes]] | None:
+    """The reviews a lagging state holds (`own`, its whole record) and those another layout holds (its recent block
+    and fields), together as a recent block and fields for `carried`, if they are one history: the state's last
+    review is among the others. None if not."""
+    from .srs_refit import stored_rows
+
+    lagging = _decode(StoredState(own.version, own.events, own.updated, own.blob))
+    if not len(lagging.recent) or not _holds(stored_rows(recent, fields), lagging.recent[-1]):
+        return None
+    return (np.concatenate([lagging.recent, recent]),
+            {card: own.fields.get(card, b"") + fields.get(card, b"") for card in {*own.fields, *fields}})
+
+
+def _took(own: StoredState, held: np.ndarray, since: float) -> tuple[np.ndarray, list[str], StoredState] | None:
+    """Of a candidate's state (`own`, its whole record), the reviews it took itself after those it shares with the
+    serving layout (`held`: the reviews that holds, ROW in sequence order), where they are its last ones, all in its
+    recent block, none before `since` (the time of the serving write's last review): those reviews (ROW), their
+    card ids, and the record without them. None where it is not so (no such reviews; or another history)."""
+    mine = _decode(StoredState(own.version, own.events, own.updated, own.blob))
+    shared = np.array([_holds(held, row) for row in mine.recent], dtype=bool)
+    if not len(shared) or shared.all() or not shared[0]:
+        return None
+    start = int(np.argmin(shared))  # (the first not shared)
+    rows = mine.recent[start:]
+    ids = {id_hash(card): card for card in own.fields}
+    cards = [ids.get(int(card)) for card in rows["card"]]
+    if shared[start:].any() or len(rows) != mine.count - int(rows["seq"][0]) or None in cards \
+            or rows["time"].min() < since:
+        return None
+    first = int(rows["seq"][0])
+    kept = {card: _rows(value)[_rows(value)["seq"] < first].tobytes() for card, value in own.fields.items()}
+    return rows, cards, StoredState(own.version, own.events, own.updated,
+                                    _encode(mine.recent[:start], mine.n_cards, mine.drift), fields=kept)
 
 
 def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
@@ -532,11 +630,40 @@ class SpacedRepetition(StatefulTask):
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         """A user stored under another layout given a state under `model`'s (rebuilt from the newest other layout
-        that has one): (reviews it was rebuilt from, True). A user who has one already costs one read."""
+        that has one): (reviews it was rebuilt from, True). A user who has one already costs two reads, and has it
+        brought up to date where it lags (`_refresh`): (reviews it took, whether it is stored)."""
         stored = await self.store.get(self.key(model, entity))
         if stored.exists:
-            return 0, True
+            return await self._refresh(model, entity, stored)
         return (await self._carry(model, entity, stored))["rebuilt_from_events"], True
+
+    async def _refresh(self, model: LoadedModel, user_id: str, stored: StoredState) -> tuple[int, bool]:
+        """The user's state under `model`'s layout (`stored`) brought up to date with their state under the newest
+        other layout that has one, where it lags it: that one has more reviews, among them this one's last (the same
+        history, which went on under the other layout: a shadow's state after an abort, or after a dropped turn; a
+        user back on an older layout). The reviews of both, laid out for this layout's windows (`carried`), with the
+        other's header, stored with a compare-and-set. (reviews it took, False when another write came first.)"""
+        for schema, _ in self.layouts(model):
+            source = self._key_of(model, schema, user_id)
+            other = await self.store.get(source)
+            if other.exists and other.blob:
+                break
+        else:
+            return 0, True
+        if _decode(other).count <= _decode(stored).count:
+            return 0, True
+        whole = await self.store.read_all(source)
+        theirs = _decode(StoredState(whole.version, whole.events, whole.updated, whole.blob))
+        own = await self.store.read_all(self.key(model, user_id))
+        merged = _merged(own, theirs.recent, whole.fields)
+        if merged is None:  # (another history: left as it is)
+            return 0, True
+        recent, cards, _ = carried(*merged, model.extra.window)
+        written = await self.store.compare_and_set(
+            self.key(model, user_id), own.version, _encode(recent, theirs.n_cards, theirs.drift, theirs.scored,
+                                                           theirs.fit),
+            theirs.count - own.events, fields={card: rows.tobytes() for card, rows in cards.items()})
+        return (theirs.count - own.events, True) if written is not None else (0, False)
 
     async def delete(self, model_name: str, entity: str) -> bool:
         """Delete the user's reviews under every layout of the model the registry knows (else another layout's would
@@ -546,11 +673,11 @@ class SpacedRepetition(StatefulTask):
         return any([await self.store.delete(key) for key in keys])
 
     async def _run(self, model: LoadedModel, hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray,
-                   decks: np.ndarray, times: np.ndarray, graph: str = "predict",
+                   decks: np.ndarray, times: np.ndarray, graph: str = "predict", background: bool = False,
                    **extra: np.ndarray) -> dict[str, np.ndarray]:
         """The graph's outputs for queries (cards[i], decks[i], times[i], and extra[name][i]) on the windows
         hist[which[i]], in calls of at most MAX_CELLS history cells (a big schedule neither builds nor runs one
-        huge batch)."""
+        huge batch). `background`: work no request waits for (a shadow's turn), never run inline."""
         names = [o.name for o in model.sessions[graph].get_outputs()]
         step = max(1, MAX_CELLS // hist["hist_valid"].shape[1])
         parts = []
@@ -559,7 +686,7 @@ class SpacedRepetition(StatefulTask):
             feed = {name: value[rows] for name, value in hist.items()}
             feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step],
                         **{name: value[lo:lo + step] for name, value in extra.items()})
-            outs = await self.engines.run(model, graph, feed)
+            outs = await self.engines.run(model, graph, feed, background=background)
             parts.append(dict(zip(names, outs, strict=True)))
         return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
@@ -576,7 +703,8 @@ class SpacedRepetition(StatefulTask):
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
     async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
-                     new: np.ndarray, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     new: np.ndarray, params: np.ndarray, background: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, and
         the model's P(recall) of each from its window: NaN where not scored, for live quality), each answered from
         its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) under the user's FSRS-6
@@ -585,7 +713,7 @@ class SpacedRepetition(StatefulTask):
             return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), drift, params)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
-                                                                   ("card", "deck", "time")))
+                                                                   ("card", "deck", "time")), background=background)
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
         sums = drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]), drift)
         return (sums[-1], np.where(out["scored"], errors, np.nan).astype(np.float32),
@@ -663,6 +791,10 @@ class SpacedRepetition(StatefulTask):
                                         (new["rating"][scored_now] > 1).astype(np.int64), self.role(model))
                 if self.refits is not None and fresh:  # a fit due now: the refit worker's, off the request path
                     self.refits.offer(model, user_id, scored, history.fit)
+                turn = functools.partial(ShadowTurn.of, model, history, new, [reviews[i] for i in fresh], windows,
+                                         scored_now)
+                self.shadow(model, user_id, written, len(fresh), turn)
+                self.keep_up(model, user_id, len(fresh), turn)
                 return {"user_id": user_id, "model": model.name, "version": model.version,
                         "applied": len(fresh), "replayed": len(reviews) - len(fresh),
                         "reviews_total": written.events, "last_review_time": after.last_time,
@@ -917,6 +1049,169 @@ class SpacedRepetition(StatefulTask):
         return {"card_id": card[0], "deck_id": card[1], "status": status, "due": float(due),
                 "interval_days": (float(due) - now) / 86400.0, "p_recall_at_due": float(recall),
                 "expected_duration_s": float(duration)}
+
+    # ------------------------------------------------------------------ shadow rollouts (off the request path)
+
+    def keep_up(self, model: LoadedModel, user_id: str, events: int, turn: Callable[[], ShadowTurn]) -> None:
+        """After a write of `events` reviews through `model` while a candidate of another layout is a canary (the
+        write's user outside its fraction): queue a turn for the candidate (`follow_log`, as a shadow's, unscored)
+        in which its state of the user, if it has one (a shadow's, say), takes the reviews, so that it has them if
+        the candidate serves the user later (a wider fraction, a promotion). A user it has no state for is rebuilt
+        from the serving layout's on their first request to it. A full queue drops the turn (counted)."""
+        rollout = self.rollouts.current.get(model.name) if self.rollouts is not None else None
+        if (rollout is None or rollout.mode != "canary" or rollout.candidate in (None, model.version) or not events
+                or self.shadows is None):
+            return
+        try:
+            candidate = self.registry.get(model.name, rollout.candidate, task=self.TASK)
+        except UnknownModel:  # (withdrawn meanwhile)
+            return
+        if candidate.schema == model.schema:  # (the reviews are shared)
+            return
+        if self.shadows.full():
+            self.on_shadow(model.name, "dropped")
+            return
+        try:
+            self.shadows.put_nowait((model.name, rollout.candidate, user_id, replace(turn(), keep_up=True)))
+        except asyncio.QueueFull:
+            self.on_shadow(model.name, "dropped")
+
+    async def follow_log(self, model: LoadedModel, user_id: str, turn: ShadowTurn) -> bool:
+        """A shadow turn: the candidate `model`'s P(recall) of the reviews a serving write recorded (`turn`), each
+        from its window just before it, scored for live quality (role "shadow") on the reviews the serving version's
+        were scored on. Of the serving layout, the reviews are shared: scoring is all there is to do, from the
+        windows the serving version read, under the user's drift sums and FSRS-6 parameters as they were. Of
+        another layout, the candidate's own state of the user takes the reviews too (`_follow`). Whether its state
+        was stored (or had nothing to store)."""
+        new, scored = turn.new, turn.scored
+        if model.schema != turn.schema:
+            return await self._follow(model, user_id, turn)
+        if scored.any():
+            windows = turn.windows
+            hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]),
+                                 turn.before.drift, turn.before.params(model))
+            out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
+                                                                       ("card", "deck", "time")), background=True)
+            self._score_shadow(model, out["recall"].astype(np.float64), new, scored)
+        return True
+
+    async def _follow(self, model: LoadedModel, user_id: str, turn: ShadowTurn) -> bool:
+        """A shadow turn of a candidate of another layout: the reviews appended to its state of the user, as a write
+        through it would append them (its windows, its drift, the user's FSRS-6 parameters as the serving layout
+        holds them), with their event ids, and its P(recall) of each scored. A state that does not end where the
+        serving one did before the write (none yet, a turn dropped, a shadow stopped and started again) is rebuilt
+        first from the serving layout's state as it was before the write (`_before_write`); when that state has
+        moved on since, the turn stores nothing and the user's next one rebuilds. A state that took reviews of its
+        own after the write's place (the candidate began answering the user, a canary or a promotion, while this
+        turn waited) has them recorded again after the write's (`_took`), so that none is lost. A compare-and-set on
+        the candidate's key: whether it held. A canary's turn (`keep_up`) stores nothing for a user the candidate
+        has no state of, and scores nothing."""
+        key, new = self.key(model, user_id), turn.new
+        first = int(new["seq"][0])
+        stored, _ = await self.store.read(key, fields=list(dict.fromkeys(turn.cards)))
+        if turn.keep_up and not stored.exists:
+            return True
+        history, fields, took = _decode(stored), {}, None
+        if stored.exists and history.count >= first + len(new) and _holds(history.recent, new[-1]):
+            return True  # (it has them: rebuilt after the write)
+        before = turn.before.recent
+        if not (stored.exists and history.count == first
+                and (_same_row(history.recent[-1], before[-1]) if len(before) else not len(history.recent))):
+            rebuilt = await self._before_write(model, user_id, turn, stored)
+            if rebuilt is None:
+                return True
+            history, fields, took = rebuilt
+        params = turn.before.params(model)
+        after, touched, recall = await self._append(model, history, new, turn.cards, params)
+        if took is not None:  # (the candidate's own reviews, after the write's)
+            rows, cards = took
+            rows = rows.copy()
+            rows["seq"] = np.arange(after.count, after.count + len(rows))
+            after, later, _ = await self._append(model, after, rows, cards, params)
+            touched.update(later)
+        blob = _encode(after.recent, after.n_cards, after.drift, after.scored, turn.before.fit)
+        written = await self.store.compare_and_set(key, stored.version, blob, after.count - stored.events,
+                                                   list(turn.event_ids),
+                                                   fields={**fields, **{c: r.tobytes() for c, r in touched.items()}})
+        if written is None:
+            return False
+        if not turn.keep_up:
+            self._score_shadow(model, recall, new, turn.scored)
+        return True
+
+    async def _before_write(self, model: LoadedModel, user_id: str, turn: ShadowTurn, target: StoredState
+                            ) -> tuple[History, dict[str, bytes], tuple[np.ndarray, list[str]] | None] | None:
+        """The user's state under `model`'s layout as it would have been just before the serving write of `turn`
+        (its state `target` is missing or lags), the fields to write, and the reviews that state took itself
+        after the write's place (`_took`: to record again after the write's; None: none). The state: the
+        reviews the serving layout held then, with those the lagging state holds if it is a part of the same history
+        (its last review, but for those it took, among those held then; else it is replaced, its other cards
+        emptied), laid out for this layout's windows (`carried`), with
+        the serving header as it was. The reviews held then: the recent block and the written cards' fields as the
+        turn kept them, and every other card's field as the serving layout holds it now, which the write left as
+        it was. None when the serving state holds other reviews than those up to the write's now (another write came
+        since: its own turn rebuilds; or none)."""
+        now = await self.store.read_all(self._key_of(model, turn.schema, user_id))
+        source = _decode(StoredState(now.version, now.events, now.updated, now.blob))  # (the fields as they are)
+        new, b = turn.new, turn.before
+        first = int(new["seq"][0])
+        if source.count != first + len(new) or not _holds(source.recent, new[-1]):
+            return None
+        written = set(turn.cards)
+        held = {card: rows for card, rows in now.fields.items() if card not in written}
+        held.update({card: rows.tobytes() for card, rows in b.cards.items()})
+        recent, emptied, took = b.recent, {}, None
+        if target.exists:
+            from .srs_refit import stored_rows
+
+            own = await self.store.read_all(self.key(model, user_id))
+            took = _took(own, stored_rows(b.recent, held), float(new["time"][-1]))
+            merged = _merged(own if took is None else took[2], b.recent, held)  # (wider windows keep what it held)
+            if merged is not None:
+                recent, held = merged
+            else:
+                emptied, took = {card: b"" for card in own.fields if card not in held}, None
+        recent, cards, _ = carried(recent, held, model.extra.window)
+        if (int(recent["seq"][-1]) + 1 if len(recent) else 0) != first:
+            return None
+        return (History(target, recent, cards, b.n_cards, b.drift, b.scored, b.fit),
+                {**emptied, **{card: rows.tobytes() for card, rows in cards.items()}}, took and took[:2])
+
+    async def _append(self, model: LoadedModel, history: History, new: np.ndarray, cards: Sequence[str],
+                      params: np.ndarray) -> tuple[History, dict[str, np.ndarray], np.ndarray]:
+        """The user's history after the reviews `new` (ROW, sequence numbers from history.count on; their card ids
+        `cards`) under `model`'s layout, as add_reviews records them: (the history after; the fields of the cards
+        reviewed, errors in; the model's P(recall) of each review from its window just before it, NaN where not
+        scored). A shadow's work: its graph calls run in the background."""
+        size, card_size = model.extra.window
+        new = new.copy()
+        added: dict[str, list[int]] = {}
+
+        def field(card: str) -> np.ndarray:
+            rows = np.concatenate([history.cards.get(card, np.zeros(0, dtype=ROW)), new[added.get(card, [])]])
+            return rows[-card_size:] if card_size else rows[:0]
+
+        windows = []
+        for j, card in enumerate(cards):
+            before = History(history.stored, _tail(np.concatenate([history.recent, new[:j]]), size),
+                             {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
+            windows.append(window(model, before, card))
+            added.setdefault(card, []).append(j)
+        drift, new["error"], recall = await self._drift(model, history.drift, windows, new, params, background=True)
+        scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
+        touched = {card: field(card) for card in added}
+        n_cards = history.n_cards + sum(card not in history.cards for card in added)
+        recent = _tail(np.concatenate([history.recent, new]), size)
+        return (History(history.stored, recent, {**history.cards, **touched}, n_cards, drift, scored, history.fit),
+                touched, recall)
+
+    def _score_shadow(self, model: LoadedModel, recall: np.ndarray, new: np.ndarray, scored: np.ndarray) -> None:
+        """Live quality of a shadow: its P(recall) of the reviews the serving version's was scored on."""
+        keep = scored & ~np.isnan(recall)
+        if self.quality is not None and keep.any():
+            p = recall[keep]
+            self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1),
+                                (new["rating"][keep] > 1).astype(np.int64), "shadow")
 
     # ------------------------------------------------------------------ refits (off the request path)
 

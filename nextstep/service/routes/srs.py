@@ -224,8 +224,6 @@ def _service(app: Shared, store) -> SpacedRepetition:
 
 # users keep their reviews for years: NEXTSTEP_SRS_TTL_SECONDS idle (two years; 0: never). The stored reviews are the
 # user's log, shared by every version of a layout: a migration rebuilds them for a version with other window sizes
-# (SpacedRepetition.entities, catch_up); no state of a version's own to shadow
+# (SpacedRepetition.to_migrate, catch_up), and a shadow of another layout keeps its own (SpacedRepetition.follow_log)
 TASK = TaskPlugin(SPEC, SpacedRepetition, router, "srs", build=_service,
-                  store=lambda s: {"ttl_seconds": s.srs_ttl_seconds or None},
-                  no_shadow="is a flashcard model: its versions share each user's stored reviews and keep no state "
-                            "of their own to shadow; use a canary")
+                  store=lambda s: {"ttl_seconds": s.srs_ttl_seconds or None})
