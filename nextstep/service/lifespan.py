@@ -86,11 +86,10 @@ async def lifespan(app: FastAPI):
     # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
     rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)
     shadow_workers = []
-    for p, service in zip(plugins(), services, strict=True):
-        service.rollouts = rollouts  # canaries; a shadow needs a state of its own, which flashcards lack
-        if p.no_shadow is None:
-            service.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
-            shadow_workers.append(asyncio.create_task(service.run_shadows(settings.shadow_queue)))
+    for service in services:
+        service.rollouts = rollouts  # canaries, and shadows: each task's candidate follows off the request path
+        service.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
+        shadow_workers.append(asyncio.create_task(service.run_shadows(settings.shadow_queue)))
     # what a task runs beside its requests (the flashcard refit worker): started now, cancelled at shutdown
     background = []
     for service in services:

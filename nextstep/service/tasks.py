@@ -53,9 +53,8 @@ class TaskPlugin:
     build: Callable[[Shared, StateStore], StatefulTask]  # its service, over its store, from its settings
     # None where a migration brings an entity's state to a version (knowledge tracing and sessions: from the event
     # log; flashcards: from another window layout's stored reviews); else why there is none, as the refusals of
-    # POST /v1/models/{model}/migrate ("is a <task> model: ...") and of a shadow rollout say it
+    # POST /v1/models/{model}/migrate ("is a <task> model: ...") says it
     no_migrate: str | None = None
-    no_shadow: str | None = None
 
     @property
     def path_prefix(self) -> str:

@@ -143,9 +143,6 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
     if request.app.state.settings.new_versions != "manual":
         raise InvalidInput("model", "rollouts need NEXTSTEP_NEW_VERSIONS=manual: with auto, a new version "
                                     "serves everyone at the reload that loads it")
-    refusal = plugin(latest.task).no_shadow
-    if refusal is not None and body.mode == "shadow":
-        raise InvalidInput("mode", f"model {latest.name} {refusal}")
     try:
         registry.get(latest.name, body.candidate)
     except UnknownModel as exc:
