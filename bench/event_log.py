@@ -8,13 +8,14 @@ path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and
                and a question id of the demo's vocabulary, as the app sent them), then MEMORY USAGE of every key
                of the learner: its meta hash, version 1's state, the log and the replay window
     rebuild    learners with 200 and 1,000 logged events (through version 1); the first predict through version
-               2 folds them all in (one step graph call each) and stores the state: its median time over --learners
+               2 folds them all in (one call of the fold graph, nextstep/service/fold.py; with --per-event, one step
+               graph call each, as before the fold graph) and stores the state: its median time over --learners
                learners, against a predict on a state already up to date
     migrate    --migrate-learners learners of 50 events through version 1, then every page of a migration to
                version 2 (KnowledgeTracer.migrate, as `nextstep states migrate` runs it): learners and events a second
     export     every learner above written by the event export (the long CSV, gzipped): events a second
 
-    python bench/event_log.py [--learners 5] [--json OUT]
+    python bench/event_log.py [--learners 5] [--migrate-learners 500] [--per-event] [--json OUT]
 
 The p50 cost of an event with the log against without is bench/service_load.py's 1-connection run on this code and
 on the commit before the log (docs/scaling.md gives both and the commands).
@@ -54,7 +55,7 @@ async def measure(args, work: Path, redis_port: int) -> dict:
     from nextstep.service.runtime import Engines
 
     root = artifacts(work / "artifacts")
-    registry = ModelRegistry(root, intra_op_threads=1)
+    registry = ModelRegistry(root, intra_op_threads=1, fold_graphs=not args.per_event)
     registry.reload()
     store = RedisStore(f"redis://127.0.0.1:{redis_port}/0", ttl_seconds=None)
     engines = Engines(64, 0.0)
@@ -140,9 +141,10 @@ async def measure(args, work: Path, redis_port: int) -> dict:
 
 def run(args, work: Path, procs) -> int:
     machine = machine_info()
-    print(f"machine: {machine['cpu']}, load average {machine['load_avg_at_start']} at start")
+    print(f"machine: {machine['cpu']}, load average {machine['load_avg_at_start']} at start; rebuilds "
+          f"{'one step graph call per event' if args.per_event else 'through the fold graph'}")
     redis_port, _ = start_redis(procs, work)
-    result = {"machine": machine, **asyncio.run(measure(args, work, redis_port))}
+    result = {"machine": machine, "per_event": args.per_event, **asyncio.run(measure(args, work, redis_port))}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--learners", type=int, default=5, help="learners per rebuild size (default 5)")
     parser.add_argument("--migrate-learners", type=int, default=500, help="learners migrated (default 500)")
+    parser.add_argument("--per-event", action="store_true",
+                        help="no fold graphs: rebuild and migrate with one step graph call per event")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
     return run_in_tempdir(run, args, "nextstep-event-log-", needs=("redis-server",))
