@@ -25,6 +25,10 @@ the artifact ("path outside the artifact") before anything opens it. A refusal h
 admin (the directory, the file, ONNX Runtime's message) and a `summary` for anyone (the kind of fault: no paths,
 no library messages).
 
+A model with state also gets a fold graph, made from its step graph once the artifact passed every check (fold.py:
+a run of events in one ONNX Runtime call); an artifact whose step graph cannot be folded serves without one, stepping
+event by event, and the reason is logged once: it is never refused for it.
+
 No torch here: the service reads artifacts with ONNX Runtime only.
 """
 

@@ -231,3 +231,40 @@ def test_an_artifact_refused_for_its_manifest_makes_no_fold_graph(tmp_path):
     (art / "manifest.json").write_text(json.dumps(manifest))
     errors = ModelRegistry(tmp_path).load()
     assert list(errors) == [str(art)] and "manifest declares" in errors[str(art)]
+
+
+@pytest.mark.slow  # trains and exports four more families (make test-all)
+def test_every_other_family_with_state_folds_as_it_steps(build_once):
+    """DKT (two LSTM state tensors), coral_gpcm, MRN (three state tensors) and the Markov baseline, trained small
+    for real: the families the fixtures above do not train."""
+    def build(root: Path) -> None:
+        from nextstep.training.kt.loop import TrainConfig
+        from nextstep.training.kt.run import train_model
+        from nextstep.training.kt.synthetic import write_gpcm_dataset
+        from nextstep.training.next_item.mrn_loop import MRNTrainConfig
+        from nextstep.training.next_item.run import train_next_item
+        from nextstep.training.next_item.sessions import subset, write_gru4rec_tsv, zipf_sessions
+
+        data = write_gpcm_dataset(root / "kt", n_students=30, n_questions=12, seq_len_range=(8, 12), seed=3)
+        tiny = {"dkt": {"hidden": 8}, "coral_gpcm": {"memory_size": 4, "key_dim": 8, "value_dim": 8,
+                                                     "summary_dim": 8}}
+        for name, small in tiny.items():
+            train_model(name, data, root / "artifacts" / name / "1", cfg=TrainConfig(epochs=1, model=small),
+                        progress=False, log=False)
+        sessions = zipf_sessions(200, 40, (2, 8), follow=0.7, seed=1)
+        write_gru4rec_tsv(subset(sessions, np.arange(160)), root / "demo_train_full.txt")
+        write_gru4rec_tsv(subset(sessions, np.arange(160, 200)), root / "demo_test.txt")
+        mrn = MRNTrainConfig(epochs=1, batch_size=128, curriculum=[[1, 1, 2]],
+                             model=dict(dim=16, modulus=8, history=4, parallel=2, temperature=0.2, sigma=1.0,
+                                        repeat=0.5))
+        for name, cfg in (("mrn", mrn), ("markov", None)):
+            train_next_item(name, root, root / "artifacts" / name / "1", cfg=cfg, progress=False, log=False,
+                            top_k=20)
+
+    registry = ModelRegistry(build_once("fold-families", build) / "artifacts")
+    assert registry.load() == {}
+    for name in ("dkt", "coral_gpcm", "mrn", "markov"):
+        model = registry.get(name)
+        if model.state_spec:
+            assert_folds_as_it_steps(model, 30, seed=6)
+    assert len(registry.get("mrn").state_spec) == 3
