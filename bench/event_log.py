@@ -10,7 +10,8 @@ path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and
     rebuild    learners with 200 and 1,000 logged events (through version 1); the first predict through version
                2 folds them all in (one call of the fold graph, nextstep/service/fold.py; with --per-event, one step
                graph call each, as before the fold graph) and stores the state: its median time over --learners
-               learners, against a predict on a state already up to date
+               learners (and the CPU time of this process, which a loaded machine inflates less), against a
+               predict on a state already up to date
     migrate    --migrate-learners learners of 50 events through version 1, then every page of a migration to
                version 2 (KnowledgeTracer.migrate, as `nextstep states migrate` runs it): learners and events a second
     export     every learner above written by the event export (the long CSV, gzipped): events a second
@@ -82,13 +83,14 @@ async def measure(args, work: Path, redis_port: int) -> dict:
             out["bytes"][n] = {**b, "per_event": b["total"] / n}
             print(f"  {n:6d} events: {b['total']:8d} B in all ({b['total'] / n:.1f} B per event): {b['keys']}")
         for n in (200, 1_000):
-            first, again = [], []
+            first, cpu, again = [], [], []
             for k in range(args.learners):
                 student = f"rebuild{n}-{k}"
                 await feed(student, n)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 answer = await tracer.predict("deep_gpcm", student, [questions[0]])
                 first.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 if answer["version"] != "2" or answer["rebuilt_from_events"] != n:
                     raise BenchError(f"expected a rebuild of {n} events through version 2, got {answer}")
                 t0 = time.perf_counter()
@@ -98,9 +100,11 @@ async def measure(args, work: Path, redis_port: int) -> dict:
                     raise BenchError("the rebuilt state was not stored")
             out["rebuild"][n] = {"first_predict_ms": [t * 1000 for t in first],
                                  "median_ms": statistics.median(first) * 1000,
+                                 "cpu_median_ms": statistics.median(cpu) * 1000,
                                  "up_to_date_median_ms": statistics.median(again) * 1000}
             print(f"  rebuild of {n:5d} events: first predict through version 2, median "
-                  f"{out['rebuild'][n]['median_ms']:.1f} ms ({args.learners} learners); then "
+                  f"{out['rebuild'][n]['median_ms']:.1f} ms ({args.learners} learners; this process's CPU "
+                  f"{out['rebuild'][n]['cpu_median_ms']:.1f} ms); then "
                   f"{out['rebuild'][n]['up_to_date_median_ms']:.2f} ms")
         # migrate: --migrate-learners learners of 50 events through version 1, then every page to version 2
         n_learners, n_events = args.migrate_learners, 50
