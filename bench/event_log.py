@@ -8,8 +8,10 @@ path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and
                and a question id of the demo's vocabulary, as the app sent them), then MEMORY USAGE of every key
                of the learner: its meta hash, version 1's state, the log and the replay window
     rebuild    learners with 200 and 1,000 logged events (through version 1); the first predict through version
-               2 folds them all in (one step graph call each) and stores the state: its median time over --learners
-               learners, against a predict on a state already up to date
+               2 folds them all in (one call of the fold graph, nextstep/service/fold.py; with --per-event, one step
+               graph call each, as before the fold graph) and stores the state: its median time over --learners
+               learners (and the CPU time of this process, which a loaded machine inflates less), against a
+               predict on a state already up to date
     migrate    --migrate-learners learners of 50 events through version 1, then every page of a migration to
                version 2 (KnowledgeTracer.migrate, as `nextstep states migrate` runs it): learners and events a second
     export     every learner above written by the event export (the long CSV, gzipped): events a second
@@ -22,8 +24,8 @@ path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and
                round's ratio to the baseline's round beside it; and the cost of this store's first write to a
                full window the baseline wrote (the move of an old layout), over --window-moves windows
 
-    python bench/event_log.py [--learners 5] [--only window] [--baseline OTHER/nextstep/service/redis_store.py]
-                              [--json OUT]
+    python bench/event_log.py [--learners 5] [--migrate-learners 500] [--per-event] [--json OUT]
+    python bench/event_log.py --only window [--baseline OTHER/nextstep/service/redis_store.py]
 
 The p50 cost of an event with the log against without is bench/service_load.py's 1-connection run on this code and
 on the commit before the log (docs/scaling.md gives both and the commands).
@@ -64,7 +66,7 @@ async def measure(args, work: Path, redis_port: int) -> dict:
     from nextstep.service.runtime import Engines
 
     root = artifacts(work / "artifacts")
-    registry = ModelRegistry(root, intra_op_threads=1)
+    registry = ModelRegistry(root, intra_op_threads=1, fold_graphs=not args.per_event)
     registry.reload()
     store = RedisStore(f"redis://127.0.0.1:{redis_port}/0", ttl_seconds=None)
     engines = Engines(64, 0.0)
@@ -94,13 +96,14 @@ async def measure(args, work: Path, redis_port: int) -> dict:
             out["bytes"][n] = {**b, "per_event": b["total"] / n}
             print(f"  {n:6d} events: {b['total']:8d} B in all ({b['total'] / n:.1f} B per event): {b['keys']}")
         for n in (200, 1_000):
-            first, again = [], []
+            first, cpu, again = [], [], []
             for k in range(args.learners):
                 student = f"rebuild{n}-{k}"
                 await feed(student, n)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 answer = await tracer.predict("deep_gpcm", student, [questions[0]])
                 first.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 if answer["version"] != "2" or answer["rebuilt_from_events"] != n:
                     raise BenchError(f"expected a rebuild of {n} events through version 2, got {answer}")
                 t0 = time.perf_counter()
@@ -110,9 +113,11 @@ async def measure(args, work: Path, redis_port: int) -> dict:
                     raise BenchError("the rebuilt state was not stored")
             out["rebuild"][n] = {"first_predict_ms": [t * 1000 for t in first],
                                  "median_ms": statistics.median(first) * 1000,
+                                 "cpu_median_ms": statistics.median(cpu) * 1000,
                                  "up_to_date_median_ms": statistics.median(again) * 1000}
             print(f"  rebuild of {n:5d} events: first predict through version 2, median "
-                  f"{out['rebuild'][n]['median_ms']:.1f} ms ({args.learners} learners); then "
+                  f"{out['rebuild'][n]['median_ms']:.1f} ms ({args.learners} learners; this process's CPU "
+                  f"{out['rebuild'][n]['cpu_median_ms']:.1f} ms); then "
                   f"{out['rebuild'][n]['up_to_date_median_ms']:.2f} ms")
         # migrate: --migrate-learners learners of 50 events through version 1, then every page to version 2
         n_learners, n_events = args.migrate_learners, 50
@@ -278,9 +283,10 @@ async def window_cost(args, redis_port: int, raw) -> dict:
 
 def run(args, work: Path, procs) -> int:
     machine = machine_info()
-    print(f"machine: {machine['cpu']}, load average {machine['load_avg_at_start']} at start")
+    print(f"machine: {machine['cpu']}, load average {machine['load_avg_at_start']} at start; rebuilds "
+          f"{'one step graph call per event' if args.per_event else 'through the fold graph'}")
     redis_port, _ = start_redis(procs, work)
-    result = {"machine": machine, **asyncio.run(measure(args, work, redis_port))}
+    result = {"machine": machine, "per_event": args.per_event, **asyncio.run(measure(args, work, redis_port))}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
@@ -296,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-ops", type=int, default=1_000, help="reads and writes a round (default 1,000)")
     parser.add_argument("--window-rounds", type=int, default=20, help="rounds of them per store (default 20)")
     parser.add_argument("--window-moves", type=int, default=5, help="baseline windows moved by this store (default 5)")
+    parser.add_argument("--per-event", action="store_true",
+                        help="no fold graphs: rebuild and migrate with one step graph call per event")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
     return run_in_tempdir(run, args, "nextstep-event-log-", needs=("redis-server",))

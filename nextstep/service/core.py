@@ -16,8 +16,9 @@ rows, how its blob is laid out, and what it answers. What they share lives here:
 * `behind` - the logged events a version's state has not folded in (another version took them, or the state never
   existed: a new version's first request for an entity rebuilds its state from the log); the task folds them in
   before the request's own events, and the compare-and-set holds only if the log did not move meanwhile.
-* `fold` - step a state through events, one graph call each; the last event's call also answers a query
-  when the task passes a combined graph (step_predict, step_recommend): one call instead of two.
+* `fold` - step a state through events: in one call of the model's fold graph (its step graph in an ONNX Scan,
+  fold.py), or one step graph call each where it has none; the last event's call also answers a query when the task
+  passes a combined graph (step_predict, step_recommend): one call instead of two.
 * `model(name, entity)` - the version that answers an entity: a canary rollout's candidate for the entities in its
   fraction (rollouts.py); `shadow` queues a shadow rollout's candidate to follow an entity's log after a write
   (`run_shadows`, `follow_log`), off the request path.
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import OutcomeUnknown, StoreUnavailable, UnknownModel
+from .fold import FOLD
 from .registry import LoadedModel, ModelRegistry
 from .rollouts import Rollouts, in_fraction
 from .runtime import Engines
@@ -42,6 +44,8 @@ from .state import LogRow, StateStore, StoredState
 from .writes import Writers, batched, unapplied
 
 log = logging.getLogger(__name__)
+
+FOLD_FROM = 2  # events from which `fold` takes the fold graph (one event: the step graph, as a live event is stepped)
 
 
 def operation(method):
@@ -294,13 +298,24 @@ class StatefulTask:
                    shared: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], list | None]:
         """(the state after the events, each a dict of step feeds; the query outputs of the `combined` graph,
         which takes the last event with `query`, or None when there is none or no event). `shared`: inputs
-        without a batch axis, given to every graph that takes them (SimAKT's banks)."""
-        outputs = None
-        for n, feeds in enumerate(events):
-            if combined is not None and n == len(events) - 1:
-                outs = await self.engines.run(model, combined, {**batched(state), **feeds, **query}, shared=shared)
-                outputs = outs[len(model.state_spec):]
-            else:
+        without a batch axis, given to every graph that takes them (SimAKT's banks). The events before a `combined`
+        one (all of them without) go through the fold graph in one call where the model has one and there are at
+        least FOLD_FROM of them, else through the step graph one call each."""
+        names = [s["name"] for s in model.state_spec]
+        ahead = events[:-1] if combined is not None else events
+        if len(ahead) >= FOLD_FROM and model.fold_events:
+            p = model.fold_prefix
+            feeds = {p + name: value[None] for name, value in state.items()}
+            for name in model.fold_events:  # (batch, events, ...): one entity's events on the axis after its batch
+                feeds[p + name] = np.stack([e[name] for e in ahead], axis=1)
+            state = dict(zip(names, (o[0] for o in await self.engines.run(model, FOLD, feeds, shared=shared)),
+                             strict=True))
+        else:
+            for feeds in ahead:
                 outs = await self.engines.run(model, "step", {**batched(state), **feeds}, shared=shared)
-            state = {s["name"]: o[0] for s, o in zip(model.state_spec, outs, strict=False)}
+                state = {name: o[0] for name, o in zip(names, outs, strict=False)}
+        outputs = None
+        if combined is not None and events:
+            outs = await self.engines.run(model, combined, {**batched(state), **events[-1], **query}, shared=shared)
+            state, outputs = {name: o[0] for name, o in zip(names, outs, strict=False)}, outs[len(names):]
         return state, outputs

@@ -25,6 +25,10 @@ the artifact ("path outside the artifact") before anything opens it. A refusal h
 admin (the directory, the file, ONNX Runtime's message) and a `summary` for anyone (the kind of fault: no paths,
 no library messages).
 
+A model with state also gets a fold graph, made from its step graph once the artifact passed every check (fold.py:
+a run of events in one ONNX Runtime call); an artifact whose step graph cannot be folded serves without one, stepping
+event by event, and the reason is logged once: it is never refused for it.
+
 No torch here: the service reads artifacts with ONNX Runtime only.
 """
 
@@ -41,6 +45,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import UnknownId, UnknownModel
+from .fold import FOLD, FoldUnavailable, build_fold
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +117,14 @@ class LoadedModel:
     ids: list[str]  # external question / item ids in index order: model index = position + 2 (0 padding, 1 unknown)
     schema: str  # hash of (name, version, state layout): part of every state key (a task may hash otherwise:
     # srs hashes its stored layout and window sizes, not the version)
-    sessions: dict[str, ort.InferenceSession]  # the task's graphs, by name
+    sessions: dict[str, ort.InferenceSession]  # the task's graphs, by name (and "fold", made from "step": fold.py)
     input_names: dict[str, list[str]]  # per graph, in the session's order
     output_names: dict[str, list[str]]  # per graph, in the session's order
     state_nbytes: int  # size of one serialised state
     extra: TaskFields = NO_FIELDS  # the task's own fields (its TaskSpec's check: kt.KtFields, srs.SrsFields)
+    fold_events: tuple[str, ...] = ()  # the step's per-event inputs, which the fold graph takes (fold.py); () if none
+    fold_prefix: str = ""  # of the fold graph's names for the state and the per-event inputs
+    no_fold: str | None = None  # why a model with state has no fold graph (it steps event by event)
     _index: dict[str, int] = field(init=False, repr=False)
     # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section says so:
     # `answers`; an artifact trained before that section existed has an untrained row 1)
@@ -190,8 +198,31 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:12]
 
 
-def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
-    """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault."""
+_told: set[tuple[str, str]] = set()  # (artifact, why) of the models without a fold graph, logged once
+
+
+def _fold(path: Path, spec: list[dict], sessions: dict, input_names: dict, output_names: dict, onnx_path: Path,
+          initial: dict[str, np.ndarray], intra_op_threads: int) -> dict:
+    """Open the fold graph made from the step graph (fold.py) as sessions["fold"]: LoadedModel's fold fields; where
+    there is none, why (`no_fold`), logged once per artifact. Never refuses the artifact: it steps event by event."""
+    try:
+        session, events, prefix = build_fold(onnx_path, [s["name"] for s in spec], session_options(intra_op_threads),
+                                     sessions["step"], initial)
+    except FoldUnavailable as e:
+        why = f"no fold graph: {e}"
+        if (str(path), why) not in _told:
+            _told.add((str(path), why))
+            log.warning("artifact %s: %s; its rebuilds step the events one graph call each", path, why)
+        return {"no_fold": why}
+    sessions[FOLD] = session
+    input_names[FOLD] = [i.name for i in session.get_inputs()]
+    output_names[FOLD] = [o.name for o in session.get_outputs()]
+    return {"fold_events": tuple(events), "fold_prefix": prefix}
+
+
+def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True) -> LoadedModel:
+    """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault. `fold`: also
+    make the fold graph from the step graph (fold.py) for a model with state."""
 
     def fail(what: str, kind: str = "manifest invalid", part: str | None = None):
         # (the task modules' checks call fail(what): their faults are the manifest's)
@@ -299,6 +330,9 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1) -> LoadedModel:
             raise fail(f"{kind} vocabulary {vocab_file.name} repeats ids", "vocabulary invalid")
     name, version = path.parent.name, path.name
     fields = {"schema": schema_hash(name, version, spec), **task.check(name, manifest, opened, fail, inside)}
+    if fold and spec and "step" in sessions:  # (after every check: a refused artifact makes none)
+        fields |= _fold(path, spec, sessions, input_names, output_names, inside(graphs["step"]["onnx"], "step graph"),
+                        initial, intra_op_threads)
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
         manifest=manifest, state_spec=spec, initial_state=initial, ids=ids, sessions=sessions,
@@ -365,11 +399,13 @@ class ModelRegistry:
     """`new_versions`: "auto" (a model's latest is its newest good version) or "manual" (a version added after the
     model served keeps out of `latest` until a rollout names it: `set_serving`)."""
 
-    def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1, new_versions: str = "auto"):
+    def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1, new_versions: str = "auto",
+                 fold_graphs: bool = True):
         if new_versions not in ("auto", "manual"):
             raise ValueError(f"new_versions must be 'auto' or 'manual', got {new_versions!r}")
         self.artifacts_dir = Path(artifacts_dir)
         self.intra_op_threads = intra_op_threads
+        self.fold_graphs = fold_graphs  # False: no fold graphs, every rebuild steps event by event (tests, benches)
         self.new_versions = new_versions
         self._serving: dict[str, str] = {}  # name -> the version a rollout made latest (rollouts.py)
         self._snapshot = _Snapshot({}, {}, LoadReport((), (), {}))
@@ -406,7 +442,7 @@ class ModelRegistry:
             if path.name.startswith(".") or path.parent.name.startswith("."):
                 continue
             try:
-                model = load_artifact(path, intra_op_threads=self.intra_op_threads)
+                model = load_artifact(path, intra_op_threads=self.intra_op_threads, fold=self.fold_graphs)
             except ArtifactError as e:
                 broken.setdefault(path.parent.name, {})[path.name] = (path, e)
                 continue

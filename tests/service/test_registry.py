@@ -55,7 +55,7 @@ def test_loads_every_artifact(registry):
     assert attention.family == "attention_gpcm" and attention.task == "knowledge_tracing"
     assert attention.extra.n_cats == 4
     assert [s["name"] for s in attention.state_spec] == ["value_memory", "attention_window", "interaction_count"]
-    assert set(attention.sessions) == {"step", "predict", "step_predict"}
+    assert set(attention.sessions) == {"step", "predict", "step_predict", "fold"}  # (fold: made from step, fold.py)
     assert attention.input_names["step_predict"] == [
         "value_memory", "attention_window", "interaction_count", "question", "response", "questions"]
     assert attention.ids == [str(i) for i in range(12)]

@@ -418,6 +418,40 @@ def test_requests_with_different_banks_never_share_a_run(simakt):
 
 
 
+def test_the_fold_graph_reads_the_banks_from_outside_its_loop_and_equals_stepping(simakt):
+    """SimAKT's fold graph (nextstep/service/fold.py) takes the projected banks as inputs without a batch axis, read
+    by the Scan's body from the outer graph: past the window (both chunk caches turned over), with a float16 and a
+    float32 cache, two learners at once (one starting at the unknown row), its state equals stepping event by event
+    with the same bank (1e-5)."""
+    registry = ModelRegistry(simakt["artifacts"])
+    assert registry.load() == {}
+    rng = np.random.default_rng(7)
+    n = W + W // 2 + 8
+    for name in ("simakt", "simakt32"):
+        model = registry.get(name)
+        assert model.no_fold is None and model.fold_events == ("question", "response")
+        folder = model.path / "banks" / simakt["v1"]
+        feeds = {f"bank_{h}_{p}": np.load(folder / f"{h}_{p}.npy") for h in model.extra.banks["heads"]
+                 for p in ("states", "lengths")}
+        kv = dict(zip(model.extra.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True))
+        assert set(kv) <= set(model.input_names["fold"])  # under their own names: the outer graph's inputs
+        names = [s["name"] for s in model.state_spec]
+        state = {k: np.repeat(model.initial_state[k][None], 2, axis=0) for k in names}
+        questions, responses = rng.integers(2, len(model.ids) + 2, (2, n)), rng.integers(0, 2, (2, n))
+        questions[1, 0] = 1
+        stepped = state
+        for t in range(n):
+            outs = model.sessions["step"].run(None, {**stepped, "question": questions[:, t],
+                                                     "response": responses[:, t], **kv})
+            stepped = dict(zip(names, outs, strict=True))
+        p = model.fold_prefix
+        folded = model.sessions["fold"].run(None, {**{p + k: v for k, v in state.items()}, p + "question": questions,
+                                                   p + "response": responses, **kv})
+        for k, got in zip(names, folded, strict=True):
+            assert got.dtype == stepped[k].dtype
+            np.testing.assert_allclose(got.astype(np.float64), stepped[k].astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
 def test_a_bank_version_with_a_mangled_answer_bank_is_refused_and_the_rest_serve(simakt, tmp_path, serve):
     """An answer head's part of the wrong type or length (here: counts as floats, one row short) keeps its version
     out of the store; the good versions are listed and serve, and asking for the bad one is a 422 naming it."""
