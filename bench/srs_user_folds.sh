@@ -1,0 +1,43 @@
+#!/bin/bash
+# Issue 38: one flashcard network trained across users, scored on users it never saw, in four folds over the sixteen
+# users of ../shared/data/srs (each user scored once, by the model of the twelve others). Per fold: train with the
+# defaults (gap_shrink on), `nextstep evaluate` on the fold's four users, bench/srs_intervals.py on them (AnkiMath
+# left out: its 38,093 reviews take too long through the app), and the same with gap_shrink off (re-exported, same
+# weights). About 20 minutes a fold on one core; docs/results.md has the figures.
+#
+#     bench/srs_user_folds.sh [DATA (../shared/data/srs)] [OUT (runs/user_folds)]
+#
+# Then: python bench/srs_user_folds.py OUT   (the tables)
+set -euo pipefail
+DATA=$(realpath "${1:-../shared/data/srs}")
+OUT=$(realpath -m "${2:-runs/user_folds}")
+FOLDS=(  # balanced by reviews: each fold holds one of the four largest users
+  "ankimath anki_more/tkilb_ebrain-tech anki_small/Peregrine42_anki-flashcards anki_more/khanhtranngoccva_MyAnkiFlashcards"
+  "py_fsrs_josh anki_more/ASproson_anki anki_small/hbnordin2_anki_cards anki_more/tobenwarrior_Anki2"
+  "anki_more/tooyond_anki_zikao anki_more/CasioWave_AnkiCollection anki_small/maxproft_Anki anki_more/Machtan_anki-flashcards"
+  "anki_more/gmprojects-ctrl_myanki anki_more/TonioBanderas_Binga anki_more/superdrdood_kanji anki_small/yourchocobro_Anki-Collection-Dump"
+)
+BENCH=$(dirname "$(realpath "$0")")
+mkdir -p "$OUT"
+echo '{"cross_validate": false, "max_epochs": 5, "seed": 0, "threads": 1}' > "$OUT/cfg.json"
+for k in 1 2 3 4; do  # each fold's users as links: its four to score, the twelve others to train on
+  mkdir -p "$OUT/f$k/train" "$OUT/f$k/test"
+  for j in 1 2 3 4; do
+    for u in ${FOLDS[$((j - 1))]}; do
+      side=$([ "$j" = "$k" ] && echo test || echo train)
+      ln -sfn "$DATA/$u" "$OUT/f$k/$side/$(basename "$u")"
+    done
+  done
+done
+for k in 1 2 3 4; do
+  F=$OUT/f$k
+  [ -f "$F/model/manifest.json" ] || nextstep train time_aware --data "$F/train" --out "$F/model" --config "$OUT/cfg.json"
+  nextstep evaluate "$F/model" --data "$F/test" --json "$F/eval_on.json"
+  USERS=$(ls "$F/test" | grep -v '^ankimath$' || true)
+  # shellcheck disable=SC2086
+  python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --users $USERS --json "$F/int_on.json"
+  # shellcheck disable=SC2086
+  python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --users $USERS --json "$F/int_off.json" \
+    --set gap_shrink=false --export-to "$F/model_off"
+  nextstep evaluate "$F/model_off" --data "$F/test" --json "$F/eval_off.json"
+done
