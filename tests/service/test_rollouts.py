@@ -19,8 +19,8 @@ from nextstep.service.registry import ModelRegistry
 from nextstep.service.rollouts import Rollout, Rollouts, in_fraction
 from nextstep.service.runtime import Engines
 from nextstep.service.settings import Settings
-from nextstep.service.srs import HEADER, Review, SpacedRepetition, schema_hash
-from tests.service.test_srs_upgrades import CARD_SIZE, DAY, answers, close, reviews_of, same_rows, summary
+from nextstep.service.srs import Review, SpacedRepetition, schema_hash
+from tests.service.test_srs_upgrades import CARD_SIZE, DAY, answers, close, reviews_of, same_record, summary
 from tests.service.test_srs_upgrades import add_version as srs_version
 from tests.service.test_upgrades import DEMO, add_version, learner_events
 
@@ -319,15 +319,7 @@ def same_stored(url: str, a: str, b: str) -> None:
         finally:
             await store.close()
 
-    x, y = asyncio.run(read())
-    assert x.exists and y.exists and x.events == y.events
-    hx, hy = (np.frombuffer(s.blob, dtype=HEADER, count=1)[0] for s in (x, y))
-    for name in HEADER.names:
-        np.testing.assert_allclose(hx[name], hy[name], rtol=1e-6, err_msg=name)
-    same_rows(x.blob, y.blob, HEADER.itemsize)
-    assert set(x.fields) == set(y.fields)
-    for card in x.fields:
-        same_rows(x.fields[card], y.fields[card])
+    same_record(*asyncio.run(read()))
 
 
 @pytest.mark.parametrize("size", [16, 64])

@@ -128,7 +128,11 @@ def same_state(url: str | None, schema: str, a: str, b: str) -> None:
     the in-process store lives in the server)."""
     if url is None:
         return
-    x, y = stored(url, schema, [a, b])
+    same_record(*stored(url, schema, [a, b]))
+
+
+def same_record(x, y) -> None:
+    """Two stored records (read_all) hold the same state: header, recent block and every card's field."""
     assert x.exists and y.exists and x.events == y.events
     hx, hy = (np.frombuffer(s.blob, dtype=HEADER, count=1)[0] for s in (x, y))
     for name in HEADER.names:
