@@ -267,13 +267,14 @@ class KnowledgeTracer(StatefulTask):
 
     async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], questions: np.ndarray,
                            responses: np.ndarray, fresh: list[int], query: dict | None, bank: Bank | None,
-                           background: bool = True):
+                           background: bool = True, keep_state: bool = True):
         """`fold` through the fresh events that also gives what the model predicted for each event's question from
         the state before it, P(each response) (n, K), for live quality (quality.py): the first event's from a
         `predict` call, each later one's from the fused `step_predict` call that steps the event before it, asked
         for the next event's question; the last event's call answers the request's `query` (or is a plain step).
         One graph call more than `fold`, whatever the number of events; with `background` (it runs after answers:
-        scoring jobs and shadows) never inline on the event loop."""
+        scoring jobs and shadows) never inline on the event loop. Without `keep_state` (a scoring job, which keeps
+        only the predictions) the last event's plain step is not run, and the state returned is None."""
         shared = bank.kv if bank else None
         n_state = len(model.state_spec)
         first = fresh[0]
@@ -286,6 +287,8 @@ class KnowledgeTracer(StatefulTask):
             last = j == len(fresh) - 1
             ask = query if last else {"questions": questions[fresh[j + 1]:fresh[j + 1] + 1][None]}
             if ask is None:
+                if not keep_state:  # (the last event's plain step: its state is not wanted)
+                    return None, outputs, np.array(before)
                 outs = await self.engines.run(model, "step", feeds, shared=shared, background=background)
             else:
                 outs = await self.engines.run(model, "step_predict", {**feeds, **ask}, shared=shared,
@@ -302,7 +305,7 @@ class KnowledgeTracer(StatefulTask):
         """Live quality of events already answered: what the version predicted for each from the state before it
         (`_fold_scored` from the state before the first), recorded (quality.py). Run after the answer."""
         _, _, before = await self._fold_scored(model, state, questions, responses, list(range(len(questions))), None,
-                                               bank)
+                                               bank, keep_state=False)
         self.quality.record(model.name, model.version, before, responses, role)
 
     async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:

@@ -187,18 +187,19 @@ class SessionRecommender(StatefulTask):
                      role: str) -> None:
         """Live quality of clicks already answered (`_fold_scored` from the state before the first), recorded.
         Run after the answer."""
-        _, _, ranks = await self._fold_scored(model, state, clicked_before, fresh, None)
+        _, _, ranks = await self._fold_scored(model, state, clicked_before, fresh, None, keep_state=False)
         self.quality.record_ranks(model.name, model.version, ranks, role)
 
     async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], clicked_before: bool,
-                           fresh: list[int], query: dict | None):
+                           fresh: list[int], query: dict | None, keep_state: bool = True):
         """`fold` through the fresh clicks that also gives, for live quality (quality.py), each click's rank in the
         list the state before it recommends, as the offline protocol ranks it (ranking.py): not after the session's
         first click, over every item (seen ones included), ties counted against the model; inf when the item is not
         in the list (the manifest's top_k). The first fresh click's list from a `recommend` call (none for a
         session's first click), each later one's from the `step_recommend` call that steps the click before it;
         the last click's call answers the request's `query` (or is a plain step). Its graph calls never run inline
-        on the event loop (it runs after answers: scoring jobs and shadows)."""
+        on the event loop (it runs after answers: scoring jobs and shadows). Without `keep_state` (a scoring job) the
+        last click's plain step is not run, and the state returned is None."""
         everything = {"exclude": np.zeros((1, 1), dtype=np.int64)}
         n_state = len(model.state_spec)
         ranks = []
@@ -211,6 +212,8 @@ class SessionRecommender(StatefulTask):
             last = j == len(fresh) - 1
             ask = query if last else everything
             if ask is None:
+                if not keep_state:  # (the last click's plain step: its state is not wanted)
+                    return None, outputs, ranks
                 outs = await self.engines.run(model, "step", feeds, background=True)
             else:
                 outs = await self.engines.run(model, "step_recommend", {**feeds, **ask}, background=True)

@@ -113,3 +113,29 @@ def test_a_replayed_test_file_scores_what_evaluate_measures(artifacts, store_url
         assert http.get("/v1/models/nope/quality").status_code == 404
         metrics = http.get("/metrics").text
         assert 'nextstep_live_scored_total{model="deep_gpcm",role="serving",version="v1"}' in metrics
+
+
+def test_scoring_an_event_costs_one_predict_call_and_no_step(tmp_path, serve):
+    """A scoring job keeps only the predictions: for a request of one event it runs the `predict` call from the state
+    before it, and not the step after it that the request has already run (it ran both before: twice the steps)."""
+    import shutil
+    from pathlib import Path
+
+    import nextstep
+
+    demo = Path(nextstep.__file__).parent / "demo_artifacts" / "deep_gpcm" / "demo"
+    shutil.copytree(demo, tmp_path / "deep_gpcm" / "1")
+    question = json.loads((tmp_path / "deep_gpcm" / "1" / "vocab_questions.json").read_text())["ids"][3]
+
+    def calls(metrics: str, graph: str) -> int:
+        line = f'nextstep_microbatch_rows_count{{graph="{graph}",model="deep_gpcm"}}'
+        return sum(int(float(x.split()[-1])) for x in metrics.splitlines() if x.startswith(line))
+
+    with serve(Settings(artifacts_dir=tmp_path)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for n in range(1, 6):
+            body = {"student_id": "ada", "events": [{"question_id": str(question), "response": n % 2}]}
+            assert http.post("/v1/kt/deep_gpcm/events", json=body).status_code == 200
+            (live,) = http.get("/v1/models/deep_gpcm/quality").json()["versions"]  # (waits for the scoring queue)
+            assert live["scored"] == n
+        metrics = http.get("/metrics").text
+        assert (calls(metrics, "step"), calls(metrics, "predict")) == (5, 5)
