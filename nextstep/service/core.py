@@ -136,14 +136,20 @@ class StatefulTask:
         if (rollout is None or rollout.mode != "shadow" or rollout.candidate in (None, model.version) or not events
                 or self.shadows is None or not in_fraction(model.name, entity, rollout.fraction)):
             return
+        self.queue_turn(model.name, rollout.candidate, entity, turn or (lambda: written.total - events))
+
+    def queue_turn(self, name: str, candidate: str, entity: str, make: Callable[[], object]) -> None:
+        """Queue a turn of `candidate` for `entity`, with what `make` makes for its `follow_log` (called only when
+        there is room: a full queue drops the turn, counted)."""
         if self.shadows.full():
-            self.on_shadow(model.name, "dropped")
-            return
-        try:
-            self.shadows.put_nowait((model.name, rollout.candidate, entity,
-                                     turn() if turn is not None else written.total - events))
-        except asyncio.QueueFull:
-            self.on_shadow(model.name, "dropped")
+            self.on_shadow(name, "dropped")
+        else:
+            self.shadows.put_nowait((name, candidate, entity, make()))
+
+    def background(self, settings, metrics) -> list[asyncio.Task]:
+        """The tasks the service runs beside the requests (lifespan.py starts them and cancels them at shutdown):
+        none here; a task that has some says so (srs: the refit worker)."""
+        return []
 
     async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
         """A shadow's turn: the entity's state for `model` caught up with its log and stored, the logged events from

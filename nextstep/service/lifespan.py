@@ -91,11 +91,7 @@ async def lifespan(app: FastAPI):
         service.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
         shadow_workers.append(asyncio.create_task(service.run_shadows(settings.shadow_queue)))
     # what a task runs beside its requests (the flashcard refit worker): started now, cancelled at shutdown
-    background = []
-    for service in services:
-        start = getattr(service, "background", None)
-        if start is not None:
-            background.extend(start(settings, metrics))
+    background = [task for service in services for task in service.background(settings, metrics)]
     # (in a thread: set_serving waits for a reload in progress, which takes seconds)
     await rollouts.start(lambda current: asyncio.to_thread(
         registry.set_serving, {m: r.serving for m, r in current.items()}))

@@ -1068,13 +1068,7 @@ class SpacedRepetition(StatefulTask):
             return
         if candidate.schema == model.schema:  # (the reviews are shared)
             return
-        if self.shadows.full():
-            self.on_shadow(model.name, "dropped")
-            return
-        try:
-            self.shadows.put_nowait((model.name, rollout.candidate, user_id, replace(turn(), keep_up=True)))
-        except asyncio.QueueFull:
-            self.on_shadow(model.name, "dropped")
+        self.queue_turn(model.name, rollout.candidate, user_id, lambda: replace(turn(), keep_up=True))
 
     async def follow_log(self, model: LoadedModel, user_id: str, turn: ShadowTurn) -> bool:
         """A shadow turn: the candidate `model`'s P(recall) of the reviews a serving write recorded (`turn`), each
@@ -1237,8 +1231,6 @@ class SpacedRepetition(StatefulTask):
         fit, fsrs-rs, in `fitter`) when one is due (`refit_due`; `force`: whatever the counts), and store them
         with a compare-and-set of the header (reviews recorded meanwhile stay). Not a request's work: the refit
         worker (srs_refit.RefitWorker) and `nextstep srs refit` run it. Returns what it did."""
-        import asyncio
-
         from .srs_refit import fit_held
 
         model = self.model(model_name, user_id)
