@@ -205,6 +205,9 @@ ONNX_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(floa
               "tensor(double)": np.float64, "tensor(float16)": np.float16, "tensor(bool)": np.bool_}
 
 
+BANK_ROWS = 256  # entries of a check's zero bank: more than any KNN head's k (SimAKT's own is 15)
+
+
 def _example(value: ort.NodeArg, shape: list[int], fill: int) -> np.ndarray:
     dtype = ONNX_TYPES.get(value.type)
     if dtype is None:
@@ -216,7 +219,7 @@ def check(fold: ort.InferenceSession, step: ort.InferenceSession, initial: dict[
           events: list[str], prefix: str, n: int = 3, tolerance: float = 1e-5) -> None:
     """Fold `n` events from the initial state, and step them one at a time: FoldUnavailable unless the states agree
     within `tolerance`. Every per-event input is 1 (the unknown row, response 1); an input without the batch axis
-    (a bank) is zeros, each named axis of size 8 (a KNN head's k neighbours need as many entries)."""
+    (a bank) is zeros, each named axis of size BANK_ROWS (a KNN head's k neighbours need as many entries)."""
     state = {name: value[None] for name, value in initial.items()}
     feeds, shared = {}, {}
     for value in step.get_inputs():
@@ -224,7 +227,7 @@ def check(fold: ort.InferenceSession, step: ort.InferenceSession, initial: dict[
         if value.name in events:
             feeds[value.name] = _example(value, [1, n, *(d or 1 for d in dims[1:])], 1)
         elif value.name not in state:
-            shared[value.name] = _example(value, [d or 8 for d in dims], 0)
+            shared[value.name] = _example(value, [d or BANK_ROWS for d in dims], 0)
     stepped = state
     for t in range(n):
         outs = step.run(None, {**stepped, **{k: v[:, t] for k, v in feeds.items()}, **shared})

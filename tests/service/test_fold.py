@@ -268,3 +268,36 @@ def test_every_other_family_with_state_folds_as_it_steps(build_once):
         if model.state_spec:
             assert_folds_as_it_steps(model, 30, seed=6)
     assert len(registry.get("mrn").state_spec) == 3
+
+
+def test_a_step_graph_reading_k_bank_entries_gets_a_fold_graph(tmp_path):
+    """The fold graph's check feeds a bank input (no batch axis) of BANK_ROWS zero entries: a head that takes its
+    k = 15 nearest entries, as SimAKT's full-size KNN head does, folds (the check once fed 8 and refused it)."""
+    onnx = pytest.importorskip("onnx")
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from nextstep.service.fold import build_fold
+
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["bank", "k"], ["near", "near_at"], axis=0),
+         helper.make_node("ReduceSum", ["near"], ["pulled"], keepdims=0),
+         helper.make_node("Cast", ["question"], ["q"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["memory", "q"], ["moved"]),
+         helper.make_node("Add", ["moved", "pulled"], ["memory_next"])],
+        "step",
+        [helper.make_tensor_value_info("memory", TensorProto.FLOAT, ["batch"]),
+         helper.make_tensor_value_info("question", TensorProto.INT64, ["batch"]),
+         helper.make_tensor_value_info("bank", TensorProto.FLOAT, ["entries"])],
+        [helper.make_tensor_value_info("memory_next", TensorProto.FLOAT, ["batch"])],
+        [helper.make_tensor("k", TensorProto.INT64, [1], [15])])
+    path = tmp_path / "step.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    step = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session, events, prefix = build_fold(path, ["memory"], ort.SessionOptions(), step,
+                                         {"memory": np.zeros((), np.float32)})
+    assert events == ["question"]
+    bank = np.arange(20, dtype=np.float32)  # the 15 largest: 5..19, summing to 180
+    (memory,) = session.run(None, {prefix + "memory": np.zeros(1, np.float32),
+                                   prefix + "question": np.array([[1, 2]]), "bank": bank})
+    assert memory.tolist() == [1 + 180 + 2 + 180]
