@@ -19,16 +19,27 @@ shared ones taken out): the fold computes what stepping event by event computes.
 the prefix because a subgraph may not redefine a name of its outer graph.
 
 No `onnx` package here (the service installs ONNX Runtime only): the graph is written at the protobuf wire level,
-copying the step graph's bytes and writing the few messages around them (`_Wire`). Before it is used, the fold graph
+copying the step graph's bytes and writing the few messages around them (onnx_wire.py). Before it is used, the fold graph
 is checked against stepping a few events from the initial state (`check`); where it cannot be built, opened or does
 not agree, `build_fold` says why (FoldUnavailable) and the model keeps stepping event by event.
 """
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+from .onnx_wire import (
+    field_bytes,
+    field_int,
+    first_field,
+    node_bytes,
+    read_fields,
+    renamed,
+    tensor_dims,
+    tensor_info,
+    value_name,
+)
 
 FOLD = "fold"  # the graph's name among a model's sessions (LoadedModel.sessions) and in the metrics
 EVENTS = "events"  # the name of the events axis
@@ -38,113 +49,24 @@ class FoldUnavailable(Exception):
     """Why an artifact gets no fold graph (it steps event by event)."""
 
 
-# -- protobuf wire format: enough of it to read and write the ONNX messages the fold graph needs ----------------------
-# field numbers (onnx.proto): ModelProto ir_version 1, opset_import 8, graph 7, functions 25; GraphProto node 1, name 2,
-# initializer 5, input 11, output 12; NodeProto input 1, output 2, name 3, op_type 4, attribute 5; AttributeProto
-# name 1, i 3, g 6, ints 8, type 20 (INT 2, GRAPH 5, INTS 7); ValueInfoProto name 1, type 2; TypeProto tensor_type 1;
-# TypeProto.Tensor elem_type 1, shape 2; TensorShapeProto dim 1; Dimension dim_value 1, dim_param 2; TensorProto name 8;
-# OperatorSetIdProto domain 1, version 2.
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # (negative int64 values: ten bytes, as protobuf writes them)
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise FoldUnavailable("the step graph's file is truncated")
-        byte = buf[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int | bytes, bytes]]:
-    """(field number, value: an int or the bytes of a length-delimited field, the field's own bytes as written)."""
-    pos = 0
-    while pos < len(buf):
-        start = pos
-        key, pos = _read_varint(buf, pos)
-        number, kind = key >> 3, key & 7
-        if kind == 0:
-            value, pos = _read_varint(buf, pos)
-        elif kind == 2:
-            size, pos = _read_varint(buf, pos)
-            value, pos = buf[pos:pos + size], pos + size
-        elif kind in (1, 5):
-            value, pos = buf[pos:pos + (8 if kind == 1 else 4)], pos + (8 if kind == 1 else 4)
-        else:
-            raise FoldUnavailable(f"the step graph has a protobuf field of wire type {kind}")
-        if pos > len(buf):
-            raise FoldUnavailable("the step graph's file is truncated")
-        yield number, value, buf[start:pos]
-
-
-def _int(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
-def _bytes(number: int, value: bytes | str) -> bytes:
-    value = value.encode() if isinstance(value, str) else value
-    return _varint(number << 3 | 2) + _varint(len(value)) + value
-
-
-def _first(buf: bytes, number: int, default=None):
-    return next((value for n, value, _ in _fields(buf) if n == number), default)
-
-
-def _name(value_info: bytes) -> str:
-    return _first(value_info, 1, b"").decode()
-
-
-def _renamed(value_info: bytes, name: str) -> bytes:
-    return _bytes(1, name) + b"".join(raw for n, _, raw in _fields(value_info) if n != 1)
-
-
-def _dims(value_info: bytes) -> tuple[int, list[bytes]]:
-    """(element type, the shape's Dimension messages) of a tensor's ValueInfoProto; FoldUnavailable for another."""
-    tensor = _first(_first(value_info, 2, b""), 1)
-    if tensor is None:
-        raise FoldUnavailable(f"input {_name(value_info)!r} is not a tensor")
-    return _first(tensor, 1, 0), [d for n, d, _ in _fields(_first(tensor, 2, b"")) if n == 1]
-
-
-def _tensor_info(name: str, elem_type: int, dims: list[bytes]) -> bytes:
-    shape = b"".join(_bytes(1, d) for d in dims)
-    return _bytes(1, name) + _bytes(2, _bytes(1, _int(1, elem_type) + _bytes(2, shape)))
-
-
-def _node(op: str, inputs: list[str], outputs: list[str], name: str = "", attributes: list[bytes] = ()) -> bytes:
-    return (b"".join(_bytes(1, i) for i in inputs) + b"".join(_bytes(2, o) for o in outputs)
-            + (_bytes(3, name) if name else b"") + _bytes(4, op) + b"".join(_bytes(5, a) for a in attributes))
-
-
 def fold_model(step: bytes, state: list[str], prefix: str = "fold/") -> tuple[bytes, list[str], str]:
     """(the fold graph, serialised, of a serialised step graph that takes the state tensors `state` and whose first
     outputs are their next values, in that order; the names of the step's per-event inputs; the prefix of the fold
     graph's own names). FoldUnavailable when the step graph does not fit."""
     while prefix.encode() in step:  # (a name of the step graph's could clash with the outer graph's)
         prefix = "_" + prefix
-    model = list(_fields(step))
+    model = list(read_fields(step))
     graph = next((value for n, value, _ in model if n == 7), None)
     if graph is None:
         raise FoldUnavailable("the step graph's file holds no graph")
-    opset = max((_first(value, 2, 0) for n, value, _ in model if n == 8 and _first(value, 1, b"") in (b"", b"ai.onnx")),
+    opset = max((first_field(value, 2, 0) for n, value, _ in model
+                 if n == 8 and first_field(value, 1, b"") in (b"", b"ai.onnx")),
                 default=0)
     if opset < 9:
         raise FoldUnavailable(f"the step graph's opset {opset} has no Scan over axis 1 (opset 9 on)")
-    parts = list(_fields(graph))
-    weights = {_first(value, 8, b"").decode() for n, value, _ in parts if n == 5}
-    inputs = {_name(value): value for n, value, _ in parts if n == 11 and _name(value) not in weights}
+    parts = list(read_fields(graph))
+    weights = {first_field(value, 8, b"").decode() for n, value, _ in parts if n == 5}
+    inputs = {value_name(value): value for n, value, _ in parts if n == 11 and value_name(value) not in weights}
     outputs = [value for n, value, _ in parts if n == 12]
     if not set(state) <= set(inputs):
         raise FoldUnavailable(f"the step graph lacks the state inputs {sorted(set(state) - set(inputs))}")
@@ -152,17 +74,18 @@ def fold_model(step: bytes, state: list[str], prefix: str = "fold/") -> tuple[by
         raise FoldUnavailable(f"the step graph has {len(outputs)} outputs for {len(state)} state tensors")
     outputs = outputs[:len(state)]
     for name, out in zip(state, outputs, strict=True):
-        (in_type, in_dims), (out_type, out_dims) = _dims(inputs[name]), _dims(out)
+        (in_type, in_dims), (out_type, out_dims) = tensor_dims(inputs[name]), tensor_dims(out)
         if in_type != out_type or len(in_dims) != len(out_dims):
-            raise FoldUnavailable(f"the step graph's output {_name(out)!r} is not of state {name!r}'s type and rank")
-    _, dims = _dims(inputs[state[0]])
-    batch = _first(dims[0], 2) if dims else None
+            raise FoldUnavailable(f"the step graph's output {value_name(out)!r} is not of state {name!r}'s type and "
+                                  "rank")
+    _, dims = tensor_dims(inputs[state[0]])
+    batch = first_field(dims[0], 2) if dims else None
     if not batch:
         raise FoldUnavailable(f"state {state[0]!r} has no named batch axis first")
 
     def batched(value: bytes) -> bool:
-        dims = _dims(value)[1]
-        return bool(dims) and _first(dims[0], 2) == batch
+        dims = tensor_dims(value)[1]
+        return bool(dims) and first_field(dims[0], 2) == batch
 
     events = [name for name, value in inputs.items() if name not in state and batched(value)]
     if not events:
@@ -172,33 +95,34 @@ def fold_model(step: bytes, state: list[str], prefix: str = "fold/") -> tuple[by
     # the next state
     body_outputs, extra_nodes = [], []
     for out in outputs:
-        if _name(out) in inputs:  # a state passed through unchanged: a value of its own, as Scan needs
-            extra_nodes.append(_bytes(1, _node("Identity", [_name(out)], [f"{prefix}{_name(out)}/next"])))
-            out = _renamed(out, f"{prefix}{_name(out)}/next")
+        if value_name(out) in inputs:  # a state passed through unchanged: a value of its own, as Scan needs
+            passed = f"{prefix}{value_name(out)}/next"
+            extra_nodes.append(field_bytes(1, node_bytes("Identity", [value_name(out)], [passed])))
+            out = renamed(out, passed)
         body_outputs.append(out)
     body = (b"".join(raw for n, _, raw in parts if n not in (11, 12)) + b"".join(extra_nodes)
-            + b"".join(_bytes(11, inputs[name]) for name in state + events)
-            + b"".join(_bytes(12, out) for out in body_outputs))
+            + b"".join(field_bytes(11, inputs[name]) for name in state + events)
+            + b"".join(field_bytes(12, out) for out in body_outputs))
 
     k = len(events)
-    attributes = [_bytes(1, "body") + _int(20, 5) + _bytes(6, body),
-                  _bytes(1, "num_scan_inputs") + _int(20, 2) + _int(3, k),
-                  _bytes(1, "scan_input_axes") + _int(20, 7) + b"".join(_int(8, 1) for _ in range(k))]
-    scan = _node("Scan", [prefix + n for n in state + events], [prefix + _name(o) for o in outputs], "fold",
+    attributes = [field_bytes(1, "body") + field_int(20, 5) + field_bytes(6, body),
+                  field_bytes(1, "num_scan_inputs") + field_int(20, 2) + field_int(3, k),
+                  field_bytes(1, "scan_input_axes") + field_int(20, 7) + b"".join(field_int(8, 1) for _ in range(k))]
+    scan = node_bytes("Scan", [prefix + n for n in state + events], [prefix + value_name(o) for o in outputs], "fold",
                  attributes)
     outer_inputs = []
     for name in inputs:  # in the step's order
         if name in events:
-            elem_type, dims = _dims(inputs[name])
-            outer_inputs.append(_tensor_info(prefix + name, elem_type, [dims[0], _bytes(2, EVENTS), *dims[1:]]))
+            elem_type, dims = tensor_dims(inputs[name])
+            outer_inputs.append(tensor_info(prefix + name, elem_type, [dims[0], field_bytes(2, EVENTS), *dims[1:]]))
         elif name in state:
-            outer_inputs.append(_renamed(inputs[name], prefix + name))
+            outer_inputs.append(renamed(inputs[name], prefix + name))
         else:
             outer_inputs.append(inputs[name])
-    outer = (_bytes(1, scan) + _bytes(2, FOLD) + b"".join(_bytes(11, v) for v in outer_inputs)
-             + b"".join(_bytes(12, _renamed(o, prefix + _name(o))) for o in outputs))
+    outer = (field_bytes(1, scan) + field_bytes(2, FOLD) + b"".join(field_bytes(11, v) for v in outer_inputs)
+             + b"".join(field_bytes(12, renamed(o, prefix + value_name(o))) for o in outputs))
     kept = b"".join(raw for n, _, raw in model if n in (1, 8, 25))  # ir_version, opset_import, functions
-    return kept + _bytes(2, "nextstep fold") + _bytes(7, outer), events, prefix
+    return kept + field_bytes(2, "nextstep fold") + field_bytes(7, outer), events, prefix
 
 
 ONNX_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
