@@ -18,10 +18,10 @@ The Scan body is the step graph itself, nodes, weights and names unchanged (its 
 shared ones taken out): the fold computes what stepping event by event computes. The outer graph's own names carry
 the prefix because a subgraph may not redefine a name of its outer graph.
 
-No `onnx` package here (the service installs ONNX Runtime only): the graph is written at the protobuf wire level,
-copying the step graph's bytes and writing the few messages around them (onnx_wire.py). Before it is used, the fold graph
-is checked against stepping a few events from the initial state (`check`); where it cannot be built, opened or does
-not agree, `build_fold` says why (FoldUnavailable) and the model keeps stepping event by event.
+No `onnx` package here (the service installs ONNX Runtime only): the graph is written at the protobuf wire level
+(onnx_wire.py), copying the step graph's bytes and writing the few messages around them. Before it is used, the fold
+graph is checked against stepping a few events from the initial state (`check`); where it cannot be built, opened or
+does not agree, `build_fold` says why (FoldUnavailable) and the model keeps stepping event by event.
 """
 
 from pathlib import Path

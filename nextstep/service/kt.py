@@ -36,6 +36,7 @@ from .errors import InvalidInput, UnknownId, UnknownModel
 from .quality import Quality
 from .registry import LoadedModel, ModelRegistry, TaskFields, TaskSpec, register_task
 from .runtime import Engines
+from .scored import SCORED
 from .settings import DEFAULT_LIMITS, BatchLimits
 from .state import LogRow, StateStore, StoredState
 from .writes import batched
@@ -65,8 +66,8 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
 
 
 SPEC = register_task(TaskSpec("knowledge_tracing", ("step", "predict", "step_predict"), "questions", True, _check,
-                              optional=("bank_project", "rebase")))  # SimAKT: banks -> their keys and values; a
-# state folded with one bank -> the state with another
+                              optional=("bank_project", "rebase"), scored=True))
+# (optional, SimAKT's: banks -> their keys and values; a state folded with one bank -> the state with another)
 
 
 @dataclass(frozen=True)
@@ -366,13 +367,23 @@ class KnowledgeTracer(StatefulTask):
             state, rebased = await self._decode(model, stored, bank)
             state, said = await self._catch_up(model, state, behind, bank)
             before = state  # (the state the fresh events' predictions are scored from, after the answer)
-            state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query,
+            combined = "step_predict" if query else None
+            # one event, live quality on: its score from the same graph call that steps it (scored.py)
+            scored = SCORED[combined or "step"] if self.quality is not None and len(fresh) == 1 else None
+            if scored not in model.sessions:
+                scored = None
+            state, outputs = await self.fold(model, state, steps, scored or combined, query or {},
                                              bank.kv if bank else None)
+            score = None
+            if scored is not None:
+                outputs, score = outputs[:-1] or None, outputs[-1][0]  # (the score: (1, K), the event's P(each))
             now = time.time()
 
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
-                if self.quality is not None and fresh:  # (once: the attempt that was written)
+                if self.quality is not None and score is not None:  # (once: the attempt that was written)
+                    self.quality.record(model.name, model.version, score, responses[fresh], self.role(model))
+                elif self.quality is not None and fresh:
                     self.quality.later(model.name, functools.partial(
                         self._score, model, before, questions[fresh], responses[fresh], self.role(model), bank))
                 self.shadow(model, student_id, written, len(fresh))

@@ -46,6 +46,7 @@ import onnxruntime as ort
 
 from .errors import UnknownId, UnknownModel
 from .fold import FOLD, FoldUnavailable, build_fold
+from .scored import SCORED, ScoredUnavailable, build_scored
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class TaskSpec:
     state: bool  # whether the model has state tensors (without: the manifest need not list any)
     check: Callable[[str, dict, dict, Callable[[str], Exception], Callable[[str, str], Path]], dict]
     optional: tuple[str, ...] = ()  # graphs opened (and checked) when the manifest has them
+    scored: bool = False  # whether its `predict` graph can be asked for the step's event (scored.py; knowledge tracing)
 
 
 class TaskFields:
@@ -125,6 +127,7 @@ class LoadedModel:
     fold_events: tuple[str, ...] = ()  # the step's per-event inputs, which the fold graph takes (fold.py); () if none
     fold_prefix: str = ""  # of the fold graph's names for the state and the per-event inputs
     no_fold: str | None = None  # why a model with state has no fold graph (it steps event by event)
+    no_scored: str | None = None  # why a model whose task is scored has no scored step graphs (scored.py)
     _index: dict[str, int] = field(init=False, repr=False)
     # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section says so:
     # `answers`; an artifact trained before that section existed has an untrained row 1)
@@ -198,7 +201,7 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:12]
 
 
-_told: set[tuple[str, str]] = set()  # (artifact, why) of the models without a fold graph, logged once
+_told: set[tuple[str, str]] = set()  # (artifact, why) of the models without a fold (or scored) graph, logged once
 
 
 def _fold(path: Path, spec: list[dict], sessions: dict, input_names: dict, output_names: dict, onnx_path: Path,
@@ -220,9 +223,33 @@ def _fold(path: Path, spec: list[dict], sessions: dict, input_names: dict, outpu
     return {"fold_events": tuple(events), "fold_prefix": prefix}
 
 
-def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True) -> LoadedModel:
+def _scored(path: Path, graphs: dict, sessions: dict, input_names: dict, output_names: dict, inside,
+            initial: dict[str, np.ndarray], intra_op_threads: int) -> dict:
+    """Open the scored step graphs (scored.py) as sessions["scored_step"] and ["scored_step_predict"]; where there are
+    none, why (`no_scored`), logged once per artifact. Never refuses the artifact: live quality scores it apart."""
+    made = {}
+    try:
+        for graph, name in SCORED.items():
+            made[name] = build_scored(inside(graphs["predict"]["onnx"], "predict graph"),
+                                      inside(graphs[graph]["onnx"], f"{graph} graph"),
+                                      session_options(intra_op_threads), sessions["predict"], sessions[graph], initial)
+    except ScoredUnavailable as e:
+        why = f"no scored step graphs: {e}"
+        if (str(path), why) not in _told:
+            _told.add((str(path), why))
+            log.warning("artifact %s: %s; live quality scores its events with a second graph call", path, why)
+        return {"no_scored": why}
+    for name, session in made.items():
+        sessions[name] = session
+        input_names[name] = [i.name for i in session.get_inputs()]
+        output_names[name] = [o.name for o in session.get_outputs()]
+    return {}
+
+
+def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True, scored: bool = False) -> LoadedModel:
     """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault. `fold`: also
-    make the fold graph from the step graph (fold.py) for a model with state."""
+    make the fold graph from the step graph (fold.py) for a model with state; `scored`: the scored step graphs
+    (scored.py) for a model whose task has them (live quality)."""
 
     def fail(what: str, kind: str = "manifest invalid", part: str | None = None):
         # (the task modules' checks call fail(what): their faults are the manifest's)
@@ -333,6 +360,8 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True) -
     if fold and spec and "step" in sessions:  # (after every check: a refused artifact makes none)
         fields |= _fold(path, spec, sessions, input_names, output_names, inside(graphs["step"]["onnx"], "step graph"),
                         initial, intra_op_threads)
+    if scored and task.scored:
+        fields |= _scored(path, graphs, sessions, input_names, output_names, inside, initial, intra_op_threads)
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
         manifest=manifest, state_spec=spec, initial_state=initial, ids=ids, sessions=sessions,
@@ -400,12 +429,13 @@ class ModelRegistry:
     model served keeps out of `latest` until a rollout names it: `set_serving`)."""
 
     def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1, new_versions: str = "auto",
-                 fold_graphs: bool = True):
+                 fold_graphs: bool = True, scored_graphs: bool = False):
         if new_versions not in ("auto", "manual"):
             raise ValueError(f"new_versions must be 'auto' or 'manual', got {new_versions!r}")
         self.artifacts_dir = Path(artifacts_dir)
         self.intra_op_threads = intra_op_threads
         self.fold_graphs = fold_graphs  # False: no fold graphs, every rebuild steps event by event (tests, benches)
+        self.scored_graphs = scored_graphs  # True: the scored step graphs (live quality on: scored.py)
         self.new_versions = new_versions
         self._serving: dict[str, str] = {}  # name -> the version a rollout made latest (rollouts.py)
         self._snapshot = _Snapshot({}, {}, LoadReport((), (), {}))
@@ -442,7 +472,8 @@ class ModelRegistry:
             if path.name.startswith(".") or path.parent.name.startswith("."):
                 continue
             try:
-                model = load_artifact(path, intra_op_threads=self.intra_op_threads, fold=self.fold_graphs)
+                model = load_artifact(path, intra_op_threads=self.intra_op_threads, fold=self.fold_graphs,
+                                      scored=self.scored_graphs)
             except ArtifactError as e:
                 broken.setdefault(path.parent.name, {})[path.name] = (path, e)
                 continue

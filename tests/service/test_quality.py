@@ -77,7 +77,7 @@ def test_buckets_add_over_minutes_and_a_window_leaves_older_ones_out():
 
 
 def test_a_replayed_test_file_scores_what_evaluate_measures(artifacts, store_url, serve):
-    """Part 5: every test learner's events, in order, through POST /v1/kt/{model}/events (two requests each); the
+    """Part 5: every test learner's events, in order, through POST /v1/kt/{model}/events (four requests each); the
     live log loss equals `nextstep evaluate`'s NLL on the same sequences (1e-6) and the bucketed AUC the exact AUC
     of the same predictions (0.002)."""
     from nextstep.training.kt.data import load_dataset
@@ -95,7 +95,7 @@ def test_a_replayed_test_file_scores_what_evaluate_measures(artifacts, store_url
         for n, s in enumerate(sequences):
             events = [{"question_id": str(q), "response": int(r)} for q, r in zip(s.questions, s.responses,
                                                                                     strict=True)]
-            for part in (events[:5], events[5:]):
+            for part in (events[:1], events[1:2], events[2:6], events[6:]):  # (one event: scored.py; more: a job)
                 assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": f"test-{n}-{store_url is None}",
                                                                   "events": part}).status_code == 200
             batch = http.post("/v1/kt/deep_gpcm/batch", json={"students": [{"student_id": "x", "events": events}]})
@@ -115,9 +115,11 @@ def test_a_replayed_test_file_scores_what_evaluate_measures(artifacts, store_url
         assert 'nextstep_live_scored_total{model="deep_gpcm",role="serving",version="v1"}' in metrics
 
 
-def test_scoring_an_event_costs_one_predict_call_and_no_step(tmp_path, serve):
-    """A scoring job keeps only the predictions: for a request of one event it runs the `predict` call from the state
-    before it, and not the step after it that the request has already run (it ran both before: twice the steps)."""
+def test_an_event_is_scored_by_the_graph_call_that_steps_it(tmp_path, serve):
+    """A request of one event is scored by the scored step graph (scored.py) that steps it: one graph call in all,
+    asked a question or not. A request of several events is scored after the answer, by a job that keeps only the
+    predictions: a `predict` call from the state before the first, a `step_predict` for each later one, and not the
+    step after the last that the request has already run."""
     import shutil
     from pathlib import Path
 
@@ -125,17 +127,30 @@ def test_scoring_an_event_costs_one_predict_call_and_no_step(tmp_path, serve):
 
     demo = Path(nextstep.__file__).parent / "demo_artifacts" / "deep_gpcm" / "demo"
     shutil.copytree(demo, tmp_path / "deep_gpcm" / "1")
-    question = json.loads((tmp_path / "deep_gpcm" / "1" / "vocab_questions.json").read_text())["ids"][3]
+    question = str(json.loads((tmp_path / "deep_gpcm" / "1" / "vocab_questions.json").read_text())["ids"][3])
 
-    def calls(metrics: str, graph: str) -> int:
-        line = f'nextstep_microbatch_rows_count{{graph="{graph}",model="deep_gpcm"}}'
-        return sum(int(float(x.split()[-1])) for x in metrics.splitlines() if x.startswith(line))
+    def calls(metrics: str) -> dict[str, int]:
+        out = {}
+        for line in metrics.splitlines():
+            if line.startswith("nextstep_microbatch_rows_count{") and 'model="deep_gpcm"' in line:
+                graph = line.split('graph="')[1].split('"')[0]
+                out[graph] = out.get(graph, 0) + int(float(line.split()[-1]))
+        return out
 
     with serve(Settings(artifacts_dir=tmp_path)) as url, httpx.Client(base_url=url, timeout=30) as http:
-        for n in range(1, 6):
-            body = {"student_id": "ada", "events": [{"question_id": str(question), "response": n % 2}]}
+        def send(events: int, asked: bool) -> None:
+            body = {"student_id": "ada", "events": [{"question_id": question, "response": n % 2}
+                                                    for n in range(events)],
+                    **({"predict_question_ids": [question]} if asked else {})}
             assert http.post("/v1/kt/deep_gpcm/events", json=body).status_code == 200
+
+        for n in range(1, 6):
+            send(1, asked=n == 5)
             (live,) = http.get("/v1/models/deep_gpcm/quality").json()["versions"]  # (waits for the scoring queue)
             assert live["scored"] == n
-        metrics = http.get("/metrics").text
-        assert (calls(metrics, "step"), calls(metrics, "predict")) == (5, 5)
+        assert calls(http.get("/metrics").text) == {"scored_step": 4, "scored_step_predict": 1}
+        send(3, asked=False)
+        (live,) = http.get("/v1/models/deep_gpcm/quality").json()["versions"]
+        assert live["scored"] == 8
+        assert calls(http.get("/metrics").text) == {"scored_step": 4, "scored_step_predict": 1, "fold": 1,
+                                                    "predict": 1, "step_predict": 2}
