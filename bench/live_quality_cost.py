@@ -1,11 +1,13 @@
 """What live quality costs an event (issue 35, part 1), in process, without HTTP or Redis noise:
 
-1. ONNX Runtime alone, on the bundled deep_gpcm demo artifact: the `predict`, `step` and `step_predict` graphs, and
-   a fused graph made of `predict` (the event's own question, before the step) and `step_predict` by onnx.compose:
-   does one call instead of two save anything?
-2. `KnowledgeTracer.absorb` of one event with one prediction asked (what bench/service_load.py sends), with live
-   quality off and on (its scoring runs after each answer, in the engines' executor), interleaved rounds, over the
-   in-process store: the median per event; every event is checked to have been scored.
+1. ONNX Runtime alone, on the bundled deep_gpcm demo artifact: the `predict`, `step_predict` and the service's
+   scored `step_predict` graph (nextstep/service/scored.py: `predict` asked for the event's own question, then
+   `step_predict`, as one graph): what one call saves against two.
+2. `KnowledgeTracer.absorb` of one event with one prediction asked (what bench/service_load.py sends), interleaved
+   rounds over the in-process store, median per event: live quality off; on (the service's way: the scored graph
+   steps and scores the event in one call); and on without scored graphs (a job after each answer runs the
+   `predict` call in the engines' executor: how a model without them is scored). Every event is checked to have
+   been scored.
 
     python bench/live_quality_cost.py [--rounds 3] [--events 3000]
 """
@@ -24,28 +26,18 @@ DEMO = ROOT / "nextstep" / "demo_artifacts"
 
 
 def graphs(repeats: int) -> dict:
-    import onnx
-    import onnx.compose
-    import onnxruntime as ort
-
-    from nextstep.service.registry import load_artifact, session_options
+    from nextstep.service.registry import load_artifact
     from nextstep.service.writes import batched
 
-    art = DEMO / "deep_gpcm" / "demo"
-    model = load_artifact(art)
+    model = load_artifact(DEMO / "deep_gpcm" / "demo", scored=True)
     state = batched(model.initial_state)
-    fused = onnx.compose.merge_models(onnx.compose.add_prefix(onnx.load(art / "predict.onnx"), "before/"),
-                                      onnx.load(art / "step_predict.onnx"), io_map=[])
-    sessions = {**model.sessions, "fused": ort.InferenceSession(fused.SerializeToString(), session_options(1),
-                                                                providers=["CPUExecutionProvider"])}
     q, r, qs = np.array([2]), np.array([1]), np.array([[3]])
-    feeds = {"predict": {**state, "questions": q[:, None]}, "step": {**state, "question": q, "response": r},
+    feeds = {"predict": {**state, "questions": q[:, None]},
              "step_predict": {**state, "question": q, "response": r, "questions": qs},
-             "fused": {**{f"before/{k}": v for k, v in state.items()}, "before/questions": q[:, None], **state,
-                       "question": q, "response": r, "questions": qs}}
+             "scored_step_predict": {**state, "question": q, "response": r, "questions": qs}}
     out = {}
     for name, feed in feeds.items():
-        session = sessions[name]
+        session = model.sessions[name]
         for _ in range(200):
             session.run(None, feed)
         t0 = time.perf_counter()
@@ -63,16 +55,18 @@ async def absorb(rounds: int, events: int) -> dict:
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.runtime import Engines
 
-    registry = ModelRegistry(DEMO)
-    registry.reload()
+    registries = {"scored": ModelRegistry(DEMO, scored_graphs=True), "apart": ModelRegistry(DEMO)}
+    for registry in registries.values():
+        registry.reload()
     engines = Engines(64, 0.0)
     metrics = Metrics()
-    ids = registry.get("deep_gpcm").ids
-    medians: dict[str, list[float]] = {"off": [], "on": []}
+    ids = registries["apart"].get("deep_gpcm").ids
+    medians: dict[str, list[float]] = {"off": [], "on": [], "on, a job after the answer": []}
     try:
         for _ in range(rounds):
-            for side in ("off", "on"):
-                quality = Quality(None, on_record=metrics.on_live_scores) if side == "on" else None
+            for side in medians:
+                registry = registries["scored" if side == "on" else "apart"]
+                quality = Quality(None, on_record=metrics.on_live_scores) if side != "off" else None
                 if quality is not None:
                     await quality.start()  # (its worker scores after each answer, as in the service)
                 tracer = KnowledgeTracer(registry, InProcessStore(ttl_seconds=None), engines, quality=quality)
@@ -104,13 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     g = graphs(args.repeats)
     print("ONNX Runtime, mean per call (us): " + ", ".join(f"{k} {v:.0f}" for k, v in
                                                                                 g.items()))
-    print(f"  predict + step_predict as two calls: {g['predict'] + g['step_predict']:.0f} us; fused: "
-          f"{g['fused']:.0f} us")
+    print(f"  predict + step_predict as two calls: {g['predict'] + g['step_predict']:.0f} us; scored graph: "
+          f"{g['scored_step_predict']:.0f} us")
     m = asyncio.run(absorb(args.rounds, args.events))
-    off, on = statistics.median(m["off"]), statistics.median(m["on"])
-    print(f"absorb of one event with one prediction, in process (median per event, us): off {m['off']}, "
-          f"on {m['on']}")
-    print(f"  median of rounds: off {off:.0f} us, on {on:.0f} us: +{on - off:.0f} us ({(on / off - 1) * 100:+.0f}%)")
+    print("absorb of one event with one prediction, in process (median per event, us): "
+          + "; ".join(f"{side} {[round(x) for x in v]}" for side, v in m.items()))
+    off = statistics.median(m["off"])
+    for side in list(m)[1:]:
+        on = statistics.median(m[side])
+        print(f"  median of rounds: off {off:.0f} us, {side} {on:.0f} us: +{on - off:.0f} us "
+              f"({(on / off - 1) * 100:+.0f}%)")
     return 0
 
 

@@ -1,10 +1,11 @@
 """Live model quality: every prediction a version would have made for an event, scored on that event when it comes.
 
 Knowledge tracing: before each event with a response, the version's P(each response) for the event's question, from
-the learner's state before the event. kt.py computes it after the answer, off the request path (`later`: a bounded
-queue, one worker, its graph calls in the engines' executor): from the state before a request's events, one
-`predict` call for the first and the fused `step_predict` call that steps each event for the next. The score of one
-event:
+the learner's state before the event. For a request of one event, kt.py takes it from the graph call that steps the
+event (the scored step graph, scored.py: no call more). Otherwise (several events, or a model without scored graphs)
+it computes it after the answer, off the request path (`later`: a bounded queue, one worker, its graph calls in the
+engines' executor): from the state before a request's events, one `predict` call for the first and the fused
+`step_predict` call that steps each event for the next. The score of one event:
 
 * log loss: -ln P(the observed response), the quantity `nextstep evaluate` averages (its NLL);
 * Brier score: the squared distance between the predicted distribution and the observed response (one-hot), summed

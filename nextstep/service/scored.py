@@ -12,7 +12,8 @@ Made when the registry opens a knowledge-tracing artifact (with live quality on)
 * the step graph is copied unchanged: its inputs are the scored graph's inputs (with the inputs of predict's own, such
   as SimAKT's answer banks), its outputs come first;
 * the predict graph's nodes and weights follow, every name prefixed `scored/` except the state and shared inputs
-  it reads (the step's own); its `questions` input is the step's `question` reshaped to (batch, 1);
+  it reads (the step's own) and the weights it has in common with the step graph (the same bytes: the step's copy
+  serves both); its `questions` input is the step's `question` reshaped to (batch, 1);
 * only the predict graph's first output is kept (ONNX Runtime leaves out the nodes nothing kept needs).
 
 The predict graph must have no subgraphs (If, Loop, Scan: their names would need renaming inside) and no local
@@ -82,8 +83,17 @@ def scored_model(predict: bytes, step: bytes, asked: str = "questions", event: s
     kept = set(p_inputs) - {asked}  # the state and shared inputs predict reads (the step's, or inputs of their own)
     extra = [raw for n, v, raw in p_graph if n == 11 and value_name(v) in kept - s_inputs]  # (SimAKT's answer banks)
 
+    # a predict weight with the very bytes of a step weight is read from the step's (the two graphs were exported from
+    # one model: one copy in memory, and ONNX Runtime may share the work that reads it)
+    def content(tensor: bytes) -> bytes:
+        return b"".join(raw for m, _, raw in read_fields(tensor) if m not in (8, 12))  # (all but name and doc)
+
+    s_contents = {content(v): first_field(v, 8, b"").decode() for n, v, _ in s_graph if n == 5}
+    alias = {first_field(v, 8, b"").decode(): s_contents.get(content(v)) for n, v, _ in p_graph if n == 5}
+    alias = {name: same for name, same in alias.items() if same is not None}
+
     def rename(name: str) -> str:
-        return name if not name or name in kept else prefix + name
+        return name if not name or name in kept else alias.get(name, prefix + name)
 
     nodes = []
     for n, value, _ in p_graph:
@@ -102,7 +112,7 @@ def scored_model(predict: bytes, step: bytes, asked: str = "questions", event: s
         nodes.append(field_bytes(1, out))
     weights = [field_bytes(5, b"".join(field_bytes(8, rename(v.decode())) if m == 8 else raw
                                        for m, v, raw in read_fields(value)))
-               for n, value, _ in p_graph if n == 5]
+               for n, value, _ in p_graph if n == 5 and first_field(value, 8, b"").decode() not in alias]
     outputs = [value for n, value, _ in p_graph if n == 12]
     if not outputs:
         raise ScoredUnavailable("the predict graph has no output")
