@@ -34,6 +34,7 @@ from .onnx_wire import (
     field_int,
     first_field,
     node_bytes,
+    open_made,
     read_fields,
     renamed,
     tensor_dims,
@@ -168,23 +169,12 @@ def build_fold(step_path: Path, state: list[str], options: ort.SessionOptions, s
                initial: dict[str, np.ndarray]) -> tuple[ort.InferenceSession, list[str], str]:
     """(the fold graph's session, the step's per-event inputs, the prefix of the fold graph's names for the state and
     those inputs), checked against the step graph's session (`check`); FoldUnavailable saying why not."""
-    try:
-        proto, events, prefix = fold_model(Path(step_path).read_bytes(), state)
-    except FoldUnavailable:
-        raise
-    except Exception as e:  # (its session opened, so this is unexpected: say so, and step event by event)
-        raise FoldUnavailable(f"the step graph could not be read ({type(e).__name__}: {e})") from None
-    # (weights in files beside the graph: where the step graph's session found them)
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                     str(Path(step_path).parent))
-    try:
-        session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise FoldUnavailable(f"ONNX Runtime did not open it ({e})") from None
-    try:
-        check(session, step, initial, events, prefix)
-    except FoldUnavailable:
-        raise
-    except Exception as e:
-        raise FoldUnavailable(f"checking it against the step graph failed ({type(e).__name__}: {e})") from None
-    return session, events, prefix
+    made = {}
+
+    def make() -> bytes:
+        proto, made["events"], made["prefix"] = fold_model(Path(step_path).read_bytes(), state)
+        return proto
+
+    session = open_made(make, lambda fold: check(fold, step, initial, made["events"], made["prefix"]),
+                        Path(step_path).parent, options, FoldUnavailable, "step graph")
+    return session, made["events"], made["prefix"]

@@ -3,10 +3,13 @@ from an artifact's own (fold.py: the fold graph; scored.py: the scored step grap
 
 The service installs ONNX Runtime, not the `onnx` package (docs/decisions.md): these functions copy the bytes of
 the artifact's graphs and write the few messages around them. `read_fields` walks one message's fields; the others
-write one field or one message.
+write one field or one message; `open_made` opens and checks a graph made so.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import onnxruntime as ort
 
 
 class WireError(ValueError):
@@ -101,3 +104,28 @@ def node_bytes(op: str, inputs: list[str], outputs: list[str], name: str = "", a
     return (b"".join(field_bytes(1, i) for i in inputs) + b"".join(field_bytes(2, o) for o in outputs)
             + (field_bytes(3, name) if name else b"") + field_bytes(4, op)
             + b"".join(field_bytes(5, a) for a in attributes))
+
+
+def open_made(make: Callable[[], bytes], check: Callable[[ort.InferenceSession], None], folder: Path,
+              options: ort.SessionOptions, unavailable: type[Exception], against: str) -> ort.InferenceSession:
+    """The session of a graph made at load (`make()`: its bytes; its weights' files, if any, looked up in `folder`,
+    where the artifact's own graphs found theirs), `check`ed against the graphs it was made from (`against`);
+    `unavailable(why)` for any fault on the way."""
+    try:
+        proto = make()
+    except unavailable:
+        raise
+    except Exception as e:  # (the artifact's own sessions opened, so this is unexpected: say so)
+        raise unavailable(f"the {against} could not be read ({type(e).__name__}: {e})") from None
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    try:
+        session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise unavailable(f"ONNX Runtime did not open it ({e})") from None
+    try:
+        check(session)
+    except unavailable:
+        raise
+    except Exception as e:
+        raise unavailable(f"checking it against the {against} failed ({type(e).__name__}: {e})") from None
+    return session

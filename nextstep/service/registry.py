@@ -204,6 +204,14 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
 _told: set[tuple[str, str]] = set()  # (artifact, why) of the models without a fold (or scored) graph, logged once
 
 
+def _say_once(path: Path, why: str, so: str) -> str:
+    """Log once per artifact why it serves without a graph the service makes at load, and what it does instead."""
+    if (str(path), why) not in _told:
+        _told.add((str(path), why))
+        log.warning("artifact %s: %s; %s", path, why, so)
+    return why
+
+
 def _fold(path: Path, spec: list[dict], sessions: dict, input_names: dict, output_names: dict, onnx_path: Path,
           initial: dict[str, np.ndarray], intra_op_threads: int) -> dict:
     """Open the fold graph made from the step graph (fold.py) as sessions["fold"]: LoadedModel's fold fields; where
@@ -212,11 +220,7 @@ def _fold(path: Path, spec: list[dict], sessions: dict, input_names: dict, outpu
         session, events, prefix = build_fold(onnx_path, [s["name"] for s in spec], session_options(intra_op_threads),
                                      sessions["step"], initial)
     except FoldUnavailable as e:
-        why = f"no fold graph: {e}"
-        if (str(path), why) not in _told:
-            _told.add((str(path), why))
-            log.warning("artifact %s: %s; its rebuilds step the events one graph call each", path, why)
-        return {"no_fold": why}
+        return {"no_fold": _say_once(path, f"no fold graph: {e}", "its rebuilds step the events one graph call each")}
     sessions[FOLD] = session
     input_names[FOLD] = [i.name for i in session.get_inputs()]
     output_names[FOLD] = [o.name for o in session.get_outputs()]
@@ -234,11 +238,8 @@ def _scored(path: Path, graphs: dict, sessions: dict, input_names: dict, output_
                                       inside(graphs[graph]["onnx"], f"{graph} graph"),
                                       session_options(intra_op_threads), sessions["predict"], sessions[graph], initial)
     except ScoredUnavailable as e:
-        why = f"no scored step graphs: {e}"
-        if (str(path), why) not in _told:
-            _told.add((str(path), why))
-            log.warning("artifact %s: %s; live quality scores its events with a second graph call", path, why)
-        return {"no_scored": why}
+        return {"no_scored": _say_once(path, f"no scored step graphs: {e}",
+                                       "live quality scores its events with a second graph call")}
     for name, session in made.items():
         sessions[name] = session
         input_names[name] = [i.name for i in session.get_inputs()]

@@ -28,7 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .fold import BANK_ROWS, ONNX_TYPES
-from .onnx_wire import field_bytes, field_int, first_field, node_bytes, read_fields, value_name, varint
+from .onnx_wire import field_bytes, field_int, first_field, node_bytes, open_made, read_fields, value_name, varint
 
 SCORED = {"step": "scored_step", "step_predict": "scored_step_predict"}  # graph -> its scored graph's name
 INT64 = 7  # TensorProto.DataType
@@ -177,22 +177,6 @@ def build_scored(predict_path: Path, step_path: Path, options: ort.SessionOption
     """The scored graph's session, checked (`check`); ScoredUnavailable saying why not."""
     if Path(predict_path).parent != Path(step_path).parent:
         raise ScoredUnavailable("the predict and step graphs are in different folders")
-    try:
-        proto, _ = scored_model(Path(predict_path).read_bytes(), Path(step_path).read_bytes())
-    except ScoredUnavailable:
-        raise
-    except Exception as e:
-        raise ScoredUnavailable(f"the graphs could not be read ({type(e).__name__}: {e})") from None
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                     str(Path(step_path).parent))
-    try:
-        session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise ScoredUnavailable(f"ONNX Runtime did not open it ({e})") from None
-    try:
-        check(session, step, predict, initial)
-    except ScoredUnavailable:
-        raise
-    except Exception as e:
-        raise ScoredUnavailable(f"checking it against the two graphs failed ({type(e).__name__}: {e})") from None
-    return session
+    return open_made(lambda: scored_model(Path(predict_path).read_bytes(), Path(step_path).read_bytes())[0],
+                     lambda scored: check(scored, step, predict, initial), Path(step_path).parent, options,
+                     ScoredUnavailable, "two graphs")
