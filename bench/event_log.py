@@ -2,7 +2,8 @@
 
 Starts a real redis-server (the machinery of bench/service_load.py) and drives the knowledge-tracing task in this
 process (nextstep.service.kt.KnowledgeTracer over a RedisStore and ONNX Runtime with one thread: the service's
-path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and a copy as version 2:
+path without HTTP), serving the bundled deep_gpcm demo artifact (or --artifact, named by its family; SimAKT with
+its default memory banks) as version 1 and a copy as version 2:
 
     bytes      learners with 200 and 10,000 events (one per request, each with an event id like "ada-000123"
                and a question id of the demo's vocabulary, as the app sent them), then MEMORY USAGE of every key
@@ -24,7 +25,7 @@ path without HTTP), serving the bundled deep_gpcm demo artifact as version 1 and
                round's ratio to the baseline's round beside it; and the cost of this store's first write to a
                full window the baseline wrote (the move of an old layout), over --window-moves windows
 
-    python bench/event_log.py [--learners 5] [--migrate-learners 500] [--per-event] [--json OUT]
+    python bench/event_log.py [--artifact DIR] [--learners 5] [--migrate-learners 500] [--per-event] [--json OUT]
     python bench/event_log.py --only window [--baseline OTHER/nextstep/service/redis_store.py]
 
 The p50 cost of an event with the log against without is bench/service_load.py's 1-connection run on this code and
@@ -47,10 +48,10 @@ from service_load import BenchError, machine_info, run_in_tempdir, start_redis
 DEMO = Path(__file__).resolve().parent.parent / "nextstep" / "demo_artifacts" / "deep_gpcm" / "demo"
 
 
-def artifacts(root: Path) -> Path:
+def artifacts(root: Path, artifact: Path, name: str) -> Path:
     for version, created in (("1", "2026-01-01"), ("2", "2027-01-01")):
-        out = root / "deep_gpcm" / version
-        shutil.copytree(DEMO, out)
+        out = root / name / version
+        shutil.copytree(artifact, out)
         manifest = json.loads((out / "manifest.json").read_text())
         (out / "manifest.json").write_text(json.dumps({**manifest, "version": version,
                                                        "created": f"{created}T00:00:00Z"}))
@@ -60,28 +61,32 @@ def artifacts(root: Path) -> Path:
 async def measure(args, work: Path, redis_port: int) -> dict:
     import redis
 
+    from nextstep.service.banks import Banks, InProcessBankStore
     from nextstep.service.kt import Event, KnowledgeTracer
     from nextstep.service.redis_store import RedisStore
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.runtime import Engines
 
-    root = artifacts(work / "artifacts")
+    name = args.name
+    root = artifacts(work / "artifacts", Path(args.artifact), name)
     registry = ModelRegistry(root, intra_op_threads=1, fold_graphs=not args.per_event)
     registry.reload()
     store = RedisStore(f"redis://127.0.0.1:{redis_port}/0", ttl_seconds=None)
     engines = Engines(64, 0.0)
-    tracer = KnowledgeTracer(registry, store, engines)
-    questions = registry.get("deep_gpcm@1").ids
+    banks = Banks(InProcessBankStore())  # (SimAKT's memory banks: each version's default, as the service loads them)
+    await banks.prepare(registry.models())
+    tracer = KnowledgeTracer(registry, store, engines, banks=banks)
+    questions = registry.get(f"{name}@1").ids
     rng = np.random.default_rng(0)
     raw = redis.Redis(host="127.0.0.1", port=redis_port)
 
     async def feed(student: str, n: int) -> None:
         qs, rs = rng.integers(0, len(questions), n), rng.integers(0, 2, n)
         for i in range(n):
-            await tracer.absorb("deep_gpcm@1", student, [Event(questions[qs[i]], int(rs[i]), f"{student}-{i:06d}")])
+            await tracer.absorb(f"{name}@1", student, [Event(questions[qs[i]], int(rs[i]), f"{student}-{i:06d}")])
 
     def bytes_of(student: str) -> dict:
-        keys = sorted(raw.scan_iter(match=f"nextstep:{{kt:deep_gpcm:{student}}}*"))
+        keys = sorted(raw.scan_iter(match=f"nextstep:{{kt:{name}:{student}}}*"))
         sizes = {k.decode().rsplit("}", 1)[1] or "(meta)": raw.memory_usage(k, samples=0) for k in keys}
         return {"keys": sizes, "total": sum(sizes.values())}
 
@@ -101,13 +106,13 @@ async def measure(args, work: Path, redis_port: int) -> dict:
                 student = f"rebuild{n}-{k}"
                 await feed(student, n)
                 t0, c0 = time.perf_counter(), time.process_time()
-                answer = await tracer.predict("deep_gpcm", student, [questions[0]])
+                answer = await tracer.predict(name, student, [questions[0]])
                 first.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
                 if answer["version"] != "2" or answer["rebuilt_from_events"] != n:
                     raise BenchError(f"expected a rebuild of {n} events through version 2, got {answer}")
                 t0 = time.perf_counter()
-                answer = await tracer.predict("deep_gpcm", student, [questions[0]])
+                answer = await tracer.predict(name, student, [questions[0]])
                 again.append(time.perf_counter() - t0)
                 if answer["rebuilt_from_events"] != 0:
                     raise BenchError("the rebuilt state was not stored")
@@ -123,9 +128,9 @@ async def measure(args, work: Path, redis_port: int) -> dict:
         n_learners, n_events = args.migrate_learners, 50
         for k in range(n_learners):
             qs, rs = rng.integers(0, len(questions), n_events), rng.integers(0, 2, n_events)
-            await tracer.absorb("deep_gpcm@1", f"migrate-{k}", [Event(questions[qs[i]], int(rs[i]))
+            await tracer.absorb(f"{name}@1", f"migrate-{k}", [Event(questions[qs[i]], int(rs[i]))
                                                                 for i in range(n_events)])
-        target = registry.get("deep_gpcm", "2")
+        target = registry.get(name, "2")
         t0 = time.perf_counter()
         cursor, rebuilt, folded = "0", 0, 0
         while True:
@@ -143,7 +148,7 @@ async def measure(args, work: Path, redis_port: int) -> dict:
         from nextstep.service.event_export import export_events
 
         t0 = time.perf_counter()
-        exported = await export_events(store, "knowledge_tracing", "deep_gpcm", work / "export", test_fraction=0.2)
+        exported = await export_events(store, "knowledge_tracing", name, work / "export", test_fraction=0.2)
         seconds = time.perf_counter() - t0
         events = sum(exported["events"].values())
         out["export"] = {**exported, "events_per_second": events / seconds}
@@ -302,10 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-ops", type=int, default=1_000, help="reads and writes a round (default 1,000)")
     parser.add_argument("--window-rounds", type=int, default=20, help="rounds of them per store (default 20)")
     parser.add_argument("--window-moves", type=int, default=5, help="baseline windows moved by this store (default 5)")
+    parser.add_argument("--artifact", default=str(DEMO),
+                        help="a knowledge-tracing artifact served as versions 1 and 2 (default: the demo deep_gpcm)")
     parser.add_argument("--per-event", action="store_true",
                         help="no fold graphs: rebuild and migrate with one step graph call per event")
     parser.add_argument("--json", help="write every number to this file")
     args = parser.parse_args(argv)
+    args.name = json.loads((Path(args.artifact) / "manifest.json").read_text())["family"]  # (the model's name here)
     return run_in_tempdir(run, args, "nextstep-event-log-", needs=("redis-server",))
 
 
