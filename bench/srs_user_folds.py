@@ -1,7 +1,11 @@
 """The tables of bench/srs_user_folds.sh: per held-out user, the log loss and intervals of the network trained on the
 other twelve users (gap_shrink on, the default, and off), next to FSRS-6 fitted per user and with its defaults.
 
-    python bench/srs_user_folds.py runs/user_folds
+    python bench/srs_user_folds.py runs/user_folds                  # one run: its tables
+    python bench/srs_user_folds.py runs/user_folds_s0 runs/user_folds_s1 runs/user_folds_s2
+                                                                    # several seeds: each seed's summary, then each
+                                                                    # user's log loss over the seeds and the goals
+                                                                    # on the mean over seeds
 """
 
 from __future__ import annotations
@@ -42,6 +46,32 @@ def summary(rows: list[tuple[int, dict]]) -> str:
             f"worse than FSRS-6 default: {', '.join(worse) or 'none'}")
 
 
+def over_seeds(outs: list[Path]) -> None:
+    runs = [users(out, "eval_on.json") for out in outs]
+    for out, rows in zip(outs, runs, strict=True):
+        print(f"{out.name}: {summary(rows)}\n")
+    by_user: dict[str, list[dict]] = {}
+    for rows in runs:
+        for _, u in rows:
+            by_user.setdefault(u["user"], []).append(u)
+    print(f"| user (never trained on) | scored | log loss, seeds {' / '.join(o.name for o in outs)} | mean | "
+          "FSRS-6 per user | FSRS-6 default | model / FSRS-6 - 1 |")
+    print("|---|---|---|---|---|---|---|")
+    mean_rows = []
+    for name, us in by_user.items():
+        ll = [u["log_loss"] for u in us]
+        first = us[0]
+        mean_rows.append((0, {**first, "log_loss": st.mean(ll), "rmse_bins": st.mean(u["rmse_bins"] for u in us),
+                              "auc": st.mean(u["auc"] for u in us),
+                              "duration_mae_s": st.mean(u["duration_mae_s"] for u in us)}))
+        print(f"| {name} | {first['scored']} | {' / '.join(f'{x:.4f}' for x in ll)} | {st.mean(ll):.4f} | "
+              f"{first['fsrs6']['log_loss']:.4f} | {first['fsrs6_default']['log_loss']:.4f} | "
+              f"{st.mean(ll) / first['fsrs6']['log_loss'] - 1:+.1%} |")
+    rel = [st.mean(u["log_loss"] / u["fsrs6"]["log_loss"] - 1 for _, u in rows) for rows in runs]
+    print(f"\nmean of per-user (model / FSRS-6 - 1) per seed: {', '.join(f'{r:+.1%}' for r in rel)} "
+          f"(mean {st.mean(rel):+.1%})\n\neach user's mean over the seeds: {summary(mean_rows)}")
+
+
 def main(out: Path) -> None:
     on, off = users(out, "eval_on.json"), users(out, "eval_off.json")
     off_by = {u["user"]: u for _, u in off}
@@ -54,7 +84,9 @@ def main(out: Path) -> None:
               f"{u['fsrs6_default']['log_loss']:.4f} | {u['rmse_bins']:.4f} / {u['fsrs6']['rmse_bins']:.4f} | "
               f"{u['auc']:.3f} / {u['fsrs6']['auc']:.3f} | "
               f"{u['duration_mae_s']:.2f} / {u['median_duration_mae_s']:.2f} |")
-    print(f"\ngap_shrink on (default): {summary(on)}\n\ngap_shrink off: {summary(off)}\n")
+    print(f"\ngap_shrink on (default): {summary(on)}\n")
+    if off:
+        print(f"gap_shrink off: {summary(off)}\n")
     ratios: dict[str, dict[str, tuple]] = {}
     for setting in ("on", "off"):
         for k, u in users(out, f"int_{setting}.json"):
@@ -76,4 +108,5 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/user_folds"))
+    dirs = [Path(a) for a in sys.argv[1:]] or [Path("runs/user_folds")]
+    main(dirs[0]) if len(dirs) == 1 else over_seeds(dirs)

@@ -1,16 +1,19 @@
 #!/bin/bash
 # Issue 38: one flashcard network trained across users, scored on users it never saw, in four folds over the sixteen
 # users of ../shared/data/srs (each user scored once, by the model of the twelve others). Per fold: train with the
-# defaults (gap_shrink on), `nextstep evaluate` on the fold's four users, bench/srs_intervals.py on them (AnkiMath
-# left out: its 38,093 reviews take too long through the app), and the same with gap_shrink off (re-exported, same
-# weights). About 20 minutes a fold on one core; docs/results.md has the figures.
+# defaults (gap_shrink on), `nextstep evaluate` on the fold's four users, bench/srs_intervals.py on them, and the
+# same with gap_shrink off (re-exported, same weights). docs/results.md has the figures and the times.
 #
-#     bench/srs_user_folds.sh [DATA (../shared/data/srs)] [OUT (runs/user_folds)]
+#     bench/srs_user_folds.sh [DATA (../shared/data/srs)] [OUT (runs/user_folds)] [SEED (0)]
 #
-# Then: python bench/srs_user_folds.py OUT   (the tables)
+# SEED seeds the training; INTERVALS=0 in the environment skips the interval and gap_shrink-off passes (the log-loss
+# figures only, for the extra seeds). Then: python bench/srs_user_folds.py OUT [OUT ...]   (the tables; over seeds
+# when given several)
 set -euo pipefail
 DATA=$(realpath "${1:-../shared/data/srs}")
 OUT=$(realpath -m "${2:-runs/user_folds}")
+SEED=${3:-0}
+INTERVALS=${INTERVALS:-1}
 FOLDS=(  # balanced by reviews: each fold holds one of the four largest users
   "ankimath anki_more/tkilb_ebrain-tech anki_small/Peregrine42_anki-flashcards anki_more/khanhtranngoccva_MyAnkiFlashcards"
   "py_fsrs_josh anki_more/ASproson_anki anki_small/hbnordin2_anki_cards anki_more/tobenwarrior_Anki2"
@@ -19,7 +22,7 @@ FOLDS=(  # balanced by reviews: each fold holds one of the four largest users
 )
 BENCH=$(dirname "$(realpath "$0")")
 mkdir -p "$OUT"
-echo '{"cross_validate": false, "max_epochs": 5, "seed": 0, "threads": 1}' > "$OUT/cfg.json"
+echo '{"cross_validate": false, "max_epochs": 5, "seed": '"$SEED"', "threads": 1}' > "$OUT/cfg.json"
 for k in 1 2 3 4; do  # each fold's users as links: its four to score, the twelve others to train on
   mkdir -p "$OUT/f$k/train" "$OUT/f$k/test"
   for j in 1 2 3 4; do
@@ -32,12 +35,10 @@ done
 for k in 1 2 3 4; do
   F=$OUT/f$k
   [ -f "$F/model/manifest.json" ] || nextstep train time_aware --data "$F/train" --out "$F/model" --config "$OUT/cfg.json"
-  nextstep evaluate "$F/model" --data "$F/test" --json "$F/eval_on.json"
-  USERS=$(ls "$F/test" | grep -v '^ankimath$' || true)
-  # shellcheck disable=SC2086
-  python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --users $USERS --json "$F/int_on.json"
-  # shellcheck disable=SC2086
-  python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --users $USERS --json "$F/int_off.json" \
+  [ -f "$F/eval_on.json" ] || nextstep evaluate "$F/model" --data "$F/test" --json "$F/eval_on.json"
+  [ "$INTERVALS" = 1 ] || continue
+  python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --json "$F/int_on.json"
+  python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --json "$F/int_off.json" \
     --set gap_shrink=false --export-to "$F/model_off"
   nextstep evaluate "$F/model_off" --data "$F/test" --json "$F/eval_off.json"
 done

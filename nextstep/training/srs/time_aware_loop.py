@@ -36,6 +36,11 @@ class TimeAwareTrainConfig:
     max_epochs: int = 30
     patience: int = 3
     duration_weight: float = 0.5
+    # each training query's window shows no review states with this probability, and independently no answer times
+    # (`hide_fields`): the service takes reviews without either (state -1, duration NaN), as an app may send them,
+    # and a network that never saw a window without them answers such a user from weights training never moved
+    # (docs/decisions.md)
+    hide_fields: float = 0.1
     valid_fraction: float = 0.1
     seed: int = 0
     threads: int | None = None
@@ -129,9 +134,23 @@ class ReviewTensors:
         return out
 
 
+def hide_fields(state: tuple, p: float) -> tuple:
+    """A batch's windows (ReviewTensors.batch's state) with every row's review state unknown (-1) in a share `p` of
+    the windows, and, drawn apart, every row's answer time unknown (NaN) in a share `p`: what a user whose app sends
+    neither looks like to the network."""
+    if p <= 0:
+        return state
+    batch = state[0].shape[0]
+    no_state = (torch.rand(batch, 1, device=state[0].device) < p).expand_as(state[5])
+    no_duration = (torch.rand(batch, 1, device=state[0].device) < p).expand_as(state[4])
+    return (*state[:4], torch.where(no_duration, math.nan, state[4]), torch.where(no_state, -1, state[5]),
+            *state[6:])
+
+
 def _loss(model, rt: ReviewTensors, rows: torch.Tensor, duration_weight: float,
-          device: str = "cpu") -> tuple[torch.Tensor, int]:
+          device: str = "cpu", hide: float = 0.0) -> tuple[torch.Tensor, int]:
     w, card, deck, t = rt.batch(rows, device)
+    w = hide_fields(w, hide)
     pred = model.readout(w, card, deck, t)
     loss = coral_loss(pred, rt.rating[rows].to(device))
     dur = rt.duration[rows].to(device)
@@ -194,7 +213,8 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
 
     monitor = "valid_loss" if len(valid_rows) else "train_loss"  # what early stopping watches
     history = train_epochs(model, tcfg.max_epochs, batches,
-                           lambda batch: _loss(model, rt, batch, tcfg.duration_weight, tcfg.device),
+                           lambda batch: _loss(model, rt, batch, tcfg.duration_weight, tcfg.device,
+                                               tcfg.hide_fields),
                            optimizer=opt, grad_clip=1.0,
                            validate=(lambda: {"loss": validation_loss(model, rt, watched, tcfg)})
                            if len(valid_rows) else None,
