@@ -1,0 +1,116 @@
+"""What the flashcard `predict` graph costs in ONNX Runtime alone, by how many of the card's own reviews it reads
+FSRS-6's state from (`card_window`): FSRS-6's recurrence runs inside the graph, one unrolled step per review.
+
+For each card window, a time-aware model of the given sizes (random weights, which do not change the cost) is exported
+through the real export (parity checks included) into a temporary folder, and its `predict` graph is timed with the
+service's session options (one intra-op thread, every graph optimisation): batch 1, a full window whose last
+`card_window` rows include the query card's reviews, median of --calls calls, --rounds rounds interleaved.
+
+    python bench/srs_predict_graph.py [--card-windows 1 4 16] [--sizes '{"d_model": 16, ...}'] [--calls 500]
+                                      [--rounds 2]
+
+Default sizes: the bundled demo's (window 32, d_model 16, one layer). Prints nodes and median microseconds per
+card window, and the cost per review of the card (a straight line through the first and last). About a minute an
+export on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
+from nextstep.service.registry import session_options
+from nextstep.training.srs.time_aware_export import export_time_aware
+
+DEMO_SIZES = {"d_model": 16, "n_layers": 1, "card_heads": 2, "deck_heads": 1, "global_heads": 1, "ffn_dim": 32,
+              "t2v_dim": 4, "window": 32}
+
+
+def reviews(batch: int, length: int, seed: int = 0) -> Window:
+    """Review sequences in time order over a few cards and decks (what the export's parity checks walk)."""
+    g = torch.Generator().manual_seed(seed)
+    card = torch.randint(0, 12, (batch, length), generator=g)
+    t = 1.7e9 + torch.sort(torch.rand(batch, length, generator=g, dtype=torch.float64) * 200 * 86400, -1).values
+    return Window(card, card % 3, t, torch.randint(1, 5, (batch, length), generator=g),
+                  torch.rand(batch, length, generator=g) * 20, torch.randint(0, 4, (batch, length), generator=g),
+                  torch.ones(batch, length, dtype=torch.bool))
+
+
+def export(sizes: dict, out: Path) -> TimeAwareTransformer:
+    torch.manual_seed(0)
+    model = TimeAwareTransformer(TimeAwareConfig(**sizes)).eval()
+    with torch.no_grad():  # corrections away from zero, so that no branch of the graph is constant
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    export_time_aware(model, out, manifest={"name": "bench", "version": "1", "family": "time_aware", "task": "srs"},
+                      sequence=reviews(2, model.cfg.window))
+    return model
+
+
+def feeds(model: TimeAwareTransformer, session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    H, C = model.cfg.window, model.cfg.card_window
+    rng = np.random.default_rng(0)
+    t = 1.7e9 + np.sort(rng.uniform(0, 200 * 86400, H))
+    card = rng.integers(100, 140, H)
+    card[H - 2 * C::2] = 7  # C of the query card's reviews among the latest rows
+    f = {"hist_card": card, "hist_deck": card % 3, "hist_time": t, "hist_rating": rng.integers(1, 5, H),
+         "hist_duration": rng.uniform(2, 20, H).astype(np.float32), "hist_state": rng.integers(0, 4, H),
+         "hist_valid": np.ones(H, bool), "hist_error": rng.uniform(-0.5, 0.5, H).astype(np.float32)}
+    f = {k: v[None] for k, v in f.items()}
+    f.update(drift=np.float32([[-0.3, 4.0]]), fsrs_w=model.fsrs_w.float().numpy()[None], card=np.int64([7]),
+             deck=np.int64([1]), time=np.float64([t[-1] + 5 * 86400]))
+    kept = {i.name for i in session.get_inputs()}
+    return {k: v for k, v in f.items() if k in kept}
+
+
+def median_us(session: ort.InferenceSession, feed: dict, calls: int) -> float:
+    for _ in range(50):
+        session.run(None, feed)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--card-windows", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--sizes", type=json.loads, default=DEMO_SIZES, help="TimeAwareConfig fields, as JSON")
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    graphs = {}
+    with tempfile.TemporaryDirectory(prefix="srs-predict-graph-") as tmp:
+        for c in args.card_windows:
+            model = export({**args.sizes, "card_window": c}, Path(tmp) / str(c))
+            path = Path(tmp) / str(c) / "predict.onnx"
+            session = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
+            graphs[c] = (len(onnx.load(str(path)).graph.node), session, feeds(model, session))
+        runs = {c: [] for c in graphs}
+        for _ in range(args.rounds):
+            for c, (_, session, feed) in graphs.items():
+                runs[c].append(median_us(session, feed, args.calls))
+    for c, (nodes, _, _) in graphs.items():
+        print(f"card window {c:3d}: {nodes:5d} nodes, median {', '.join(f'{x:.0f}' for x in runs[c])} us")
+    lo, hi = min(graphs), max(graphs)
+    if hi > lo:
+        per_node = (graphs[hi][0] - graphs[lo][0]) / (hi - lo)
+        per_us = (statistics.median(runs[hi]) - statistics.median(runs[lo])) / (hi - lo)
+        print(f"per review of the card: {per_node:.0f} nodes, {per_us:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
