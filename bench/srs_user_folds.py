@@ -1,5 +1,6 @@
 """The tables of bench/srs_user_folds.sh: per held-out user, the log loss and intervals of the network trained on the
-other twelve users (gap_shrink on, the default, and off), next to FSRS-6 fitted per user and with its defaults.
+other twelve users (the default rules, "on", and the network's own curve, "off"), next to FSRS-6 fitted per user
+and with its defaults.
 
     python bench/srs_user_folds.py runs/user_folds                  # one run: its tables
     python bench/srs_user_folds.py runs/user_folds_s0 runs/user_folds_s1 runs/user_folds_s2
@@ -84,9 +85,9 @@ def main(out: Path) -> None:
               f"{u['fsrs6_default']['log_loss']:.4f} | {u['rmse_bins']:.4f} / {u['fsrs6']['rmse_bins']:.4f} | "
               f"{u['auc']:.3f} / {u['fsrs6']['auc']:.3f} | "
               f"{u['duration_mae_s']:.2f} / {u['median_duration_mae_s']:.2f} |")
-    print(f"\ngap_shrink on (default): {summary(on)}\n")
+    print(f"\ndefault rules (on): {summary(on)}\n")
     if off:
-        print(f"gap_shrink off: {summary(off)}\n")
+        print(f"network's own curve (off): {summary(off)}\n")
     ratios: dict[str, dict[str, tuple]] = {}
     for setting in ("on", "off"):
         for k, u in users(out, f"int_{setting}.json"):

@@ -1,12 +1,13 @@
 #!/bin/bash
 # Issue 38: one flashcard network trained across users, scored on users it never saw, in four folds over the sixteen
 # users of ../shared/data/srs (each user scored once, by the model of the twelve others). Per fold: train with the
-# defaults (gap_shrink on), `nextstep evaluate` on the fold's four users, bench/srs_intervals.py on them, and the
-# same with gap_shrink off (re-exported, same weights). docs/results.md has the figures and the times.
+# defaults (intervals at most twice FSRS-6's), `nextstep evaluate` on the fold's four users, bench/srs_intervals.py
+# on them, and the same with the network's own curve (no rule: re-exported, same weights). docs/results.md has the
+# figures and the times; bench/srs_gap_sweep.py scores other rules on the same models.
 #
 #     bench/srs_user_folds.sh [DATA (../shared/data/srs)] [OUT (runs/user_folds)] [SEED (0)]
 #
-# SEED seeds the training; INTERVALS=0 in the environment skips the interval and gap_shrink-off passes (the log-loss
+# SEED seeds the training; INTERVALS=0 in the environment skips the interval and no-rule passes (the log-loss
 # figures only, for the extra seeds). Then: python bench/srs_user_folds.py OUT [OUT ...]   (the tables; over seeds
 # when given several)
 set -euo pipefail
@@ -39,6 +40,6 @@ for k in 1 2 3 4; do
   [ "$INTERVALS" = 1 ] || continue
   python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --json "$F/int_on.json"
   python "$BENCH/srs_intervals.py" "$F/model" --data "$F/test" --json "$F/int_off.json" \
-    --set gap_shrink=false --export-to "$F/model_off"
+    --set gap_shrink=false interval_ratio_max=null --export-to "$F/model_off"
   nextstep evaluate "$F/model_off" --data "$F/test" --json "$F/eval_off.json"
 done

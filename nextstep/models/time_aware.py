@@ -100,12 +100,20 @@ class TimeAwareConfig:
     # the deck's drift: the same mean over the window's scored rows of the query's deck (each row carries FSRS-6's
     # error on it, `Window.error`), a row's weight halving every `drift_halflife` such rows after it; its own gain
     deck_drift_gain: float = 1.0
-    # past the longest gap between two reviews of a card among the rows a query sees (at least a day), the network's
-    # curve falls as FSRS-6's does from there: R(t) = R_net(min(t, G)) * R_FSRS(t) / R_FSRS(G), so the correction
-    # never stretches an interval further than the reviews support (issue 38, part 4). Off: the network's own curve.
-    # On by default, for the model a training run returns (it fits the network with it off): chosen on validation
-    # users (docs/results.md, "Served intervals against FSRS-6's")
-    gap_shrink: bool = True
+    # Rules without weights, applied to the model a training run returns (it fits and calibrates the network on its
+    # own curve), so a trained model can be exported again with others (bench/srs_intervals.py --set):
+    # - gap_shrink: past G, gap_factor times the longest gap between two reviews of a card among the rows a query
+    #   sees (at least a day), the network's curve falls as FSRS-6's does from there:
+    #   R(t) = R_net(min(t, G)) * R_FSRS(t) / R_FSRS(G) (issue 38, part 4; the default until the bound below)
+    # - interval_ratio_max, interval_ratio_min: how far in time the network and the drifts may move FSRS-6's curve
+    #   (the user's parameters): R_FSRS(t / min) <= R(t) <= R_FSRS(t / max), so the time to any recall, and so any
+    #   interval, is at most max and at least min times FSRS-6's (before calibration); None: no bound.
+    # The default, at most twice FSRS-6's and no shrink, was chosen on folds over users (docs/results.md, "Bounding
+    # the served intervals by FSRS-6's"; docs/decisions.md)
+    gap_shrink: bool = False
+    gap_factor: float = 1.0
+    interval_ratio_max: float | None = 2.0
+    interval_ratio_min: float | None = None
 
     @property
     def n_heads(self) -> int:
@@ -405,7 +413,8 @@ class TimeAwareTransformer(nn.Module):
         return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
                    "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s, decay), "fsrs_s": fsrs_s,
                    "decay": decay,
-                   "time_weight": F.softplus(self.time_head(x)), "gap": self._longest_gap(row_feats, visible)}
+                   "time_weight": F.softplus(self.time_head(x)),
+                   "gap": self._longest_gap(row_feats, visible) * self.cfg.gap_factor}
 
     def params(self, params: torch.Tensor | None, batch: int) -> torch.Tensor:
         """(B, 21) FSRS-6 parameters: the rows' own, or the model's `fsrs_w` (the defaults) for every row."""
@@ -510,9 +519,23 @@ class TimeAwareTransformer(nn.Module):
                                   network)
         else:
             network, days = self._network_logit(ctx, elapsed)
-        base = _logit_of_log(fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], days).double()).float()  # FSRS-6
+        base = self._fsrs_logit(ctx, days)  # FSRS-6
         # blend in [0, 1]: two non-increasing curves, mixed; the drift offset does not depend on the query's time
-        return base + self.blend * (network - base) + ctx["drift"]
+        logit = base + self.blend * (network - base) + ctx["drift"]
+        # FSRS-6 at the elapsed time over each ratio: non-increasing bounds, so the bounded curve still never rises
+        # (in continuous days: in FSRS-6's whole scheduler days a bound would move with the hour of the last review),
+        # never past FSRS-6's own curve, which counts whole days (so at blend 0 the curve is FSRS-6's, bounds or not)
+        top, floor = self.cfg.interval_ratio_max, self.cfg.interval_ratio_min
+        if top is not None:
+            logit = torch.minimum(logit, torch.maximum(base, self._fsrs_logit(ctx, (elapsed / top).float())))
+        if floor is not None:
+            logit = torch.maximum(logit, torch.minimum(base, self._fsrs_logit(ctx, (elapsed / floor).float())))
+        return logit
+
+    @staticmethod
+    def _fsrs_logit(ctx: dict, days: torch.Tensor) -> torch.Tensor:
+        """FSRS-6's logit P(recall) after `days` days, with each query's card state and decay."""
+        return _logit_of_log(fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], days).double()).float()
 
     def _drift(self, w: Window, q: Query, visible: torch.Tensor) -> torch.Tensor:
         """(B, Q) both drifts' recall logit offset: the deck's over the rows each query sees (`visible`, with their

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss
+from nextstep.models import fsrs
+from nextstep.models.time_aware import Query, TimeAwareConfig, TimeAwareTransformer, Window, coral_loss
 from nextstep.review_window import select, user_windows
 
 B, T = 3, 14
@@ -316,7 +317,7 @@ def shrunk():
     """The `model` fixture's weights with gap_shrink on, drifts off and the network's curve fully trusted."""
     torch.manual_seed(0)
     m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1,
-                                             gap_shrink=True))
+                                             gap_shrink=True, interval_ratio_max=None))
     with torch.no_grad():
         for layer in m.layers:
             layer.attn.decay_w.fill_(1.5)
@@ -328,15 +329,18 @@ def shrunk():
     return m.eval()
 
 
-def test_past_the_longest_gap_the_network_falls_as_fsrs6_does(shrunk):
-    """gap_shrink: beyond the longest interval G between two reviews of a card in the window, P(recall) is the
-    network's at G times FSRS-6's fall from G, so its ratio to FSRS-6's recall stays what it was at G; before G the
-    network's own curve; never rising."""
+@pytest.mark.parametrize("factor", [1.0, 3.0])
+def test_past_the_longest_gap_the_network_falls_as_fsrs6_does(shrunk, factor):
+    """gap_shrink: beyond G, `gap_factor` times the longest interval between two reviews of a card in the window,
+    P(recall) is the network's at G times FSRS-6's fall from G, so its ratio to FSRS-6's recall stays what it was at
+    G; before G the network's own curve; never rising."""
     seq = _sequences(19, b=3, t=12)
     win = prefix_window(seq, 11)._replace(error=None)
     card, deck = seq.card[:, 11], seq.deck[:, 11]
     plain = TimeAwareTransformer(TimeAwareConfig(**{**shrunk.cfg.to_dict(), "gap_shrink": False})).eval()
     plain.load_state_dict(shrunk.state_dict())
+    shrunk = TimeAwareTransformer(TimeAwareConfig(**{**shrunk.cfg.to_dict(), "gap_factor": factor})).eval()
+    shrunk.load_state_dict(plain.state_dict())
     checked = 0
     for b in range(3):
         rows = [j for j in range(11) if seq.card[b, j] == card[b]]
@@ -344,7 +348,7 @@ def test_past_the_longest_gap_the_network_falls_as_fsrs6_does(shrunk):
             continue
         gaps = [float(seq.time[b, j] - seq.time[b, i]) / 86400 for k in range(4) for i, j in
                 itertools.pairwise([r for r in range(11) if seq.card[b, r] == k])]
-        gap = max([1.0, *gaps])
+        gap = max([1.0, *gaps]) * factor
         last = float(seq.time[b, rows[-1]])
         times = torch.tensor([last + gap * f * 86400 for f in (0.3, 1.0, 1.5, 3, 10, 100)], dtype=torch.float64)
         one = Window(*(x[b:b + 1].expand(len(times), -1) for x in win[:7]))
@@ -360,20 +364,73 @@ def test_past_the_longest_gap_the_network_falls_as_fsrs6_does(shrunk):
     assert checked >= 2
 
 
-def test_gap_shrink_is_the_default(shrunk):
-    """A model built with the default config (as `nextstep train` builds one) shrinks past the longest gap: with the
-    `shrunk` fixture's weights it answers exactly as that fixture does."""
-    cfg = {k: v for k, v in shrunk.cfg.to_dict().items() if k != "gap_shrink"}
+@pytest.mark.parametrize(("top", "floor"), [(2.0, 0.5), (3.0, None), (None, 0.5)])
+def test_interval_ratio_bounds_keep_the_curve_between_fsrs6_slowed_and_sped_up(shrunk, top, floor):
+    """interval_ratio_max a and _min b: R_FSRS(t / b) <= R(t) <= R_FSRS(t / a) at every elapsed time t (days; each
+    bound widened to FSRS-6's own curve in whole scheduler days where that is outside it), never rising, and a bound
+    is reached: the fixture's network stretches FSRS-6's stability 4.5 times, past a."""
+    seq = _sequences(19, b=3, t=12)
+    win = prefix_window(seq, 11)._replace(error=None)
+    card, deck = seq.card[:, 11], seq.deck[:, 11]
+    cfg = {**shrunk.cfg.to_dict(), "gap_shrink": False}
+    plain = TimeAwareTransformer(TimeAwareConfig(**cfg)).eval()
+    plain.load_state_dict(shrunk.state_dict())
+    bounded = TimeAwareTransformer(TimeAwareConfig(**{**cfg, "interval_ratio_max": top,
+                                                      "interval_ratio_min": floor})).eval()
+    bounded.load_state_dict(shrunk.state_dict())
+    checked = bound = 0
+    for b in range(3):
+        rows = [j for j in range(11) if seq.card[b, j] == card[b]]
+        if not rows:
+            continue
+        last = float(seq.time[b, rows[-1]])
+        days = torch.tensor([0.01, 0.5, 1, 2, 3.5, 7, 20, 60, 200, 1000], dtype=torch.float64)
+        one = Window(*(x[b:b + 1].expand(len(days), -1) for x in win[:7]))
+        query = (card[b].repeat(len(days)), deck[b].repeat(len(days)), last + days * 86400)
+        with torch.no_grad():
+            p, q = bounded.readout(one, *query), plain.readout(one, *query)
+            _, ctx = plain._encode(one, Query(*(x.unsqueeze(1) for x in query)), one.valid.unsqueeze(1))
+
+        def fsrs6(ratio, ctx=ctx, days=days):  # FSRS-6's recall at days / ratio, the card's state from the window
+            log_r = fsrs.log_retrievability(ctx["decay"], ctx["fsrs_s"], (days / ratio).float().unsqueeze(1))
+            return torch.exp(log_r).squeeze(1)
+
+        assert bool((p.recall[1:] <= p.recall[:-1] + 1e-6).all())
+        inside = torch.ones_like(q.recall, dtype=torch.bool)
+        if top is not None:  # never past FSRS-6's own curve (whole scheduler days)
+            upper = torch.maximum(fsrs6(top), q.fsrs_recall)
+            assert bool((p.recall <= upper + 1e-5).all())
+            inside &= q.recall <= upper
+        if floor is not None:
+            lower = torch.minimum(fsrs6(floor), q.fsrs_recall)
+            assert bool((p.recall >= lower - 1e-5).all())
+            inside &= q.recall >= lower
+        torch.testing.assert_close(p.recall[inside], q.recall[inside], atol=1e-5, rtol=0)  # inside: the network's
+        bound += int((~inside).sum())
+        checked += 1
+    assert checked >= 2 and (bound > 0 or top is None)
+
+
+def test_the_default_bounds_intervals_at_twice_fsrs6s_without_the_gap_shrink(shrunk):
+    """A model built with the default config (as `nextstep train` builds one) answers as the `shrunk` fixture's
+    weights with gap_shrink off and interval_ratio_max 2."""
+    rules = ("gap_shrink", "interval_ratio_max")
+    cfg = {k: v for k, v in shrunk.cfg.to_dict().items() if k not in rules}
     default = TimeAwareTransformer(TimeAwareConfig(**cfg)).eval()
-    assert default.cfg.gap_shrink
+    assert (default.cfg.gap_shrink, default.cfg.interval_ratio_max, default.cfg.interval_ratio_min) == (False, 2.0,
+                                                                                                        None)
     default.load_state_dict(shrunk.state_dict())
+    bounded = TimeAwareTransformer(TimeAwareConfig(**cfg, gap_shrink=False, interval_ratio_max=2.0)).eval()
+    bounded.load_state_dict(shrunk.state_dict())
     seq = _sequences(19, b=3, t=12)
     win = prefix_window(seq, 11)._replace(error=None)
     times = seq.time[:, 10] + 400 * 86400.0  # far past any gap in the window
     with torch.no_grad():
         a = default.readout(win, seq.card[:, 11], seq.deck[:, 11], times)
-        b = shrunk.readout(win, seq.card[:, 11], seq.deck[:, 11], times)
+        b = bounded.readout(win, seq.card[:, 11], seq.deck[:, 11], times)
+        c = shrunk.readout(win, seq.card[:, 11], seq.deck[:, 11], times)
     torch.testing.assert_close(a.recall, b.recall, atol=0, rtol=0)
+    assert not torch.allclose(a.recall, c.recall)
 
 
 def test_gap_shrink_keeps_stepping_equal_to_the_full_pass(shrunk):

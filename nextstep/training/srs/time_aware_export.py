@@ -131,13 +131,15 @@ class TimeAwareExporter(Exporter):
 # terms added after the first exports, each with what an artifact saved before it had of it: nothing
 _ADDED_TERMS = {"drift_gain": 0.0, "deck_drift_gain": 0.0}  # config key and buffer of the same name
 _ADDED_BUFFERS = {"duration_shift": 0.0}
+# settings without weights added after the first exports, each with the value artifacts saved before it had
+_ADDED_SETTINGS = {"gap_factor": 1.0, "interval_ratio_max": None, "interval_ratio_min": None}
 
 
 def restore_time_aware(family: str, config: dict, weights: dict) -> TimeAwareTransformer:
     """The model of a weights.pt, also one saved before the user's drift, the deck's drift or the answer time's
     median shift existed: a missing gain or shift is 0 (the term off), as that model was; anything else missing
     is the strict load's error."""
-    config = {**_ADDED_TERMS, **config}
+    config = {**_ADDED_TERMS, **_ADDED_SETTINGS, **config}
     weights = {**{k: torch.tensor(float(config[k])) for k in _ADDED_TERMS},
                **{k: torch.tensor(v) for k, v in _ADDED_BUFFERS.items()}, **weights}
     model = TimeAwareTransformer(TimeAwareConfig(**config))

@@ -200,7 +200,7 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     train_rows, valid_rows = split_validation(rt.log, rows, tcfg.valid_fraction)
     watched = valid_rows[rt.log.elapsed_days[valid_rows] > 0] if tcfg.valid_scored else valid_rows
     watched = watched if len(watched) else valid_rows
-    model = TimeAwareTransformer(replace(cfg, gap_shrink=False))
+    model = TimeAwareTransformer(replace(cfg, gap_shrink=False, interval_ratio_max=None, interval_ratio_min=None))
     rt.set_params(fit_fsrs6_by_user(rt.log, np.sort(rows), hist=rt.hist))  # each user's curve the network corrects
     rt.set_drift(model)  # FSRS-6's errors under these parameters (the drift the rest of the fit reads)
     model.to(tcfg.device)

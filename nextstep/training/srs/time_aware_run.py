@@ -162,19 +162,33 @@ def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits:
     rmse_bins, auc and duration_mae_s, next to FSRS-6 fitted per user on the same folds (`fsrs6`), FSRS-6 with
     fsrs-rs's default parameters (`fsrs6_default`) and the user's median answer time as the prediction
     (`median_duration_mae_s`); and `mean`: the unweighted mean over users of each."""
-    import fsrs_rs_python as fsrs_rs
-
     model, _ = load_time_aware(artifact_dir)
     log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
-    folds = protocol_folds(log, n_splits)
-    fitted = fsrs6_predictions(log, folds)  # FSRS-6 per user and fold: the baseline, and the network's parameters
-    default_w = [float(x) for x in fsrs_rs.DEFAULT_PARAMETERS]
-    p_default = fsrs6_fixed_predictions(log, folds, default_w)
-    median = median_duration_predictions(log, folds, by_grade=False)
+    return score_on_users(model, log, ProtocolBaselines(log, n_splits))
+
+
+class ProtocolBaselines:
+    """What scoring a model on a review log needs besides the model, computed once for any number of models: the
+    protocol's folds, FSRS-6 fitted per user and fold by fsrs-rs (the baseline, and the parameters the model runs
+    under), FSRS-6 with fsrs-rs's default parameters, and the user's median answer time."""
+
+    def __init__(self, log: ReviewLog, n_splits: int = 5):
+        import fsrs_rs_python as fsrs_rs
+
+        self.log, self.folds = log, protocol_folds(log, n_splits)
+        self.fitted = fsrs6_predictions(log, self.folds)
+        self.default_w = [float(x) for x in fsrs_rs.DEFAULT_PARAMETERS]
+        self.p_default = fsrs6_fixed_predictions(log, self.folds, self.default_w)
+        self.median = median_duration_predictions(log, self.folds, by_grade=False)
+
+
+def score_on_users(model: TimeAwareTransformer, log: ReviewLog, base: ProtocolBaselines) -> dict:
+    """evaluate_time_aware's result for a model already loaded (see there)."""
+    folds, fitted = base.folds, base.fitted
     rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window)
     p_recall, p_rating, duration = np.full(len(log), np.nan), np.full((len(log), 4), np.nan), np.full(len(log), np.nan)
     for k, (_, test) in enumerate(folds):
-        per_user = np.tile(np.asarray(default_w), (log.n_users, 1))
+        per_user = np.tile(np.asarray(base.default_w), (log.n_users, 1))
         for (fold, u), w in fitted.parameters.items():
             if fold == k:
                 per_user[u] = w
@@ -194,8 +208,8 @@ def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits:
         if not model_m.get("n_scored"):
             continue
         fsrs6_m = evaluate_predictions(log, mine, fitted.p_recall)
-        default_m = evaluate_predictions(log, mine, p_default)
-        median_m = evaluate_predictions(log, mine, duration_s=median)
+        default_m = evaluate_predictions(log, mine, base.p_default)
+        median_m = evaluate_predictions(log, mine, duration_s=base.median)
         users.append({"user": name, "scored": int(model_m["n_scored"]),
                       **{key: model_m.get(key) for key in USER_METRICS},
                       "fsrs6": {key: fsrs6_m.get(key) for key in USER_METRICS[:3]},
