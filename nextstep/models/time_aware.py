@@ -508,7 +508,8 @@ class TimeAwareTransformer(nn.Module):
         network's curve, minus the rising time terms, plus the falling ones, each with a weight >= 0 from x
         (`time_head`): a sum of terms none of which rises with time; mixed with FSRS-6's own curve by `blend`.
         With `gap_shrink`, past the longest gap G the rows show, the network's curve is its value at G times FSRS-6's
-        fall from G (still never rising)."""
+        fall from G (still never rising); with `interval_ratio_max` / `_min`, the result is kept between FSRS-6's curve
+        slowed and sped up in time by those factors."""
         if self.cfg.gap_shrink:
             capped = torch.minimum(elapsed, ctx["gap"])
             network, at_gap = self._network_logit(ctx, capped)

@@ -191,8 +191,8 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     user's `rows` first, as the baseline is (`rt.set_params`, which predictions then read): the network learns
     corrections to each user's curve. The model's own `fsrs_w` stays fsrs-rs's defaults: a user the service has not
     fitted yet starts from them. The network is fitted and calibrated on its own curve at every elapsed time;
-    `cfg.gap_shrink` (a rule with no weights) applies to the model returned, the one evaluated and exported: the
-    setting chosen on validation users (docs/results.md, "Served intervals against FSRS-6's")."""
+    the config's rules without weights (`gap_shrink`, `interval_ratio_max`, `interval_ratio_min`) apply to the model
+    returned, the one evaluated and exported (docs/results.md, "Bounding the served intervals by FSRS-6's")."""
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
@@ -223,7 +223,7 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     calibration = calibrate(model, rt, valid_rows, blend_prior=tcfg.blend_prior,
                             drift_gain_prior=tcfg.drift_gain_prior,
                             min_rows=200 if tcfg.platt else None) if tcfg.calibrate else None
-    model.cfg = cfg  # gap_shrink as configured, from here on
+    model.cfg = cfg  # the rules as configured, from here on
     best = [row for row in history if row["best"]][-1][monitor]
     return model, {"history": history, "best_valid_loss": best, "n_train": len(train_rows),
                    "n_valid": len(valid_rows), "calibration": calibration, "seconds": time.perf_counter() - start}
