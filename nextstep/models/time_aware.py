@@ -48,13 +48,17 @@ rank-consistent while the Hard/Good/Easy split can differ from what the recall a
 log(1 + seconds) from the state and the recall logit, shifted after training (`duration_shift`) so that the
 answer time it gives is the held-out answer times' median.
 
-The streaming contract (streaming.py): the state is a window of raw reviews, each with FSRS-6's error on it, and
-the user's drift sums (m, w); `step` adds FSRS-6's error on a review to the sums (`drift_update`) and appends the
-review with it (`row_error`); `readout` answers a batch of states with one query each (the serving path: only
-the query row is computed), and also answers FSRS-6's own recall and whether the protocol scores the review (what
-`drift_update` needs); `forward` predicts every review of a sequence at once with causal masks (the seed's
-training view), both drifts included. The two agree whenever the window holds all earlier reviews, which a test
-checks.
+Scheduler days (FSRS-6's intervals, "same day", the reviews the drift scores) start at each user's own boundary
+(`Query.day_start`, the state's `day_start`: Anki's rollover in the user's time zone, as their data count days), not
+at one hour for every user (docs/decisions.md).
+
+The streaming contract (streaming.py): the state is a window of raw reviews, each with FSRS-6's error on it, and the
+user's drift sums (m, w), FSRS-6 parameters and day boundary; `step` adds FSRS-6's error on a review to the sums
+(`drift_update`) and appends the review with it (`row_error`); `readout` answers a batch of states with one query
+each (the serving path: only the query row is computed), and also answers FSRS-6's own recall and whether the
+protocol scores the review (what `drift_update` needs); `forward` predicts every review of a sequence at once with
+causal masks (the seed's training view), both drifts included. The two agree whenever the window holds all earlier
+reviews, which a test checks.
 """
 
 from __future__ import annotations
@@ -87,7 +91,9 @@ class TimeAwareConfig:
     dropout: float = 0.1
     window: int = 64  # rows a query sees (review_window.select); tuning: docs/decisions.md
     card_window: int = 16  # of which at most this many are the query card's own last reviews
-    day_start_hour: float = 4.0  # scheduler days start at this hour UTC (Anki's default rollover)
+    # scheduler days start at this hour UTC (Anki's default rollover) for a user whose own boundary is not given (each
+    # user's is an input: Query.day_start, the state's `day_start`)
+    day_start_hour: float = 4.0
     # CORAL gaps b_1 - b_2, b_2 - b_3 predicted from the state (still ordered) instead of constant (the seed);
     # constant gaps tie the Hard/Good/Easy split to the recall score (docs/decisions.md)
     adaptive_gaps: bool = True
@@ -149,6 +155,9 @@ class Query(NamedTuple):
     # (B, 21) float32: each row's user's FSRS-6 parameters (fitted on that user's reviews); None: the model's
     # `fsrs_w` (the defaults a user without a fit gets)
     params: torch.Tensor | None = None
+    # (B,) float64: each row's user's scheduler day boundary, seconds after 00:00 UTC (Anki's rollover hour in the
+    # user's time zone); None: the config's day_start_hour for every row
+    day_start: torch.Tensor | None = None
 
 
 DRIFT_DTYPE = "float32"
@@ -341,8 +350,20 @@ class TimeAwareTransformer(nn.Module):
             _log1p(interval), _log1p(interval * 24), has_prev.float(), _log1p(n_prev), _log1p(lapses),
             _log1p(dur), torch.isnan(w.duration).float()], dim=-1)
 
-    def _day(self, t: torch.Tensor) -> torch.Tensor:
-        return torch.floor((t - self.cfg.day_start_hour * 3600.0) / DAY)
+    def day_start(self, day_start: torch.Tensor | None, time: torch.Tensor) -> torch.Tensor:
+        """(B,) float64 seconds after 00:00 UTC at which each row's user's scheduler days start: the rows' own, or
+        the config's `day_start_hour` for every row of `time` (B, ...)."""
+        if day_start is not None:
+            return day_start.double()
+        return torch.full_like(time.reshape(time.shape[0], -1)[:, 0], self.cfg.day_start_hour * 3600.0,
+                               dtype=torch.float64)
+
+    def _day(self, t: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+        """The scheduler day of unix times t (B, ...) float64 for users whose days start `start` (B,) seconds after
+        00:00 UTC (None: the config's day_start_hour)."""
+        if start is None:
+            return torch.floor((t - self.cfg.day_start_hour * 3600.0) / DAY)
+        return torch.floor((t - start.view(-1, *([1] * (t.dim() - 1)))) / DAY)
 
     def _core(self, w: Window, q: Query, visible: torch.Tensor) -> Prediction:
         """Predictions for queries (B, Q) over rows (B, H); visible (B, Q, H) says which rows each query sees."""
@@ -369,7 +390,8 @@ class TimeAwareTransformer(nn.Module):
         last_card = torch.where(same_card, positions, -1).amax(-1).clamp(min=0)  # (B, Q) the card's last row
         last_any = torch.where(visible, positions, -1).amax(-1).clamp(min=0)  # the user's last visible row
         ref = torch.where(seen, _pick(w.time, last_card), torch.where(any_row, _pick(w.time, last_any), q.time))
-        row_day, ref_day = self._day(w.time), self._day(ref)  # scheduler days of the rows and the reference
+        start = self.day_start(q.day_start, q.time)  # (B,) each row's user's day boundary
+        row_day, ref_day = self._day(w.time, start), self._day(ref, start)  # scheduler days: the rows, the reference
         params = self.params(q.params, B)  # (B, 21): each row's user's FSRS-6 parameters
         decay = params[:, 20:21]  # (B, 1): FSRS-6's decay w20 of each row's user
         fsrs_s, fsrs_d = self._fsrs_state(params, w.rating, row_day, same_card, ref_day)
@@ -410,7 +432,7 @@ class TimeAwareTransformer(nn.Module):
         for layer in self.layers:
             x = layer(x, rows, rel)
         lag = torch.where(any_row, ((_pick(w.time, last_any) - ref) / DAY).float().clamp(min=0), 0.0)
-        return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "lag": lag,
+        return x, {"elapsed": elapsed, "seen": seen, "ref": ref, "ref_day": ref_day, "day_start": start, "lag": lag,
                    "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s, decay), "fsrs_s": fsrs_s,
                    "decay": decay,
                    "time_weight": F.softplus(self.time_head(x)),
@@ -439,7 +461,7 @@ class TimeAwareTransformer(nn.Module):
     def _days(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the scheduler day `elapsed` days after the reference (float64), whole scheduler days since it (float32)):
         both never fall as `elapsed` grows."""
-        day = self._day(ctx["ref"] + elapsed.double() * DAY)
+        day = self._day(ctx["ref"] + elapsed.double() * DAY, ctx["day_start"])
         return day, (day - ctx["ref_day"]).clamp(min=0).float()
 
     def _time_terms(self, ctx: dict, elapsed: torch.Tensor, day: torch.Tensor,
@@ -611,12 +633,15 @@ class TimeAwareTransformer(nn.Module):
                   for name, dtype in zip(Window._fields, WINDOW_DTYPES, strict=True)),
                 {"name": "drift", "shape": [2], "dtype": DRIFT_DTYPE, "init": "zeros"},
                 {"name": "fsrs_w", "shape": [N_PARAMS], "dtype": "float32",
-                 "init": "the model's fsrs_w (FSRS-6's parameters a user starts with)"}]
+                 "init": "the model's fsrs_w (FSRS-6's parameters a user starts with)"},
+                {"name": "day_start", "shape": [], "dtype": "float64",
+                 "init": "the config's day_start_hour in seconds (the user's scheduler day boundary after 00:00 UTC)"}]
 
     def init_state(self, batch: int) -> tuple:
         H = self.cfg.window
         return (*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES), torch.zeros(batch, 2),
-                self.fsrs_w.float().unsqueeze(0).repeat(batch, 1))
+                self.fsrs_w.float().unsqueeze(0).repeat(batch, 1),
+                torch.full((batch,), self.cfg.day_start_hour * 3600.0, dtype=torch.float64))
 
     @staticmethod
     def row_error(pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
@@ -632,22 +657,23 @@ class TimeAwareTransformer(nn.Module):
                self.row_error(pred, rating))
         return (*(torch.cat([old[:, 1:], row.to(old.dtype).unsqueeze(1)], 1)
                   for old, row in zip(state[:8], new, strict=True)), self.drift_update(state[8], pred, rating),
-                *state[9:])  # the user's parameters: unchanged by a review (a refit sets them)
+                *state[9:])  # the user's parameters and day boundary: unchanged by a review (a refit sets them)
 
     @staticmethod
-    def _split(state) -> tuple[Window, torch.Tensor | None, torch.Tensor | None]:
-        """(the window, the drift sums (B, 1, 2) or None, the user's FSRS-6 parameters (B, 21) or None) of a state;
-        a bare Window has no drift and the model's parameters, and so does a state saved before parameters were
-        part of it (nine tensors)."""
+    def _query(state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> tuple[Window, Query]:
+        """(the window, one query (B, 1) per row) of a state: its drift sums (B, 2), the user's FSRS-6 parameters
+        (B, 21) and day boundary (B,) where it has them; a bare Window has no drift and the model's parameters and day
+        boundary, and so does a state saved before parameters (nine tensors) or the day boundary (ten) were in it."""
+        q = (card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
         if isinstance(state, Window):
-            return state, None, None
-        return Window(*state[:8]), state[8].unsqueeze(1), state[9] if len(state) > 9 else None
+            return state, Query(*q)
+        return Window(*state[:8]), Query(*q, state[8].unsqueeze(1), state[9] if len(state) > 9 else None,
+                                         state[10] if len(state) > 10 else None)
 
     def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
         """One query per state: (B, H) rows and (B, 2) drift (or a bare Window: no drift), query (B,) -> outputs
         (B, ...). The serving path."""
-        w, drift, params = self._split(state)
-        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift, params)
+        w, q = self._query(state, card, deck, time)
         pred = self._core(w, q, w.valid.unsqueeze(1))
         return Prediction(*(t.squeeze(1) for t in pred))
 
@@ -661,8 +687,7 @@ class TimeAwareTransformer(nn.Module):
         many steps made the exported graph slow to build). A card without a review in the window is due now, and
         so is one already at or below the retention; one still above it after 10^6 days waits that long. Lower
         retention, later due, for every card."""
-        w, drift, params = self._split(state)
-        q = Query(card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1), drift, params)
+        w, q = self._query(state, card, deck, time)
         x, ctx = self._encode(w, q, w.valid.unsqueeze(1))
         ctx["drift"] = self._drift(w, q, ctx["visible"])
         elapsed, seen = ctx["elapsed"], ctx["seen"]
@@ -683,13 +708,15 @@ class TimeAwareTransformer(nn.Module):
         pred = self._heads(x, ctx, elapsed + days)
         return pred.recall.squeeze(1), torch.log1p(days).squeeze(1), expected_duration(pred.log_duration.squeeze(1))
 
-    def forward(self, w: Window, params: torch.Tensor | None = None) -> Prediction:
+    def forward(self, w: Window, params: torch.Tensor | None = None, day_start: torch.Tensor | None = None
+                ) -> Prediction:
         """Teacher-forced: every row of (B, T) sequences predicted from the rows before it, each user's drift
-        starting at zero before the first, with each sequence's user's FSRS-6 parameters `params` (B, 21) (None:
-        the model's `fsrs_w`): outputs (B, T, ...)."""
+        starting at zero before the first, with each sequence's user's FSRS-6 parameters `params` (B, 21) and day
+        boundary `day_start` (B,) (None: the model's `fsrs_w`, the config's day_start_hour): outputs (B, T, ...)."""
         B, T = w.card.shape
         causal = torch.ones(T, T, dtype=torch.bool, device=w.card.device).tril(-1)  # [i, j]: j < i
-        x, ctx = self._encode(w, Query(w.card, w.deck, w.time, None, params), causal.unsqueeze(0).expand(B, T, T))
+        x, ctx = self._encode(w, Query(w.card, w.deck, w.time, None, params, day_start),
+                              causal.unsqueeze(0).expand(B, T, T))
         p, scored = self._fsrs_now(ctx, ctx["elapsed"])
         scored = scored & w.valid
         # row j's weight at query i: a^(scored rows after j and before i), for scored j < i
@@ -701,7 +728,7 @@ class TimeAwareTransformer(nn.Module):
         error = ((w.rating > 1).float() - p).unsqueeze(-1)
         drift = torch.cat([weight @ error, weight.sum(-1, keepdim=True)], -1)  # (B, T, 2)
         rows = w._replace(error=torch.where(scored, error.squeeze(-1), math.nan))  # each row's error, as stepping
-        ctx["drift"] = self._drift(rows, Query(w.card, w.deck, w.time, drift, params), ctx["visible"])
+        ctx["drift"] = self._drift(rows, Query(w.card, w.deck, w.time, drift, params, day_start), ctx["visible"])
         return self._heads(x, ctx, ctx["elapsed"])
 
 

@@ -10,9 +10,11 @@ only moves entities from train to test). Nothing but one entity's log is held in
   response categories;
 * sessions: `<model>_train_full.tsv.gz` and `<model>_test.tsv.gz`, GRU4Rec's TSV (SessionId, ItemId, Time);
 * flashcards: `<model>_train.csv.gz` and `<model>_test.csv.gz`, the review-log CSV that `nextstep train time_aware`
-  reads (training/srs/reviews.py: user_id, card_id, deck_id, review_time, rating, state, duration), from the reviews
-  the store holds for each user (srs.py: the recent block and every card's field, each review once, in the order
-  they were recorded).
+  reads (training/srs/reviews.py: user_id, card_id, deck_id, review_time, rating, state, duration, day_offset), from
+  the reviews the store holds for each user (srs.py: the recent block and every card's field, each review once, in the
+  order they were recorded); `day_offset` counts the user's scheduler days from their first review's, by the day
+  boundary the app told (srs.py's `Fit.day_start`; never told: 04:00 UTC, what the reader assumes without the
+  column), so training reads each user's boundary back.
 
 Times are the logged ones (whole seconds). Events trimmed from a log (NEXTSTEP_MAX_LOGGED_EVENTS,
 NEXTSTEP_LOG_MAX_AGE_SECONDS) are not in it: the summary counts them (`not_in_log`).
@@ -72,7 +74,8 @@ LAYOUTS = {
 }
 
 
-SRS_HEADER = ("user_id", "card_id", "deck_id", "review_time", "rating", "state", "duration")
+SRS_HEADER = ("user_id", "card_id", "deck_id", "review_time", "rating", "state", "duration", "day_offset")
+DEFAULT_DAY_START_S = 4 * 3600.0  # a user's day boundary when the app never told one (reviews.py's default)
 SRS_FILES = ("{model}_train.csv.gz", "{model}_test.csv.gz")
 EXPORTED = (*LAYOUTS, "srs")  # the tasks whose traffic exports
 
@@ -110,8 +113,13 @@ def _srs_rows(user: str, stored: StoredState) -> tuple[list[list], int]:
 
     history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
     rows = stored_rows(history.recent, stored.fields) if len(history.recent) else history.recent
+    start = history.fit.day_start if history.fit.day_start is not None else DEFAULT_DAY_START_S
+    days = np.floor((rows["time"].astype(np.float64) - start) / 86400.0).astype(np.int64)
+    if len(days):
+        days -= days.min()  # (day 0: the first review's)
     out = [[user, int(r["card"]), int(r["deck"]), repr(float(r["time"])), int(r["rating"]),
-            "" if int(r["state"]) < 0 else int(r["state"]), _duration_ms(r["duration"])] for r in rows]
+            "" if int(r["state"]) < 0 else int(r["state"]), _duration_ms(r["duration"]), int(day)]
+           for r, day in zip(rows, days, strict=True)]
     return out, history.count - len(rows)
 
 

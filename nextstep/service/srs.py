@@ -11,12 +11,13 @@ window sizes, not the model version: the reviews are data, and a new version rea
 sizes goes on from them; see schema_hash):
 
 * the blob: a header, followed by the user's last `size` reviews (the recent block), oldest first. The header
-  (`HEADER`, layout v4) holds a tag (-4), the number of distinct cards reviewed (int64), the user's drift sums (m, w)
-  (two float64, TimeAwareTransformer.drift_update), the number of scored reviews recorded, and the user's own FSRS-6
+  (`HEADER`, layout v5) holds a tag (-5), the number of distinct cards reviewed (int64), the user's drift sums (m, w)
+  (two float64, TimeAwareTransformer.drift_update), the number of scored reviews recorded, the user's own FSRS-6
   parameters with their provenance (`Fit`: the 21 weights, the reviews they were fitted on, the scored count then,
-  when). A v3 header (`HEADER_V3`, before per-user parameters: the card count and the drift only, its first field a
-  count >= 0 where v4's is its negative tag) still reads: the user has the artifact's default parameters, and their
-  next write stores v4;
+  when) and their scheduler day boundary (seconds after 00:00 UTC; NaN: the model's). Older headers still read: a v4
+  header (`HEADER_V4`, tag -4) has no day boundary, a v3 header (`HEADER_V3`, before per-user parameters: the card
+  count and the drift only, its first field a count >= 0) has the artifact's default parameters too; the user's
+  next write stores v5;
 * a companion field per card id (state.py's `fields`): that card's last `card_size` reviews.
 
 Each stored review is a fixed 42-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
@@ -82,6 +83,12 @@ the user); `nextstep srs refit` runs it for every user or those named. The fit i
 card with more starts its history at the oldest kept). The new parameters are written with a compare-and-set of the
 header alone (reviews recorded meanwhile are kept).
 
+Day boundary. FSRS-6 counts intervals in the user's scheduler days, and a review is scored when its card was last
+reviewed on an earlier one: days that start at Anki's "next day starts at" hour in the user's time zone. Both graphs
+take each user's boundary (`day_start`, seconds after 00:00 UTC). An app tells it with the user's reviews
+(`day_start_hour_utc`); it is kept in the header (`Fit.day_start`) from those reviews on, and a user never told has
+the manifest's `model_config.day_start_hour` (04:00 UTC for a model trained across users).
+
 Ids. The graph only compares card and deck ids for equality, so the service maps its string ids to int64
 with a stable hash (`id_hash`: the first 8 bytes of BLAKE2b, as a signed little-endian integer). Two ids
 collide with probability about n^2 / 2^65 for n distinct ids of one user (1e-12 at 5,000 cards), and a
@@ -129,10 +136,12 @@ from .state import StoredState
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1"), ("error", "<f4")])  # packed: 42 bytes
 HEADER_V3 = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards reviewed, drift sums (m, w)
-HEADER_TAG = -4  # the first field of a v4 header (a v3 header's is a card count, >= 0)
+HEADER_TAG = -5  # the first field of a v5 header (a v4 header's is -4, a v3 header's a card count, >= 0)
 N_PARAMS = 21
-HEADER = np.dtype([("tag", "<i8"), ("cards", "<i8"), ("drift", "<f8", (2,)), ("scored", "<i8"),
-                   ("w", "<f8", (N_PARAMS,)), ("fitted_on", "<i8"), ("fitted_scored", "<i8"), ("fitted_at", "<f8")])
+HEADER_V4 = np.dtype([("tag", "<i8"), ("cards", "<i8"), ("drift", "<f8", (2,)), ("scored", "<i8"),
+                      ("w", "<f8", (N_PARAMS,)), ("fitted_on", "<i8"), ("fitted_scored", "<i8"), ("fitted_at", "<f8")])
+HEADER = np.dtype([*((name, HEADER_V4.fields[name][0]) for name in HEADER_V4.names),
+                   ("day_start", "<f8")])  # v4 and the user's day boundary (NaN: the model's)
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
 SIMULATE_MAX_RETENTIONS = 10
@@ -148,7 +157,7 @@ MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a big schedu
 # what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
 INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
           "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "hist_error": "float32",
-          "drift": "float32", "fsrs_w": "float32",
+          "drift": "float32", "fsrs_w": "float32", "day_start": "float64",
           "card": "int64", "deck": "int64", "time": "float64"}
 OUTPUTS = ("rating_probs", "recall", "duration_s", "fsrs_recall", "scored")
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
@@ -235,14 +244,16 @@ class Review:
 
 @dataclass(frozen=True)
 class Fit:
-    """A user's FSRS-6 parameters: `w` None until a fit (the model's defaults), the reviews the fit used, the scored
-    reviews the user had recorded by then (the next fit is due refit_every_scored after them), and when it was made
-    (unix seconds)."""
+    """A user's FSRS-6: their parameters, `w` None until a fit (the model's defaults), the reviews the fit used, the
+    scored reviews the user had recorded by then (the next fit is due refit_every_scored after them), and when it
+    was made (unix seconds); and their scheduler day boundary in seconds after 00:00 UTC, which FSRS-6 counts days
+    by (told by the app with their reviews, never fitted; None: the model's `day_start_hour`)."""
 
     w: tuple[float, ...] | None = None
     fitted_on: int = 0
     fitted_scored: int = 0
     fitted_at: float | None = None
+    day_start: float | None = None
 
 
 NO_FIT = Fit()
@@ -264,6 +275,11 @@ class History:
     def params(self, model: LoadedModel) -> np.ndarray:
         """(21,) float32: the user's FSRS-6 parameters, or the model's defaults before a fit."""
         return np.asarray(self.fit.w if self.fit.w is not None else default_params(model), dtype=np.float32)
+
+    def day_start(self, model: LoadedModel) -> float:
+        """Seconds after 00:00 UTC at which the user's scheduler days start: their own (`Fit.day_start`), else the
+        model's `day_start_hour`."""
+        return self.fit.day_start if self.fit.day_start is not None else default_day_start(model)
 
     @property
     def count(self) -> int:  # reviews so far = the next sequence number
@@ -377,8 +393,9 @@ def _decode(stored: StoredState) -> History:
     if stored.blob is None:
         return History(stored, np.zeros(0, dtype=ROW), {}, 0, np.zeros(2))
     blob = stored.blob
-    v4 = len(blob) >= 8 and int(np.frombuffer(blob, dtype="<i8", count=1)[0]) == HEADER_TAG
-    layout = HEADER if v4 else HEADER_V3
+    tag = int(np.frombuffer(blob, dtype="<i8", count=1)[0]) if len(blob) >= 8 else 0
+    v4 = tag in (HEADER_TAG, -4)  # (v5 is v4 and the day boundary)
+    layout = HEADER if tag == HEADER_TAG else HEADER_V4 if v4 else HEADER_V3
     if len(blob) < layout.itemsize:
         raise ValueError(f"stored reviews of {len(blob)} bytes are shorter than their {layout.itemsize}-byte header")
     header = np.frombuffer(blob, dtype=layout, count=1)[0]
@@ -387,8 +404,9 @@ def _decode(stored: StoredState) -> History:
         return History(stored, _rows(blob, layout.itemsize), cards, int(header["cards"]),
                        np.array(header["drift"], dtype=np.float64), -1)
     fitted = int(header["fitted_on"]) > 0
+    day_start = float(header["day_start"]) if tag == HEADER_TAG and not np.isnan(header["day_start"]) else None
     fit = Fit(tuple(float(x) for x in header["w"]), int(header["fitted_on"]), int(header["fitted_scored"]),
-              float(header["fitted_at"])) if fitted else NO_FIT
+              float(header["fitted_at"]), day_start) if fitted else Fit(day_start=day_start)
     return History(stored, _rows(blob, layout.itemsize), cards, int(header["cards"]),
                    np.array(header["drift"], dtype=np.float64), int(header["scored"]), fit)
 
@@ -399,6 +417,7 @@ def _encode(recent: np.ndarray, n_cards: int, drift: np.ndarray, scored: int = 0
     if fit.w is not None:
         header["w"], header["fitted_on"], header["fitted_scored"] = fit.w, fit.fitted_on, fit.fitted_scored
         header["fitted_at"] = fit.fitted_at if fit.fitted_at is not None else np.nan
+    header["day_start"] = fit.day_start if fit.day_start is not None else np.nan
     return header.tobytes() + np.ascontiguousarray(recent, dtype=ROW).tobytes()
 
 
@@ -411,6 +430,12 @@ def default_params(model: LoadedModel) -> tuple[float, ...]:
     defaults."""
     w = (model.manifest.get("fsrs6") or {}).get("parameters")
     return tuple(float(x) for x in w) if w and len(w) == N_PARAMS else DEFAULT_FSRS6
+
+
+def default_day_start(model: LoadedModel) -> float:
+    """Seconds after 00:00 UTC at which a user's scheduler days start unless told: the manifest's
+    `model_config.day_start_hour` (the one user's own for a single-user artifact), else 4 (Anki's rollover)."""
+    return float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0)) * 3600.0
 
 
 def window(model: LoadedModel, history: History, card_id: str) -> np.ndarray:
@@ -468,10 +493,11 @@ def _width(rows: int, size: int) -> int:
 
 
 def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
-                  params: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                  params: np.ndarray | None = None, day_start: float | None = None) -> dict[str, np.ndarray]:
     """The graph's hist_* inputs for these windows, each left-padded (hist_valid False) to `width` columns, and the
-    user's drift sums (2,) and FSRS-6 parameters (21,) for every window (parameters None: the graph's defaults are
-    not fed, for a test's graph without the input)."""
+    user's drift sums (2,), FSRS-6 parameters (21,) and day boundary (seconds after 00:00 UTC) for every window
+    (parameters or day boundary None: not fed, the graph's defaults, for a test's graph without the input; a graph
+    exported before the day boundary was an input ignores it)."""
     out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype) for name, (fill, dtype) in _PAD.items()}
     out["hist_valid"] = np.zeros((len(windows), width), dtype=bool)
     for i, w in enumerate(windows):
@@ -482,6 +508,8 @@ def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
     out["drift"] = np.tile(np.asarray(drift, dtype=np.float32), (len(windows), 1))
     if params is not None:
         out["fsrs_w"] = np.tile(np.asarray(params, dtype=np.float32), (len(windows), 1))
+    if day_start is not None:
+        out["day_start"] = np.full(len(windows), day_start, dtype=np.float64)
     return out
 
 
@@ -693,7 +721,8 @@ class SpacedRepetition(StatefulTask):
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
                       at: float) -> dict:
         rows = window(model, history, card_id)
-        hist = history_feeds([rows], _width(len(rows), model.extra.window[0]), history.drift, history.params(model))
+        hist = history_feeds([rows], _width(len(rows), model.extra.window[0]), history.drift, history.params(model),
+                             history.day_start(model))
         out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([id_hash(card_id)]),
                               np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
@@ -703,15 +732,16 @@ class SpacedRepetition(StatefulTask):
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
     async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
-                     new: np.ndarray, params: np.ndarray, background: bool = False
+                     new: np.ndarray, params: np.ndarray, day_start: float, background: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, and
         the model's P(recall) of each from its window: NaN where not scored, for live quality), each answered from
         its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) under the user's FSRS-6
-        parameters."""
+        parameters and day boundary."""
         if not len(new):
             return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), drift, params)
+        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), drift, params,
+                             day_start)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                    ("card", "deck", "time")), background=background)
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
@@ -734,11 +764,14 @@ class SpacedRepetition(StatefulTask):
 
     @operation
     async def add_reviews(self, model_name: str, user_id: str, reviews: list[Review],
-                          predict: tuple[str, str, float | None] | None = None) -> dict:
+                          predict: tuple[str, str, float | None] | None = None, day_start: float | None = None) -> dict:
         """Append reviews (in time order, after the stored ones; replayed event ids are applied once) and
-        optionally predict one query (card_id, deck_id, time) afterwards, in one read and one write."""
+        optionally predict one query (card_id, deck_id, time) afterwards, in one read and one write. `day_start`:
+        the user's scheduler day boundary (seconds after 00:00 UTC), stored from these reviews on."""
         model = self.model(model_name, user_id)
         check_reviews(reviews)
+        if day_start is not None and not 0 <= day_start < 86400:
+            raise InvalidInput("day_start_hour_utc", f"{day_start / 3600!r} is not an hour in [0, 24)")
         if predict is not None and not predict[0]:
             raise InvalidInput("predict.card_id", "must not be empty")
         size, card_size = model.extra.window
@@ -753,6 +786,9 @@ class SpacedRepetition(StatefulTask):
                     ids = [reviews[i].event_id for i in fresh if reviews[i].event_id is not None]
                     applied = await self.store.seen(moved.source, ids) if ids else set()  # (its replay window)
                     fresh = [i for i in fresh if reviews[i].event_id not in applied]
+            told = day_start is not None and day_start != history.fit.day_start  # a new day boundary
+            if told:
+                history = replace(history, fit=replace(history.fit, day_start=day_start))
             last = history.last_time
             if fresh and last is not None and reviews[fresh[0]].time < last:
                 i = fresh[0]
@@ -775,7 +811,7 @@ class SpacedRepetition(StatefulTask):
                 windows.append(window(model, before, card))
                 added.setdefault(card, []).append(j)
             drift, new["error"], recall = await self._drift(model, history.drift, windows, new,
-                                                            history.params(model))
+                                                            history.params(model), history.day_start(model))
             scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
             touched = {card: field(card) for card in added}  # after the errors: the fields carry them too
             n_cards = history.n_cards + sum(card not in history.cards for card in added)
@@ -803,7 +839,8 @@ class SpacedRepetition(StatefulTask):
                         if predict is not None else None}
 
             moved = said["rebuilt_from_events"] > 0
-            return Change(_encode(recent, n_cards, drift, scored, history.fit) if fresh or moved else None, answer,
+            return Change(_encode(recent, n_cards, drift, scored, history.fit) if fresh or moved or told else None,
+                          answer,
                           len(fresh) + (history.count if moved else 0),
                           {**carried_fields, **{card: rows.tobytes() for card, rows in touched.items()}})
 
@@ -851,7 +888,7 @@ class SpacedRepetition(StatefulTask):
         now = self._query_time(history, now, "now")
         windows = [window(model, history, card) for card, _ in cards]
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
-                             history.params(model))
+                             history.params(model), history.day_start(model))
         n = len(cards)
         card_ids = np.array([id_hash(c) for c, _ in cards], dtype=np.int64)
         deck_ids = np.array([id_hash(d) for _, d in cards], dtype=np.int64)
@@ -942,7 +979,7 @@ class SpacedRepetition(StatefulTask):
                                        "or cards")
         now = self._query_time(history, now, "now")
         fsrs = FSRS6.of(history.params(model).astype(np.float64))  # the user's own parameters
-        day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0)) * 3600.0
+        day_start = history.day_start(model)
 
         def day(t) -> np.ndarray:
             return np.floor((np.asarray(t, dtype=np.float64) - day_start) / 86400.0)
@@ -1012,7 +1049,7 @@ class SpacedRepetition(StatefulTask):
                                          history.drift), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
         hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
-                             history.params(model))
+                             history.params(model), history.day_start(model))
         new = await self._run(model, hist, np.array([take]), np.array([id_hash(fresh)]), np.array([id_hash("")]),
                               np.array([now], dtype=np.float64))
         new_s = float(new["duration_s"][0])
@@ -1083,7 +1120,7 @@ class SpacedRepetition(StatefulTask):
         if scored.any():
             windows = turn.windows
             hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]),
-                                 turn.before.drift, turn.before.params(model))
+                                 turn.before.drift, turn.before.params(model), turn.before.day_start(model))
             out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                        ("card", "deck", "time")), background=True)
             self._score_shadow(model, out["recall"].astype(np.float64), new, scored)
@@ -1191,7 +1228,8 @@ class SpacedRepetition(StatefulTask):
                              {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
             windows.append(window(model, before, card))
             added.setdefault(card, []).append(j)
-        drift, new["error"], recall = await self._drift(model, history.drift, windows, new, params, background=True)
+        drift, new["error"], recall = await self._drift(model, history.drift, windows, new, params,
+                                                        history.day_start(model), background=True)
         scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
         touched = {card: field(card) for card in added}
         n_cards = history.n_cards + sum(card not in history.cards for card in added)
@@ -1245,7 +1283,7 @@ class SpacedRepetition(StatefulTask):
             return {**out, "reason": "not due", "scored_reviews": header.scored}
         stored = await self.store.read_all(key)
         history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
-        day_start = float((model.manifest.get("model_config") or {}).get("day_start_hour", 4.0))
+        day_start = history.day_start(model) / 3600.0
         known = history.scored >= 0  # (a v3 header does not know the user's scored reviews: the fit counts them)
         fit_args = (history.recent, stored.fields, day_start, True if force or known else self._fit_due(history.fit))
         w, scored, held = await (self.fitter.fit(*fit_args) if self.fitter is not None else
@@ -1261,8 +1299,8 @@ class SpacedRepetition(StatefulTask):
             latest = _decode(current)
             if not current.exists or latest.count < fit.fitted_on:  # deleted (and maybe begun again) meanwhile
                 return Change(None, lambda _: _done({**out, "reason": "deleted meanwhile"}))
-            blob = _encode(latest.recent, latest.n_cards, latest.drift,
-                           latest.scored if latest.scored >= 0 else scored, fit)
+            blob = _encode(latest.recent, latest.n_cards, latest.drift, latest.scored if latest.scored >= 0 else scored,
+                           replace(fit, day_start=latest.fit.day_start))  # (a boundary told meanwhile stays)
             return Change(blob, lambda written: _done({**out, "refitted": True, "fitted_on": fit.fitted_on,
                                                        "scored_reviews": scored, "w": list(fit.w),
                                                        "state_version": written.version}))
@@ -1285,4 +1323,6 @@ class SpacedRepetition(StatefulTask):
                 "state_version": stored.version, "last_update": stored.updated, **said,
                 "parameters": {"w": [float(x) for x in (fit.w if fit.w is not None else default_params(model))],
                                "fitted_on": fit.fitted_on, "fitted_at": fit.fitted_at,
-                               "scored_reviews": history.scored if history.scored >= 0 else None}}
+                               "scored_reviews": history.scored if history.scored >= 0 else None,
+                               "day_start_hour_utc": history.day_start(model) / 3600.0,
+                               "day_start_told": fit.day_start is not None}}

@@ -312,6 +312,40 @@ def test_stepping_equals_the_full_pass_with_each_users_parameters(model):
     assert not torch.allclose(full.fsrs_recall[1], model(seq).fsrs_recall[1])  # row 1's own parameters mattered
 
 
+def test_each_users_day_boundary_decides_same_day_and_stepping_equals_the_full_pass(model):
+    """A review at 02:00 UTC of a card last seen at 23:00 UTC the day before is on the card's next scheduler day for a
+    user whose days start at midnight UTC, and on the same day for one whose days start at 04:00 UTC (Anki's
+    default); the rest of a row's answer follows its own user's boundary, never another row's."""
+    day0 = 1_700_006_400.0  # 00:00 UTC
+    t = torch.tensor([[day0 - 3600.0, day0 + 2 * 3600.0]] * 2, dtype=torch.float64)  # 23:00, then 02:00
+    w = Window(torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long), t[:, :1],
+               torch.full((2, 1), 3), torch.full((2, 1), 5.0), torch.full((2, 1), 2),
+               torch.ones(2, 1, dtype=torch.bool), torch.full((2, 1), float("nan")))
+    start = torch.tensor([0.0, 4 * 3600.0], dtype=torch.float64)
+    state = (*w, torch.zeros(2, 2), model.fsrs_w.float().expand(2, -1), start)
+    zero = torch.zeros(2, dtype=torch.long)
+    out = model.readout(state, zero, zero, t[:, 1])
+    assert out.scored.tolist() == [True, False]
+    assert out.fsrs_recall[0] < out.fsrs_recall[1]  # a day of forgetting against none (FSRS-6 counts whole days)
+    default = model.readout(tuple(state[:10]), zero, zero, t[:, 1])  # no boundary: the config's, 04:00 UTC
+    torch.testing.assert_close(default.recall[1], out.recall[1], atol=0, rtol=0)
+
+    seq = _sequences(17)
+    start = torch.tensor([0.0, 4 * 3600.0, 20 * 3600.0], dtype=torch.float64)
+    full = model(seq, None, start)
+    state = (*model.init_state(B)[:10], start)
+    assert model.init_state(1)[10].item() == model.cfg.day_start_hour * 3600.0  # a new user: the config's
+    for i in range(T):
+        out = model.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        torch.testing.assert_close(out.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
+        assert torch.equal(out.scored, full.scored[:, i])
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+        assert torch.equal(state[10], start)  # a review does not move the boundary
+    moved = model(seq, None, start[[1, 1, 1]])
+    assert not torch.equal(full.scored[2], moved.scored[2])  # row 2's own boundary mattered (its data cross 04:00)
+    assert torch.equal(full.scored[1], moved.scored[1])
+
+
 @pytest.fixture(scope="module")
 def shrunk():
     """The `model` fixture's weights with gap_shrink on, drifts off and the network's curve fully trusted."""

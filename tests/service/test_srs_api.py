@@ -148,30 +148,34 @@ def _window(log, reviews: list[dict], n: int, card: str, errors: np.ndarray) -> 
 
 
 def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: np.ndarray,
-         params=None) -> list[np.ndarray]:
-    """The predict graph on one window for queries at `times`, with the user's FSRS-6 parameters (default: the
-    manifest's, which a user starts with)."""
+         params=None, day_start: float | None = None) -> list[np.ndarray]:
+    """The predict graph on one window for queries at `times`, with the user's FSRS-6 parameters and day boundary
+    (default: the manifest's, which a user starts with)."""
     b = len(times)
+    manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
     if params is None:
-        params = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())["fsrs6"]["parameters"]
+        params = manifest["fsrs6"]["parameters"]
+    if day_start is None:  # a user without their own: the model's
+        day_start = manifest["model_config"]["day_start_hour"] * 3600.0
     feeds = [np.repeat(h[None], b, axis=0) for h in hist] + [np.tile(np.float32(drift), (b, 1)),
                                                              np.tile(np.float32(params), (b, 1)),
+                                                             np.full(b, day_start),
                                                              np.full(b, id_hash(card)), np.full(b, id_hash(deck)),
                                                              times]
     return onnx_session(art / "time_aware" / "1" / "predict.onnx").run(None, dict(zip(INPUTS, feeds, strict=True)))
 
 
-def onnx_drift(art: Path, reviews: list[dict]) -> tuple[list[float], np.ndarray]:
+def onnx_drift(art: Path, reviews: list[dict], day_start: float | None = None) -> tuple[list[float], np.ndarray]:
     """(the drift sums after `reviews`, each review's FSRS-6 error), stepped here: the graph answers each review from
     its window before it, and FSRS-6's error on it (rating > 1 minus fsrs_recall) is the review's error, and is added
     to the sums, when it is scored (NaN otherwise). Stepped once per log (one graph call per review): the queries on
     one log share it."""
-    drift, errors = _onnx_drift(art, json.dumps(reviews))
+    drift, errors = _onnx_drift(art, json.dumps(reviews), day_start)
     return list(drift), errors.copy()
 
 
 @functools.cache
-def _onnx_drift(art: Path, reviews_json: str) -> tuple[tuple[float, float], np.ndarray]:
+def _onnx_drift(art: Path, reviews_json: str, day_start: float | None) -> tuple[tuple[float, float], np.ndarray]:
     reviews = json.loads(reviews_json)
     manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
     a = 0.5 ** (1 / manifest["drift"]["halflife_scored_reviews"])
@@ -179,7 +183,7 @@ def _onnx_drift(art: Path, reviews_json: str) -> tuple[tuple[float, float], np.n
     errors = np.full(len(reviews), np.nan)
     for i, r in enumerate(reviews):
         hist, _ = _window(log, reviews, i, r["card_id"], errors)
-        out = _run(art, hist, [m, w], r["card_id"], r.get("deck_id", ""), np.array([r["time"]]))
+        out = _run(art, hist, [m, w], r["card_id"], r.get("deck_id", ""), np.array([r["time"]]), day_start=day_start)
         fsrs_recall, scored = out[3][0], out[4][0]
         if scored:
             errors[i] = float(r["rating"] > 1) - float(fsrs_recall)
@@ -187,12 +191,15 @@ def _onnx_drift(art: Path, reviews_json: str) -> tuple[tuple[float, float], np.n
     return (m, w), errors
 
 
-def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at) -> tuple[dict, np.ndarray]:
+def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at,
+                 day_start: float | None = None) -> tuple[dict, np.ndarray]:
     """The exported graph on the window review_window.select picks from the raw log (no padding), with the drift
-    stepped over the log (onnx_drift), for a query at `at` (a time, or an array of times: one row each)."""
-    drift, errors = onnx_drift(art, reviews)
+    stepped over the log (onnx_drift), for a query at `at` (a time, or an array of times: one row each), for a user
+    whose days start `day_start` seconds after 00:00 UTC (None: the model's)."""
+    drift, errors = onnx_drift(art, reviews, day_start)
     hist, seqs = _window(as_log(reviews), reviews, len(reviews), card, errors)
-    probs, recall, duration, _, _ = _run(art, hist, drift, card, deck, np.atleast_1d(np.asarray(at, dtype=np.float64)))
+    probs, recall, duration, _, _ = _run(art, hist, drift, card, deck, np.atleast_1d(np.asarray(at, dtype=np.float64)),
+                                         day_start=day_start)
     if np.ndim(at) == 0:
         probs, recall, duration = probs[0], recall[0], duration[0]
     return {"probs": probs, "recall": recall, "duration": duration}, seqs
@@ -277,6 +284,38 @@ def test_served_predictions_equal_the_offline_model(served_model, store_url, ser
         assert http.delete("/v1/srs/time_aware/users/learner").json()["deleted"] is True
         assert http.get("/v1/srs/time_aware/users/learner").json()["exists"] is False
         assert http.delete("/v1/srs/time_aware/users/learner").json()["deleted"] is False
+
+
+def test_each_user_has_their_own_day_boundary(srs_art, store_url, serve):
+    """FSRS-6 counts a user's scheduler days. The same reviews for a user told (with their reviews) that their days
+    start at 00:00 UTC and for one never told (the model's 04:00 UTC): a review between midnight and 4 am of a card
+    seen the evening before is scored for the first only, and each user's answers are the graph's with their own
+    boundary, which stays through later writes that do not mention it."""
+    reviews = review_log(9, n=120)
+    night = [i for i, r in enumerate(reviews) if (r["time"] % DAY) < 4 * 3600]
+    assert night, "no review between midnight and 4 am UTC"
+    card, deck = reviews[-1]["card_id"], reviews[-1]["deck_id"]
+    at = reviews[-1]["time"] + 2.5 * DAY
+    with serve(Settings(artifacts_dir=srs_art, redis_url=store_url)) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
+        first = {"user_id": "east", "reviews": reviews[:60], "day_start_hour_utc": 0}
+        assert http.post("/v1/srs/time_aware/reviews", json=first).status_code == 200
+        post_all(http, "east", reviews[60:], 60)  # (not told again)
+        post_all(http, "plain", reviews, 60)
+        east, plain = (http.get(f"/v1/srs/time_aware/users/{u}").json()["parameters"] for u in ("east", "plain"))
+        assert (east["day_start_hour_utc"], east["day_start_told"]) == (0.0, True)
+        assert (plain["day_start_hour_utc"], plain["day_start_told"]) == (4.0, False)
+        assert east["scored_reviews"] != plain["scored_reviews"]
+        answers = {}
+        for user, start in (("east", 0.0), ("plain", None)):
+            got = http.post("/v1/srs/time_aware/predict", json={"user_id": user, "card_id": card, "deck_id": deck,
+                                                                "time": at}).json()
+            check_answer(got, offline_onnx(srs_art, reviews, card, deck, at, start)[0])
+            answers[user] = got["p_recall"]
+        assert answers["east"] != answers["plain"]
+        bad = http.post("/v1/srs/time_aware/reviews", json={**first, "user_id": "x", "day_start_hour_utc": 24})
+        assert bad.status_code == 422 and "day_start_hour_utc" in bad.text
+        assert http.get("/v1/srs/time_aware/users/x").json()["exists"] is False
 
 
 def test_one_by_one_equals_one_batch_and_replays_apply_once(srs_art, store_url, serve):

@@ -168,7 +168,7 @@ def test_two_users_get_their_own_parameters_and_their_own_curves_from_one_artifa
             history = asyncio.run(_history(worker_env, model, user, card))
             rows = window(model, history, card)
             for name, w in ((user, params[user]), (other, params[other])):
-                feeds = history_feeds([rows], len(rows), history.drift, w)
+                feeds = history_feeds([rows], len(rows), history.drift, w, history.day_start(model))
                 feeds.update(card=np.array([id_hash(card)]), deck=np.array([id_hash(deck)]),
                              time=np.array([at], dtype=np.float64))
                 session = model.sessions["predict"]
@@ -188,7 +188,7 @@ async def _history(url: str, model, user: str, card: str):
 
 
 def test_a_state_stored_before_per_user_parameters_still_reads_and_is_upgraded(art, redis_url, serve):
-    """A v3 header (card count, drift; no parameters) reads with the defaults; the next review stores v4."""
+    """A v3 header (card count, drift; no parameters) reads with the defaults; the next review stores v5."""
     model = load_artifact(art / MODEL / demo.VERSION)
     key = f"srs:{MODEL}:{model.schema}:old"
     rows = np.zeros(2, dtype=ROW)
@@ -230,7 +230,7 @@ def test_a_state_stored_before_per_user_parameters_still_reads_and_is_upgraded(a
             await store.close()
 
     blob = asyncio.run(header_tag())
-    assert int(np.frombuffer(blob, dtype="<i8", count=1)[0]) == -4 and (len(blob) - HEADER.itemsize) % ROW.itemsize == 0
+    assert int(np.frombuffer(blob, dtype="<i8", count=1)[0]) == -5 and (len(blob) - HEADER.itemsize) % ROW.itemsize == 0
     assert np.frombuffer(blob, dtype=HEADER, count=1)[0]["drift"][1] > 1.0  # the drift carried over (and grew)
 
 

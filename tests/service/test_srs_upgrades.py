@@ -295,7 +295,8 @@ def test_states_migrate_command_moves_flashcard_users(tmp_path, redis_url, serve
 def test_events_export_writes_the_review_csv_that_training_reads(tmp_path, redis_url, serve, monkeypatch, capsys):
     """`nextstep events export` for a flashcard model: each user's stored reviews (from the newest layout that has
     them), in order, in the review-log CSV that `nextstep train time_aware` reads (ids as the service codes them,
-    times as stored), split by a hash of the user id; reviews the store no longer holds are counted."""
+    times as stored, each user's scheduler days by the boundary the app told), split by a hash of the user id;
+    reviews the store no longer holds are counted."""
     from nextstep.cli import main
     from nextstep.service.event_export import in_test
     from nextstep.training.srs.reviews import read_review_data
@@ -310,6 +311,17 @@ def test_events_export_writes_the_review_csv_that_training_reads(tmp_path, redis
         for n, (user, reviews) in enumerate(users.items()):
             post(http, "time_aware@1" if n % 2 else "time_aware@3", user, reviews)  # either layout
         post(http, "time_aware@1", "big", big)
+        told = http.post("/v1/srs/time_aware@1/reviews", json={"user_id": "user-0", "reviews": [],
+                                                               "day_start_hour_utc": 21.5})
+        assert told.status_code == 422  # (reviews are required: the boundary comes with some)
+        later = reviews_of(40, 3, 2, tag="late")
+        shift = users["user-0"][-1]["time"] - later[0]["time"] + 86400
+        for r in later:
+            r["time"] += shift
+        told = http.post("/v1/srs/time_aware@3/reviews", json={"user_id": "user-0", "reviews": later,
+                                                               "day_start_hour_utc": 21.5})
+        assert told.status_code == 200, told.text
+        users["user-0"] = users["user-0"] + later
     monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_url)
     monkeypatch.setenv("NEXTSTEP_ARTIFACTS_DIR", str(tmp_path))
     out = tmp_path / "export"
@@ -327,6 +339,9 @@ def test_events_export_writes_the_review_csv_that_training_reads(tmp_path, redis
         assert set(log.user_ids) == ({*users, "big"} - test_side if part == "train" else test_side)
         for u, user in enumerate(log.user_ids):
             rows = slice(int(log.offsets[u]), int(log.offsets[u + 1]))
+            start = (21.5 if user == "user-0" else 4.0) * 3600  # the boundary told, else 04:00 UTC
+            days = np.floor((log.time[rows] - start) / 86400)
+            np.testing.assert_array_equal(log.day_offsets()[rows], days - days.min())
             sent = users[user] if user != "big" else None
             if sent is None:  # the reviews held: the last 32 and each card's last 4
                 assert len(log.time[rows]) == kept and np.all(np.diff(log.time[rows]) >= 0)

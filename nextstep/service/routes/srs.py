@@ -75,6 +75,11 @@ class SrsReviewsRequest(Strict):
     reviews: Annotated[list[SrsReview], Field(min_length=1, description="in time order, none before the user's "
                                                                        "last stored review")]
     predict: Annotated[SrsQuery | None, Field(description="also predict this review afterwards")] = None
+    day_start_hour_utc: Annotated[float | None, Field(
+        ge=0, lt=24, allow_inf_nan=False,
+        description="the hour (UTC) at which this user's scheduler day starts: Anki's 'next day starts at' in the "
+                    "user's time zone (4 am in UTC-5 is 9). FSRS-6 counts days by it; stored for the user from these "
+                    "reviews on. Default: the user's stored one, else the model's day_start_hour")] = None
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "user_id": "user-42",
@@ -158,7 +163,8 @@ SUMMARY = {**USER, "exists": True, "reviews_total": 1, "last_review_time": 17672
            "state_version": 1, "last_update": 1767225601.0, "rebuilt_from_events": 0,
            "parameters": {"w": [0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796,
                                 1.4835, 0.0614, 0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542],
-                          "fitted_on": 0, "fitted_at": None, "scored_reviews": 0}}
+                          "fitted_on": 0, "fitted_at": None, "scored_reviews": 0, "day_start_hour_utc": 4.0,
+                          "day_start_told": False}}
 
 
 def _review(r: SrsReview) -> Review:
@@ -172,7 +178,8 @@ async def post_reviews(model: ModelName, body: SrsReviewsRequest, srs: Srs, requ
     too_many("reviews", len(body.reviews), request.app.state.settings.max_events)
     not_ahead(request, [r.time for r in body.reviews], "reviews[{i}].time")  # (a query's time may be any)
     query = (str(body.predict.card_id), str(body.predict.deck_id), body.predict.time) if body.predict else None
-    return await srs.add_reviews(model, body.user_id, [_review(r) for r in body.reviews], query)
+    day_start = None if body.day_start_hour_utc is None else body.day_start_hour_utc * 3600.0
+    return await srs.add_reviews(model, body.user_id, [_review(r) for r in body.reviews], query, day_start)
 
 
 @router.post("/predict", summary="P(rating), P(recall) and expected answer time of a review of one card",

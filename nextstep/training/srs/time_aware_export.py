@@ -1,14 +1,19 @@
 """The time-aware transformer through the export harness (export.py): the `predict` readout over a window.
 
     predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid, hist_error, drift,
-            fsrs_w, card, deck, time)
+            fsrs_w, day_start, card, deck, time)
         -> rating_probs (B, 4), recall (B,), duration_s (B,), fsrs_recall (B,), scored (B,)
-    schedule(hist_*, drift, fsrs_w, card, deck, time, retention) -> recall (B,), log_wait_days (B,), duration_s (B,)
+    schedule(hist_*, drift, fsrs_w, day_start, card, deck, time, retention)
+        -> recall (B,), log_wait_days (B,), duration_s (B,)
 
 `fsrs_w` (B, 21) float32 is each row's user's FSRS-6 parameters, fitted on that user's own reviews (the service keeps
 them in the user's state and refits them, `nextstep srs refit`); a user without a fit gets the manifest's
 `fsrs6.parameters` (the model's `fsrs_w` buffer: fsrs-rs's defaults, or those of the one collection a single-user
 artifact was trained on). One artifact serves every user with their own parameters.
+
+`day_start` (B,) float64 is each row's user's scheduler day boundary, in seconds after 00:00 UTC (Anki's "next day
+starts at" hour in the user's time zone): FSRS-6 counts intervals in these days, and a review is `scored` when its
+card was last reviewed on an earlier one. A user without one gets the manifest's `model_config.day_start_hour`.
 
 `drift` (B, 2) float32 is the user's drift sums (TimeAwareTransformer.drift_offset): after each review, the
 service adds FSRS-6's error on it, rating > 1 minus the `fsrs_recall` that predict answered for it just before,
@@ -41,8 +46,8 @@ from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, 
 from ..export import Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
-          "hist_error", "drift", "fsrs_w", "card", "deck", "time")
-N_STATE = 10  # the window's eight fields, the drift and the user's FSRS-6 parameters
+          "hist_error", "drift", "fsrs_w", "day_start", "card", "deck", "time")
+N_STATE = 11  # the window's eight fields, the drift, the user's FSRS-6 parameters and day boundary
 
 
 MONOTONE_POINTS = 64  # elapsed times per query in the export's monotonicity check, 1 minute to 10 years
@@ -98,6 +103,7 @@ class TimeAwareExporter(Exporter):
                                  strict=True))
                 feeds["drift"] = np.tile(np.array([[-1.0, 4.0]], dtype=np.float32), (len(offsets), 1))
                 feeds["fsrs_w"] = np.tile(self.model.fsrs_w.float().numpy()[None], (len(offsets), 1))
+                feeds["day_start"] = np.full(len(offsets), self.model.cfg.day_start_hour * 3600.0)
                 feeds.update(card=np.full(len(offsets), sequence[0][b, t].item()),
                              deck=np.full(len(offsets), sequence[1][b, t].item()),
                              time=rows[2][-1] + offsets)

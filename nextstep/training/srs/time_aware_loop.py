@@ -66,10 +66,16 @@ class TimeAwareTrainConfig:
 
 
 class ReviewTensors:
-    """A review log as tensors plus every review's window (global row numbers, -1 padding)."""
+    """A review log as tensors plus every review's window (global row numbers, -1 padding), each user's FSRS-6
+    parameters (`set_params`) and scheduler day boundary: the log's (``meta["day_start_ms"]``), else
+    `day_start_hour` UTC."""
 
-    def __init__(self, log: ReviewLog, window: int, card_window: int):
+    def __init__(self, log: ReviewLog, window: int, card_window: int, day_start_hour: float = 4.0):
         self.log = log
+        starts = log.meta.get("day_start_ms") or {}
+        self.user_day_start = np.array([int(starts[u]) % 86_400_000 / 1000.0 if u in starts else day_start_hour * 3600.0
+                                        for u in log.user_ids], dtype=np.float64)  # seconds after 00:00 UTC
+        self.day_start = torch.from_numpy(np.repeat(self.user_day_start, np.diff(log.offsets)))
         self.card = torch.from_numpy(log.card.astype(np.int64))
         self.deck = torch.from_numpy(log.deck.astype(np.int64))
         self.time = torch.from_numpy(log.time.astype(np.float64))
@@ -127,7 +133,7 @@ class ReviewTensors:
         idx, valid = idx[:, first:], valid[:, first:]
         at = idx.clamp(min=0)
         state = (self.card[at], self.deck[at], self.time[at], self.rating[at], self.duration[at], self.state[at], valid,
-                 self.error[at], self.drift[rows], self.params[rows])
+                 self.error[at], self.drift[rows], self.params[rows], self.day_start[rows])
         out = (state, self.card[rows], self.deck[rows], self.time[rows])
         if device != "cpu":
             out = (tuple(x.to(device) for x in state), *(x.to(device) for x in out[1:]))

@@ -59,7 +59,7 @@ def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainCon
     folds = protocol_folds(log, n_splits)
     if not folds or not len(folds[-1][1]):
         raise ValueError(f"{log.path}: too few scored reviews for {n_splits} time-ordered folds")
-    rt = ReviewTensors(log, cfg.window, cfg.card_window)
+    rt = ReviewTensors(log, cfg.window, cfg.card_window, cfg.day_start_hour)
     p_recall = np.full(len(log), np.nan)
     p_rating = np.full((len(log), 4), np.nan)
     duration = np.full(len(log), np.nan)
@@ -114,7 +114,7 @@ def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTra
     if tcfg.cross_validate:
         metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
     else:  # the exported model only: its evaluation is `nextstep evaluate` on users it never saw
-        rt = ReviewTensors(log, mcfg.window, mcfg.card_window)
+        rt = ReviewTensors(log, mcfg.window, mcfg.card_window, mcfg.day_start_hour)
         model, info = fit(rt, np.arange(len(log), dtype=np.int64), mcfg, tcfg,
                           log_progress=_report("all reviews", progress))
         metrics, baselines = {"skipped": "cross_validate is false: evaluate on other users (nextstep evaluate)"}, False
@@ -185,7 +185,7 @@ class ProtocolBaselines:
 def score_on_users(model: TimeAwareTransformer, log: ReviewLog, base: ProtocolBaselines) -> dict:
     """evaluate_time_aware's result for a model already loaded (see there)."""
     folds, fitted = base.folds, base.fitted
-    rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window)
+    rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window, model.cfg.day_start_hour)
     p_recall, p_rating, duration = np.full(len(log), np.nan), np.full((len(log), 4), np.nan), np.full(len(log), np.nan)
     for k, (_, test) in enumerate(folds):
         per_user = np.tile(np.asarray(base.default_w), (log.n_users, 1))
@@ -252,7 +252,7 @@ def tuning_split(log: ReviewLog, *, cfg: TimeAwareTrainConfig | None = None, blo
     tcfg = cfg or TimeAwareTrainConfig()
     mcfg = model_config(tcfg, log)
     n = len(log)
-    rt = ReviewTensors(log, mcfg.window, mcfg.card_window)
+    rt = ReviewTensors(log, mcfg.window, mcfg.card_window, mcfg.day_start_hour)
     rows, recall, fsrs, epochs = [], [], [], []
     for k in blocks:
         train = np.arange(n * (k - 1) // 6)

@@ -61,3 +61,17 @@ def test_a_window_without_states_or_answer_times_is_a_valid_window():
     with torch.no_grad():
         pred = model.readout(Window(*hidden[:8]), hidden[0][:, -1], hidden[1][:, -1], hidden[2][:, -1] + 86400.0)
     assert torch.isfinite(pred.recall).all() and torch.isfinite(pred.log_duration).all()
+
+
+def test_each_users_day_boundary_comes_from_their_data():
+    """Every review carries its user's scheduler day boundary (seconds after 00:00 UTC): the log's own per user (an
+    Anki collection's rollover, a CSV's day columns), else the model's default."""
+    log = simulate_reviews(n_users=2, n_cards=20, n_days=10, seed=3)
+    first, second = log.user_ids
+    log.meta["day_start_ms"] = {first: 1_700_000_000_000 + 20 * 3_600_000}  # the second user's is not known
+    rt = ReviewTensors(log, SMALL.window, SMALL.card_window, day_start_hour=4.0)
+    expected = (1_700_000_000_000 % 86_400_000) / 1000.0 + 20 * 3600.0
+    np.testing.assert_array_equal(rt.user_day_start, [expected % 86400.0, 4 * 3600.0])
+    np.testing.assert_array_equal(rt.day_start.numpy(), np.repeat(rt.user_day_start, np.diff(log.offsets)))
+    state = rt.batch(torch.arange(len(log)))[0]
+    assert torch.equal(state[10], rt.day_start)  # what the model reads
