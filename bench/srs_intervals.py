@@ -13,9 +13,10 @@ Per user (each folder holding one user's data, read as `nextstep train/evaluate 
    Runtime on the artifact's graphs). The user's first review is posted, then the parameters of step 1 are stored
    in the user's header exactly as `nextstep srs refit` stores a fit (SpacedRepetition.write with the refit's
    header; the service's own refit would fit on the reviews it holds, each card's last `card_size` only, so its
-   parameters could differ from FSRS-6's side), then the rest of the reviews in time order. Right after each
-   card's last review, `POST /v1/srs/MODEL/schedule` for that card with `now` = that review + 60 s, at each
-   retention. The served interval is `due` minus the card's last review (`max_interval` cards: the maximum;
+   parameters could differ from FSRS-6's side), then the rest of the reviews in time order, each request telling
+   the user's day boundary (`day_start_hour_utc`: their data's, as training and the evaluation count days). Right
+   after each card's last review, `POST /v1/srs/MODEL/schedule` for that card with `now` = that review + 60 s, at
+   each retention. The served interval is `due` minus the card's last review (`max_interval` cards: the maximum;
    `due_now`: the minute).
 3. FSRS-6: the card's stability after all of its reviews (fsrs-rs `memory_state` with the user's parameters; the
    same FSRSItem the evaluation builds), and FSRS-6's interval at retention r, fsrs-rs's `next_interval`:
@@ -41,6 +42,7 @@ import shutil
 import sys
 import tempfile
 import time as _time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -116,7 +118,8 @@ def _store_parameters(http: TestClient, user: str, w: list[float], fitted_on: in
 
     async def attempt(current, *_):
         h = _decode(current)
-        return Change(_encode(h.recent, h.n_cards, h.drift, h.scored, fit), _answer)
+        return Change(_encode(h.recent, h.n_cards, h.drift, h.scored, replace(fit, day_start=h.fit.day_start)),
+                      _answer)
 
     async def _answer(_written):
         return {}
@@ -131,12 +134,14 @@ def served_intervals(http: TestClient, user: str, log: ReviewLog, w: list[float]
     is_last = np.full(len(log), -1)
     is_last[last] = np.arange(len(last))
     done = 0
+    start = (log.meta.get("day_start_ms") or {}).get(log.user_ids[0])
+    told = {} if start is None else {"day_start_hour_utc": int(start) % 86_400_000 / 3_600_000}  # the user's days
 
     def post(hi: int) -> None:
         nonlocal done
         for lo in range(done, hi, POST_BATCH):
             reply = http.post(f"/v1/srs/{MODEL}/reviews",
-                              json={"user_id": user, "reviews": _reviews(log, lo, min(hi, lo + POST_BATCH))})
+                              json={"user_id": user, "reviews": _reviews(log, lo, min(hi, lo + POST_BATCH)), **told})
             reply.raise_for_status()
         done = max(done, hi)
 

@@ -8,13 +8,15 @@
 #     bench/srs_user_folds.sh [DATA (../shared/data/srs)] [OUT (runs/user_folds)] [SEED (0)]
 #
 # SEED seeds the training; INTERVALS=0 in the environment skips the interval and no-rule passes (the log-loss
-# figures only, for the extra seeds). Then: python bench/srs_user_folds.py OUT [OUT ...]   (the tables; over seeds
+# figures only, for the extra seeds); EPOCHS caps the training epochs (5: a cap for this 2-core machine; 0: no cap,
+# the training config's own, early stopping on each training user's latest reviews deciding). Then: python bench/srs_user_folds.py OUT [OUT ...]   (the tables; over seeds
 # when given several)
 set -euo pipefail
 DATA=$(realpath "${1:-../shared/data/srs}")
 OUT=$(realpath -m "${2:-runs/user_folds}")
 SEED=${3:-0}
 INTERVALS=${INTERVALS:-1}
+EPOCHS=${EPOCHS:-5}
 FOLDS=(  # balanced by reviews: each fold holds one of the four largest users
   "ankimath anki_more/tkilb_ebrain-tech anki_small/Peregrine42_anki-flashcards anki_more/khanhtranngoccva_MyAnkiFlashcards"
   "py_fsrs_josh anki_more/ASproson_anki anki_small/hbnordin2_anki_cards anki_more/tobenwarrior_Anki2"
@@ -23,7 +25,8 @@ FOLDS=(  # balanced by reviews: each fold holds one of the four largest users
 )
 BENCH=$(dirname "$(realpath "$0")")
 mkdir -p "$OUT"
-echo '{"cross_validate": false, "max_epochs": 5, "seed": '"$SEED"', "threads": 1}' > "$OUT/cfg.json"
+CAP=$([ "$EPOCHS" = 0 ] || echo '"max_epochs": '"$EPOCHS"', ')
+echo '{"cross_validate": false, '"$CAP"'"seed": '"$SEED"', "threads": 1}' > "$OUT/cfg.json"
 for k in 1 2 3 4; do  # each fold's users as links: its four to score, the twelve others to train on
   mkdir -p "$OUT/f$k/train" "$OUT/f$k/test"
   for j in 1 2 3 4; do

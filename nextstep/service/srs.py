@@ -1153,6 +1153,7 @@ class SpacedRepetition(StatefulTask):
                 return True
             history, fields, took = rebuilt
         params = turn.before.params(model)
+        history = replace(history, fit=turn.before.fit)  # (the day boundary too, as the serving layout holds it)
         after, touched, recall = await self._append(model, history, new, turn.cards, params)
         if took is not None:  # (the candidate's own reviews, after the write's)
             rows, cards = took
