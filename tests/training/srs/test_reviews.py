@@ -464,10 +464,12 @@ def test_cli_import_anki(collection, tmp_path, capsys):
     assert main(["import-anki", str(collection), "--out", str(out), "--user-id", "42"]) == 0
     printed = capsys.readouterr().out
     # it says what the CSV holds: all 9 reviews read, the deleted card's among them, and what it left out
+    log = read_review_csv(out)
+    hour = int(log.meta["day_start_ms"]["42"]) % 86_400_000 / 3_600_000  # the boundary the CSV's day columns keep
     assert printed == (f"wrote 9 reviews of 4 cards to {out}: 8 in 2 decks and 1 of 1 deleted card (deck_id 0: "
                        "their deck is unknown); not written: 1 filtered deck (type 3), 1 manual reschedule "
-                       "(type 4)\n")
-    log = read_review_csv(out)
+                       f"(type 4)\nthe collection's days start at {int(hour):02d}:00 UTC: send "
+                       f'"day_start_hour_utc": {hour:g} with this user\'s reviews\n')
     assert log.user_ids == ["42"] and len(log) == 9 and int((log.deck == 0).sum()) == 1
     with pytest.raises(SystemExit, match="import-anki: Anki collection not found"):
         main(["import-anki", str(tmp_path / "nope.anki2"), "--out", str(out)])
