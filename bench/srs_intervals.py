@@ -134,8 +134,8 @@ def served_intervals(http: TestClient, user: str, log: ReviewLog, w: list[float]
     is_last = np.full(len(log), -1)
     is_last[last] = np.arange(len(last))
     done = 0
-    start = (log.meta.get("day_start_ms") or {}).get(log.user_ids[0])
-    told = {} if start is None else {"day_start_hour_utc": int(start) % 86_400_000 / 3_600_000}  # the user's days
+    hour = log.day_start_hours().get(log.user_ids[0])
+    told = {} if hour is None else {"day_start_hour_utc": hour}  # the user's days, as their data count them
 
     def post(hi: int) -> None:
         nonlocal done

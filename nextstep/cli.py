@@ -560,9 +560,8 @@ def cmd_import_anki(args) -> int:
     if skipped:
         line += f"; not written: {', '.join(f'{n} {reason}' for reason, n in skipped.items())}"
     print(line)
-    start = (log.meta.get("day_start_ms") or {}).get(log.user_ids[0]) if log.user_ids else None
-    if start is not None:  # what the service needs to count this user's days as the collection does
-        hour = int(start) % 86_400_000 / 3_600_000
+    hour = log.day_start_hours().get(log.user_ids[0]) if log.user_ids else None
+    if hour is not None:  # what the service needs to count this user's days as the collection does
         print(f"the collection's days start at {int(hour):02d}:{round(hour % 1 * 60):02d} UTC: send "
               f'"day_start_hour_utc": {hour:g} with this user\'s reviews')
     return 0

@@ -353,17 +353,15 @@ class TimeAwareTransformer(nn.Module):
 
     def day_start(self, day_start: torch.Tensor | None, time: torch.Tensor) -> torch.Tensor:
         """(B,) float64 seconds after 00:00 UTC at which each row's user's scheduler days start: the rows' own, or
-        the config's `day_start_hour` for every row of `time` (B, ...)."""
+        the config's `day_start_hour` for every row of `time` (B, Q)."""
         if day_start is not None:
             return day_start.double()
-        return torch.full_like(time.reshape(time.shape[0], -1)[:, 0], self.cfg.day_start_hour * 3600.0,
-                               dtype=torch.float64)
+        return torch.full_like(time[:, 0], self.cfg.day_start_hour * 3600.0, dtype=torch.float64)
 
-    def _day(self, t: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    @staticmethod
+    def _day(t: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """The scheduler day of unix times t (B, ...) float64 for users whose days start `start` (B,) seconds after
-        00:00 UTC (None: the config's day_start_hour)."""
-        if start is None:
-            return torch.floor((t - self.cfg.day_start_hour * 3600.0) / DAY)
+        00:00 UTC."""
         return torch.floor((t - start.view(-1, *([1] * (t.dim() - 1)))) / DAY)
 
     def _core(self, w: Window, q: Query, visible: torch.Tensor) -> Prediction:

@@ -140,8 +140,7 @@ HEADER_TAG = -5  # the first field of a v5 header (a v4 header's is -4, a v3 hea
 N_PARAMS = 21
 HEADER_V4 = np.dtype([("tag", "<i8"), ("cards", "<i8"), ("drift", "<f8", (2,)), ("scored", "<i8"),
                       ("w", "<f8", (N_PARAMS,)), ("fitted_on", "<i8"), ("fitted_scored", "<i8"), ("fitted_at", "<f8")])
-HEADER = np.dtype([*((name, HEADER_V4.fields[name][0]) for name in HEADER_V4.names),
-                   ("day_start", "<f8")])  # v4 and the user's day boundary (NaN: the model's)
+HEADER = np.dtype(HEADER_V4.descr + [("day_start", "<f8")])  # v4 and the user's day boundary (NaN: the model's)
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
 SIMULATE_MAX_RETENTIONS = 10
@@ -394,13 +393,13 @@ def _decode(stored: StoredState) -> History:
         return History(stored, np.zeros(0, dtype=ROW), {}, 0, np.zeros(2))
     blob = stored.blob
     tag = int(np.frombuffer(blob, dtype="<i8", count=1)[0]) if len(blob) >= 8 else 0
-    v4 = tag in (HEADER_TAG, -4)  # (v5 is v4 and the day boundary)
-    layout = HEADER if tag == HEADER_TAG else HEADER_V4 if v4 else HEADER_V3
+    with_params = tag in (HEADER_TAG, -4)  # v5 or v4 (v5 is v4 and the day boundary)
+    layout = HEADER if tag == HEADER_TAG else HEADER_V4 if with_params else HEADER_V3
     if len(blob) < layout.itemsize:
         raise ValueError(f"stored reviews of {len(blob)} bytes are shorter than their {layout.itemsize}-byte header")
     header = np.frombuffer(blob, dtype=layout, count=1)[0]
     cards = {card: _rows(value) for card, value in stored.fields.items()}
-    if not v4:  # before per-user parameters: the defaults, scored reviews unknown
+    if not with_params:  # v3: before per-user parameters: the defaults, scored reviews unknown
         return History(stored, _rows(blob, layout.itemsize), cards, int(header["cards"]),
                        np.array(header["drift"], dtype=np.float64), -1)
     fitted = int(header["fitted_on"]) > 0
@@ -511,6 +510,13 @@ def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
     if day_start is not None:
         out["day_start"] = np.full(len(windows), day_start, dtype=np.float64)
     return out
+
+
+def user_feeds(model: LoadedModel, windows: Sequence[np.ndarray], history: History) -> dict[str, np.ndarray]:
+    """history_feeds for these windows of one user, padded to a shared width (`_width` of the longest), with the
+    user's drift sums, FSRS-6 parameters and day boundary from `history`."""
+    return history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
+                         history.params(model), history.day_start(model))
 
 
 def _new_rows(reviews: Sequence[Review], first_seq: int) -> np.ndarray:
@@ -721,8 +727,7 @@ class SpacedRepetition(StatefulTask):
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
                       at: float) -> dict:
         rows = window(model, history, card_id)
-        hist = history_feeds([rows], _width(len(rows), model.extra.window[0]), history.drift, history.params(model),
-                             history.day_start(model))
+        hist = user_feeds(model, [rows], history)
         out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([id_hash(card_id)]),
                               np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
@@ -731,17 +736,16 @@ class SpacedRepetition(StatefulTask):
                 "expected_duration_s": float(out["duration_s"][0]), "history_used": len(rows),
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
-    async def _drift(self, model: LoadedModel, drift: np.ndarray, windows: list[np.ndarray],
-                     new: np.ndarray, params: np.ndarray, day_start: float, background: bool = False
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    async def _drift(self, model: LoadedModel, history: History, windows: list[np.ndarray], new: np.ndarray,
+                     background: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, and
         the model's P(recall) of each from its window: NaN where not scored, for live quality), each answered from
-        its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) under the user's FSRS-6
-        parameters and day boundary."""
+        its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) from the user's drift
+        sums before them (`history`), under their FSRS-6 parameters and day boundary."""
+        drift = history.drift
         if not len(new):
             return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), drift, params,
-                             day_start)
+        hist = user_feeds(model, windows, history)
         out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                    ("card", "deck", "time")), background=background)
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
@@ -810,8 +814,7 @@ class SpacedRepetition(StatefulTask):
                                  {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
                 windows.append(window(model, before, card))
                 added.setdefault(card, []).append(j)
-            drift, new["error"], recall = await self._drift(model, history.drift, windows, new,
-                                                            history.params(model), history.day_start(model))
+            drift, new["error"], recall = await self._drift(model, history, windows, new)
             scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
             touched = {card: field(card) for card in added}  # after the errors: the fields carry them too
             n_cards = history.n_cards + sum(card not in history.cards for card in added)
@@ -887,8 +890,7 @@ class SpacedRepetition(StatefulTask):
         history, said = await self._history(model, user_id, [c for c, _ in cards])
         now = self._query_time(history, now, "now")
         windows = [window(model, history, card) for card, _ in cards]
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
-                             history.params(model), history.day_start(model))
+        hist = user_feeds(model, windows, history)
         n = len(cards)
         card_ids = np.array([id_hash(c) for c, _ in cards], dtype=np.int64)
         deck_ids = np.array([id_hash(d) for _, d in cards], dtype=np.int64)
@@ -1048,8 +1050,7 @@ class SpacedRepetition(StatefulTask):
         windows = [window(model, History(history.stored, history.recent, {reviewed[i]: own[i]}, history.n_cards,
                                          history.drift), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
-        hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
-                             history.params(model), history.day_start(model))
+        hist = user_feeds(model, windows, history)
         new = await self._run(model, hist, np.array([take]), np.array([id_hash(fresh)]), np.array([id_hash("")]),
                               np.array([now], dtype=np.float64))
         new_s = float(new["duration_s"][0])
@@ -1119,8 +1120,7 @@ class SpacedRepetition(StatefulTask):
             return await self._follow(model, user_id, turn)
         if scored.any():
             windows = turn.windows
-            hist = history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]),
-                                 turn.before.drift, turn.before.params(model), turn.before.day_start(model))
+            hist = user_feeds(model, windows, turn.before)
             out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
                                                                        ("card", "deck", "time")), background=True)
             self._score_shadow(model, out["recall"].astype(np.float64), new, scored)
@@ -1152,14 +1152,13 @@ class SpacedRepetition(StatefulTask):
             if rebuilt is None:
                 return True
             history, fields, took = rebuilt
-        params = turn.before.params(model)
-        history = replace(history, fit=turn.before.fit)  # (the day boundary too, as the serving layout holds it)
-        after, touched, recall = await self._append(model, history, new, turn.cards, params)
+        history = replace(history, fit=turn.before.fit)  # the parameters and day boundary the serving layout holds
+        after, touched, recall = await self._append(model, history, new, turn.cards)
         if took is not None:  # (the candidate's own reviews, after the write's)
             rows, cards = took
             rows = rows.copy()
             rows["seq"] = np.arange(after.count, after.count + len(rows))
-            after, later, _ = await self._append(model, after, rows, cards, params)
+            after, later, _ = await self._append(model, after, rows, cards)
             touched.update(later)
         blob = _encode(after.recent, after.n_cards, after.drift, after.scored, turn.before.fit)
         written = await self.store.compare_and_set(key, stored.version, blob, after.count - stored.events,
@@ -1209,8 +1208,8 @@ class SpacedRepetition(StatefulTask):
         return (History(target, recent, cards, b.n_cards, b.drift, b.scored, b.fit),
                 {**emptied, **{card: rows.tobytes() for card, rows in cards.items()}}, took and took[:2])
 
-    async def _append(self, model: LoadedModel, history: History, new: np.ndarray, cards: Sequence[str],
-                      params: np.ndarray) -> tuple[History, dict[str, np.ndarray], np.ndarray]:
+    async def _append(self, model: LoadedModel, history: History, new: np.ndarray, cards: Sequence[str]
+                      ) -> tuple[History, dict[str, np.ndarray], np.ndarray]:
         """The user's history after the reviews `new` (ROW, sequence numbers from history.count on; their card ids
         `cards`) under `model`'s layout, as add_reviews records them: (the history after; the fields of the cards
         reviewed, errors in; the model's P(recall) of each review from its window just before it, NaN where not
@@ -1229,8 +1228,7 @@ class SpacedRepetition(StatefulTask):
                              {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
             windows.append(window(model, before, card))
             added.setdefault(card, []).append(j)
-        drift, new["error"], recall = await self._drift(model, history.drift, windows, new, params,
-                                                        history.day_start(model), background=True)
+        drift, new["error"], recall = await self._drift(model, history, windows, new, background=True)
         scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
         touched = {card: field(card) for card in added}
         n_cards = history.n_cards + sum(card not in history.cards for card in added)

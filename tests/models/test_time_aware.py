@@ -248,11 +248,12 @@ def test_the_curve_starts_at_fsrs6_and_is_fsrs6_at_blend_zero():
             if not rows:
                 wanted.append(float("nan"))
                 continue
-            days = [int(m._day(seq.time[b, j])) for j in rows]
+            start = torch.tensor([m.cfg.day_start_hour * 3600.0], dtype=torch.float64)  # the default boundary
+            days = [int(m._day(seq.time[b, j:j + 1], start)) for j in rows]
             reviews = [fsrs_rs.FSRSReview(int(seq.rating[b, j]), 0 if k == 0 else days[k] - days[k - 1])
                        for k, j in enumerate(rows)]
             s = fsrs_rs.FSRS(w).memory_state(fsrs_rs.FSRSItem(reviews)).stability
-            t = int(m._day(seq.time[b, i])) - days[-1]
+            t = int(m._day(seq.time[b, i:i + 1], start)) - days[-1]
             wanted.append((1 + (0.9 ** (-1 / w[20]) - 1) * t / s) ** (-w[20]))
     wanted = torch.tensor(wanted).view(19, 4)
     seen = ~torch.isnan(wanted)

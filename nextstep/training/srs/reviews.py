@@ -113,6 +113,11 @@ class ReviewLog:
         caps = [np.inf if by_user.get(u) is None else float(by_user[u]) for u in self.user_ids]
         return np.repeat(np.asarray(caps, dtype=np.float64), np.diff(self.offsets))
 
+    def day_start_hours(self) -> dict[str, float]:
+        """Each user's scheduler day boundary in hours after 00:00 UTC (``meta["day_start_ms"]`` modulo a day), for
+        the users whose boundary the log knows."""
+        return {u: int(ms) % DAY_MS / 3_600_000 for u, ms in (self.meta.get("day_start_ms") or {}).items()}
+
     def day_offsets(self) -> np.ndarray | None:
         """Each review's day (int64, day 0 = the user's day 0), from ``meta["day_start_ms"]``; None when
         some user's day boundary is unknown (e.g. a CSV whose day_offset column fits no fixed boundary)."""

@@ -72,9 +72,9 @@ class ReviewTensors:
 
     def __init__(self, log: ReviewLog, window: int, card_window: int, day_start_hour: float = 4.0):
         self.log = log
-        starts = log.meta.get("day_start_ms") or {}
-        self.user_day_start = np.array([int(starts[u]) % 86_400_000 / 1000.0 if u in starts else day_start_hour * 3600.0
-                                        for u in log.user_ids], dtype=np.float64)  # seconds after 00:00 UTC
+        hours = log.day_start_hours()
+        self.user_day_start = np.array([hours.get(u, day_start_hour) * 3600.0 for u in log.user_ids],
+                                       dtype=np.float64)  # seconds after 00:00 UTC
         self.day_start = torch.from_numpy(np.repeat(self.user_day_start, np.diff(log.offsets)))
         self.card = torch.from_numpy(log.card.astype(np.int64))
         self.deck = torch.from_numpy(log.deck.astype(np.int64))

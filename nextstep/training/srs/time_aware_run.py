@@ -46,9 +46,9 @@ def model_config(tcfg: TimeAwareTrainConfig, log: ReviewLog) -> TimeAwareConfig:
     """The model's configuration: `tcfg.model`'s overrides, and the user's day boundary (scheduler days, which
     FSRS's intervals count) from the log where it knows one and the overrides do not set it."""
     overrides = dict(tcfg.model)
-    starts = {int(ms) % 86_400_000 for ms in (log.meta.get("day_start_ms") or {}).values()}
+    starts = set(log.day_start_hours().values())
     if "day_start_hour" not in overrides and len(starts) == 1:
-        overrides["day_start_hour"] = starts.pop() / 3_600_000
+        overrides["day_start_hour"] = starts.pop()
     return TimeAwareConfig(**overrides)
 
 
