@@ -36,7 +36,7 @@ T0 = 1_767_225_600.0  # the flashcard users' first review (2026-01-01 UTC)
 
 
 def add_flashcards(root: Path, version: str, year: int, nudge: float, window: int | None) -> None:
-    """time_aware/<version>: the demo; `nudge` added to the predict graph's drift gain, `window` its window size."""
+    """time_aware/<version>: the demo; `nudge` added to the predict graphs' drift gain, `window` its window size."""
     import onnx
     from onnx import numpy_helper
 
@@ -47,11 +47,17 @@ def add_flashcards(root: Path, version: str, year: int, nudge: float, window: in
         manifest["window"] = {**manifest["window"], "size": window}
     (out / "manifest.json").write_text(json.dumps({**manifest, "version": version,
                                                    "created": f"{year}-01-01T00:00:00Z"}))
-    if nudge:
-        graph = onnx.load(out / "predict.onnx")
+    for name in ("predict", "predict_memory") if nudge else ():
+        graph = onnx.load(out / f"{name}.onnx")
         (gain,) = [t for t in graph.graph.initializer if t.name == "model.drift_gain"]
-        gain.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(gain) + np.float32(nudge), gain.name))
-        onnx.save(graph, out / "predict.onnx")
+        # the drift's own product only (the exporter shares the gain's 4.0 with FSRS-6's Easy rating in `predict`)
+        made = {o: node.op_type for node in graph.graph.node for o in node.output}
+        (mul,) = [node for node in graph.graph.node if node.op_type == "Mul" and gain.name in node.input
+                  and any(made.get(i) == "Div" for i in node.input)]
+        graph.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(gain) + np.float32(nudge),
+                                                               "nudged_drift_gain"))
+        mul.input[list(mul.input).index(gain.name)] = "nudged_drift_gain"
+        onnx.save(graph, out / f"{name}.onnx")
 
 
 def add_version(root: Path, version: str, year: int, nudge: float, model: str = "deep_gpcm",

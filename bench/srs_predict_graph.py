@@ -10,8 +10,9 @@ service's session options (one intra-op thread, every graph optimisation): batch
                                       [--rounds 2]
 
 Default sizes: the bundled demo's (window 32, d_model 16, one layer). Prints nodes and median microseconds per
-card window, and the cost per review of the card (a straight line through the first and last). About a minute an
-export on this machine.
+card window, of `predict` and of its twin `predict_memory`, which takes the card's FSRS-6 memory as an input (the
+service computes it with fsrs-rs, nextstep/card_memory.py) instead of running the recurrence, and predict's cost per
+review of the card (a straight line through the first and last). About a minute an export on this machine.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from nextstep.card_memory import card_memory
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
 from nextstep.service.registry import session_options
 from nextstep.training.srs.time_aware_export import export_time_aware
@@ -68,7 +70,7 @@ def feeds(model: TimeAwareTransformer, session: ort.InferenceSession) -> dict[st
          "hist_valid": np.ones(H, bool), "hist_error": rng.uniform(-0.5, 0.5, H).astype(np.float32)}
     f = {k: v[None] for k, v in f.items()}
     f.update(drift=np.float32([[-0.3, 4.0]]), fsrs_w=model.fsrs_w.float().numpy()[None], card=np.int64([7]),
-             deck=np.int64([1]), time=np.float64([t[-1] + 5 * 86400]))
+             deck=np.int64([1]), time=np.float64([t[-1] + 5 * 86400]), day_start=np.float64([4 * 3600.0]))
     kept = {i.name for i in session.get_inputs()}
     return {k: v for k, v in f.items() if k in kept}
 
@@ -96,20 +98,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="srs-predict-graph-") as tmp:
         for c in args.card_windows:
             model = export({**args.sizes, "card_window": c}, Path(tmp) / str(c))
-            path = Path(tmp) / str(c) / "predict.onnx"
-            session = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
-            graphs[c] = (len(onnx.load(str(path)).graph.node), session, feeds(model, session))
-        runs = {c: [] for c in graphs}
+            for name in ("predict", "predict_memory"):
+                path = Path(tmp) / str(c) / f"{name}.onnx"
+                session = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
+                feed = feeds(model, session)
+                if name == "predict_memory":  # the query card's memory, as the service computes it
+                    h = {k: v[0] for k, v in feed.items()}
+                    feed["memory"] = np.float32([card_memory(h["hist_card"], h["hist_time"], h["hist_rating"], 7,
+                                                             h["fsrs_w"], float(h["day_start"]), c)])
+                graphs[c, name] = (len(onnx.load(str(path)).graph.node), session, feed)
+        runs = {key: [] for key in graphs}
         for _ in range(args.rounds):
-            for c, (_, session, feed) in graphs.items():
-                runs[c].append(median_us(session, feed, args.calls))
-    for c, (nodes, _, _) in graphs.items():
-        print(f"card window {c:3d}: {nodes:5d} nodes, median {', '.join(f'{x:.0f}' for x in runs[c])} us")
-    lo, hi = min(graphs), max(graphs)
+            for key, (_, session, feed) in graphs.items():
+                runs[key].append(median_us(session, feed, args.calls))
+    for (c, name), (nodes, _, _) in graphs.items():
+        print(f"card window {c:3d}, {name:14s}: {nodes:5d} nodes, median {', '.join(f'{x:.0f}' for x in runs[c, name])}"
+              " us")
+    lo, hi = min(args.card_windows), max(args.card_windows)
     if hi > lo:
-        per_node = (graphs[hi][0] - graphs[lo][0]) / (hi - lo)
-        per_us = (statistics.median(runs[hi]) - statistics.median(runs[lo])) / (hi - lo)
-        print(f"per review of the card: {per_node:.0f} nodes, {per_us:.1f} us")
+        per_node = (graphs[hi, "predict"][0] - graphs[lo, "predict"][0]) / (hi - lo)
+        per_us = (statistics.median(runs[hi, "predict"]) - statistics.median(runs[lo, "predict"])) / (hi - lo)
+        print(f"predict, per review of the card: {per_node:.0f} nodes, {per_us:.1f} us")
 
 
 if __name__ == "__main__":

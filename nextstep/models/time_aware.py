@@ -159,6 +159,9 @@ class Query(NamedTuple):
     # (B,) float64: each row's user's scheduler day boundary, seconds after 00:00 UTC (Anki's rollover hour in the
     # user's time zone); None: the config's day_start_hour for every row
     day_start: torch.Tensor | None = None
+    # (B, Q, 2) float32: each query card's FSRS-6 (stability, difficulty) after its reviews in the window, as
+    # `card_memory` computes them (the service gets them from fsrs-rs, nextstep/card_memory.py); None: computed here
+    memory: torch.Tensor | None = None
 
 
 DRIFT_DTYPE = "float32"
@@ -393,7 +396,10 @@ class TimeAwareTransformer(nn.Module):
         row_day, ref_day = self._day(w.time, start), self._day(ref, start)  # scheduler days: the rows, the reference
         params = self.params(q.params, B)  # (B, 21): each row's user's FSRS-6 parameters
         decay = params[:, 20:21]  # (B, 1): FSRS-6's decay w20 of each row's user
-        fsrs_s, fsrs_d = self._fsrs_state(params, w.rating, row_day, same_card, ref_day)
+        if q.memory is None:
+            fsrs_s, fsrs_d = self._fsrs_state(params, w.rating, row_day, same_card, ref_day)
+        else:
+            fsrs_s, fsrs_d = q.memory[..., 0], q.memory[..., 1]
         elapsed = torch.where(seen, ((q.time - ref) / DAY).clamp(min=0), 0.0)  # (B, Q) days, float64
         rel_days = ((ref.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float()  # (B, Q, H): < 0 after the reference
         after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
@@ -669,12 +675,27 @@ class TimeAwareTransformer(nn.Module):
         return Window(*state[:8]), Query(*q, state[8].unsqueeze(1), state[9] if len(state) > 9 else None,
                                          state[10] if len(state) > 10 else None)
 
-    def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> Prediction:
+    def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor,
+                memory: torch.Tensor | None = None) -> Prediction:
         """One query per state: (B, H) rows and (B, 2) drift (or a bare Window: no drift), query (B,) -> outputs
-        (B, ...). The serving path."""
+        (B, ...). The serving path. `memory` (B, 2): the query cards' FSRS-6 (stability, difficulty) given
+        (`card_memory`) rather than computed from the window (only for cards with a review in it)."""
         w, q = self._query(state, card, deck, time)
+        if memory is not None:
+            q = q._replace(memory=memory.unsqueeze(1))
         pred = self._core(w, q, w.valid.unsqueeze(1))
         return Prediction(*(t.squeeze(1) for t in pred))
+
+    def card_memory(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        """(B, 2) FSRS-6's (stability, difficulty) of each query's card (B,) after its reviews in the window (its
+        last `card_window`): what `readout` computes inside, and what its `memory` stands in for. Meaningless for a
+        card without a review in the window."""
+        w, q = self._query(state, card, deck, time)
+        same_card = w.valid.unsqueeze(1) & (w.card.unsqueeze(1) == q.card.unsqueeze(-1))
+        row_day = self._day(w.time, self.day_start(q.day_start, q.time))
+        s, d = self._fsrs_state(self.params(q.params, w.card.shape[0]), w.rating, row_day, same_card,
+                                row_day[:, -1:])  # (only day differences count: any reference day)
+        return torch.stack([s, d], -1).squeeze(1)
 
     def schedule(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor,
                  retention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

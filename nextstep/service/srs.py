@@ -4,7 +4,10 @@ The model (nextstep/models/time_aware.py, exported by nextstep/training/srs/time
 stateless graph, `predict`, that answers a query (card, deck, time) from a window of the user's earlier
 reviews. Which reviews make the window is `nextstep.review_window.select` (the query card's last
 `card_size` reviews plus the user's most recent ones, up to `size`), the rule training used; this module
-only keeps enough of each user's log to apply it, and calls it.
+only keeps enough of each user's log to apply it, and calls it. A single prediction of a card with reviews in its
+window runs `predict`'s twin `predict_memory` where the artifact has it: the card's FSRS-6 memory computed with
+fsrs-rs from the same rows (nextstep/card_memory.py) instead of by the recurrence inside the graph, half the graph's
+cost at the default sizes, the same answer.
 
 State per user, under `srs:<model>:<schema>:<user>` (the schema hash covers the storage layout and the
 window sizes, not the model version: the reviews are data, and a new version reading windows of the same
@@ -124,6 +127,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..card_memory import card_memory
 from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, TooLarge, UnknownModel
@@ -160,6 +164,9 @@ INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "h
           "card": "int64", "deck": "int64", "time": "float64"}
 OUTPUTS = ("rating_probs", "recall", "duration_s", "fsrs_recall", "scored")
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
+# predict with the query card's FSRS-6 memory as an input (INPUTS + memory (B, 2) float32, nextstep/card_memory.py),
+# where an artifact has it: a single prediction of a card with reviews in its window runs it
+MEMORY_GRAPH = "predict_memory"
 # The layout of the reviews stored per user (below): part of the state key's schema hash together with the
 # window sizes. Change it whenever this module changes how it stores reviews.
 STATE_LAYOUT = "srs-reviews-v3: card count (i8) and drift sums (2 f8), recent block and per-card fields of rows " \
@@ -198,6 +205,12 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
     if wrong or list(outputs) != list(SCHEDULE_OUTPUTS):
         raise fail(f"schedule graph takes {inputs} and outputs {outputs}; the service feeds {INPUTS} and "
                    f"retention (float32) and reads {list(SCHEDULE_OUTPUTS)} (re-export with this version)")
+    if MEMORY_GRAPH in graphs:
+        inputs, outputs = graphs[MEMORY_GRAPH]
+        wrong = [(n, t) for n, t in inputs if ONNX_DTYPES.get(t) != {**INPUTS, "memory": "float32"}.get(n)]
+        if wrong or ("memory", "tensor(float)") not in inputs or not set(OUTPUTS) <= set(outputs):
+            raise fail(f"{MEMORY_GRAPH} graph takes {inputs} and outputs {outputs}; the service feeds {INPUTS} and "
+                       f"memory (float32) and reads {list(OUTPUTS)} (re-export with this version)")
     w = manifest.get("window")
     try:
         window = (int(w["size"]), int(w["card_size"]))
@@ -213,7 +226,7 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
 
 
 # no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
-SPEC = register_task(TaskSpec("srs", ("predict", "schedule"), None, False, _check))
+SPEC = register_task(TaskSpec("srs", ("predict", "schedule"), None, False, _check, optional=(MEMORY_GRAPH,)))
 
 
 def id_hash(value: str) -> int:
@@ -728,8 +741,13 @@ class SpacedRepetition(StatefulTask):
                       at: float) -> dict:
         rows = window(model, history, card_id)
         hist = user_feeds(model, [rows], history)
-        out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([id_hash(card_id)]),
-                              np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
+        card = id_hash(card_id)
+        memory = None if MEMORY_GRAPH not in model.sessions else card_memory(
+            rows["card"], rows["time"], rows["rating"], card, history.params(model), history.day_start(model),
+            model.extra.window[1])
+        given = {"graph": MEMORY_GRAPH, "memory": np.float32([memory])} if memory is not None else {}
+        out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([card]),
+                              np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64), **given)
         probs = out["rating_probs"][0].tolist()
         return {"card_id": card_id, "deck_id": deck_id, "time": at,
                 "p_rating": {str(k + 1): p for k, p in enumerate(probs)}, "p_recall": float(out["recall"][0]),

@@ -347,6 +347,39 @@ def test_each_users_day_boundary_decides_same_day_and_stepping_equals_the_full_p
     assert torch.equal(full.scored[1], moved.scored[1])
 
 
+def test_a_given_card_memory_answers_as_the_window_computes_it_and_fsrs_rs_gives_the_same(model):
+    """`readout` with the query card's FSRS-6 memory given (what the service's predict_memory graph takes) answers as
+    it does computing the memory from the window, and nextstep.card_memory (fsrs-rs) gives that memory, with each
+    user's own parameters and day boundary, also for cards with more reviews than the card window."""
+    from nextstep.card_memory import card_memory
+
+    seq = _sequences(19, t=60, n_cards=3)  # 3 cards over 60 reviews: more than the card window of some
+    params, start = _user_params(), torch.tensor([0.0, 4 * 3600.0, 20 * 3600.0], dtype=torch.float64)
+    state = (*model.init_state(B)[:9], params, start)
+    C = model.cfg.card_window
+    for i in range(60):
+        card, deck, t = seq.card[:, i], seq.deck[:, i], seq.time[:, i]
+        seen = (state[0] == card.unsqueeze(1)) & state[6]
+        if seen.any():
+            memory = model.card_memory(state, card, deck, t)
+            given = model.readout(state, card, deck, t, memory)
+            out = model.readout(state, card, deck, t)
+            for b in torch.nonzero(seen.any(1)).flatten().tolist():
+                torch.testing.assert_close(given.rating_probs[b], out.rating_probs[b], atol=1e-6, rtol=0)
+                torch.testing.assert_close(given.fsrs_recall[b], out.fsrs_recall[b], atol=1e-6, rtol=0)
+                valid = state[6][b].numpy()
+                want = card_memory(state[0][b].numpy()[valid], state[2][b].numpy()[valid],
+                                   state[3][b].numpy()[valid], int(card[b]), params[b].tolist(), float(start[b]), C)
+                assert want == pytest.approx(memory[b].tolist(), rel=1e-4)
+        state = model.step(state, *(field[:, i] for field in seq[:6]))
+    assert int(((seq.card == seq.card[:, -1:]).sum(1)).max()) > C  # a card past the card window was asked
+    rows = (np.array([1, 2]), np.array([0.0, 1.0]), np.array([3, 3]))
+    assert card_memory(*rows, 5, fsrs.DEFAULT_W, 0.0, C) is None  # no review of the card: the graph computes it
+    assert card_memory(*rows, 1, [float("nan")] * 21, 0.0, C) is None  # nor parameters fsrs-rs refuses
+    w = fsrs.DEFAULT_W  # one Good review: FSRS-6's first stability and difficulty for Good
+    assert card_memory(*rows, 1, w, 0.0, C) == pytest.approx((w[2], w[4] - np.exp(2 * w[5]) + 1), rel=1e-6)
+
+
 @pytest.fixture(scope="module")
 def shrunk():
     """The `model` fixture's weights with gap_shrink on, drifts off and the network's curve fully trusted."""

@@ -197,17 +197,24 @@ def test_flashcard_users_take_a_canary(tmp_path, redis_url, serve):
 # -- flashcard shadows --------------------------------------------------------------------------------------------
 def add_flashcards(root: Path, version: str, year: int, nudge: float = 0.0, size: int | None = None) -> None:
     """root/time_aware/<version>: the bundled demo model, created in `year`; `nudge` added to its drift gain in the
-    predict graph (a learned weight: its P(recall) differs; the schedule graph is the demo's), `size` its window
-    (another layout; the card window, which the graph fixes, is kept)."""
+    predict graphs, `predict` and its twin `predict_memory` (a learned weight: its P(recall) differs; the schedule
+    graph is the demo's), `size` its window (another layout; the card window, which the graph fixes, is kept)."""
     if size is not None:
         srs_version(root, version, year, size)
     else:
         add_version(root, "time_aware", version, year)
-    if nudge:
-        path = root / "time_aware" / version / "predict.onnx"
+    for name in ("predict", "predict_memory") if nudge else ():
+        path = root / "time_aware" / version / f"{name}.onnx"
         graph = onnx.load(path)
         (gain,) = [t for t in graph.graph.initializer if t.name == "model.drift_gain"]
-        gain.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(gain) + np.float32(nudge), gain.name))
+        # only the drift's own product, gain * m / (w + prior): the exporter shares the gain's initializer with every
+        # constant of its value (4.0 is also FSRS-6's Easy rating in `predict`), and those stay
+        made = {out: node.op_type for node in graph.graph.node for out in node.output}
+        (mul,) = [node for node in graph.graph.node if node.op_type == "Mul" and gain.name in node.input
+                  and any(made.get(i) == "Div" for i in node.input)]
+        graph.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(gain) + np.float32(nudge),
+                                                               "nudged_drift_gain"))
+        mul.input[list(mul.input).index(gain.name)] = "nudged_drift_gain"
         onnx.save(graph, path)
 
 

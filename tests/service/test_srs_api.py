@@ -261,6 +261,13 @@ def test_served_predictions_equal_the_offline_model(served_model, store_url, ser
             assert abs(sum(got["p_rating"].values()) - 1) < 1e-5
             older_rows_used |= bool(len(seqs)) and int(seqs[0]) < len(reviews) - SIZE
         assert older_rows_used, "no query used the card's rows from before the recent block"
+        # a card with reviews in its window was answered by predict_memory (its FSRS-6 memory from fsrs-rs), a new
+        # card by predict: both equal to predict.onnx run offline, above
+        calls = {}
+        for line in http.get("/metrics").text.splitlines():
+            if line.startswith("nextstep_microbatch_rows_count{") and 'model="time_aware"' in line:
+                calls[line.split('graph="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        assert calls.get("predict_memory") == 5 and calls.get("predict", 0) >= 2, calls
         manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
         (_, weight), errors = onnx_drift(art, reviews)
         assert weight > 1 and manifest["drift"]["gain"] > 0  # the drift was in play
@@ -316,6 +323,34 @@ def test_each_user_has_their_own_day_boundary(srs_art, store_url, serve):
         bad = http.post("/v1/srs/time_aware/reviews", json={**first, "user_id": "x", "day_start_hour_utc": 24})
         assert bad.status_code == 422 and "day_start_hour_utc" in bad.text
         assert http.get("/v1/srs/time_aware/users/x").json()["exists"] is False
+
+
+def test_an_artifact_without_predict_memory_answers_the_same_through_predict(srs_art, store_url, serve, tmp_path):
+    """An artifact exported before `predict_memory` (the graph that takes the card's FSRS-6 memory from fsrs-rs)
+    is served through `predict` alone, with the same answers, for cards seen and new."""
+    old = tmp_path / "time_aware" / "1"
+    shutil.copytree(srs_art / "time_aware" / "1", old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["graphs"]["predict_memory"]
+    (old / "predict_memory.onnx").unlink()
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    reviews = review_log(12, n=150)
+    queries = [(reviews[-1]["card_id"], reviews[-1]["time"] + 2 * DAY), (reviews[3]["card_id"], reviews[-1]["time"]),
+               ("card-new", reviews[-1]["time"] + DAY)]
+    answers = {}
+    for art in (srs_art, tmp_path):
+        with serve(Settings(artifacts_dir=art, redis_url=store_url)) as url, \
+                httpx.Client(base_url=url, timeout=60) as http:
+            user = f"u-{art.name}"
+            post_all(http, user, reviews, 75)
+            answers[art] = [http.post("/v1/srs/time_aware/predict", json={
+                "user_id": user, "card_id": card, "deck_id": "deck-0", "time": at}).json() for card, at in queries]
+            graphs = {line.split('graph="')[1].split('"')[0] for line in http.get("/metrics").text.splitlines()
+                      if line.startswith("nextstep_microbatch_rows_count{")}
+            assert ("predict_memory" in graphs) == (art == srs_art), graphs
+    for new, was in zip(answers[srs_art], answers[tmp_path], strict=True):
+        check_answer(new, {"probs": [was["p_rating"][k] for k in "1234"], "recall": was["p_recall"],
+                           "duration": was["expected_duration_s"]}, atol=1e-6)
 
 
 def test_one_by_one_equals_one_batch_and_replays_apply_once(srs_art, store_url, serve):

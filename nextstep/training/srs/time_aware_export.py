@@ -5,6 +5,7 @@
         -> rating_probs (B, 4), recall (B,), duration_s (B,), fsrs_recall (B,), scored (B,)
     schedule(hist_*, drift, fsrs_w, day_start, card, deck, time, retention)
         -> recall (B,), log_wait_days (B,), duration_s (B,)
+    predict_memory(hist_*, drift, fsrs_w, day_start, card, deck, time, memory) -> predict's outputs
 
 `fsrs_w` (B, 21) float32 is each row's user's FSRS-6 parameters, fitted on that user's own reviews (the service keeps
 them in the user's state and refits them, `nextstep srs refit`); a user without a fit gets the manifest's
@@ -29,10 +30,16 @@ False, in time order); the service keeps raw reviews and selects each query's wi
 state files). Card/deck ids are only compared for equality, so any int64 coding works (the service hashes
 its string ids). Times are unix seconds (float64), durations seconds (float32, NaN unknown), states 0..3 or -1.
 
+`predict_memory` is `predict` with the query card's FSRS-6 (stability, difficulty) after its reviews in the window
+as an input, `memory` (B, 2) float32, instead of FSRS-6's recurrence over them inside the graph (one unrolled step
+per review of the card: about 0.2 ms of predict's 0.5 ms at the default sizes); the service computes it with
+fsrs-rs (nextstep/card_memory.py) for a card the window has reviews of, and runs `predict` for any other.
+
 Parity walks real review sequences no longer than the window: stepping reviews into the window and reading
 out vs the full teacher-forced pass, and eager vs TorchScript vs ONNX Runtime. The exported predict graph must
 also keep its promise (`properties`): on every prefix of those sequences, with the next review's card as the
-query, P(recall) never rises over 64 elapsed times from 1 minute to 10 years. A miss fails the export.
+query, P(recall) never rises over 64 elapsed times from 1 minute to 10 years, and `predict_memory` fed
+card_memory's fsrs-rs memory answers as `predict` does (within the engines' tolerance). A miss fails the export.
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...card_memory import card_memory
 from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, expected_duration
-from ..export import Exporter, Graph, export
+from ..export import ENGINE_TOLERANCE, Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
           "hist_error", "drift", "fsrs_w", "day_start", "card", "deck", "time")
@@ -61,8 +69,8 @@ class TimeAwareExporter(Exporter):
     step_graph = False
     state_files = False
 
-    def answer(self, state, card, deck, time):
-        p = self.model.readout(state, card, deck, time)
+    def answer(self, state, card, deck, time, memory=None):
+        p = self.model.readout(state, card, deck, time, memory)
         return {"rating_probs": p.rating_probs, "recall": p.recall, "duration_s": expected_duration(p.log_duration),
                 "fsrs_recall": p.fsrs_recall, "scored": p.scored}
 
@@ -83,13 +91,19 @@ class TimeAwareExporter(Exporter):
         readout = graphs[0]
         batch = readout.dynamic[-1]  # `time`'s axes: the batch
         retention = torch.linspace(0.5, 0.97, readout.example[-1].shape[0], dtype=torch.float32)
+        state, query = readout.example[:N_STATE], readout.example[N_STATE:]
+        memory = self.model.card_memory(state, *query)
         return [*graphs, Graph("schedule", "extra", [*INPUTS, "retention"], ["recall", "log_wait_days", "duration_s"],
                                (*readout.example, retention), [*readout.dynamic, batch],
-                               fn=lambda *inputs: self.model.schedule(inputs[:N_STATE], *inputs[N_STATE:]))]
+                               fn=lambda *inputs: self.model.schedule(inputs[:N_STATE], *inputs[N_STATE:])),
+                Graph("predict_memory", "extra", [*INPUTS, "memory"], readout.outputs, (*readout.example, memory),
+                      [*readout.dynamic, batch],
+                      fn=lambda *inputs: tuple(self.answer(inputs[:N_STATE], *inputs[N_STATE:]).values()))]
 
     def properties(self, sessions, sequence):
-        predict = sessions["predict"]
-        kept = {i.name for i in predict.get_inputs()}
+        predict, twin = sessions["predict"], sessions["predict_memory"]
+        kept, twin_kept = {i.name for i in predict.get_inputs()}, {i.name for i in twin.get_inputs()}
+        apart, compared = 0.0, 0
         B, T = sequence[0].shape
         rng = np.random.default_rng(0)
         offsets = np.sort(np.exp(rng.uniform(np.log(60.0), np.log(MONOTONE_SPAN_S), MONOTONE_POINTS)))
@@ -107,10 +121,20 @@ class TimeAwareExporter(Exporter):
                 feeds.update(card=np.full(len(offsets), sequence[0][b, t].item()),
                              deck=np.full(len(offsets), sequence[1][b, t].item()),
                              time=rows[2][-1] + offsets)
-                recall = predict.run(["recall"], {k: v for k, v in feeds.items() if k in kept})[0]
+                outputs = predict.run(None, {k: v for k, v in feeds.items() if k in kept})
+                recall = outputs[[o.name for o in predict.get_outputs()].index("recall")]
                 worst, queries = max(worst, float(np.diff(recall).max())), queries + 1
+                memory = card_memory(rows[0], rows[2], rows[3], int(feeds["card"][0]), feeds["fsrs_w"][0],
+                                     float(feeds["day_start"][0]), self.model.cfg.card_window)
+                if memory is not None:  # the twin fed fsrs-rs's memory answers as predict does
+                    given = twin.run(None, {**{k: v for k, v in feeds.items() if k in twin_kept},
+                                            "memory": np.tile(np.float32(memory), (len(offsets), 1))})
+                    apart = max(apart, *(float(np.abs(a.astype(np.float64) - b).max())
+                                         for a, b in zip(given, outputs, strict=True)))
+                    compared += 1
         return {"recall_rise_max": worst, "recall_monotone_queries": queries,
-                "passed": worst <= MONOTONE_TOLERANCE}
+                "memory_vs_predict_max": apart, "memory_queries": compared,
+                "passed": worst <= MONOTONE_TOLERANCE and apart <= ENGINE_TOLERANCE}
 
     def dims(self, dim):
         history = dim("history")  # the window's rows: one axis shared by every hist_* input

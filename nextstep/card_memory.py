@@ -1,0 +1,45 @@
+"""A flashcard's FSRS-6 memory (stability, difficulty) after its reviews in a window, from fsrs-rs.
+
+The flashcard model's `predict` graph starts from FSRS-6: it runs FSRS-6's recurrence over the query card's last
+`card_window` reviews in the window (TimeAwareTransformer._fsrs_state), one unrolled step per review, about 0.2 ms
+of the graph's 0.5 ms at the default sizes. Its twin `predict_memory` (the same model, exported beside it) takes
+that (stability, difficulty) as an input instead; this module computes it the same way with fsrs-rs, FSRS-6's
+reference implementation (a few microseconds): the card's last `card_window` rows of the window, oldest first, the
+first of them starting the card afresh, each later one `days` whole scheduler days after the one before (days start
+`day_start` seconds after 00:00 UTC). The export checks that the two graphs agree along its parity sequences with
+this function feeding the twin (time_aware_export.py), and the service uses it for single predictions
+(service/srs.py). Used by the service and the export alike, so it imports no torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DAY = 86400.0
+
+
+def card_memory(card: np.ndarray, time: np.ndarray, rating: np.ndarray, query_card: int, params,
+                day_start: float, card_window: int) -> tuple[float, float] | None:
+    """(stability, difficulty) of `query_card` after its reviews among a window's rows (card ids, unix times and
+    ratings 1..4, oldest first, every row a review), or None when the window has none of its reviews (or ratings
+    outside 1..4, which FSRS-6 does not define, or parameters fsrs-rs refuses): the caller then runs the graph that
+    computes it itself. `params`: FSRS-6's 21, as fsrs-rs fits them (the service's refits, an artifact's defaults;
+    fsrs-rs clamps parameters outside its bounds, the graph does not, and the export's check would catch an
+    artifact whose defaults are outside them)."""
+    import fsrs_rs_python as fsrs_rs
+
+    own = np.flatnonzero(np.asarray(card) == query_card)
+    own = own[len(own) - min(len(own), max(card_window, 0)):]
+    if not len(own):
+        return None
+    ratings = np.asarray(rating)[own]
+    if ratings.min() < 1 or ratings.max() > 4:
+        return None
+    days = np.floor((np.asarray(time, dtype=np.float64)[own] - day_start) / DAY)
+    gaps = np.diff(days, prepend=days[0]).clip(min=0)
+    item = fsrs_rs.FSRSItem([fsrs_rs.FSRSReview(int(g), int(d)) for g, d in zip(ratings, gaps, strict=True)])
+    try:
+        state = fsrs_rs.FSRS([float(x) for x in params]).memory_state(item, None)
+    except ValueError:  # parameters fsrs-rs refuses (NaN): the graph's own recurrence answers
+        return None
+    return float(state.stability), float(state.difficulty)
