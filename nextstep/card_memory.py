@@ -16,16 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 DAY = 86400.0
+# the memory to feed for a card without a review in its window: the graph does not read it (any finite value will do)
+UNSEEN = (1.0, 5.0)
 
 
 def card_memory(card: np.ndarray, time: np.ndarray, rating: np.ndarray, query_card: int, params,
                 day_start: float, card_window: int) -> tuple[float, float] | None:
     """(stability, difficulty) of `query_card` after its reviews among a window's rows (card ids, unix times and
     ratings 1..4, oldest first, every row a review), or None when the window has none of its reviews (or ratings
-    outside 1..4, which FSRS-6 does not define, or parameters fsrs-rs refuses): the caller then runs the graph that
-    computes it itself. `params`: FSRS-6's 21, as fsrs-rs fits them (the service's refits, an artifact's defaults;
-    fsrs-rs clamps parameters outside its bounds, the graph does not, and the export's check would catch an
-    artifact whose defaults are outside them)."""
+    outside 1..4, which FSRS-6 does not define, or parameters fsrs-rs refuses): the caller then feeds UNSEEN for a
+    card without reviews and runs the graph that computes the memory itself otherwise. `params`: FSRS-6's 21, as
+    fsrs-rs fits them (the service's refits, an artifact's defaults; fsrs-rs clamps parameters outside its bounds,
+    the graph does not, and the export's check would catch an artifact whose defaults are outside them)."""
     import fsrs_rs_python as fsrs_rs
 
     own = np.flatnonzero(np.asarray(card) == query_card)

@@ -4,10 +4,11 @@ The model (nextstep/models/time_aware.py, exported by nextstep/training/srs/time
 stateless graph, `predict`, that answers a query (card, deck, time) from a window of the user's earlier
 reviews. Which reviews make the window is `nextstep.review_window.select` (the query card's last
 `card_size` reviews plus the user's most recent ones, up to `size`), the rule training used; this module
-only keeps enough of each user's log to apply it, and calls it. A single prediction of a card with reviews in its
-window runs `predict`'s twin `predict_memory` where the artifact has it: the card's FSRS-6 memory computed with
-fsrs-rs from the same rows (nextstep/card_memory.py) instead of by the recurrence inside the graph, half the graph's
-cost at the default sizes, the same answer.
+only keeps enough of each user's log to apply it, and calls it. Every prediction (`predict`, a review's FSRS-6
+error for the drift, a shadow's score) runs `predict`'s twin `predict_memory` where the artifact has it
+(`_predict`): each card's FSRS-6 memory computed with fsrs-rs from the same rows (nextstep/card_memory.py) instead
+of by the recurrence inside the graph, half the graph's cost at the default sizes, the same answer; `schedule` keeps
+the recurrence in its graph.
 
 State per user, under `srs:<model>:<schema>:<user>` (the schema hash covers the storage layout and the
 window sizes, not the model version: the reviews are data, and a new version reading windows of the same
@@ -127,7 +128,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..card_memory import card_memory
+from ..card_memory import UNSEEN, card_memory
 from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, TooLarge, UnknownModel
@@ -737,17 +738,35 @@ class SpacedRepetition(StatefulTask):
             parts.append(dict(zip(names, outs, strict=True)))
         return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
+    async def _predict(self, model: LoadedModel, history: History, windows: Sequence[np.ndarray],
+                       hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray, decks: np.ndarray,
+                       times: np.ndarray, background: bool = False) -> dict[str, np.ndarray]:
+        """`predict`'s outputs for queries (cards[i], decks[i], times[i]) on windows[which[i]] (fed as `hist`) of
+        `history`'s user: through `predict_memory` where the artifact has it, each card's FSRS-6 memory from fsrs-rs
+        (card_memory, with the user's parameters and day boundary; a card without a review in its window gets
+        UNSEEN, which the graph does not read), else, or where fsrs-rs refuses the parameters, `predict`."""
+        given = {}
+        if MEMORY_GRAPH in model.sessions:
+            params, start, size = history.params(model), history.day_start(model), model.extra.window[1]
+            memory = np.tile(np.float32(UNSEEN), (len(which), 1))
+            for i, (w, card) in enumerate(zip(which, cards, strict=True)):
+                rows = windows[w]
+                got = card_memory(rows["card"], rows["time"], rows["rating"], int(card), params, start, size)
+                if got is not None:
+                    memory[i] = got
+                elif np.any(rows["card"] == card):  # (reviews it cannot take: the graph's own recurrence answers)
+                    break
+            else:
+                given = {"graph": MEMORY_GRAPH, "memory": memory}
+        return await self._run(model, hist, which, cards, decks, times, background=background, **given)
+
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
                       at: float) -> dict:
         rows = window(model, history, card_id)
         hist = user_feeds(model, [rows], history)
-        card = id_hash(card_id)
-        memory = None if MEMORY_GRAPH not in model.sessions else card_memory(
-            rows["card"], rows["time"], rows["rating"], card, history.params(model), history.day_start(model),
-            model.extra.window[1])
-        given = {"graph": MEMORY_GRAPH, "memory": np.float32([memory])} if memory is not None else {}
-        out = await self._run(model, hist, np.zeros(1, dtype=np.int64), np.array([card]),
-                              np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64), **given)
+        out = await self._predict(model, history, [rows], hist, np.zeros(1, dtype=np.int64),
+                                  np.array([id_hash(card_id)]), np.array([id_hash(deck_id)]),
+                                  np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
         return {"card_id": card_id, "deck_id": deck_id, "time": at,
                 "p_rating": {str(k + 1): p for k, p in enumerate(probs)}, "p_recall": float(out["recall"][0]),
@@ -764,8 +783,9 @@ class SpacedRepetition(StatefulTask):
         if not len(new):
             return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
         hist = user_feeds(model, windows, history)
-        out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
-                                                                   ("card", "deck", "time")), background=background)
+        out = await self._predict(model, history, windows, hist, np.arange(len(new)),
+                                  *(np.ascontiguousarray(new[f]) for f in ("card", "deck", "time")),
+                                  background=background)
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
         sums = drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]), drift)
         return (sums[-1], np.where(out["scored"], errors, np.nan).astype(np.float32),
@@ -926,11 +946,13 @@ class SpacedRepetition(StatefulTask):
         due = np.where(status == "beyond_horizon", horizon, np.where(status == "due_now", now, due))
         moved = np.flatnonzero((status == "beyond_horizon") | (status == "max_interval"))
         if len(moved):  # the recall and answer time at a due the curve did not choose
-            at = await self._run(model, hist, moved, card_ids[moved], deck_ids[moved], due[moved])
+            at = await self._predict(model, history, windows, hist, moved, card_ids[moved], deck_ids[moved],
+                                     due[moved])
             out["recall"][moved], out["duration_s"][moved] = at["recall"], at["duration_s"]
         now_due = np.flatnonzero(capped & (status == "due_now") & (wait > 0))
         if len(now_due):  # past the maximum interval already: the recall now, not at the curve's due
-            at = await self._run(model, hist, now_due, card_ids[now_due], deck_ids[now_due], np.full(len(now_due), now))
+            at = await self._predict(model, history, windows, hist, now_due, card_ids[now_due], deck_ids[now_due],
+                                     np.full(len(now_due), now))
             out["recall"][now_due], out["duration_s"][now_due] = at["recall"], at["duration_s"]
         results = [self._due(cards[i], str(status[i]), now, due[i], out["recall"][i], out["duration_s"][i])
                    for i in range(n)]
@@ -1069,8 +1091,8 @@ class SpacedRepetition(StatefulTask):
                                          history.drift), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
         hist = user_feeds(model, windows, history)
-        new = await self._run(model, hist, np.array([take]), np.array([id_hash(fresh)]), np.array([id_hash("")]),
-                              np.array([now], dtype=np.float64))
+        new = await self._predict(model, history, windows, hist, np.array([take]), np.array([id_hash(fresh)]),
+                                  np.array([id_hash("")]), np.array([now], dtype=np.float64))
         new_s = float(new["duration_s"][0])
         if not take:
             return ModelCurve(1.0, fsrs.decay), np.full(len(retention), new_s), new_s, 0
@@ -1139,8 +1161,9 @@ class SpacedRepetition(StatefulTask):
         if scored.any():
             windows = turn.windows
             hist = user_feeds(model, windows, turn.before)
-            out = await self._run(model, hist, np.arange(len(new)), *(np.ascontiguousarray(new[f]) for f in
-                                                                       ("card", "deck", "time")), background=True)
+            out = await self._predict(model, turn.before, windows, hist, np.arange(len(new)),
+                                      *(np.ascontiguousarray(new[f]) for f in ("card", "deck", "time")),
+                                      background=True)
             self._score_shadow(model, out["recall"].astype(np.float64), new, scored)
         return True
 

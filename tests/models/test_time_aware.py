@@ -349,8 +349,9 @@ def test_each_users_day_boundary_decides_same_day_and_stepping_equals_the_full_p
 
 def test_a_given_card_memory_answers_as_the_window_computes_it_and_fsrs_rs_gives_the_same(model):
     """`readout` with the query card's FSRS-6 memory given (what the service's predict_memory graph takes) answers as
-    it does computing the memory from the window, and nextstep.card_memory (fsrs-rs) gives that memory, with each
-    user's own parameters and day boundary, also for cards with more reviews than the card window."""
+    it does computing the memory from the window (and a card without a review in the window reads none of it), and
+    nextstep.card_memory (fsrs-rs) gives that memory, with each user's own parameters and day boundary, also for
+    cards with more reviews than the card window."""
     from nextstep.card_memory import card_memory
 
     seq = _sequences(19, t=60, n_cards=3)  # 3 cards over 60 reviews: more than the card window of some
@@ -359,14 +360,16 @@ def test_a_given_card_memory_answers_as_the_window_computes_it_and_fsrs_rs_gives
     C = model.cfg.card_window
     for i in range(60):
         card, deck, t = seq.card[:, i], seq.deck[:, i], seq.time[:, i]
-        seen = (state[0] == card.unsqueeze(1)) & state[6]
+        seen = ((state[0] == card.unsqueeze(1)) & state[6]).any(1)
+        memory = torch.where(seen.unsqueeze(1), model.card_memory(state, card, deck, t),
+                             torch.tensor([1e3, 9.5]))  # a card without a review in the window: its memory is unread
+        given = model.readout(state, card, deck, t, memory)
+        out = model.readout(state, card, deck, t)
+        for name in ("rating_probs", "recall", "log_duration", "fsrs_recall"):
+            torch.testing.assert_close(getattr(given, name), getattr(out, name), atol=1e-6, rtol=0)
+        assert torch.equal(given.scored, out.scored)
         if seen.any():
-            memory = model.card_memory(state, card, deck, t)
-            given = model.readout(state, card, deck, t, memory)
-            out = model.readout(state, card, deck, t)
-            for b in torch.nonzero(seen.any(1)).flatten().tolist():
-                torch.testing.assert_close(given.rating_probs[b], out.rating_probs[b], atol=1e-6, rtol=0)
-                torch.testing.assert_close(given.fsrs_recall[b], out.fsrs_recall[b], atol=1e-6, rtol=0)
+            for b in torch.nonzero(seen).flatten().tolist():
                 valid = state[6][b].numpy()
                 want = card_memory(state[0][b].numpy()[valid], state[2][b].numpy()[valid],
                                    state[3][b].numpy()[valid], int(card[b]), params[b].tolist(), float(start[b]), C)

@@ -261,13 +261,13 @@ def test_served_predictions_equal_the_offline_model(served_model, store_url, ser
             assert abs(sum(got["p_rating"].values()) - 1) < 1e-5
             older_rows_used |= bool(len(seqs)) and int(seqs[0]) < len(reviews) - SIZE
         assert older_rows_used, "no query used the card's rows from before the recent block"
-        # a card with reviews in its window was answered by predict_memory (its FSRS-6 memory from fsrs-rs), a new
-        # card by predict: both equal to predict.onnx run offline, above
+        # every prediction (the queries, each review's FSRS-6 error) ran predict_memory, each card's FSRS-6 memory
+        # from fsrs-rs (any for a new card, which the graph does not read): equal to predict.onnx run offline, above
         calls = {}
         for line in http.get("/metrics").text.splitlines():
             if line.startswith("nextstep_microbatch_rows_count{") and 'model="time_aware"' in line:
                 calls[line.split('graph="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
-        assert calls.get("predict_memory") == 5 and calls.get("predict", 0) >= 2, calls
+        assert calls.get("predict_memory", 0) >= 5 + 5 and "predict" not in calls, calls
         manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
         (_, weight), errors = onnx_drift(art, reviews)
         assert weight > 1 and manifest["drift"]["gain"] > 0  # the drift was in play

@@ -33,13 +33,14 @@ its string ids). Times are unix seconds (float64), durations seconds (float32, N
 `predict_memory` is `predict` with the query card's FSRS-6 (stability, difficulty) after its reviews in the window
 as an input, `memory` (B, 2) float32, instead of FSRS-6's recurrence over them inside the graph (one unrolled step
 per review of the card: about 0.2 ms of predict's 0.5 ms at the default sizes); the service computes it with
-fsrs-rs (nextstep/card_memory.py) for a card the window has reviews of, and runs `predict` for any other.
+fsrs-rs (nextstep/card_memory.py); for a card without a review in the window the graph reads none of it.
 
 Parity walks real review sequences no longer than the window: stepping reviews into the window and reading
 out vs the full teacher-forced pass, and eager vs TorchScript vs ONNX Runtime. The exported predict graph must
 also keep its promise (`properties`): on every prefix of those sequences, with the next review's card as the
 query, P(recall) never rises over 64 elapsed times from 1 minute to 10 years, and `predict_memory` fed
-card_memory's fsrs-rs memory answers as `predict` does (within the engines' tolerance). A miss fails the export.
+card_memory's fsrs-rs memory (any, for a card without a review) answers as `predict` does (within the engines'
+tolerance). A miss fails the export.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...card_memory import card_memory
+from ...card_memory import UNSEEN, card_memory
 from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, expected_duration
 from ..export import ENGINE_TOLERANCE, Exporter, Graph, export
 
@@ -126,12 +127,12 @@ class TimeAwareExporter(Exporter):
                 worst, queries = max(worst, float(np.diff(recall).max())), queries + 1
                 memory = card_memory(rows[0], rows[2], rows[3], int(feeds["card"][0]), feeds["fsrs_w"][0],
                                      float(feeds["day_start"][0]), self.model.cfg.card_window)
-                if memory is not None:  # the twin fed fsrs-rs's memory answers as predict does
-                    given = twin.run(None, {**{k: v for k, v in feeds.items() if k in twin_kept},
-                                            "memory": np.tile(np.float32(memory), (len(offsets), 1))})
-                    apart = max(apart, *(float(np.abs(a.astype(np.float64) - b).max())
-                                         for a, b in zip(given, outputs, strict=True)))
-                    compared += 1
+                # the twin fed fsrs-rs's memory (UNSEEN for a card without a review) answers as predict does
+                given = twin.run(None, {**{k: v for k, v in feeds.items() if k in twin_kept},
+                                        "memory": np.tile(np.float32(memory or UNSEEN), (len(offsets), 1))})
+                apart = max(apart, *(float(np.abs(a.astype(np.float64) - b).max())
+                                     for a, b in zip(given, outputs, strict=True)))
+                compared += 1
         return {"recall_rise_max": worst, "recall_monotone_queries": queries,
                 "memory_vs_predict_max": apart, "memory_queries": compared,
                 "passed": worst <= MONOTONE_TOLERANCE and apart <= ENGINE_TOLERANCE}
