@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
+try:  # (the `train` and `serve` extras install it; without it, card_memory answers None: the graph's own recurrence)
+    import fsrs_rs_python as _fsrs_rs
+except ImportError:  # an install without fsrs-rs
+    _fsrs_rs = None
+
 DAY = 86400.0
+AVAILABLE = _fsrs_rs is not None  # whether fsrs-rs is installed (else every prediction runs `predict` itself)
 # the memory to feed for a card without a review in its window: the graph does not read it (any finite value will do)
 UNSEEN = (1.0, 5.0)
 
@@ -24,24 +30,23 @@ def card_memory(card: np.ndarray, time: np.ndarray, rating: np.ndarray, query_ca
                 day_start: float, card_window: int) -> tuple[float, float] | None:
     """(stability, difficulty) of `query_card` after its reviews among a window's rows (card ids, unix times and
     ratings 1..4, oldest first, every row a review), or None when the window has none of its reviews (or ratings
-    outside 1..4, which FSRS-6 does not define, or parameters fsrs-rs refuses): the caller then feeds UNSEEN for a
-    card without reviews and runs the graph that computes the memory itself otherwise. `params`: FSRS-6's 21, as
-    fsrs-rs fits them (the service's refits, an artifact's defaults; fsrs-rs clamps parameters outside its bounds,
-    the graph does not, and the export's check would catch an artifact whose defaults are outside them)."""
-    import fsrs_rs_python as fsrs_rs
-
+    outside 1..4, which FSRS-6 does not define, or parameters fsrs-rs refuses, or no fsrs-rs installed): the caller
+    then feeds UNSEEN for a card without reviews and runs the graph that computes the memory itself otherwise.
+    `params`: FSRS-6's 21, as fsrs-rs fits them (the service's refits, an artifact's defaults; fsrs-rs clamps
+    parameters outside its bounds, the graph does not, and the export's check would catch an artifact whose defaults
+    are outside them)."""
     own = np.flatnonzero(np.asarray(card) == query_card)
     own = own[len(own) - min(len(own), max(card_window, 0)):]
-    if not len(own):
+    if not len(own) or _fsrs_rs is None:
         return None
     ratings = np.asarray(rating)[own]
     if ratings.min() < 1 or ratings.max() > 4:
         return None
     days = np.floor((np.asarray(time, dtype=np.float64)[own] - day_start) / DAY)
     gaps = np.diff(days, prepend=days[0]).clip(min=0)
-    item = fsrs_rs.FSRSItem([fsrs_rs.FSRSReview(int(g), int(d)) for g, d in zip(ratings, gaps, strict=True)])
+    item = _fsrs_rs.FSRSItem([_fsrs_rs.FSRSReview(int(g), int(d)) for g, d in zip(ratings, gaps, strict=True)])
     try:
-        state = fsrs_rs.FSRS([float(x) for x in params]).memory_state(item, None)
+        state = _fsrs_rs.FSRS([float(x) for x in params]).memory_state(item, None)
     except ValueError:  # parameters fsrs-rs refuses (NaN): the graph's own recurrence answers
         return None
     return float(state.stability), float(state.difficulty)

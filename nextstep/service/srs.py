@@ -128,6 +128,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..card_memory import AVAILABLE as CARD_MEMORY
 from ..card_memory import UNSEEN, card_memory
 from ..review_window import drift_sums, select
 from .core import Change, StatefulTask, operation
@@ -744,9 +745,10 @@ class SpacedRepetition(StatefulTask):
         """`predict`'s outputs for queries (cards[i], decks[i], times[i]) on windows[which[i]] (fed as `hist`) of
         `history`'s user: through `predict_memory` where the artifact has it, each card's FSRS-6 memory from fsrs-rs
         (card_memory, with the user's parameters and day boundary; a card without a review in its window gets
-        UNSEEN, which the graph does not read), else, or where fsrs-rs refuses the parameters, `predict`."""
+        UNSEEN, which the graph does not read), else (no such graph, no fsrs-rs installed, parameters it refuses)
+        `predict`."""
         given = {}
-        if MEMORY_GRAPH in model.sessions:
+        if MEMORY_GRAPH in model.sessions and CARD_MEMORY:
             params, start, size = history.params(model), history.day_start(model), model.extra.window[1]
             memory = np.tile(np.float32(UNSEEN), (len(which), 1))
             for i, (w, card) in enumerate(zip(which, cards, strict=True)):
