@@ -9,7 +9,8 @@ user's own figure never chooses its variant).
         '{"gap_shrink": false, "interval_ratio_max": 2}' --json runs/hide_s0/sweep.json
     python bench/srs_gap_sweep.py runs/hide_s0 --report runs/hide_s0/sweep.json   # the tables again
 
-The intervals of a variant: bench/srs_intervals.py --set KEY=VALUE ... --export-to NEW.
+A variant may also set one of the model's learned scalars outright (a buffer, e.g. '{"deck_drift_gain": 0}': the
+deck's drift off). The intervals of a variant: bench/srs_intervals.py --set KEY=VALUE ... --export-to NEW.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 
 def sweep(run: Path, variants: list[str]) -> dict:
     """{fold: {variant: evaluate's users list}} for every fold of `run`; each variant a JSON object of settings."""
+    import torch
+
     from nextstep.training.export import load_weights
     from nextstep.training.families import restore
     from nextstep.training.srs.reviews import read_review_data
@@ -35,8 +38,14 @@ def sweep(run: Path, variants: list[str]) -> dict:
         base = ProtocolBaselines(log)
         trained = model.cfg.to_dict()
         out[fold.name] = {}
+        learned = {name: value.clone() for name, value in model.named_buffers()}
         for v in variants:
-            model.cfg = type(model.cfg)(**{**trained, **json.loads(v)})
+            given = json.loads(v)
+            weights = {k: given.pop(k) for k in list(given) if k in learned}  # a learned scalar set outright
+            model.cfg = type(model.cfg)(**{**trained, **given})
+            with torch.no_grad():
+                for name, value in learned.items():
+                    getattr(model, name).copy_(torch.full_like(value, weights[name]) if name in weights else value)
             out[fold.name][v] = score_on_users(model, log, base)["users"]
             print(f"{fold.name} {v}: {rel(out[fold.name][v]):+.2%}", file=sys.stderr, flush=True)
     return out
@@ -58,6 +67,8 @@ def report(result: dict) -> None:
         worse = sum(u["log_loss"] > u["fsrs6_default"]["log_loss"] for u in every)
         per_fold = " | ".join(f"{rel(result[f][v]):+.2%}" for f in folds)
         print(f"| {v} | {per_fold} | {rel(every):+.2%} | {worse} |")
+    if len(folds) < 2:  # (one fold: no other folds' users to choose on)
+        return
     chosen = []
     for f in folds:  # nested: chosen on the other folds' users
         others = {v: rel([u for g in folds if g != f for u in result[g][v]]) for v in values}
@@ -71,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a bench/srs_user_folds.sh output folder (f1..f4 with model, test)")
     parser.add_argument("--variants", nargs="+", default=['{}'],
-                        help="JSON objects of model settings without weights, each applied to the trained config")
+                        help="JSON objects of model settings without weights (or learned scalars, set outright), each "
+                             "applied to the trained model")
     parser.add_argument("--json", type=Path, help="write the per-user results here")
     parser.add_argument("--report", type=Path, help="print the tables of an earlier --json and stop")
     args = parser.parse_args(argv)
