@@ -13,6 +13,8 @@ this function feeding the twin (time_aware_export.py), and the service uses it f
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 try:  # (the `train` and `serve` extras install it; without it, card_memory answers None: the graph's own recurrence)
@@ -39,14 +41,17 @@ def card_memory(card: np.ndarray, time: np.ndarray, rating: np.ndarray, query_ca
     own = own[len(own) - min(len(own), max(card_window, 0)):]
     if not len(own) or _fsrs_rs is None:
         return None
-    ratings = np.asarray(rating)[own]
-    if ratings.min() < 1 or ratings.max() > 4:
+    ratings = np.asarray(rating)[own].tolist()  # (plain Python below: a few reviews, where numpy's calls cost more)
+    if min(ratings) < 1 or max(ratings) > 4:
         return None
-    days = np.floor((np.asarray(time, dtype=np.float64)[own] - day_start) / DAY)
-    gaps = np.diff(days, prepend=days[0]).clip(min=0)
-    item = _fsrs_rs.FSRSItem([_fsrs_rs.FSRSReview(int(g), int(d)) for g, d in zip(ratings, gaps, strict=True)])
+    reviews, before = [], None
+    for t, g in zip(np.asarray(time, dtype=np.float64)[own].tolist(), ratings, strict=True):
+        day = math.floor((t - day_start) / DAY)  # the scheduler day, as the graph's floor((t - start) / DAY)
+        reviews.append(_fsrs_rs.FSRSReview(int(g), 0 if before is None else max(day - before, 0)))
+        before = day
     try:
-        state = _fsrs_rs.FSRS([float(x) for x in params]).memory_state(item, None)
+        state = _fsrs_rs.FSRS(np.asarray(params, dtype=np.float64).tolist()).memory_state(
+            _fsrs_rs.FSRSItem(reviews), None)
     except ValueError:  # parameters fsrs-rs refuses (NaN): the graph's own recurrence answers
         return None
     return float(state.stability), float(state.difficulty)
