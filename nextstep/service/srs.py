@@ -167,7 +167,7 @@ INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "h
 OUTPUTS = ("rating_probs", "recall", "duration_s", "fsrs_recall", "scored")
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
 # predict with the query card's FSRS-6 memory as an input (INPUTS + memory (B, 2) float32, nextstep/card_memory.py),
-# where an artifact has it: a single prediction of a card with reviews in its window runs it
+# where an artifact has it: every prediction runs it (SpacedRepetition._predict)
 MEMORY_GRAPH = "predict_memory"
 # The layout of the reviews stored per user (below): part of the state key's schema hash together with the
 # window sizes. Change it whenever this module changes how it stores reviews.
