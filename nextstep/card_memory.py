@@ -7,7 +7,7 @@ that (stability, difficulty) as an input instead; this module computes it the sa
 reference implementation (a few microseconds): the card's last `card_window` rows of the window, oldest first, the
 first of them starting the card afresh, each later one `days` whole scheduler days after the one before (days start
 `day_start` seconds after 00:00 UTC). The export checks that the two graphs agree along its parity sequences with
-this function feeding the twin (time_aware_export.py), and the service uses it for single predictions
+this function feeding the twin (time_aware_export.py), and the service uses it for every prediction
 (service/srs.py). Used by the service and the export alike, so it imports no torch.
 """
 

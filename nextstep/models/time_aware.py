@@ -679,7 +679,7 @@ class TimeAwareTransformer(nn.Module):
                 memory: torch.Tensor | None = None) -> Prediction:
         """One query per state: (B, H) rows and (B, 2) drift (or a bare Window: no drift), query (B,) -> outputs
         (B, ...). The serving path. `memory` (B, 2): the query cards' FSRS-6 (stability, difficulty) given
-        (`card_memory`) rather than computed from the window (only for cards with a review in it)."""
+        (`card_memory`) rather than computed from the window (a card without a review in it reads none of it)."""
         w, q = self._query(state, card, deck, time)
         if memory is not None:
             q = q._replace(memory=memory.unsqueeze(1))

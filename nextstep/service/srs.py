@@ -739,17 +739,17 @@ class SpacedRepetition(StatefulTask):
             parts.append(dict(zip(names, outs, strict=True)))
         return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
-    async def _predict(self, model: LoadedModel, history: History, windows: Sequence[np.ndarray],
-                       hist: dict[str, np.ndarray], which: np.ndarray, cards: np.ndarray, decks: np.ndarray,
-                       times: np.ndarray, background: bool = False) -> dict[str, np.ndarray]:
-        """`predict`'s outputs for queries (cards[i], decks[i], times[i]) on windows[which[i]] (fed as `hist`) of
-        `history`'s user: through `predict_memory` where the artifact has it, each card's FSRS-6 memory from fsrs-rs
-        (card_memory, with the user's parameters and day boundary; a card without a review in its window gets
-        UNSEEN, which the graph does not read), else (no such graph, no fsrs-rs installed, parameters it refuses)
-        `predict`."""
+    async def _predict(self, model: LoadedModel, windows: Sequence[np.ndarray], hist: dict[str, np.ndarray],
+                       which: np.ndarray, cards: np.ndarray, decks: np.ndarray, times: np.ndarray,
+                       background: bool = False) -> dict[str, np.ndarray]:
+        """`predict`'s outputs for queries (cards[i], decks[i], times[i]) on windows[which[i]] of one user, fed as
+        `hist` (user_feeds): through `predict_memory` where the artifact has it, each card's FSRS-6 memory from
+        fsrs-rs (card_memory, with the parameters and day boundary `hist` feeds; a card without a review in its
+        window gets UNSEEN, which the graph does not read), else (no such graph, no fsrs-rs installed, parameters it
+        refuses) `predict`."""
         given = {}
         if MEMORY_GRAPH in model.sessions and CARD_MEMORY:
-            params, start, size = history.params(model), history.day_start(model), model.extra.window[1]
+            params, start, size = hist["fsrs_w"][0], float(hist["day_start"][0]), model.extra.window[1]
             memory = np.tile(np.float32(UNSEEN), (len(which), 1))
             for i, (w, card) in enumerate(zip(which, cards, strict=True)):
                 rows = windows[w]
@@ -766,7 +766,7 @@ class SpacedRepetition(StatefulTask):
                       at: float) -> dict:
         rows = window(model, history, card_id)
         hist = user_feeds(model, [rows], history)
-        out = await self._predict(model, history, [rows], hist, np.zeros(1, dtype=np.int64),
+        out = await self._predict(model, [rows], hist, np.zeros(1, dtype=np.int64),
                                   np.array([id_hash(card_id)]), np.array([id_hash(deck_id)]),
                                   np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
@@ -785,7 +785,7 @@ class SpacedRepetition(StatefulTask):
         if not len(new):
             return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
         hist = user_feeds(model, windows, history)
-        out = await self._predict(model, history, windows, hist, np.arange(len(new)),
+        out = await self._predict(model, windows, hist, np.arange(len(new)),
                                   *(np.ascontiguousarray(new[f]) for f in ("card", "deck", "time")),
                                   background=background)
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
@@ -948,12 +948,12 @@ class SpacedRepetition(StatefulTask):
         due = np.where(status == "beyond_horizon", horizon, np.where(status == "due_now", now, due))
         moved = np.flatnonzero((status == "beyond_horizon") | (status == "max_interval"))
         if len(moved):  # the recall and answer time at a due the curve did not choose
-            at = await self._predict(model, history, windows, hist, moved, card_ids[moved], deck_ids[moved],
+            at = await self._predict(model, windows, hist, moved, card_ids[moved], deck_ids[moved],
                                      due[moved])
             out["recall"][moved], out["duration_s"][moved] = at["recall"], at["duration_s"]
         now_due = np.flatnonzero(capped & (status == "due_now") & (wait > 0))
         if len(now_due):  # past the maximum interval already: the recall now, not at the curve's due
-            at = await self._predict(model, history, windows, hist, now_due, card_ids[now_due], deck_ids[now_due],
+            at = await self._predict(model, windows, hist, now_due, card_ids[now_due], deck_ids[now_due],
                                      np.full(len(now_due), now))
             out["recall"][now_due], out["duration_s"][now_due] = at["recall"], at["duration_s"]
         results = [self._due(cards[i], str(status[i]), now, due[i], out["recall"][i], out["duration_s"][i])
@@ -1093,7 +1093,7 @@ class SpacedRepetition(StatefulTask):
                                          history.drift), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
         hist = user_feeds(model, windows, history)
-        new = await self._predict(model, history, windows, hist, np.array([take]), np.array([id_hash(fresh)]),
+        new = await self._predict(model, windows, hist, np.array([take]), np.array([id_hash(fresh)]),
                                   np.array([id_hash("")]), np.array([now], dtype=np.float64))
         new_s = float(new["duration_s"][0])
         if not take:
@@ -1163,7 +1163,7 @@ class SpacedRepetition(StatefulTask):
         if scored.any():
             windows = turn.windows
             hist = user_feeds(model, windows, turn.before)
-            out = await self._predict(model, turn.before, windows, hist, np.arange(len(new)),
+            out = await self._predict(model, windows, hist, np.arange(len(new)),
                                       *(np.ascontiguousarray(new[f]) for f in ("card", "deck", "time")),
                                       background=True)
             self._score_shadow(model, out["recall"].astype(np.float64), new, scored)
