@@ -1,6 +1,7 @@
 """Not a speed bench: the flashcard network's settings that hold no weights (how far past the longest gap its rows
 show its own curve is trusted, `gap_shrink` and `gap_factor`; how far in time it may move FSRS-6's curve,
-`interval_ratio_max` and `interval_ratio_min`), scored on users it never saw. For each fold of a
+`interval_ratio_max` and `interval_ratio_min`; its mixture with FSRS-6's defaults, `evidence_prior` and
+`evidence_halflife`), scored on users it never saw. For each fold of a
 bench/srs_user_folds.sh run, the fold's model scored on its held-out users with each variant, the protocol's FSRS-6
 fits made once for all of them; then, for each fold, the variant the other three folds' users prefer (nested: a
 user's own figure never chooses its variant).

@@ -71,3 +71,18 @@ def drift_sums(errors: np.ndarray, scored: np.ndarray, halflife: float, start=(0
             m, w = a * m + float(error), a * w + 1.0
     out[-1] = m, w
     return out
+
+
+def evidence_sums(gains: np.ndarray, scored: np.ndarray, halflife: float | None, start: float) -> np.ndarray:
+    """(n + 1,) float64: a user's evidence for the network over FSRS-6's defaults (TimeAwareTransformer.evidence_update)
+    before each of n reviews in time order and after the last, from `start`: at a scored review E <- a E + gain, the
+    defaults' log loss on it minus the network's (a = drift_decay(halflife); no halflife: 1); others leave it."""
+    a = drift_decay(halflife) if halflife else 1.0
+    e = float(start)
+    out = np.empty(len(gains) + 1)
+    for i, (gain, counted) in enumerate(zip(gains, scored, strict=True)):
+        out[i] = e
+        if counted:
+            e = a * e + float(gain)
+    out[-1] = e
+    return out

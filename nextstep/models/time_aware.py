@@ -121,6 +121,16 @@ class TimeAwareConfig:
     gap_factor: float = 1.0
     interval_ratio_max: float | None = 1.99
     interval_ratio_min: float | None = None
+    # - evidence_prior, evidence_halflife: the served P(recall) is a Bayesian mixture of two forecasters, the network
+    #   (everything above) and FSRS-6 with the default parameters (`fsrs_w`), weighted by the user's evidence E, the
+    #   log loss of FSRS-6's defaults minus the network's on the user's scored reviews (`evidence_update`): weight
+    #   sigmoid(E) on the network, sigmoid(-E) on the defaults. A new user starts at `evidence_prior` nats; each
+    #   review's evidence, and the prior's, halves every `evidence_halflife` scored reviews after it (None: no decay),
+    #   so the weight follows what the user's recent reviews say. evidence_prior None: no
+    #   mixture (the network alone; what training sees). A user for whom the defaults forecast better moves to them
+    #   within a few nats of evidence, so the model is never much worse for a user than FSRS-6's defaults
+    evidence_prior: float | None = 2.0
+    evidence_halflife: float | None = 140.0
 
     @property
     def n_heads(self) -> int:
@@ -162,6 +172,12 @@ class Query(NamedTuple):
     # (B, Q, 2) float32: each query card's FSRS-6 (stability, difficulty) after its reviews in the window, as
     # `card_memory` computes them (the service gets them from fsrs-rs, nextstep/card_memory.py); None: computed here
     memory: torch.Tensor | None = None
+    # (B, Q) float32: the user's evidence for the network over FSRS-6's defaults before the query (nats; see the
+    # config's evidence_prior); None: no mixture
+    evidence: torch.Tensor | None = None
+    # (B, Q) float32: each query card's FSRS-6 stability after its reviews in the window under the default parameters
+    # (`fsrs_w`), as `card_memory` computes them; None: computed here (read only with `evidence`)
+    default_stability: torch.Tensor | None = None
 
 
 DRIFT_DTYPE = "float32"
@@ -175,6 +191,10 @@ class Prediction(NamedTuple):
     threshold_logits: torch.Tensor  # (..., 3) s + b_k, for the CORAL loss
     fsrs_recall: torch.Tensor  # (...) FSRS-6's own P(recall) (no network, no drift): the drift's reference
     scored: torch.Tensor  # (...) bool: the card was last reviewed on an earlier scheduler day (the drift counts it)
+    # (...) the network's P(recall) before the mixture with FSRS-6's defaults, and theirs (0 for a card without a
+    # review in the window): the two forecasters the evidence weighs (`evidence_update`); recall is their mixture
+    network_recall: torch.Tensor
+    default_recall: torch.Tensor
 
 
 class Time2Vec(nn.Module):
@@ -199,6 +219,18 @@ def _logit_of_log(log_p: torch.Tensor) -> torch.Tensor:
     (p = 1, as FSRS-6 gives on the day of a review, is capped at 1 - 1e-9)."""
     log_p = log_p.clamp(max=-1e-9)
     return log_p - torch.log(-torch.expm1(log_p))
+
+
+def _logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """log(exp(a) + exp(b)), stable (ONNX has no LogAddExp)."""
+    top = torch.maximum(a, b)
+    return top + torch.log1p(torch.exp(-(a - b).abs()))
+
+
+def recall_log_loss(p: torch.Tensor, rating: torch.Tensor) -> torch.Tensor:
+    """float64 -log P(the outcome): recalled (rating > 1) with probability p, clipped to [1e-6, 1 - 1e-6]."""
+    p = p.double().clamp(1e-6, 1 - 1e-6)
+    return -torch.where(rating > 1, torch.log(p), torch.log1p(-p))
 
 
 def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -400,6 +432,11 @@ class TimeAwareTransformer(nn.Module):
             fsrs_s, fsrs_d = self._fsrs_state(params, w.rating, row_day, same_card, ref_day)
         else:
             fsrs_s, fsrs_d = q.memory[..., 0], q.memory[..., 1]
+        mixing = {}
+        if self.mixing(q):  # the other forecaster: FSRS-6 with the default parameters, the card's stability under them
+            default_s = q.default_stability if q.default_stability is not None else \
+                self._fsrs_state(self.params(None, B), w.rating, row_day, same_card, ref_day)[0]
+            mixing = {"default_s": default_s, "evidence": q.evidence}
         elapsed = torch.where(seen, ((q.time - ref) / DAY).clamp(min=0), 0.0)  # (B, Q) days, float64
         rel_days = ((ref.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float()  # (B, Q, H): < 0 after the reference
         after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
@@ -441,7 +478,12 @@ class TimeAwareTransformer(nn.Module):
                    "visible": visible, "row_day": row_day, "curve": self.curve(x, fsrs_s, decay), "fsrs_s": fsrs_s,
                    "decay": decay,
                    "time_weight": F.softplus(self.time_head(x)),
-                   "gap": self._longest_gap(row_feats, visible) * self.cfg.gap_factor}
+                   "gap": self._longest_gap(row_feats, visible) * self.cfg.gap_factor, **mixing}
+
+    def mixing(self, q: Query) -> bool:
+        """Whether queries `q` get the mixture with FSRS-6's defaults: the config has it and the user's evidence is
+        given."""
+        return self.cfg.evidence_prior is not None and q.evidence is not None
 
     def params(self, params: torch.Tensor | None, batch: int) -> torch.Tensor:
         """(B, 21) FSRS-6 parameters: the rows' own, or the model's `fsrs_w` (the defaults) for every row."""
@@ -617,6 +659,13 @@ class TimeAwareTransformer(nn.Module):
         g1, g2 = gaps[..., :1], gaps[..., 1:]
         tl = torch.cat([s, s - g1, s - g1 - g2], dim=-1)  # (..., 3), decreasing in k
         tl = tl * self.calibration[0] + self.calibration[1]
+        network_recall = torch.sigmoid(tl[..., 0])
+        default_recall = torch.zeros_like(network_recall)
+        if "default_s" in ctx:
+            default_logit, default_recall = self._default_logit(ctx, elapsed)
+            if ctx["evidence"] is not None:  # every threshold moves with P(recall): the Hard/Good/Easy split stays
+                mixed = self._mixture(tl[..., 0], default_logit, ctx["evidence"])
+                tl = tl + torch.where(ctx["seen"], mixed - tl[..., 0], 0.0).unsqueeze(-1)
         above = torch.sigmoid(tl)  # P(rating > k), k = 1..3
         one = torch.ones_like(above[..., :1])
         zero = torch.zeros_like(above[..., :1])
@@ -624,7 +673,45 @@ class TimeAwareTransformer(nn.Module):
         probs = (cum[..., :-1] - cum[..., 1:]).clamp(min=0)
         # answer time may depend on recall
         log_duration = self.duration(torch.cat([x, s], dim=-1)).squeeze(-1) + self.duration_shift
-        return Prediction(probs, above[..., 0], log_duration, tl, *self._fsrs_now(ctx, elapsed))
+        return Prediction(probs, above[..., 0], log_duration, tl, *self._fsrs_now(ctx, elapsed), network_recall,
+                          default_recall)
+
+    def _default_logit(self, ctx: dict, elapsed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logit, P(recall)) of FSRS-6 with the default parameters `elapsed` days after the card's last review (P 0
+        for a card without one)."""
+        _, days = self._days(ctx, elapsed)
+        log_p = fsrs.log_retrievability(self.fsrs_w[20], ctx["default_s"], days).double()
+        return _logit_of_log(log_p).float(), torch.where(ctx["seen"], torch.exp(log_p).float(), 0.0)
+
+    @staticmethod
+    def _mixture(network: torch.Tensor, default: torch.Tensor, evidence: torch.Tensor) -> torch.Tensor:
+        """logit of sigmoid(E) * P_network + sigmoid(-E) * P_default, from the two logits and the evidence E (float64
+        inside: log-sum-exps of log-sigmoids, exact near P = 1). Two non-increasing curves mixed with weights that do
+        not depend on the time: a non-increasing curve."""
+        n, d, e = network.double(), default.double(), evidence.double()
+        w_n, w_d = F.logsigmoid(e), F.logsigmoid(-e)
+        log_p = _logaddexp(w_n + F.logsigmoid(n), w_d + F.logsigmoid(d))
+        log_q = _logaddexp(w_n + F.logsigmoid(-n), w_d + F.logsigmoid(-d))
+        return (log_p - log_q).float()
+
+    def _served_logit(self, ctx: dict, elapsed: torch.Tensor) -> torch.Tensor:
+        """The served logit P(recall) of a seen card `elapsed` days after its last review: calibrated, and mixed with
+        FSRS-6's defaults by the evidence."""
+        s = self._recall_logit(ctx, elapsed) * self.calibration[0] + self.calibration[1]
+        return self._mixture(s, self._default_logit(ctx, elapsed)[0], ctx["evidence"])
+
+    def evidence_update(self, evidence: torch.Tensor, pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
+        """The evidence (B,) after a review with this rating that `pred` answered (before it was made): where the
+        protocol scores it, decayed by one scored review, plus FSRS-6's defaults' log loss on it minus the
+        network's."""
+        _, a = self.evidence_constants()
+        gain = recall_log_loss(pred.default_recall, rating) - recall_log_loss(pred.network_recall, rating)
+        return torch.where(pred.scored, a * evidence.double() + gain, evidence.double()).float()
+
+    def evidence_constants(self) -> tuple[float, float]:
+        """(the evidence a user starts with, the factor it decays by per scored review)."""
+        halflife = self.cfg.evidence_halflife
+        return float(self.cfg.evidence_prior or 0.0), drift_decay(halflife) if halflife else 1.0
 
     # ---- the streaming contract (streaming.py) ------------------------------------------------------
     # The state is a window of the user's latest reviews (each field (B, H), left-padded, in time order); the
@@ -640,13 +727,16 @@ class TimeAwareTransformer(nn.Module):
                 {"name": "fsrs_w", "shape": [N_PARAMS], "dtype": "float32",
                  "init": "the model's fsrs_w (FSRS-6's parameters a user starts with)"},
                 {"name": "day_start", "shape": [], "dtype": "float64",
-                 "init": "the config's day_start_hour in seconds (the user's scheduler day boundary after 00:00 UTC)"}]
+                 "init": "the config's day_start_hour in seconds (the user's scheduler day boundary after 00:00 UTC)"},
+                {"name": "evidence", "shape": [], "dtype": "float32",
+                 "init": "the config's evidence_prior (the user's evidence for the network over FSRS-6's defaults)"}]
 
     def init_state(self, batch: int) -> tuple:
         H = self.cfg.window
         return (*(torch.zeros(batch, H, dtype=getattr(torch, d)) for d in WINDOW_DTYPES), torch.zeros(batch, 2),
                 self.fsrs_w.float().unsqueeze(0).repeat(batch, 1),
-                torch.full((batch,), self.cfg.day_start_hour * 3600.0, dtype=torch.float64))
+                torch.full((batch,), self.cfg.day_start_hour * 3600.0, dtype=torch.float64),
+                torch.full((batch,), self.evidence_constants()[0]))
 
     @staticmethod
     def row_error(pred: Prediction, rating: torch.Tensor) -> torch.Tensor:
@@ -662,39 +752,47 @@ class TimeAwareTransformer(nn.Module):
                self.row_error(pred, rating))
         return (*(torch.cat([old[:, 1:], row.to(old.dtype).unsqueeze(1)], 1)
                   for old, row in zip(state[:8], new, strict=True)), self.drift_update(state[8], pred, rating),
-                *state[9:])  # the user's parameters and day boundary: unchanged by a review (a refit sets them)
+                *state[9:11],  # the user's parameters and day boundary: unchanged by a review (a refit sets them)
+                *(self.evidence_update(e, pred, rating) for e in state[11:12]))
 
     @staticmethod
     def _query(state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> tuple[Window, Query]:
         """(the window, one query (B, 1) per row) of a state: its drift sums (B, 2), the user's FSRS-6 parameters
-        (B, 21) and day boundary (B,) where it has them; a bare Window has no drift and the model's parameters and day
-        boundary, and so does a state saved before parameters (nine tensors) or the day boundary (ten) were in it."""
+        (B, 21), day boundary (B,) and evidence (B,) where it has them; a bare Window has no drift, the model's
+        parameters and day boundary and no mixture, and so does a state saved before parameters (nine tensors), the
+        day boundary (ten) or the evidence (eleven) were in it."""
         q = (card.unsqueeze(1), deck.unsqueeze(1), time.unsqueeze(1))
         if isinstance(state, Window):
             return state, Query(*q)
         return Window(*state[:8]), Query(*q, state[8].unsqueeze(1), state[9] if len(state) > 9 else None,
-                                         state[10] if len(state) > 10 else None)
+                                         state[10] if len(state) > 10 else None,
+                                         evidence=state[11].unsqueeze(1) if len(state) > 11 else None)
 
     def readout(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor,
-                memory: torch.Tensor | None = None) -> Prediction:
+                memory: torch.Tensor | None = None, default_stability: torch.Tensor | None = None) -> Prediction:
         """One query per state: (B, H) rows and (B, 2) drift (or a bare Window: no drift), query (B,) -> outputs
         (B, ...). The serving path. `memory` (B, 2): the query cards' FSRS-6 (stability, difficulty) given
-        (`card_memory`) rather than computed from the window (a card without a review in it reads none of it)."""
+        (`card_memory`) rather than computed from the window (a card without a review in it reads none of it);
+        `default_stability` (B,): the same stability under the default parameters (`card_memory` with them)."""
         w, q = self._query(state, card, deck, time)
         if memory is not None:
             q = q._replace(memory=memory.unsqueeze(1))
+        if default_stability is not None:
+            q = q._replace(default_stability=default_stability.unsqueeze(1))
         pred = self._core(w, q, w.valid.unsqueeze(1))
         return Prediction(*(t.squeeze(1) for t in pred))
 
-    def card_memory(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+    def card_memory(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor,
+                    default: bool = False) -> torch.Tensor:
         """(B, 2) FSRS-6's (stability, difficulty) of each query's card (B,) after its reviews in the window (its
-        last `card_window`): what `readout` computes inside, and what its `memory` stands in for. Meaningless for a
-        card without a review in the window."""
+        last `card_window`): what `readout` computes inside, and what its `memory` stands in for (`default`: under
+        the default parameters, what `default_stability` stands in for). Meaningless for a card without a review in
+        the window."""
         w, q = self._query(state, card, deck, time)
         same_card = w.valid.unsqueeze(1) & (w.card.unsqueeze(1) == q.card.unsqueeze(-1))
         row_day = self._day(w.time, self.day_start(q.day_start, q.time))
-        s, d = self._fsrs_state(self.params(q.params, w.card.shape[0]), w.rating, row_day, same_card,
-                                row_day[:, -1:])  # (only day differences count: any reference day)
+        s, d = self._fsrs_state(self.params(None if default else q.params, w.card.shape[0]), w.rating, row_day,
+                                same_card, row_day[:, -1:])  # (only day differences count: any reference day)
         return torch.stack([s, d], -1).squeeze(1)
 
     def schedule(self, state, card: torch.Tensor, deck: torch.Tensor, time: torch.Tensor,
@@ -713,17 +811,20 @@ class TimeAwareTransformer(nn.Module):
         elapsed, seen = ctx["elapsed"], ctx["seen"]
         scale, shift = self.calibration[0].double(), self.calibration[1].double()
         p = retention.double().clamp(1e-6, 1 - 1e-6).unsqueeze(1)
-        target = (torch.log(p) - torch.log1p(-p) - shift) / scale  # the uncalibrated logit at the due
+        if ctx.get("evidence") is not None:  # the served curve itself: calibrated, mixed with FSRS-6's defaults
+            target, curve = torch.log(p) - torch.log1p(-p), self._served_logit
+        else:  # the uncalibrated curve, at the uncalibrated logit of the due
+            target, curve = (torch.log(p) - torch.log1p(-p) - shift) / scale, self._recall_logit
         lo = torch.log1p(elapsed.double() * 24)  # log(1 + hours since the last review): now ...
         hi = torch.full_like(lo, math.log1p(MAX_WAIT_DAYS * 24))  # ... and the longest wait
         grid = torch.linspace(0.0, 1.0, SCHEDULE_POINTS, dtype=torch.float64)
         for _ in range(SCHEDULE_LEVELS):  # the curve falls: the points above the target are a prefix of the grid
             step = (hi - lo) / (SCHEDULE_POINTS - 1)
             u = lo + (hi - lo) * grid  # (B, points)
-            above = (self._recall_logit(ctx, torch.expm1(u) / 24) > target).sum(-1, keepdim=True)
+            above = (curve(ctx, torch.expm1(u) / 24) > target).sum(-1, keepdim=True)
             lo = lo + step * (above - 1).clamp(min=0).double()
             hi = torch.minimum(lo + step, hi)
-        now_above = self._recall_logit(ctx, elapsed) > target
+        now_above = curve(ctx, elapsed) > target
         days = torch.where(now_above & seen, torch.expm1(hi) / 24 - elapsed, 0.0).clamp(min=0.0)
         pred = self._heads(x, ctx, elapsed + days)
         return pred.recall.squeeze(1), torch.log1p(days).squeeze(1), expected_duration(pred.log_duration.squeeze(1))
@@ -735,20 +836,32 @@ class TimeAwareTransformer(nn.Module):
         boundary `day_start` (B,) (None: the model's `fsrs_w`, the config's day_start_hour): outputs (B, T, ...)."""
         B, T = w.card.shape
         causal = torch.ones(T, T, dtype=torch.bool, device=w.card.device).tril(-1)  # [i, j]: j < i
-        x, ctx = self._encode(w, Query(w.card, w.deck, w.time, None, params, day_start),
+        mixing = torch.zeros(B, T) if self.cfg.evidence_prior is not None else None  # (the evidence comes below)
+        x, ctx = self._encode(w, Query(w.card, w.deck, w.time, None, params, day_start, evidence=mixing),
                               causal.unsqueeze(0).expand(B, T, T))
         p, scored = self._fsrs_now(ctx, ctx["elapsed"])
         scored = scored & w.valid
-        # row j's weight at query i: a^(scored rows after j and before i), for scored j < i
-        a = drift_decay(self.cfg.drift_halflife)
         n = torch.cumsum(scored.float(), -1)  # scored rows up to and including each row
         after = (n - scored.float()).unsqueeze(-1) - n.unsqueeze(-2)  # [i, j]: scored rows in j+1 .. i-1
-        weight = torch.where(causal & scored.unsqueeze(-2), torch.pow(torch.full_like(after, a), after.clamp(min=0)),
-                             0.0)
+
+        def weights(a: float) -> torch.Tensor:  # row j's weight at query i: a^(scored rows after j and before i)
+            return torch.where(causal & scored.unsqueeze(-2), torch.pow(torch.full_like(after, a),
+                                                                        after.clamp(min=0)), 0.0)
+
+        weight = weights(drift_decay(self.cfg.drift_halflife))
         error = ((w.rating > 1).float() - p).unsqueeze(-1)
         drift = torch.cat([weight @ error, weight.sum(-1, keepdim=True)], -1)  # (B, T, 2)
         rows = w._replace(error=torch.where(scored, error.squeeze(-1), math.nan))  # each row's error, as stepping
         ctx["drift"] = self._drift(rows, Query(w.card, w.deck, w.time, drift, params, day_start), ctx["visible"])
+        if mixing is None:
+            return self._heads(x, ctx, ctx["elapsed"])
+        ctx["evidence"] = None  # each row's forecasts unmixed, then each row's evidence from the rows before it
+        pred = self._heads(x, ctx, ctx["elapsed"])
+        prior, a = self.evidence_constants()
+        gain = recall_log_loss(pred.default_recall, w.rating) - recall_log_loss(pred.network_recall, w.rating)
+        gain = torch.where(scored, gain, 0.0).unsqueeze(-1)
+        before = (n - scored.float()).double()  # scored rows before each row
+        ctx["evidence"] = (prior * a ** before + (weights(a).double() @ gain).squeeze(-1)).float().detach()
         return self._heads(x, ctx, ctx["elapsed"])
 
 

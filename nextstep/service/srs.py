@@ -15,13 +15,14 @@ window sizes, not the model version: the reviews are data, and a new version rea
 sizes goes on from them; see schema_hash):
 
 * the blob: a header, followed by the user's last `size` reviews (the recent block), oldest first. The header
-  (`HEADER`, layout v5) holds a tag (-5), the number of distinct cards reviewed (int64), the user's drift sums (m, w)
+  (`HEADER`, layout v6) holds a tag (-6), the number of distinct cards reviewed (int64), the user's drift sums (m, w)
   (two float64, TimeAwareTransformer.drift_update), the number of scored reviews recorded, the user's own FSRS-6
   parameters with their provenance (`Fit`: the 21 weights, the reviews they were fitted on, the scored count then,
-  when) and their scheduler day boundary (seconds after 00:00 UTC; NaN: the model's). Older headers still read: a v4
-  header (`HEADER_V4`, tag -4) has no day boundary, a v3 header (`HEADER_V3`, before per-user parameters: the card
-  count and the drift only, its first field a count >= 0) has the artifact's default parameters too; the user's
-  next write stores v5;
+  when), their scheduler day boundary (seconds after 00:00 UTC; NaN: the model's) and their evidence for the network
+  over FSRS-6's defaults (below; NaN: the model's prior). Older headers still read: a v5 header (`HEADER_V5`, tag -5)
+  has no evidence, a v4 header (tag -4) no day boundary either, a v3 header (`HEADER_V3`, before per-user parameters:
+  the card count and the drift only, its first field a count >= 0) has the artifact's default parameters too; the
+  user's next write stores v6;
 * a companion field per card id (state.py's `fields`): that card's last `card_size` reviews.
 
 Each stored review is a fixed 42-byte row (`ROW`): its sequence number within the user's log (0, 1, ...;
@@ -74,6 +75,14 @@ error (NaN when not scored), which the graph reads back with the window (`hist_e
 same mean over the window's reviews of the query's deck. The sums and errors are computed under the
 FSRS-6 parameters of the version that recorded the review; a new version goes on from them (they estimate the
 same thing: how far the user is from FSRS-6 lately).
+
+Evidence. Where the model mixes its network with FSRS-6 at the default parameters (the manifest's `evidence`; the
+predict graph's `network_recall` and `default_recall`), each scored review adds the defaults' log loss on it minus
+the network's to the user's evidence (decayed by the manifest's halflife; `evidence_sums`), which every graph takes
+(`evidence`): the served P(recall) is sigmoid(evidence) times the network's plus the rest times the defaults'. A
+write of several reviews answers them twice: once for FSRS-6's errors, once more with the drift sums and errors just
+before each, as stepping does, for the network's forecasts. Like the drift, the evidence is carried to a new version
+and to another layout as it is (it sums over all of the user's reviews, which no layout holds).
 
 Parameters. Each user's FSRS-6 parameters are an input of both graphs (`fsrs_w`): one artifact serves every
 user with their own memory model. A new user starts from the manifest's `fsrs6.parameters` (fsrs-rs's defaults
@@ -130,7 +139,7 @@ import numpy as np
 
 from ..card_memory import AVAILABLE as CARD_MEMORY
 from ..card_memory import UNSEEN, card_memory
-from ..review_window import drift_sums, select
+from ..review_window import drift_sums, evidence_sums, select
 from .core import Change, StatefulTask, operation
 from .errors import InvalidInput, TooLarge, UnknownModel
 from .quality import Quality
@@ -142,11 +151,12 @@ from .state import StoredState
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1"), ("error", "<f4")])  # packed: 42 bytes
 HEADER_V3 = np.dtype([("cards", "<i8"), ("drift", "<f8", (2,))])  # distinct cards reviewed, drift sums (m, w)
-HEADER_TAG = -5  # the first field of a v5 header (a v4 header's is -4, a v3 header's a card count, >= 0)
+HEADER_TAG = -6  # the first field of a v6 header (v5's is -5, v4's -4, a v3 header's a card count, >= 0)
 N_PARAMS = 21
 HEADER_V4 = np.dtype([("tag", "<i8"), ("cards", "<i8"), ("drift", "<f8", (2,)), ("scored", "<i8"),
                       ("w", "<f8", (N_PARAMS,)), ("fitted_on", "<i8"), ("fitted_scored", "<i8"), ("fitted_at", "<f8")])
-HEADER = np.dtype(HEADER_V4.descr + [("day_start", "<f8")])  # v4 and the user's day boundary (NaN: the model's)
+HEADER_V5 = np.dtype(HEADER_V4.descr + [("day_start", "<f8")])  # v4 and the user's day boundary (NaN: the model's)
+HEADER = np.dtype(HEADER_V5.descr + [("evidence", "<f8")])  # v5 and the user's evidence (NaN: the model's prior)
 MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
 SIMULATE_MAX_RETENTIONS = 10
@@ -162,9 +172,12 @@ MAX_CELLS = 1 << 13  # rows x window columns per ONNX Runtime call: a big schedu
 # what the service feeds the predict graph (an exporter may prune inputs: a subset is fine) and reads back
 INPUTS = {"hist_card": "int64", "hist_deck": "int64", "hist_time": "float64", "hist_rating": "int64",
           "hist_duration": "float32", "hist_state": "int64", "hist_valid": "bool", "hist_error": "float32",
-          "drift": "float32", "fsrs_w": "float32", "day_start": "float64",
+          "drift": "float32", "fsrs_w": "float32", "day_start": "float64", "evidence": "float32",
           "card": "int64", "deck": "int64", "time": "float64"}
 OUTPUTS = ("rating_probs", "recall", "duration_s", "fsrs_recall", "scored")
+# where the model mixes its network with FSRS-6's defaults by the user's evidence (the manifest's `evidence`): the two
+# forecasters' P(recall) of each review, which the evidence adds up (TimeAwareTransformer.evidence_update)
+MIXTURE_OUTPUTS = ("network_recall", "default_recall")
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
 # predict with the query card's FSRS-6 memory as an input (INPUTS + memory (B, 2) float32, nextstep/card_memory.py),
 # where an artifact has it: every prediction runs it (SpacedRepetition._predict)
@@ -209,7 +222,8 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
                    f"retention (float32) and reads {list(SCHEDULE_OUTPUTS)} (re-export with this version)")
     if MEMORY_GRAPH in graphs:
         inputs, outputs = graphs[MEMORY_GRAPH]
-        wrong = [(n, t) for n, t in inputs if ONNX_DTYPES.get(t) != {**INPUTS, "memory": "float32"}.get(n)]
+        wrong = [(n, t) for n, t in inputs
+                 if ONNX_DTYPES.get(t) != {**INPUTS, "memory": "float32", "default_stability": "float32"}.get(n)]
         if wrong or ("memory", "tensor(float)") not in inputs or not set(OUTPUTS) <= set(outputs):
             raise fail(f"{MEMORY_GRAPH} graph takes {inputs} and outputs {outputs}; the service feeds {INPUTS} and "
                        f"memory (float32) and reads {list(OUTPUTS)} (re-export with this version)")
@@ -220,6 +234,14 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
         raise fail(f"manifest window {w!r} is not {{size, card_size}} as integers") from None
     if window[0] < 1 or window[1] < 0:
         raise fail(f"manifest window {w!r}: size must be >= 1 and card_size >= 0")
+    mixing = set(MIXTURE_OUTPUTS) <= set(graphs["predict"][1])
+    evidence = manifest.get("evidence")
+    if mixing and not (isinstance(evidence, dict) and isinstance(evidence.get("prior"), (int, float))
+                       and (evidence.get("halflife_scored_reviews") is None
+                            or isinstance(evidence["halflife_scored_reviews"], (int, float))
+                            and evidence["halflife_scored_reviews"] > 0)):
+        raise fail(f"predict graph outputs {list(MIXTURE_OUTPUTS)}, but manifest evidence {evidence!r} is not "
+                   "{prior, halflife_scored_reviews} as numbers (re-export with this version)")
     halflife = (manifest.get("drift") or {}).get("halflife_scored_reviews")
     if not isinstance(halflife, (int, float)) or isinstance(halflife, bool) or not 0 < halflife < math.inf:
         raise fail(f"manifest drift.halflife_scored_reviews {halflife!r} is not a positive number (re-export "
@@ -285,6 +307,13 @@ class History:
     drift: np.ndarray  # (2,) float64: (m, w)
     scored: int = 0
     fit: Fit = NO_FIT
+    # the user's evidence for the network over FSRS-6's defaults (nats; TimeAwareTransformer.evidence_update), NaN
+    # before any was recorded (the model's prior)
+    evidence: float = math.nan
+
+    def evidence_of(self, model: LoadedModel) -> float:
+        """The user's evidence, or the model's prior (the manifest's `evidence.prior`; 0 for a model without it)."""
+        return self.evidence if not math.isnan(self.evidence) else evidence_prior(model)
 
     def params(self, model: LoadedModel) -> np.ndarray:
         """(21,) float32: the user's FSRS-6 parameters, or the model's defaults before a fit."""
@@ -342,8 +371,7 @@ class ShadowTurn:
         own = {card: history.cards[card] for card in dict.fromkeys(cards) if card in history.cards}
         rows = new.copy()
         rows["error"] = np.nan
-        return cls(model.schema, History(history.stored, history.recent, own, history.n_cards, history.drift,
-                                         history.scored, history.fit),
+        return cls(model.schema, replace(history, cards=own),
                    rows, cards, tuple(r.event_id for r in reviews if r.event_id is not None), tuple(windows),
                    scored)
 
@@ -392,7 +420,8 @@ def _took(own: StoredState, held: np.ndarray, since: float) -> tuple[np.ndarray,
     first = int(rows["seq"][0])
     kept = {card: _rows(value)[_rows(value)["seq"] < first].tobytes() for card, value in own.fields.items()}
     return rows, cards, StoredState(own.version, own.events, own.updated,
-                                    _encode(mine.recent[:start], mine.n_cards, mine.drift), fields=kept)
+                                    _encode(mine.recent[:start], mine.n_cards, mine.drift, evidence=mine.evidence),
+                                    fields=kept)
 
 
 def _rows(blob: bytes | None, offset: int = 0) -> np.ndarray:
@@ -408,8 +437,8 @@ def _decode(stored: StoredState) -> History:
         return History(stored, np.zeros(0, dtype=ROW), {}, 0, np.zeros(2))
     blob = stored.blob
     tag = int(np.frombuffer(blob, dtype="<i8", count=1)[0]) if len(blob) >= 8 else 0
-    with_params = tag in (HEADER_TAG, -4)  # v5 or v4 (v5 is v4 and the day boundary)
-    layout = HEADER if tag == HEADER_TAG else HEADER_V4 if with_params else HEADER_V3
+    with_params = tag in (HEADER_TAG, -5, -4)  # v6, v5 or v4 (v5: v4 and the day boundary; v6: and the evidence)
+    layout = {HEADER_TAG: HEADER, -5: HEADER_V5, -4: HEADER_V4}.get(tag, HEADER_V3)
     if len(blob) < layout.itemsize:
         raise ValueError(f"stored reviews of {len(blob)} bytes are shorter than their {layout.itemsize}-byte header")
     header = np.frombuffer(blob, dtype=layout, count=1)[0]
@@ -418,16 +447,19 @@ def _decode(stored: StoredState) -> History:
         return History(stored, _rows(blob, layout.itemsize), cards, int(header["cards"]),
                        np.array(header["drift"], dtype=np.float64), -1)
     fitted = int(header["fitted_on"]) > 0
-    day_start = float(header["day_start"]) if tag == HEADER_TAG and not np.isnan(header["day_start"]) else None
+    day_start = float(header["day_start"]) if tag in (HEADER_TAG, -5) and not np.isnan(header["day_start"]) else None
     fit = Fit(tuple(float(x) for x in header["w"]), int(header["fitted_on"]), int(header["fitted_scored"]),
               float(header["fitted_at"]), day_start) if fitted else Fit(day_start=day_start)
     return History(stored, _rows(blob, layout.itemsize), cards, int(header["cards"]),
-                   np.array(header["drift"], dtype=np.float64), int(header["scored"]), fit)
+                   np.array(header["drift"], dtype=np.float64), int(header["scored"]), fit,
+                   float(header["evidence"]) if tag == HEADER_TAG else math.nan)
 
 
-def _encode(recent: np.ndarray, n_cards: int, drift: np.ndarray, scored: int = 0, fit: Fit = NO_FIT) -> bytes:
+def _encode(recent: np.ndarray, n_cards: int, drift: np.ndarray, scored: int = 0, fit: Fit = NO_FIT,
+            evidence: float = math.nan) -> bytes:
     header = np.zeros(1, dtype=HEADER)
     header["tag"], header["cards"], header["drift"], header["scored"] = HEADER_TAG, n_cards, drift, scored
+    header["evidence"] = evidence
     if fit.w is not None:
         header["w"], header["fitted_on"], header["fitted_scored"] = fit.w, fit.fitted_on, fit.fitted_scored
         header["fitted_at"] = fit.fitted_at if fit.fitted_at is not None else np.nan
@@ -444,6 +476,11 @@ def default_params(model: LoadedModel) -> tuple[float, ...]:
     defaults."""
     w = (model.manifest.get("fsrs6") or {}).get("parameters")
     return tuple(float(x) for x in w) if w and len(w) == N_PARAMS else DEFAULT_FSRS6
+
+
+def evidence_prior(model: LoadedModel) -> float:
+    """The evidence a new user of `model` starts with: the manifest's `evidence.prior` (0 without a mixture)."""
+    return float((model.manifest.get("evidence") or {}).get("prior", 0.0))
 
 
 def default_day_start(model: LoadedModel) -> float:
@@ -500,6 +537,12 @@ def carried(recent: np.ndarray, fields: Mapping[str, bytes], window: tuple[int, 
     return _tail(rows, size), cards, len(rows)
 
 
+def _log_loss(p: np.ndarray, recalled: np.ndarray) -> np.ndarray:
+    """-log P(the outcome) with P(recall) p clipped to [1e-6, 1 - 1e-6] (TimeAwareTransformer's recall_log_loss)."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-6, 1 - 1e-6)
+    return -np.where(recalled, np.log(p), np.log1p(-p))
+
+
 def _width(rows: int, size: int) -> int:
     """Columns to pad a window of `rows` (<= size) to: the next power of two, at least 8 and at most `size`, so
     that requests with windows of similar lengths can share an ONNX Runtime call."""
@@ -507,11 +550,12 @@ def _width(rows: int, size: int) -> int:
 
 
 def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
-                  params: np.ndarray | None = None, day_start: float | None = None) -> dict[str, np.ndarray]:
+                  params: np.ndarray | None = None, day_start: float | None = None,
+                  evidence: float | None = None) -> dict[str, np.ndarray]:
     """The graph's hist_* inputs for these windows, each left-padded (hist_valid False) to `width` columns, and the
-    user's drift sums (2,), FSRS-6 parameters (21,) and day boundary (seconds after 00:00 UTC) for every window
-    (parameters or day boundary None: not fed, the graph's defaults, for a test's graph without the input; a graph
-    exported before the day boundary was an input ignores it)."""
+    user's drift sums (2,), FSRS-6 parameters (21,), day boundary (seconds after 00:00 UTC) and evidence for every
+    window (parameters, day boundary or evidence None: not fed, the graph's defaults, for a test's graph without the
+    input; a graph exported before the day boundary or the evidence was an input ignores it)."""
     out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype) for name, (fill, dtype) in _PAD.items()}
     out["hist_valid"] = np.zeros((len(windows), width), dtype=bool)
     for i, w in enumerate(windows):
@@ -524,14 +568,16 @@ def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
         out["fsrs_w"] = np.tile(np.asarray(params, dtype=np.float32), (len(windows), 1))
     if day_start is not None:
         out["day_start"] = np.full(len(windows), day_start, dtype=np.float64)
+    if evidence is not None:
+        out["evidence"] = np.full(len(windows), evidence, dtype=np.float32)
     return out
 
 
 def user_feeds(model: LoadedModel, windows: Sequence[np.ndarray], history: History) -> dict[str, np.ndarray]:
     """history_feeds for these windows of one user, padded to a shared width (`_width` of the longest), with the
-    user's drift sums, FSRS-6 parameters and day boundary from `history`."""
+    user's drift sums, FSRS-6 parameters, day boundary and evidence from `history`."""
     return history_feeds(windows, _width(max(len(w) for w in windows), model.extra.window[0]), history.drift,
-                         history.params(model), history.day_start(model))
+                         history.params(model), history.day_start(model), history.evidence_of(model))
 
 
 def _new_rows(reviews: Sequence[Review], first_seq: int) -> np.ndarray:
@@ -629,7 +675,7 @@ class SpacedRepetition(StatefulTask):
             size, card_size = model.extra.window
             if (size > old_window[0] or card_size > old_window[1]) and old.count > held:
                 said["reviews_not_held"] = old.count - held
-            history = History(target, recent, cards, old.n_cards, old.drift, old.scored, old.fit)
+            history = replace(old, stored=target, recent=recent, cards=cards)
             return Moved(source, history, {card: rows.tobytes() for card, rows in cards.items()}, said)
         return None
 
@@ -642,8 +688,8 @@ class SpacedRepetition(StatefulTask):
             return NOT_REBUILT
         h = moved.history
         written = await self.store.compare_and_set(self.key(model, user_id), target.version,
-                                                   _encode(h.recent, h.n_cards, h.drift, h.scored, h.fit), h.count,
-                                                   fields=moved.fields)
+                                                   _encode(h.recent, h.n_cards, h.drift, h.scored, h.fit, h.evidence),
+                                                   h.count, fields=moved.fields)
         return moved.said if written is not None else NOT_REBUILT
 
     async def _history(self, model: LoadedModel, user_id: str, cards: Sequence[str]) -> tuple[History, dict]:
@@ -710,7 +756,7 @@ class SpacedRepetition(StatefulTask):
         recent, cards, _ = carried(*merged, model.extra.window)
         written = await self.store.compare_and_set(
             self.key(model, user_id), own.version, _encode(recent, theirs.n_cards, theirs.drift, theirs.scored,
-                                                           theirs.fit),
+                                                           theirs.fit, theirs.evidence),
             theirs.count - own.events, fields={card: rows.tobytes() for card, rows in cards.items()})
         return (theirs.count - own.events, True) if written is not None else (0, False)
 
@@ -750,16 +796,25 @@ class SpacedRepetition(StatefulTask):
         given = {}
         if MEMORY_GRAPH in model.sessions and CARD_MEMORY:
             params, start, size = hist["fsrs_w"][0], float(hist["day_start"][0]), model.extra.window[1]
+            # with the mixture, each card's stability under the default parameters too
+            defaults = np.asarray(default_params(model), dtype=np.float32) \
+                if "default_stability" in model.input_names[MEMORY_GRAPH] else None
             memory = np.tile(np.float32(UNSEEN), (len(which), 1))
+            default_s = np.full(len(which), UNSEEN[0], dtype=np.float32)
             for i, (w, card) in enumerate(zip(which, cards, strict=True)):
                 rows = windows[w]
                 got = card_memory(rows["card"], rows["time"], rows["rating"], int(card), params, start, size)
+                if got is None and np.any(rows["card"] == card):  # (reviews it cannot take: the graph's own
+                    break  # recurrence answers)
                 if got is not None:
                     memory[i] = got
-                elif np.any(rows["card"] == card):  # (reviews it cannot take: the graph's own recurrence answers)
-                    break
+                    if defaults is not None:
+                        same = np.array_equal(defaults, params)
+                        default_s[i] = got[0] if same else card_memory(rows["card"], rows["time"], rows["rating"],
+                                                                         int(card), defaults, start, size)[0]
             else:
-                given = {"graph": MEMORY_GRAPH, "memory": memory}
+                given = {"graph": MEMORY_GRAPH, "memory": memory,
+                         **({"default_stability": default_s} if defaults is not None else {})}
         return await self._run(model, hist, which, cards, decks, times, background=background, **given)
 
     async def _answer(self, model: LoadedModel, history: History, card_id: str, deck_id: str,
@@ -776,22 +831,41 @@ class SpacedRepetition(StatefulTask):
                 "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
 
     async def _drift(self, model: LoadedModel, history: History, windows: list[np.ndarray], new: np.ndarray,
-                     background: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, and
-        the model's P(recall) of each from its window: NaN where not scored, for live quality), each answered from
-        its window by one batched predict call (TimeAwareTransformer.drift_update, row_error) from the user's drift
-        sums before them (`history`), under their FSRS-6 parameters and day boundary."""
+                     background: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, the
+        model's P(recall) of each from its window: NaN where not scored, for live quality, and the user's evidence
+        after them: NaN for a model without the mixture), each answered from its window by one batched predict call
+        (TimeAwareTransformer.drift_update, row_error, evidence_update) from the user's drift sums and evidence
+        before them (`history`), under their FSRS-6 parameters and day boundary. With the mixture and several new
+        reviews, a second call answers each with the drift sums and errors of the new ones before it, as stepping
+        does (FSRS-6's errors do not depend on them; the network's forecasts, which the evidence adds up, do)."""
         drift = history.drift
         if not len(new):
-            return drift, np.zeros(0, dtype=np.float32), np.zeros(0)
+            return drift, np.zeros(0, dtype=np.float32), np.zeros(0), history.evidence
         hist = user_feeds(model, windows, history)
-        out = await self._predict(model, windows, hist, np.arange(len(new)),
-                                  *(np.ascontiguousarray(new[f]) for f in ("card", "deck", "time")),
-                                  background=background)
+        which, query = np.arange(len(new)), [np.ascontiguousarray(new[f]) for f in ("card", "deck", "time")]
+        out = await self._predict(model, windows, hist, which, *query, background=background)
         errors = (new["rating"] > 1) - out["fsrs_recall"].astype(np.float64)
         sums = drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]), drift)
-        return (sums[-1], np.where(out["scored"], errors, np.nan).astype(np.float32),
-                np.where(out["scored"], out["recall"].astype(np.float64), np.nan))
+        errors = np.where(out["scored"], errors, np.nan).astype(np.float32)
+        if not set(MIXTURE_OUTPUTS) <= set(out):
+            return sums[-1], errors, np.where(out["scored"], out["recall"].astype(np.float64), np.nan), math.nan
+        if len(new) > 1:  # the network as stepping answers each review: with the drift sums and errors just before it
+            mine = dict(zip(new["seq"].tolist(), errors, strict=True))
+            windows = [w.copy() for w in windows]
+            for w in windows:
+                for i in np.flatnonzero(np.isin(w["seq"], new["seq"])):
+                    w["error"][i] = mine[int(w["seq"][i])]
+            hist = {**user_feeds(model, windows, history), "drift": sums[:-1].astype(np.float32)}
+            out = await self._predict(model, windows, hist, which, *query, background=background)
+        recalled = new["rating"] > 1
+        gains = _log_loss(out["default_recall"], recalled) - _log_loss(out["network_recall"], recalled)
+        evidence = evidence_sums(gains, out["scored"], model.manifest["evidence"]["halflife_scored_reviews"],
+                                 history.evidence_of(model))
+        # the served P(recall) of each, as the graph mixes them, by the evidence just before it
+        weight = 1.0 / (1.0 + np.exp(-evidence[:-1]))
+        recall = weight * out["network_recall"] + (1 - weight) * out["default_recall"]
+        return sums[-1], errors, np.where(out["scored"], recall, np.nan), float(evidence[-1])
 
     @staticmethod
     def _query_time(history: History, at: float | None, field: str) -> float:
@@ -850,16 +924,17 @@ class SpacedRepetition(StatefulTask):
             windows = []  # each new review's window, before it (for FSRS-6's error on it: the drift)
             for j, i in enumerate(fresh):
                 card = reviews[i].card_id
-                before = History(history.stored, _tail(np.concatenate([history.recent, new[:j]]), size),
-                                 {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
+                before = replace(history, recent=_tail(np.concatenate([history.recent, new[:j]]), size),
+                                 cards={card: field(card)})
                 windows.append(window(model, before, card))
                 added.setdefault(card, []).append(j)
-            drift, new["error"], recall = await self._drift(model, history, windows, new)
+            drift, new["error"], recall, evidence = await self._drift(model, history, windows, new)
             scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
             touched = {card: field(card) for card in added}  # after the errors: the fields carry them too
             n_cards = history.n_cards + sum(card not in history.cards for card in added)
             recent = _tail(np.concatenate([history.recent, new]), size)
-            after = History(history.stored, recent, {**history.cards, **touched}, n_cards, drift, scored, history.fit)
+            after = replace(history, recent=recent, cards={**history.cards, **touched}, n_cards=n_cards, drift=drift,
+                            scored=scored, evidence=evidence)
             at = self._query_time(after, predict[2], "predict.time") if predict is not None else None  # before writing
 
             async def answer(written: StoredState) -> dict:
@@ -882,7 +957,8 @@ class SpacedRepetition(StatefulTask):
                         if predict is not None else None}
 
             moved = said["rebuilt_from_events"] > 0
-            return Change(_encode(recent, n_cards, drift, scored, history.fit) if fresh or moved or told else None,
+            return Change(_encode(recent, n_cards, drift, scored, history.fit, evidence)
+                          if fresh or moved or told else None,
                           answer,
                           len(fresh) + (history.count if moved else 0),
                           {**carried_fields, **{card: rows.tobytes() for card, rows in touched.items()}})
@@ -1089,8 +1165,7 @@ class SpacedRepetition(StatefulTask):
         fresh = "\x00simulate: a card never reviewed"
         rows, starts, ends = deck  # every reviewed card's stored rows, card i's at starts[i]:ends[i]
         own = {i: rows[starts[i]:ends[i]] for i in pick}
-        windows = [window(model, History(history.stored, history.recent, {reviewed[i]: own[i]}, history.n_cards,
-                                         history.drift), reviewed[i]) for i in pick]
+        windows = [window(model, replace(history, cards={reviewed[i]: own[i]}), reviewed[i]) for i in pick]
         windows.append(window(model, history, fresh))
         hist = user_feeds(model, windows, history)
         new = await self._predict(model, windows, hist, np.array([take]), np.array([id_hash(fresh)]),
@@ -1203,7 +1278,7 @@ class SpacedRepetition(StatefulTask):
             rows["seq"] = np.arange(after.count, after.count + len(rows))
             after, later, _ = await self._append(model, after, rows, cards)
             touched.update(later)
-        blob = _encode(after.recent, after.n_cards, after.drift, after.scored, turn.before.fit)
+        blob = _encode(after.recent, after.n_cards, after.drift, after.scored, turn.before.fit, after.evidence)
         written = await self.store.compare_and_set(key, stored.version, blob, after.count - stored.events,
                                                    list(turn.event_ids),
                                                    fields={**fields, **{c: r.tobytes() for c, r in touched.items()}})
@@ -1248,7 +1323,7 @@ class SpacedRepetition(StatefulTask):
         recent, cards, _ = carried(recent, held, model.extra.window)
         if (int(recent["seq"][-1]) + 1 if len(recent) else 0) != first:
             return None
-        return (History(target, recent, cards, b.n_cards, b.drift, b.scored, b.fit),
+        return (replace(b, stored=target, recent=recent, cards=cards),
                 {**emptied, **{card: rows.tobytes() for card, rows in cards.items()}}, took and took[:2])
 
     async def _append(self, model: LoadedModel, history: History, new: np.ndarray, cards: Sequence[str]
@@ -1267,17 +1342,17 @@ class SpacedRepetition(StatefulTask):
 
         windows = []
         for j, card in enumerate(cards):
-            before = History(history.stored, _tail(np.concatenate([history.recent, new[:j]]), size),
-                             {card: field(card)}, history.n_cards, history.drift, history.scored, history.fit)
+            before = replace(history, recent=_tail(np.concatenate([history.recent, new[:j]]), size),
+                             cards={card: field(card)})
             windows.append(window(model, before, card))
             added.setdefault(card, []).append(j)
-        drift, new["error"], recall = await self._drift(model, history, windows, new, background=True)
+        drift, new["error"], recall, evidence = await self._drift(model, history, windows, new, background=True)
         scored = history.scored + int(np.count_nonzero(~np.isnan(new["error"]))) if history.scored >= 0 else -1
         touched = {card: field(card) for card in added}
         n_cards = history.n_cards + sum(card not in history.cards for card in added)
         recent = _tail(np.concatenate([history.recent, new]), size)
-        return (History(history.stored, recent, {**history.cards, **touched}, n_cards, drift, scored, history.fit),
-                touched, recall)
+        return (replace(history, recent=recent, cards={**history.cards, **touched}, n_cards=n_cards, drift=drift,
+                        scored=scored, evidence=evidence), touched, recall)
 
     def _score_shadow(self, model: LoadedModel, recall: np.ndarray, new: np.ndarray, scored: np.ndarray) -> None:
         """Live quality of a shadow: its P(recall) of the reviews the serving version's was scored on."""
@@ -1342,7 +1417,8 @@ class SpacedRepetition(StatefulTask):
             if not current.exists or latest.count < fit.fitted_on:  # deleted (and maybe begun again) meanwhile
                 return Change(None, lambda _: _done({**out, "reason": "deleted meanwhile"}))
             blob = _encode(latest.recent, latest.n_cards, latest.drift, latest.scored if latest.scored >= 0 else scored,
-                           replace(fit, day_start=latest.fit.day_start))  # (a boundary told meanwhile stays)
+                           replace(fit, day_start=latest.fit.day_start),  # (a boundary told meanwhile stays)
+                           latest.evidence)
             return Change(blob, lambda written: _done({**out, "refitted": True, "fitted_on": fit.fitted_on,
                                                        "scored_reviews": scored, "w": list(fit.w),
                                                        "state_version": written.version}))
@@ -1367,4 +1443,13 @@ class SpacedRepetition(StatefulTask):
                                "fitted_on": fit.fitted_on, "fitted_at": fit.fitted_at,
                                "scored_reviews": history.scored if history.scored >= 0 else None,
                                "day_start_hour_utc": history.day_start(model) / 3600.0,
-                               "day_start_told": fit.day_start is not None}}
+                               "day_start_told": fit.day_start is not None},
+                **({"evidence": self._evidence(history.evidence_of(model))} if "evidence" in model.manifest else {})}
+
+    @staticmethod
+    def _evidence(nats: float) -> dict:
+        """The user's evidence for the network over FSRS-6's defaults, and the weight it gives the network."""
+        return {"nats": nats, "network_weight": 1.0 / (1.0 + math.exp(-nats)),
+                "about": "log loss of FSRS-6 with the default parameters minus the network's on the user's scored "
+                         "reviews, recent ones counting most; P(recall) = network_weight * the network's + "
+                         "(1 - network_weight) * the defaults'"}

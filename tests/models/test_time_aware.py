@@ -39,7 +39,7 @@ def prefix_window(sequence: Window, i: int, error: torch.Tensor | None = None) -
 def model():
     torch.manual_seed(0)
     m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1,
-                                             deck_drift_gain=3.0))
+                                             deck_drift_gain=3.0, evidence_prior=None))  # the network alone (`mixed`)
     with torch.no_grad():  # make every head and bias matter (an untrained model's curve is FSRS-6's alone)
         for layer in m.layers:
             layer.attn.decay_w.fill_(1.5)
@@ -388,7 +388,7 @@ def shrunk():
     """The `model` fixture's weights with gap_shrink on, drifts off and the network's curve fully trusted."""
     torch.manual_seed(0)
     m = TimeAwareTransformer(TimeAwareConfig(d_model=32, ffn_dim=64, card_heads=2, deck_heads=1, global_heads=1,
-                                             gap_shrink=True, interval_ratio_max=None))
+                                             gap_shrink=True, interval_ratio_max=None, evidence_prior=None))
     with torch.no_grad():
         for layer in m.layers:
             layer.attn.decay_w.fill_(1.5)
@@ -514,3 +514,105 @@ def test_gap_shrink_keeps_stepping_equal_to_the_full_pass(shrunk):
         out = shrunk.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
         torch.testing.assert_close(out.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
         state = shrunk.step(state, *(field[:, i] for field in seq[:6]))
+
+
+# ---- the mixture with FSRS-6's default parameters, weighted by each user's evidence --------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed(model):
+    """`model` with the mixture on: a new user's evidence 2 nats, halving every 5 scored reviews (short, so that these
+    short sequences move it), and calibration that is not the identity."""
+    m = TimeAwareTransformer(TimeAwareConfig(**{**model.cfg.to_dict(), "evidence_prior": 2.0,
+                                                "evidence_halflife": 5.0}))
+    m.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        m.calibration.copy_(torch.tensor([1.2, 0.1]))
+    return m.eval()
+
+
+def test_stepping_equals_the_full_pass_with_the_evidence_mixture(mixed):
+    """The evidence a step records is the decayed sum of FSRS-6's defaults' log loss minus the network's on the scored
+    reviews so far, from the prior; every answer, stepped or in the full pass, mixes the two with it."""
+    seq = _sequences(29)
+    params = _user_params()
+    full = mixed(seq, params)
+    state = (*mixed.init_state(B)[:9], params, *mixed.init_state(B)[10:])
+    torch.testing.assert_close(state[11], torch.full((B,), 2.0))
+    a, evidence, moved = 0.5 ** (1 / 5.0), torch.full((B,), 2.0, dtype=torch.float64), 0
+    for i in range(T):
+        out = mixed.readout(state, seq.card[:, i], seq.deck[:, i], seq.time[:, i])
+        torch.testing.assert_close(out.rating_probs, full.rating_probs[:, i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.network_recall, full.network_recall[:, i], atol=1e-5, rtol=0)
+        y = (seq.rating[:, i] > 1).double()
+
+        def loss(p, y=y):
+            p = p.double().clamp(1e-6, 1 - 1e-6)
+            return -(y * p.log() + (1 - y) * (-p).log1p())
+
+        evidence = torch.where(out.scored, a * evidence + loss(out.default_recall) - loss(out.network_recall),
+                               evidence)
+        moved += int(out.scored.sum())
+        state = mixed.step(state, *(field[:, i] for field in seq[:6]))
+        torch.testing.assert_close(state[11].double(), evidence, atol=1e-4, rtol=0)
+    assert moved > 5 and float((evidence.detach() - 2.0 * a ** 20).abs().max()) > 0.1  # the evidence did move
+
+
+def test_the_mixture_is_the_network_or_fsrs6s_defaults_as_the_evidence_says(mixed):
+    """Much evidence for the network: its own answer; much against: FSRS-6's with the default parameters (the same as
+    FSRS-6's own recall for a user whose parameters are the defaults); none: the mean of the two probabilities."""
+    seq = _sequences(31)
+    params = _user_params()
+    window = prefix_window(seq, T - 1)
+    card, deck, later = seq.card[:, -1], seq.deck[:, -1], seq.time[:, -1] + 6 * 86400
+
+    def at(evidence, user=params):
+        return mixed.readout((*window, torch.zeros(B, 2), user, torch.full((B,), 4 * 3600.0),
+                              torch.full((B,), evidence)), card, deck, later)
+
+    net, defaults, even = at(40.0), at(-40.0), at(0.0)
+    seen = net.scored
+    assert int(seen.sum()) >= 2
+    torch.testing.assert_close(net.recall, net.network_recall, atol=1e-6, rtol=0)
+    torch.testing.assert_close(defaults.recall[seen], defaults.default_recall[seen], atol=1e-6, rtol=0)
+    torch.testing.assert_close(even.recall[seen], (even.network_recall + even.default_recall)[seen] / 2, atol=1e-6,
+                               rtol=0)
+    as_default = at(-40.0, mixed.fsrs_w.float().expand(B, -1))
+    torch.testing.assert_close(defaults.default_recall, as_default.fsrs_recall, atol=1e-6, rtol=0)
+    # the rating probabilities move with P(recall): still a distribution, P(Again) = 1 - P(recall)
+    torch.testing.assert_close(defaults.rating_probs.sum(-1), torch.ones(B), atol=1e-6, rtol=0)
+    torch.testing.assert_close(defaults.rating_probs[:, 0], 1 - defaults.recall, atol=1e-6, rtol=0)
+
+
+def test_the_mixed_curve_never_rises_and_schedule_is_its_inverse(mixed):
+    seq = _sequences(37, n_cards=3)
+    state = (*prefix_window(seq, T), torch.tensor([[0.5, 2.0]] * B), _user_params(), torch.full((B,), 4 * 3600.0),
+             torch.tensor([-1.0, 0.3, 1.5]))
+    offsets = torch.from_numpy(np.sort(np.exp(np.random.default_rng(1).uniform(np.log(60), np.log(3.2e8), 300))))
+    with torch.no_grad():
+        for b in range(B):
+            one = tuple(x[b:b + 1].expand(len(offsets), *x.shape[1:]) for x in state)
+            for card in range(3):
+                q = torch.full((len(offsets),), card)
+                recall = mixed.readout(one, q, q % 2, seq.time[b, -1] + offsets).recall
+                assert float(torch.diff(recall).max()) <= 1e-6, (b, card)
+        card, deck, now = seq.card[:, 1], seq.deck[:, 1], seq.time[:, -1] + 3600
+        for retention in (0.95, 0.8, 0.6):
+            recall, log_wait, _ = mixed.schedule(state, card, deck, now, torch.full((B,), retention))
+            wait = torch.expm1(log_wait) * 86400
+            torch.testing.assert_close(mixed.readout(state, card, deck, now + wait).recall, recall, atol=1e-6, rtol=0)
+            later = wait > 0  # the curve counts FSRS's whole days, so it may step past the retention: the due is
+            assert bool(later.any())  # where it falls to it, at or below it there, above it a second before
+            assert bool((recall[later] <= retention + 1e-6).all())
+            before = mixed.readout(state, card, deck, now + wait - 1.0).recall
+            assert bool((before[later] > retention - 1e-6).all())
+
+
+def test_no_future_leak_through_the_evidence(mixed):
+    seq = _sequences(41)
+    base = mixed(seq)
+    for t in range(1, T):
+        changed = [x.clone() for x in seq[:7]]
+        changed[3][:, t:] = 5 - changed[3][:, t:]  # every later rating flipped
+        out = mixed(Window(*changed))
+        torch.testing.assert_close(out.rating_probs[:, :t + 1], base.rating_probs[:, :t + 1], atol=0, rtol=0)

@@ -148,47 +148,62 @@ def _window(log, reviews: list[dict], n: int, card: str, errors: np.ndarray) -> 
 
 
 def _run(art: Path, hist: list[np.ndarray], drift, card: str, deck: str, times: np.ndarray,
-         params=None, day_start: float | None = None) -> list[np.ndarray]:
-    """The predict graph on one window for queries at `times`, with the user's FSRS-6 parameters and day boundary
-    (default: the manifest's, which a user starts with)."""
+         params=None, day_start: float | None = None, evidence: float | None = None) -> list[np.ndarray]:
+    """The predict graph on one window for queries at `times`, with the user's FSRS-6 parameters, day boundary and
+    evidence (default: the manifest's, which a user starts with): its outputs by name."""
     b = len(times)
     manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
     if params is None:
         params = manifest["fsrs6"]["parameters"]
     if day_start is None:  # a user without their own: the model's
         day_start = manifest["model_config"]["day_start_hour"] * 3600.0
+    if evidence is None:
+        evidence = manifest["evidence"]["prior"]
     feeds = [np.repeat(h[None], b, axis=0) for h in hist] + [np.tile(np.float32(drift), (b, 1)),
                                                              np.tile(np.float32(params), (b, 1)),
-                                                             np.full(b, day_start),
+                                                             np.full(b, day_start), np.full(b, np.float32(evidence)),
                                                              np.full(b, id_hash(card)), np.full(b, id_hash(deck)),
                                                              times]
-    return onnx_session(art / "time_aware" / "1" / "predict.onnx").run(None, dict(zip(INPUTS, feeds, strict=True)))
+    session = onnx_session(art / "time_aware" / "1" / "predict.onnx")
+    outs = session.run(None, dict(zip(INPUTS, feeds, strict=True)))
+    return dict(zip((o.name for o in session.get_outputs()), outs, strict=True))
 
 
-def onnx_drift(art: Path, reviews: list[dict], day_start: float | None = None) -> tuple[list[float], np.ndarray]:
-    """(the drift sums after `reviews`, each review's FSRS-6 error), stepped here: the graph answers each review from
-    its window before it, and FSRS-6's error on it (rating > 1 minus fsrs_recall) is the review's error, and is added
-    to the sums, when it is scored (NaN otherwise). Stepped once per log (one graph call per review): the queries on
-    one log share it."""
-    drift, errors = _onnx_drift(art, json.dumps(reviews), day_start)
-    return list(drift), errors.copy()
+def onnx_drift(art: Path, reviews: list[dict], day_start: float | None = None
+               ) -> tuple[list[float], np.ndarray, float]:
+    """(the drift sums after `reviews`, each review's FSRS-6 error, the evidence after them), stepped here: the graph
+    answers each review from its window before it, and FSRS-6's error on it (rating > 1 minus fsrs_recall) is the
+    review's error, and is added to the sums, when it is scored (NaN otherwise); so is the defaults' log loss minus
+    the network's to the evidence. Stepped once per log (one graph call per review): the queries on one log share
+    it."""
+    drift, errors, evidence = _onnx_drift(art, json.dumps(reviews), day_start)
+    return list(drift), errors.copy(), evidence
+
+
+def _loss(p: float, recalled: bool) -> float:
+    p = min(max(float(p), 1e-6), 1 - 1e-6)
+    return -np.log(p) if recalled else -np.log1p(-p)
 
 
 @functools.cache
-def _onnx_drift(art: Path, reviews_json: str, day_start: float | None) -> tuple[tuple[float, float], np.ndarray]:
+def _onnx_drift(art: Path, reviews_json: str, day_start: float | None
+                ) -> tuple[tuple[float, float], np.ndarray, float]:
     reviews = json.loads(reviews_json)
     manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
     a = 0.5 ** (1 / manifest["drift"]["halflife_scored_reviews"])
-    log, m, w = as_log(reviews), 0.0, 0.0
+    b = 0.5 ** (1 / manifest["evidence"]["halflife_scored_reviews"])
+    log, m, w, evidence = as_log(reviews), 0.0, 0.0, manifest["evidence"]["prior"]
     errors = np.full(len(reviews), np.nan)
     for i, r in enumerate(reviews):
         hist, _ = _window(log, reviews, i, r["card_id"], errors)
-        out = _run(art, hist, [m, w], r["card_id"], r.get("deck_id", ""), np.array([r["time"]]), day_start=day_start)
-        fsrs_recall, scored = out[3][0], out[4][0]
-        if scored:
-            errors[i] = float(r["rating"] > 1) - float(fsrs_recall)
+        out = _run(art, hist, [m, w], r["card_id"], r.get("deck_id", ""), np.array([r["time"]]), day_start=day_start,
+                   evidence=evidence)
+        if out["scored"][0]:
+            y = r["rating"] > 1
+            errors[i] = float(y) - float(out["fsrs_recall"][0])
             m, w = a * m + errors[i], a * w + 1
-    return (m, w), errors
+            evidence = b * evidence + _loss(out["default_recall"][0], y) - _loss(out["network_recall"][0], y)
+    return (m, w), errors, evidence
 
 
 def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at,
@@ -196,10 +211,11 @@ def offline_onnx(art: Path, reviews: list[dict], card: str, deck: str, at,
     """The exported graph on the window review_window.select picks from the raw log (no padding), with the drift
     stepped over the log (onnx_drift), for a query at `at` (a time, or an array of times: one row each), for a user
     whose days start `day_start` seconds after 00:00 UTC (None: the model's)."""
-    drift, errors = onnx_drift(art, reviews, day_start)
+    drift, errors, evidence = onnx_drift(art, reviews, day_start)
     hist, seqs = _window(as_log(reviews), reviews, len(reviews), card, errors)
-    probs, recall, duration, _, _ = _run(art, hist, drift, card, deck, np.atleast_1d(np.asarray(at, dtype=np.float64)),
-                                         day_start=day_start)
+    out = _run(art, hist, drift, card, deck, np.atleast_1d(np.asarray(at, dtype=np.float64)), day_start=day_start,
+               evidence=evidence)
+    probs, recall, duration = out["rating_probs"], out["recall"], out["duration_s"]
     if np.ndim(at) == 0:
         probs, recall, duration = probs[0], recall[0], duration[0]
     return {"probs": probs, "recall": recall, "duration": duration}, seqs
@@ -211,6 +227,7 @@ def offline_eager(model, reviews: list[dict], card: str, deck: str, at: float) -
     log = as_log(reviews, {"card_id": card, "deck_id": deck, "time": at})
     rt = ReviewTensors(log, SIZE, CARD_SIZE)
     rt.set_drift(model)
+    rt.set_evidence(model)
     out = predict(model, rt, np.array([len(reviews)]))
     return {"probs": out["rating_probs"][0], "recall": out["recall"][0], "duration": out["duration_s"][0]}
 
@@ -269,8 +286,12 @@ def test_served_predictions_equal_the_offline_model(served_model, store_url, ser
                 calls[line.split('graph="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
         assert calls.get("predict_memory", 0) >= 5 + 5 and "predict" not in calls, calls
         manifest = json.loads((art / "time_aware" / "1" / "manifest.json").read_text())
-        (_, weight), errors = onnx_drift(art, reviews)
+        (_, weight), errors, evidence = onnx_drift(art, reviews)
         assert weight > 1 and manifest["drift"]["gain"] > 0  # the drift was in play
+        assert abs(evidence - manifest["evidence"]["prior"]) > 0.1  # and the evidence, which the user's summary shows
+        summary = http.get("/v1/srs/time_aware/users/learner").json()["evidence"]
+        assert summary["nats"] == pytest.approx(evidence, abs=1e-4)
+        assert summary["network_weight"] == pytest.approx(1 / (1 + np.exp(-evidence)), abs=1e-5)
         assert manifest["drift"]["deck_gain"] > 0 and np.isfinite(errors).sum() > 10  # and the deck's
         # an unknown user: an empty window, the model's prior
         fresh = http.post("/v1/srs/time_aware/predict", json={"user_id": "nobody", "card_id": "c", "time": T0}).json()
@@ -902,7 +923,7 @@ def test_live_quality_scores_each_reviews_recall_from_before_it(srs_art, redis_u
     review was recorded (1e-6)."""
     art = srs_art
     reviews = review_log(23, n=80)
-    _, errors = onnx_drift(art, reviews)
+    _, errors, _ = onnx_drift(art, reviews)
     losses = []
     with serve(Settings(artifacts_dir=art, redis_url=redis_url)) as url, httpx.Client(base_url=url) as http:
         for review in reviews:

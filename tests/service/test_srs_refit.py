@@ -23,7 +23,17 @@ from nextstep.service.app import create_app
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import ModelRegistry, load_artifact
 from nextstep.service.settings import Settings
-from nextstep.service.srs import HEADER, HEADER_V3, ROW, SpacedRepetition, _decode, history_feeds, id_hash, window
+from nextstep.service.srs import (
+    HEADER,
+    HEADER_TAG,
+    HEADER_V3,
+    ROW,
+    SpacedRepetition,
+    _decode,
+    history_feeds,
+    id_hash,
+    window,
+)
 from nextstep.service.srs_refit import FitProcess, RefitWorker, fit_stored, stored_rows
 from nextstep.training.srs.eval import fit_fsrs6
 from nextstep.training.srs.reviews import ReviewLog, simulate_reviews
@@ -168,7 +178,8 @@ def test_two_users_get_their_own_parameters_and_their_own_curves_from_one_artifa
             history = asyncio.run(_history(worker_env, model, user, card))
             rows = window(model, history, card)
             for name, w in ((user, params[user]), (other, params[other])):
-                feeds = history_feeds([rows], len(rows), history.drift, w, history.day_start(model))
+                feeds = history_feeds([rows], len(rows), history.drift, w, history.day_start(model),
+                                      history.evidence_of(model))
                 feeds.update(card=np.array([id_hash(card)]), deck=np.array([id_hash(deck)]),
                              time=np.array([at], dtype=np.float64))
                 session = model.sessions["predict"]
@@ -230,7 +241,8 @@ def test_a_state_stored_before_per_user_parameters_still_reads_and_is_upgraded(a
             await store.close()
 
     blob = asyncio.run(header_tag())
-    assert int(np.frombuffer(blob, dtype="<i8", count=1)[0]) == -5 and (len(blob) - HEADER.itemsize) % ROW.itemsize == 0
+    assert int(np.frombuffer(blob, dtype="<i8", count=1)[0]) == HEADER_TAG
+    assert (len(blob) - HEADER.itemsize) % ROW.itemsize == 0
     assert np.frombuffer(blob, dtype=HEADER, count=1)[0]["drift"][1] > 1.0  # the drift carried over (and grew)
 
 

@@ -164,7 +164,11 @@ SUMMARY = {**USER, "exists": True, "reviews_total": 1, "last_review_time": 17672
            "parameters": {"w": [0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796,
                                 1.4835, 0.0614, 0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542],
                           "fitted_on": 0, "fitted_at": None, "scored_reviews": 0, "day_start_hour_utc": 4.0,
-                          "day_start_told": False}}
+                          "day_start_told": False},
+           "evidence": {"nats": 2.0, "network_weight": 0.8808,
+                        "about": "log loss of FSRS-6 with the default parameters minus the network's on the user's "
+                                 "scored reviews, recent ones counting most; P(recall) = network_weight * the "
+                                 "network's + (1 - network_weight) * the defaults'"}}
 
 
 def _review(r: SrsReview) -> Review:

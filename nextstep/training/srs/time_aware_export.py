@@ -1,11 +1,13 @@
 """The time-aware transformer through the export harness (export.py): the `predict` readout over a window.
 
     predict(hist_card, hist_deck, hist_time, hist_rating, hist_duration, hist_state, hist_valid, hist_error, drift,
-            fsrs_w, day_start, card, deck, time)
+            fsrs_w, day_start, evidence, card, deck, time)
         -> rating_probs (B, 4), recall (B,), duration_s (B,), fsrs_recall (B,), scored (B,)
-    schedule(hist_*, drift, fsrs_w, day_start, card, deck, time, retention)
+           [, network_recall (B,), default_recall (B,): with the mixture]
+    schedule(hist_*, drift, fsrs_w, day_start, evidence, card, deck, time, retention)
         -> recall (B,), log_wait_days (B,), duration_s (B,)
-    predict_memory(hist_*, drift, fsrs_w, day_start, card, deck, time, memory) -> predict's outputs
+    predict_memory(hist_*, drift, fsrs_w, day_start, evidence, card, deck, time, memory [, default_stability])
+        -> predict's outputs
 
 `fsrs_w` (B, 21) float32 is each row's user's FSRS-6 parameters, fitted on that user's own reviews (the service keeps
 them in the user's state and refits them, `nextstep srs refit`); a user without a fit gets the manifest's
@@ -21,6 +23,11 @@ service adds FSRS-6's error on it, rating > 1 minus the `fsrs_recall` that predi
 when `scored` (TimeAwareTransformer.drift_update; the manifest's `drift` gives the constants). The same error is
 stored with the review and comes back as its `hist_error` (NaN when not `scored`): the deck's drift reads it.
 
+`evidence` (B,) float32 is the user's evidence for the network over FSRS-6 with the default parameters (the
+manifest's `evidence`, only where the config's `evidence_prior` is set; otherwise the graphs do not take it): the
+served recall is sigmoid(evidence) network_recall + sigmoid(-evidence) default_recall, and after each scored review
+the service adds the defaults' log loss on it minus the network's (TimeAwareTransformer.evidence_update).
+
 `schedule` is the forgetting curve's inverse (TimeAwareTransformer.schedule): for each card, how long from `time`
 until P(recall) falls to `retention` (log(1 + days); 0: due now), with the recall and answer time at that moment.
 
@@ -33,7 +40,8 @@ its string ids). Times are unix seconds (float64), durations seconds (float32, N
 `predict_memory` is `predict` with the query card's FSRS-6 (stability, difficulty) after its reviews in the window
 as an input, `memory` (B, 2) float32, instead of FSRS-6's recurrence over them inside the graph (one unrolled step
 per review of the card: about 0.2 ms of predict's 0.5 ms at the default sizes); the service computes it with
-fsrs-rs (nextstep/card_memory.py); for a card without a review in the window the graph reads none of it.
+fsrs-rs (nextstep/card_memory.py); for a card without a review in the window the graph reads none of it. With the
+mixture it also takes `default_stability` (B,) float32, the card's stability under the default parameters.
 
 Parity walks real review sequences no longer than the window: stepping reviews into the window and reading
 out vs the full teacher-forced pass, and eager vs TorchScript vs ONNX Runtime. The exported predict graph must
@@ -55,8 +63,9 @@ from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, 
 from ..export import ENGINE_TOLERANCE, Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",
-          "hist_error", "drift", "fsrs_w", "day_start", "card", "deck", "time")
-N_STATE = 11  # the window's eight fields, the drift, the user's FSRS-6 parameters and day boundary
+          "hist_error", "drift", "fsrs_w", "day_start", "evidence", "card", "deck", "time")
+N_STATE = 12  # the window's eight fields, the drift, the user's FSRS-6 parameters, day boundary and evidence
+MIXTURE_OUTPUTS = ("network_recall", "default_recall")  # where the model mixes in FSRS-6's defaults
 
 
 MONOTONE_POINTS = 64  # elapsed times per query in the export's monotonicity check, 1 minute to 10 years
@@ -70,10 +79,15 @@ class TimeAwareExporter(Exporter):
     step_graph = False
     state_files = False
 
-    def answer(self, state, card, deck, time, memory=None):
-        p = self.model.readout(state, card, deck, time, memory)
-        return {"rating_probs": p.rating_probs, "recall": p.recall, "duration_s": expected_duration(p.log_duration),
-                "fsrs_recall": p.fsrs_recall, "scored": p.scored}
+    @property
+    def mixing(self) -> bool:
+        return self.model.cfg.evidence_prior is not None
+
+    def answer(self, state, card, deck, time, memory=None, default_stability=None):
+        p = self.model.readout(state, card, deck, time, memory, default_stability)
+        out = {"rating_probs": p.rating_probs, "recall": p.recall, "duration_s": expected_duration(p.log_duration),
+               "fsrs_recall": p.fsrs_recall, "scored": p.scored}
+        return {**out, "network_recall": p.network_recall, "default_recall": p.default_recall} if self.mixing else out
 
     def walk(self, sequence):
         for t in range(sequence[0].shape[1]):
@@ -93,12 +107,15 @@ class TimeAwareExporter(Exporter):
         batch = readout.dynamic[-1]  # `time`'s axes: the batch
         retention = torch.linspace(0.5, 0.97, readout.example[-1].shape[0], dtype=torch.float32)
         state, query = readout.example[:N_STATE], readout.example[N_STATE:]
-        memory = self.model.card_memory(state, *query)
+        memory = (self.model.card_memory(state, *query),)
+        if self.mixing:  # and the card's stability under the default parameters
+            memory += (self.model.card_memory(state, *query, default=True)[:, 0],)
+        given = ["memory", "default_stability"][:len(memory)]
         return [*graphs, Graph("schedule", "extra", [*INPUTS, "retention"], ["recall", "log_wait_days", "duration_s"],
                                (*readout.example, retention), [*readout.dynamic, batch],
                                fn=lambda *inputs: self.model.schedule(inputs[:N_STATE], *inputs[N_STATE:])),
-                Graph("predict_memory", "extra", [*INPUTS, "memory"], readout.outputs, (*readout.example, memory),
-                      [*readout.dynamic, batch],
+                Graph("predict_memory", "extra", [*INPUTS, *given], readout.outputs, (*readout.example, *memory),
+                      [*readout.dynamic, *[batch] * len(memory)],
                       fn=lambda *inputs: tuple(self.answer(inputs[:N_STATE], *inputs[N_STATE:]).values()))]
 
     def properties(self, sessions, sequence):
@@ -119,6 +136,7 @@ class TimeAwareExporter(Exporter):
                 feeds["drift"] = np.tile(np.array([[-1.0, 4.0]], dtype=np.float32), (len(offsets), 1))
                 feeds["fsrs_w"] = np.tile(self.model.fsrs_w.float().numpy()[None], (len(offsets), 1))
                 feeds["day_start"] = np.full(len(offsets), self.model.cfg.day_start_hour * 3600.0)
+                feeds["evidence"] = np.full(len(offsets), 0.5, dtype=np.float32)  # both forecasters count
                 feeds.update(card=np.full(len(offsets), sequence[0][b, t].item()),
                              deck=np.full(len(offsets), sequence[1][b, t].item()),
                              time=rows[2][-1] + offsets)
@@ -128,8 +146,13 @@ class TimeAwareExporter(Exporter):
                 memory = card_memory(rows[0], rows[2], rows[3], int(feeds["card"][0]), feeds["fsrs_w"][0],
                                      float(feeds["day_start"][0]), self.model.cfg.card_window)
                 # the twin fed fsrs-rs's memory (UNSEEN for a card without a review) answers as predict does
-                given = twin.run(None, {**{k: v for k, v in feeds.items() if k in twin_kept},
-                                        "memory": np.tile(np.float32(memory or UNSEEN), (len(offsets), 1))})
+                fed = {"memory": np.tile(np.float32(memory or UNSEEN), (len(offsets), 1))}
+                if "default_stability" in twin_kept:  # the same under the default parameters
+                    default = card_memory(rows[0], rows[2], rows[3], int(feeds["card"][0]),
+                                          self.model.fsrs_w.float().numpy(), float(feeds["day_start"][0]),
+                                          self.model.cfg.card_window)
+                    fed["default_stability"] = np.full(len(offsets), (default or UNSEEN)[0], dtype=np.float32)
+                given = twin.run(None, {**{k: v for k, v in feeds.items() if k in twin_kept}, **fed})
                 apart = max(apart, *(float(np.abs(a.astype(np.float64) - b).max())
                                      for a, b in zip(given, outputs, strict=True)))
         return {"recall_rise_max": worst, "recall_monotone_queries": queries,
@@ -155,14 +178,22 @@ class TimeAwareExporter(Exporter):
                           "about": "drift (m, w): FSRS-6's errors y - fsrs_recall on the user's scored reviews, "
                                    "m <- a m + error, w <- a w + 1 with a = 0.5^(1 / halflife); recall logit offset "
                                    "gain * m / (w + prior), plus deck_gain times the same mean over the window's "
-                                   "rows of the query's deck with an error (hist_error)"}}
+                                   "rows of the query's deck with an error (hist_error)"},
+                **({"evidence": {"prior": m.cfg.evidence_prior, "halflife_scored_reviews": m.cfg.evidence_halflife,
+                                 "about": "the user's evidence E for the network over FSRS-6 with `fsrs6.parameters`: "
+                                          "recall = sigmoid(E) network_recall + sigmoid(-E) default_recall; after "
+                                          "a scored review E <- a E + loss(default_recall) - loss(network_recall), "
+                                          "log losses with P clipped to [1e-6, 1 - 1e-6], a = 0.5^(1 / halflife) "
+                                          "(1: no halflife); a new user starts at the prior"}}
+                   if self.mixing else {})}
 
 
 # terms added after the first exports, each with what an artifact saved before it had of it: nothing
 _ADDED_TERMS = {"drift_gain": 0.0, "deck_drift_gain": 0.0}  # config key and buffer of the same name
 _ADDED_BUFFERS = {"duration_shift": 0.0}
 # settings without weights added after the first exports, each with the value artifacts saved before it had
-_ADDED_SETTINGS = {"gap_factor": 1.0, "interval_ratio_max": None, "interval_ratio_min": None}
+_ADDED_SETTINGS = {"gap_factor": 1.0, "interval_ratio_max": None, "interval_ratio_min": None, "evidence_prior": None,
+                   "evidence_halflife": None}
 
 
 def restore_time_aware(family: str, config: dict, weights: dict) -> TimeAwareTransformer:

@@ -21,8 +21,15 @@ import numpy as np
 import torch
 
 from ...models.fsrs import DEFAULT_W
-from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, coral_loss, expected_duration
-from ...review_window import drift_sums, user_windows
+from ...models.time_aware import (
+    TimeAwareConfig,
+    TimeAwareTransformer,
+    Window,
+    coral_loss,
+    expected_duration,
+    recall_log_loss,
+)
+from ...review_window import drift_sums, evidence_sums, user_windows
 from ..loop import train_epochs
 from .eval import _CardHistories, duration_mask, fit_fsrs6_by_user
 from .reviews import ReviewLog
@@ -90,6 +97,7 @@ class ReviewTensors:
         self.windows = torch.from_numpy(np.concatenate(parts) if parts else np.zeros((0, window), np.int64))
         self.drift = torch.zeros(len(log), 2)  # each review's drift sums before it (set_drift)
         self.error = torch.full((len(log),), math.nan)  # FSRS-6's error on each review, NaN unscored (set_drift)
+        self.evidence: torch.Tensor | None = None  # each review's evidence before it (set_evidence); None: no mixture
         self.set_params(np.tile(np.asarray(DEFAULT_W, dtype=np.float32), (log.n_users, 1)))
         self._hist = None
 
@@ -125,6 +133,28 @@ class ReviewTensors:
             [drift_sums(error[lo:hi], scored[lo:hi], model.cfg.drift_halflife)[:-1]
              for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)] or [np.zeros((0, 2))])).float()
 
+    @torch.no_grad()
+    def set_evidence(self, model: TimeAwareTransformer, batch: int = 4096) -> None:
+        """Every review's evidence before it (TimeAwareTransformer.evidence_update), after `set_drift`: each user's
+        reviews in time order, each answered from its window as the service answers it (its drift sums, FSRS-6
+        parameters), then added up by `evidence_sums`. Without the model's mixture: none."""
+        if model.cfg.evidence_prior is None:
+            self.evidence = None
+            return
+        self.evidence = torch.zeros(len(self.card))  # (any: the forecasters it weighs do not read it)
+        gain, scored = torch.zeros(len(self.card), dtype=torch.float64), torch.zeros(len(self.card), dtype=torch.bool)
+        for lo in range(0, len(self.card), batch):
+            rows = torch.arange(lo, min(lo + batch, len(self.card)))
+            pred = model.readout(*self.batch(rows))
+            gain[rows] = recall_log_loss(pred.default_recall, self.rating[rows]) - recall_log_loss(pred.network_recall,
+                                                                                       self.rating[rows])
+            scored[rows] = pred.scored
+        prior = model.evidence_constants()[0]
+        bounds = self.log.offsets.astype(np.int64)
+        self.evidence = torch.from_numpy(np.concatenate(
+            [evidence_sums(gain.numpy()[lo:hi], scored.numpy()[lo:hi], model.cfg.evidence_halflife, prior)[:-1]
+             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)] or [np.zeros(0)])).float()
+
     def batch(self, rows: torch.Tensor, device: str = "cpu") -> tuple[tuple, torch.Tensor, torch.Tensor, torch.Tensor]:
         idx = self.windows[rows]
         valid = idx >= 0
@@ -133,7 +163,8 @@ class ReviewTensors:
         idx, valid = idx[:, first:], valid[:, first:]
         at = idx.clamp(min=0)
         state = (self.card[at], self.deck[at], self.time[at], self.rating[at], self.duration[at], self.state[at], valid,
-                 self.error[at], self.drift[rows], self.params[rows], self.day_start[rows])
+                 self.error[at], self.drift[rows], self.params[rows], self.day_start[rows],
+                 *(() if self.evidence is None else (self.evidence[rows],)))
         out = (state, self.card[rows], self.deck[rows], self.time[rows])
         if device != "cpu":
             out = (tuple(x.to(device) for x in state), *(x.to(device) for x in out[1:]))
@@ -197,8 +228,9 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     user's `rows` first, as the baseline is (`rt.set_params`, which predictions then read): the network learns
     corrections to each user's curve. The model's own `fsrs_w` stays fsrs-rs's defaults: a user the service has not
     fitted yet starts from them. The network is fitted and calibrated on its own curve at every elapsed time;
-    the config's rules without weights (`gap_shrink`, `interval_ratio_max`, `interval_ratio_min`) apply to the model
-    returned, the one evaluated and exported (docs/results.md, "Bounding the served intervals by FSRS-6's")."""
+    the config's rules without weights (`gap_shrink`, `interval_ratio_max`, `interval_ratio_min`, the mixture with
+    FSRS-6's defaults: `evidence_prior`) apply to the model returned, the one evaluated and exported (its evidence:
+    `rt.set_evidence`) (docs/results.md, "Bounding the served intervals by FSRS-6's")."""
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     torch.manual_seed(tcfg.seed)
@@ -206,9 +238,11 @@ def fit(rt: ReviewTensors, rows: np.ndarray, cfg: TimeAwareConfig, tcfg: TimeAwa
     train_rows, valid_rows = split_validation(rt.log, rows, tcfg.valid_fraction)
     watched = valid_rows[rt.log.elapsed_days[valid_rows] > 0] if tcfg.valid_scored else valid_rows
     watched = watched if len(watched) else valid_rows
-    model = TimeAwareTransformer(replace(cfg, gap_shrink=False, interval_ratio_max=None, interval_ratio_min=None))
+    model = TimeAwareTransformer(replace(cfg, gap_shrink=False, interval_ratio_max=None, interval_ratio_min=None,
+                                         evidence_prior=None))
     rt.set_params(fit_fsrs6_by_user(rt.log, np.sort(rows), hist=rt.hist))  # each user's curve the network corrects
     rt.set_drift(model)  # FSRS-6's errors under these parameters (the drift the rest of the fit reads)
+    rt.set_evidence(model)  # none: the network is fitted and calibrated on its own
     model.to(tcfg.device)
     opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
     start = time.perf_counter()

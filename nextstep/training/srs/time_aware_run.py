@@ -66,6 +66,7 @@ def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainCon
     fold_info, model = [], None
     for k, (train, test) in enumerate(folds):
         model, info = fit(rt, train, cfg, tcfg, log_progress=_report(f"fold {k + 1}/{len(folds)}", progress))
+        rt.set_evidence(model)  # the evidence of the model as served (with its mixture)
         out = predict(model, rt, test)
         p_recall[test], p_rating[test], duration[test] = out["recall"], out["rating_probs"], out["duration_s"]
         fold_info.append({"fold": k + 1, "n_train": int(len(train)), "n_test": int(len(test)),
@@ -194,6 +195,7 @@ def score_on_users(model: TimeAwareTransformer, log: ReviewLog, base: ProtocolBa
                 per_user[u] = w
         rt.set_params(per_user)
         rt.set_drift(model)  # the drifts under this fold's parameters
+        rt.set_evidence(model)  # and the evidence for the network over FSRS-6's defaults (with the mixture)
         out = predict(model, rt, np.sort(test))
         rows = np.sort(test)
         p_recall[rows], p_rating[rows], duration[rows] = out["recall"], out["rating_probs"], out["duration_s"]
@@ -261,6 +263,7 @@ def tuning_split(log: ReviewLog, *, cfg: TimeAwareTrainConfig | None = None, blo
         if not len(train) or not len(scored):
             continue
         model, info = fit(rt, train, mcfg, tcfg)
+        rt.set_evidence(model)
         rows.append(scored)
         recall.append(predict(model, rt, scored)["recall"])
         fsrs.append(fsrs6_predictions(log, [(train, scored)]).p_recall[scored])

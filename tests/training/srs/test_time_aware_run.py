@@ -90,6 +90,8 @@ def test_exported_graph_answers_like_the_model_for_any_batch_and_window(artifact
         # each user's own FSRS-6 parameters, fed as an input (one user's the defaults, the other's fitted)
         rt.set_params(np.stack([model.fsrs_w.numpy(), fit_fsrs6(log, np.arange(len(log) // 2, len(log)))]))
         rt.day_start[int(log.offsets[1]):] = 20 * 3600.0  # and day boundary: the second user's days start at 20:00 UTC
+        rt.set_evidence(model)  # and evidence for the network over FSRS-6's defaults
+        assert rt.evidence is not None and float(rt.evidence.min()) < float(rt.evidence.max())
         rows = torch.cat([torch.arange(int(log.offsets[1]) - 4, int(log.offsets[1])), torch.arange(len(log) - 4,
                                                                                                   len(log))])
         w, card, deck, t = rt.batch(rows)
