@@ -834,8 +834,8 @@ class SpacedRepetition(StatefulTask):
                      background: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """(the drift sums after the new reviews (ROW), FSRS-6's error on each of them: NaN where not scored, the
         model's P(recall) of each from its window: NaN where not scored, for live quality, and the user's evidence
-        after them: NaN for a model without the mixture), each answered from its window by one batched predict call
-        (TimeAwareTransformer.drift_update, row_error, evidence_update) from the user's drift sums and evidence
+        after them: as it was for a model without the mixture), each answered from its window by one batched predict
+        call (TimeAwareTransformer.drift_update, row_error, evidence_update) from the user's drift sums and evidence
         before them (`history`), under their FSRS-6 parameters and day boundary. With the mixture and several new
         reviews, a second call answers each with the drift sums and errors of the new ones before it, as stepping
         does (FSRS-6's errors do not depend on them; the network's forecasts, which the evidence adds up, do)."""
@@ -849,7 +849,8 @@ class SpacedRepetition(StatefulTask):
         sums = drift_sums(errors, out["scored"], float(model.manifest["drift"]["halflife_scored_reviews"]), drift)
         errors = np.where(out["scored"], errors, np.nan).astype(np.float32)
         if not set(MIXTURE_OUTPUTS) <= set(out):
-            return sums[-1], errors, np.where(out["scored"], out["recall"].astype(np.float64), np.nan), math.nan
+            return (sums[-1], errors, np.where(out["scored"], out["recall"].astype(np.float64), np.nan),
+                    history.evidence)  # (a version without the mixture leaves the evidence as it is)
         if len(new) > 1:  # the network as stepping answers each review: with the drift sums and errors just before it
             mine = dict(zip(new["seq"].tolist(), errors, strict=True))
             windows = [w.copy() for w in windows]
