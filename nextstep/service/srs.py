@@ -801,6 +801,7 @@ class SpacedRepetition(StatefulTask):
                 if "default_stability" in model.input_names[MEMORY_GRAPH] else None
             memory = np.tile(np.float32(UNSEEN), (len(which), 1))
             default_s = np.full(len(which), UNSEEN[0], dtype=np.float32)
+            same = defaults is not None and np.array_equal(defaults, params)  # (a user without a fit: one call)
             for i, (w, card) in enumerate(zip(which, cards, strict=True)):
                 rows = windows[w]
                 got = card_memory(rows["card"], rows["time"], rows["rating"], int(card), params, start, size)
@@ -809,7 +810,6 @@ class SpacedRepetition(StatefulTask):
                 if got is not None:
                     memory[i] = got
                     if defaults is not None:
-                        same = np.array_equal(defaults, params)
                         default_s[i] = got[0] if same else card_memory(rows["card"], rows["time"], rows["rating"],
                                                                          int(card), defaults, start, size)[0]
             else:
