@@ -428,15 +428,19 @@ class TimeAwareTransformer(nn.Module):
         row_day, ref_day = self._day(w.time, start), self._day(ref, start)  # scheduler days: the rows, the reference
         params = self.params(q.params, B)  # (B, 21): each row's user's FSRS-6 parameters
         decay = params[:, 20:21]  # (B, 1): FSRS-6's decay w20 of each row's user
-        if q.memory is None:
+        # the other forecaster of the mixture: FSRS-6 with the default parameters, the card's stability under them
+        default_s = q.default_stability if self.mixing(q) else None
+        if q.memory is None and self.mixing(q) and default_s is None:  # both recurrences in one (half the nodes)
+            both = self._fsrs_state(torch.cat([params, self.params(None, B)]), *(torch.cat([x, x]) for x in (
+                w.rating, row_day, same_card, ref_day)))
+            fsrs_s, fsrs_d, default_s = both[0][:B], both[1][:B], both[0][B:]
+        elif q.memory is None:
             fsrs_s, fsrs_d = self._fsrs_state(params, w.rating, row_day, same_card, ref_day)
         else:
             fsrs_s, fsrs_d = q.memory[..., 0], q.memory[..., 1]
-        mixing = {}
-        if self.mixing(q):  # the other forecaster: FSRS-6 with the default parameters, the card's stability under them
-            default_s = q.default_stability if q.default_stability is not None else \
-                self._fsrs_state(self.params(None, B), w.rating, row_day, same_card, ref_day)[0]
-            mixing = {"default_s": default_s, "evidence": q.evidence}
+        if self.mixing(q) and default_s is None:
+            default_s = self._fsrs_state(self.params(None, B), w.rating, row_day, same_card, ref_day)[0]
+        mixing = {"default_s": default_s, "evidence": q.evidence} if self.mixing(q) else {}
         elapsed = torch.where(seen, ((q.time - ref) / DAY).clamp(min=0), 0.0)  # (B, Q) days, float64
         rel_days = ((ref.unsqueeze(-1) - w.time.unsqueeze(1)) / DAY).float()  # (B, Q, H): < 0 after the reference
         after = torch.flip(torch.cumsum(torch.flip(visible.long(), [-1]), -1), [-1]).float() - 1  # rows after j
