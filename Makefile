@@ -33,9 +33,9 @@ test:  ## the fast tier, after every change: lint and every test but the slow an
 	$(BIN)/ruff check .
 	$(BIN)/pytest -m "not slow and not cluster" $(XDIST)
 
-test-all:  ## what CI runs: lint and every test, the slow tier and the Redis Cluster and Sentinel tests included
+test-all:  ## what CI runs: lint and every test, the slow tier and the Redis Cluster and Sentinel tests included (prints the 20 slowest: CI has 30 minutes)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -m "not cluster" $(XDIST)
+	$(BIN)/pytest -m "not cluster" $(XDIST) --durations=20
 	$(BIN)/pytest -m cluster tests/service/test_cluster.py
 
 test-slow:  ## the slow tier alone (whole training runs, spawned processes, load, fuzzing)
