@@ -377,6 +377,17 @@ def test_bad_input_is_a_4xx_naming_the_field(simakt, artifacts, tmp_path, serve)
         assert [p.get("known", True) for p in reply.json()["predictions"]] == [True, False]
 
 
+def test_a_reexport_keeps_every_banks_students_in_its_provenance(simakt):
+    """simakt32 is simakt re-exported from its weights.pt (`reexport`, in the fixture): the default bank version's
+    provenance names the same students, by count and hash, for every kind of bank."""
+    version = simakt["v1"]
+    before, after = (json.loads((art / "banks" / version / "provenance.json").read_text())["banks"]
+                     for art in (simakt["art"], simakt["art32"]))
+    assert {e["type"] for e in before} == {"cluster", "knn", "peers"}  # cluster and peers keep no ids on disk
+    for b, a in zip(before, after, strict=True):
+        assert b["students"] > 0 and (a["students"], a["students_sha256"]) == (b["students"], b["students_sha256"])
+
+
 def test_requests_with_different_banks_never_share_a_run(simakt):
     """The micro-batcher passes the bank tensors as shared, non-batched inputs and batches only requests that
     carry the same ones: concurrent requests on two banks each get their own bank's answer."""

@@ -133,21 +133,6 @@ def test_banks_hold_training_students_only(run):
         build_artifact_banks(out, data, version="rebuilt")
 
 
-def test_a_reexport_keeps_every_banks_students_in_its_provenance(run, tmp_path):
-    from nextstep.training.export import reexport
-    from nextstep.training.families import restore
-    from nextstep.training.kt.simakt_export import SimAKTExporter
-
-    _, out, manifest = run
-    version = manifest["banks"]["default"]
-    before = json.loads((out / "banks" / version / "provenance.json").read_text())["banks"]
-    reexport(out, tmp_path / "again", SimAKTExporter, restore)
-    after = json.loads((tmp_path / "again" / "banks" / version / "provenance.json").read_text())["banks"]
-    assert {e["type"] for e in before} == {"cluster", "knn", "peers"}  # cluster and peers keep no ids on disk
-    for b, a in zip(before, after, strict=True):
-        assert b["students"] > 0 and (a["students"], a["students_sha256"]) == (b["students"], b["students_sha256"])
-
-
 def test_evaluate_rescores_the_artifact_with_its_banks(run, capsys):
     data, out, manifest = run
     assert main(["evaluate", str(out), "--data", str(data)]) == 0
