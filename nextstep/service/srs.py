@@ -324,6 +324,10 @@ class History:
         model's `day_start_hour`."""
         return self.fit.day_start if self.fit.day_start is not None else default_day_start(model)
 
+    def blob(self) -> bytes:
+        """The stored form of this history's header and recent block (`_encode`; the fields are stored apart)."""
+        return _encode(self.recent, self.n_cards, self.drift, self.scored, self.fit, self.evidence)
+
     @property
     def count(self) -> int:  # reviews so far = the next sequence number
         return int(self.recent["seq"][-1]) + 1 if len(self.recent) else 0
@@ -420,7 +424,7 @@ def _took(own: StoredState, held: np.ndarray, since: float) -> tuple[np.ndarray,
     first = int(rows["seq"][0])
     kept = {card: _rows(value)[_rows(value)["seq"] < first].tobytes() for card, value in own.fields.items()}
     return rows, cards, StoredState(own.version, own.events, own.updated,
-                                    _encode(mine.recent[:start], mine.n_cards, mine.drift, evidence=mine.evidence),
+                                    replace(mine, recent=mine.recent[:start]).blob(),
                                     fields=kept)
 
 
@@ -541,6 +545,11 @@ def _log_loss(p: np.ndarray, recalled: np.ndarray) -> np.ndarray:
     """-log P(the outcome) with P(recall) p clipped to [1e-6, 1 - 1e-6] (TimeAwareTransformer's recall_log_loss)."""
     p = np.clip(np.asarray(p, dtype=np.float64), 1e-6, 1 - 1e-6)
     return -np.where(recalled, np.log(p), np.log1p(-p))
+
+
+def network_weight(evidence):
+    """The mixture's weight on the network for evidence E (nats): sigmoid(E); FSRS-6's defaults get the rest."""
+    return 1.0 / (1.0 + np.exp(-np.asarray(evidence, dtype=np.float64)))
 
 
 def _width(rows: int, size: int) -> int:
@@ -686,10 +695,8 @@ class SpacedRepetition(StatefulTask):
         moved = await self._rebuild(model, user_id, target)
         if moved is None:
             return NOT_REBUILT
-        h = moved.history
-        written = await self.store.compare_and_set(self.key(model, user_id), target.version,
-                                                   _encode(h.recent, h.n_cards, h.drift, h.scored, h.fit, h.evidence),
-                                                   h.count, fields=moved.fields)
+        written = await self.store.compare_and_set(self.key(model, user_id), target.version, moved.history.blob(),
+                                                   moved.history.count, fields=moved.fields)
         return moved.said if written is not None else NOT_REBUILT
 
     async def _history(self, model: LoadedModel, user_id: str, cards: Sequence[str]) -> tuple[History, dict]:
@@ -755,9 +762,8 @@ class SpacedRepetition(StatefulTask):
             return 0, True
         recent, cards, _ = carried(*merged, model.extra.window)
         written = await self.store.compare_and_set(
-            self.key(model, user_id), own.version, _encode(recent, theirs.n_cards, theirs.drift, theirs.scored,
-                                                           theirs.fit, theirs.evidence),
-            theirs.count - own.events, fields={card: rows.tobytes() for card, rows in cards.items()})
+            self.key(model, user_id), own.version, replace(theirs, recent=recent).blob(), theirs.count - own.events,
+            fields={card: rows.tobytes() for card, rows in cards.items()})
         return (theirs.count - own.events, True) if written is not None else (0, False)
 
     async def delete(self, model_name: str, entity: str) -> bool:
@@ -864,7 +870,7 @@ class SpacedRepetition(StatefulTask):
         evidence = evidence_sums(gains, out["scored"], model.manifest["evidence"]["halflife_scored_reviews"],
                                  history.evidence_of(model))
         # the served P(recall) of each, as the graph mixes them, by the evidence just before it
-        weight = 1.0 / (1.0 + np.exp(-evidence[:-1]))
+        weight = network_weight(evidence[:-1])
         recall = weight * out["network_recall"] + (1 - weight) * out["default_recall"]
         return sums[-1], errors, np.where(out["scored"], recall, np.nan), float(evidence[-1])
 
@@ -1279,8 +1285,7 @@ class SpacedRepetition(StatefulTask):
             rows["seq"] = np.arange(after.count, after.count + len(rows))
             after, later, _ = await self._append(model, after, rows, cards)
             touched.update(later)
-        blob = _encode(after.recent, after.n_cards, after.drift, after.scored, turn.before.fit, after.evidence)
-        written = await self.store.compare_and_set(key, stored.version, blob, after.count - stored.events,
+        written = await self.store.compare_and_set(key, stored.version, after.blob(), after.count - stored.events,
                                                    list(turn.event_ids),
                                                    fields={**fields, **{c: r.tobytes() for c, r in touched.items()}})
         if written is None:
@@ -1417,9 +1422,8 @@ class SpacedRepetition(StatefulTask):
             latest = _decode(current)
             if not current.exists or latest.count < fit.fitted_on:  # deleted (and maybe begun again) meanwhile
                 return Change(None, lambda _: _done({**out, "reason": "deleted meanwhile"}))
-            blob = _encode(latest.recent, latest.n_cards, latest.drift, latest.scored if latest.scored >= 0 else scored,
-                           replace(fit, day_start=latest.fit.day_start),  # (a boundary told meanwhile stays)
-                           latest.evidence)
+            blob = replace(latest, scored=latest.scored if latest.scored >= 0 else scored,
+                           fit=replace(fit, day_start=latest.fit.day_start)).blob()  # (a boundary told meanwhile stays)
             return Change(blob, lambda written: _done({**out, "refitted": True, "fitted_on": fit.fitted_on,
                                                        "scored_reviews": scored, "w": list(fit.w),
                                                        "state_version": written.version}))
@@ -1450,7 +1454,7 @@ class SpacedRepetition(StatefulTask):
     @staticmethod
     def _evidence(nats: float) -> dict:
         """The user's evidence for the network over FSRS-6's defaults, and the weight it gives the network."""
-        return {"nats": nats, "network_weight": 1.0 / (1.0 + math.exp(-nats)),
+        return {"nats": nats, "network_weight": float(network_weight(nats)),
                 "about": "log loss of FSRS-6 with the default parameters minus the network's on the user's scored "
                          "reviews, recent ones counting most; P(recall) = network_weight * the network's + "
                          "(1 - network_weight) * the defaults'"}
