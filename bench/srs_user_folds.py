@@ -7,14 +7,19 @@ and with its defaults.
                                                                     # several seeds: each seed's summary, then each
                                                                     # user's log loss over the seeds and the goals
                                                                     # on the mean over seeds
+    EVAL=mix_on.json python bench/srs_user_folds.py runs/ep_s0 ...  # each fold's scores with the mixture at the
+                                                                    # defaults, replayed (bench/srs_mixture_choice.py)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics as st
 import sys
 from pathlib import Path
+
+EVAL = os.environ.get("EVAL", "eval_on.json")  # each fold's scores (the default rules)
 
 
 def users(out: Path, name: str) -> list[tuple[int, dict]]:
@@ -48,7 +53,7 @@ def summary(rows: list[tuple[int, dict]]) -> str:
 
 
 def over_seeds(outs: list[Path]) -> None:
-    runs = [users(out, "eval_on.json") for out in outs]
+    runs = [users(out, EVAL) for out in outs]
     for out, rows in zip(outs, runs, strict=True):
         print(f"{out.name}: {summary(rows)}\n")
     by_user: dict[str, list[dict]] = {}
@@ -74,7 +79,7 @@ def over_seeds(outs: list[Path]) -> None:
 
 
 def main(out: Path) -> None:
-    on, off = users(out, "eval_on.json"), users(out, "eval_off.json")
+    on, off = users(out, EVAL), users(out, "eval_off.json")
     off_by = {u["user"]: u for _, u in off}
     print("| fold | user (never trained on) | scored | log loss: on / off | FSRS-6 per user | FSRS-6 default | "
           "RMSE(bins) on / FSRS-6 | AUC on / FSRS-6 | answer-time MAE s (on / user's median) |")
