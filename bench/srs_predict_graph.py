@@ -70,7 +70,8 @@ def feeds(model: TimeAwareTransformer, session: ort.InferenceSession) -> dict[st
          "hist_valid": np.ones(H, bool), "hist_error": rng.uniform(-0.5, 0.5, H).astype(np.float32)}
     f = {k: v[None] for k, v in f.items()}
     f.update(drift=np.float32([[-0.3, 4.0]]), fsrs_w=model.fsrs_w.float().numpy()[None], card=np.int64([7]),
-             deck=np.int64([1]), time=np.float64([t[-1] + 5 * 86400]), day_start=np.float64([4 * 3600.0]))
+             deck=np.int64([1]), time=np.float64([t[-1] + 5 * 86400]), day_start=np.float64([4 * 3600.0]),
+             evidence=np.float32([0.5]))  # (the mixture with FSRS-6's defaults: both forecasters count)
     kept = {i.name for i in session.get_inputs()}
     return {k: v for k, v in f.items() if k in kept}
 
@@ -104,8 +105,11 @@ def main() -> None:
                 feed = feeds(model, session)
                 if name == "predict_memory":  # the query card's memory, as the service computes it
                     h = {k: v[0] for k, v in feed.items()}
-                    feed["memory"] = np.float32([card_memory(h["hist_card"], h["hist_time"], h["hist_rating"], 7,
-                                                             h["fsrs_w"], float(h["day_start"]), c)])
+                    rows = h["hist_card"], h["hist_time"], h["hist_rating"], 7
+                    feed["memory"] = np.float32([card_memory(*rows, h["fsrs_w"], float(h["day_start"]), c)])
+                    if "default_stability" in {i.name for i in session.get_inputs()}:  # (with the mixture)
+                        default = card_memory(*rows, model.fsrs_w.float().numpy(), float(h["day_start"]), c)
+                        feed["default_stability"] = np.float32([default[0]])
                 graphs[c, name] = (len(onnx.load(str(path)).graph.node), session, feed)
         runs = {key: [] for key in graphs}
         for _ in range(args.rounds):
