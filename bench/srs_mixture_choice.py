@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     from nextstep.training.srs.time_aware_run import ProtocolBaselines
 
     defaults = TimeAwareConfig()
+    default_mix = ({"net": defaults.evidence_prior, "default": 0.0}, defaults.evidence_halflife)
     halflives = [None if h == "none" else float(h) for h in args.halflives]
     variants = {}
     for prior, h in itertools.product(args.priors, halflives):
@@ -155,31 +156,34 @@ def main(argv: list[str] | None = None) -> None:
             served = json.loads((fold / "eval_on.json").read_text())["users"] if (fold / "eval_on.json").exists() \
                 else None
             rows = result.setdefault(str(fold.parent), {}).setdefault(fold_name, {})
+            shipped = None  # P(recall) with the mixture at the config's defaults, where the grid holds it
             for name, (spec, h) in variants.items():
                 p = mixture(f, spec, h, log, base)
+                if (spec, h) == default_mix:
+                    shipped = p
                 rows[name] = [{"user": r["user"], "scored": r["scored"],
                                "log_loss": log_loss(y[r["rows"]], p[r["rows"]]),
                                "fsrs6": r["fsrs6"], "fsrs6_default": r["fsrs6_default"],
                                "vs_default_se": _paired_se(y[r["rows"]], p[r["rows"]], base.p_default[r["rows"]])}
                               for r in users]
-            if served:  # FOLD/mix_on.json: `nextstep evaluate`'s users with the mixture at the config's defaults
-                spec, h = {"net": defaults.evidence_prior, "default": 0.0}, defaults.evidence_halflife
-                p = mixture(f, spec, h, log, base)
+            if served:
+                # the replay of the model as it was scored (with its mixture or without) against its scoring
+                prior, h = f["served"]
+                key = "net alone" if np.isnan(prior) else f"net+default prior {prior:g} halflife {h}"
+                mine = {r["user"]: r["log_loss"] for r in rows[key]}
+                gap = max(abs(mine[s["user"]] - s["log_loss"]) for s in served)
+                print(f"{fold}: replay of the served mixture vs eval_on.json: largest gap {gap:.2e}", file=sys.stderr)
+                # FOLD/mix_on.json: `nextstep evaluate`'s users with the mixture at the config's defaults
+                p = shipped if shipped is not None else mixture(f, *default_mix, log, base)
                 mixed = []
                 for row in served:
                     u = log.user_ids.index(row["user"])
                     m = evaluate_predictions(log, [(tr[owner[tr] == u], te[owner[te] == u]) for tr, te in base.folds],
                                              p)
                     mixed.append({**row, **{k: m[k] for k in ("log_loss", "rmse_bins", "auc")}})
-                (fold / "mix_on.json").write_text(json.dumps({"mixture": {"evidence_prior": spec["net"],
-                                                                          "evidence_halflife": h},
+                (fold / "mix_on.json").write_text(json.dumps({"mixture": {"evidence_prior": default_mix[0]["net"],
+                                                                          "evidence_halflife": default_mix[1]},
                                                               "users": mixed}, indent=1))
-            if served:  # the replay of the model as it was scored (with its mixture or without) against its scoring
-                prior, h = f["served"]
-                key = "net alone" if np.isnan(prior) else f"net+default prior {prior:g} halflife {h}"
-                mine = {r["user"]: r["log_loss"] for r in rows[key]}
-                gap = max(abs(mine[s["user"]] - s["log_loss"]) for s in served)
-                print(f"{fold}: replay of the served mixture vs eval_on.json: largest gap {gap:.2e}", file=sys.stderr)
             print(f"{fold}: done", file=sys.stderr, flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
