@@ -237,6 +237,13 @@ def _service_settings(args, command: str):
     return settings
 
 
+MIGRATE_TRIES = 5  # a page the state store fails is walked again after 1, 2, 4, 8 s before `states migrate` stops
+
+
+def _migrate_progress(page: dict) -> None:
+    """Called after each page `states migrate` walks (a test pauses Redis here, between two pages)."""
+
+
 def cmd_states_migrate(args) -> int:
     """Bring every entity's state for a version up to date with its event log, a page at a time, at most --rate
     entities a second: the admin route's pages (POST /v1/models/{model}/migrate) run in this process."""
@@ -261,16 +268,25 @@ def cmd_states_migrate(args) -> int:
             started, cursor = time.monotonic(), args.cursor
             while True:
                 page_started = time.monotonic()
-                try:
-                    page = await task.migrate(model, cursor, args.page)
-                except ValueError as exc:
-                    raise SystemExit(f"states migrate: --cursor: {exc}") from None
+                for attempt in range(MIGRATE_TRIES):  # (a page may be walked again: each write is a compare-and-set)
+                    try:
+                        page = await task.migrate(model, cursor, args.page)
+                        break
+                    except ValueError as exc:
+                        raise SystemExit(f"states migrate: --cursor: {exc}") from None
+                    except StoreUnavailable as exc:
+                        if attempt == MIGRATE_TRIES - 1:
+                            raise SystemExit(f"states migrate: {exc}; {totals['entities']} entities done: resume "
+                                             f"with --cursor {cursor}") from None
+                        print(f"states migrate: {exc}; the page again in {2 ** attempt} s", file=sys.stderr)
+                        await asyncio.sleep(2 ** attempt)
                 for name in ("entities", "rebuilt", "events", "lagging"):
                     totals[name] += page[name]
                 cursor = page["cursor"]
                 if not args.quiet:
                     print(f"{totals['entities']} entities, {totals['rebuilt']} rebuilt from {totals['events']} "
                           f"events; cursor {cursor}", file=sys.stderr)
+                _migrate_progress(page)
                 if page["done"]:
                     break
                 if args.rate:
@@ -419,8 +435,9 @@ def cmd_serve(args) -> int:
         from .demo import BUNDLED, MODELS
 
         print(f"no artifacts under {artifacts_dir}: serving the bundled demo models ({', '.join(MODELS)}) from "
-              f"{BUNDLED}; models trained into {artifacts_dir} are served instead after a restart", file=sys.stderr)
-        artifacts_dir = BUNDLED
+              f"{BUNDLED}; models trained into {artifacts_dir} are served in their place after a reload (POST "
+              "/v1/models/reload) or a restart", file=sys.stderr)
+        os.environ["NEXTSTEP_DEMO_ARTIFACTS_DIR"] = str(BUNDLED)
     # workers > 1 share nothing but Redis (set NEXTSTEP_REDIS_URL): each loads the models itself
     os.environ["NEXTSTEP_ARTIFACTS_DIR"] = str(artifacts_dir)
     if args.workers > 1 and not settings.redis_url:

@@ -419,6 +419,7 @@ class _Snapshot:
     models: dict[str, dict[str, LoadedModel]]  # name -> version -> model
     latest: dict[str, LoadedModel]  # name -> newest good version
     report: LoadReport
+    source: Path | None = None  # the directory scanned: the artifacts directory, or the demo models'
 
 
 def _newest(versions: dict[str, LoadedModel]) -> LoadedModel:
@@ -430,10 +431,13 @@ class ModelRegistry:
     model served keeps out of `latest` until a rollout names it: `set_serving`)."""
 
     def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1, new_versions: str = "auto",
-                 fold_graphs: bool = True, scored_graphs: bool = False):
+                 fold_graphs: bool = True, scored_graphs: bool = False, demo_dir: Path | None = None):
         if new_versions not in ("auto", "manual"):
             raise ValueError(f"new_versions must be 'auto' or 'manual', got {new_versions!r}")
         self.artifacts_dir = Path(artifacts_dir)
+        # served while the artifacts directory holds no artifact (`nextstep serve --demo`); the first reload that
+        # finds one there serves the artifacts directory alone
+        self.demo_dir = Path(demo_dir) if demo_dir is not None else None
         self.intra_op_threads = intra_op_threads
         self.fold_graphs = fold_graphs  # False: no fold graphs, every rebuild steps event by event (tests, benches)
         self.scored_graphs = scored_graphs  # True: the scored step graphs (live quality on: scored.py)
@@ -461,14 +465,20 @@ class ModelRegistry:
             snap = self._snapshot
             latest = {name: self._latest(name, versions, snap.latest) for name, versions in snap.models.items()}
             report = replace(snap.report, serving={n: m.version for n, m in latest.items()})
-            self._snapshot = _Snapshot(snap.models, latest, report)
+            self._snapshot = _Snapshot(snap.models, latest, report, snap.source)
 
-    def _scan(self) -> tuple[dict[str, dict[str, LoadedModel]], dict[str, dict[str, tuple[Path, ArtifactError]]]]:
+    def source(self) -> Path:
+        """The directory a load scans: the artifacts directory, unless it holds no artifact and there is a demo."""
+        if self.demo_dir is not None and not any(self.artifacts_dir.glob("*/*/manifest.json")):
+            return self.demo_dir
+        return self.artifacts_dir
+
+    def _scan(self, source: Path) -> tuple[dict[str, dict[str, LoadedModel]],
+                                           dict[str, dict[str, tuple[Path, ArtifactError]]]]:
         """(name -> version -> model opened now, name -> version -> (directory, why it was refused))."""
         loaded: dict[str, dict[str, LoadedModel]] = {}
         broken: dict[str, dict[str, tuple[Path, ArtifactError]]] = {}
-        dirs = sorted(p for p in self.artifacts_dir.glob("*/*") if p.is_dir()) if self.artifacts_dir.is_dir() \
-            else []
+        dirs = sorted(p for p in source.glob("*/*") if p.is_dir()) if source.is_dir() else []
         for path in dirs:
             if path.name.startswith(".") or path.parent.name.startswith("."):
                 continue
@@ -493,8 +503,11 @@ class ModelRegistry:
     def reload(self) -> LoadReport:
         """(Re)scan the artifacts directory and swap the result in (rules: the module's docstring)."""
         with self._loading:
-            before = self._snapshot
-            loaded, broken = self._scan()
+            before, source = self._snapshot, self.source()
+            if before.source is not None and source != before.source:  # the demo gives way to trained models
+                log.warning("serving the artifacts under %s in place of the demo models", source)
+                before = _Snapshot({}, {}, before.report)
+            loaded, broken = self._scan(source)
             models: dict[str, dict[str, LoadedModel]] = {}
             kept: set[tuple[str, str]] = set()
             missing: dict[tuple[str, str], Path] = {}
@@ -532,7 +545,7 @@ class ModelRegistry:
                 log.error("artifact %s refused: %s; %s", r.path, r.reason, r.outcome)
             for w in withdrawn:
                 log.warning("model version %s withdrawn: its directory was deleted", w)
-            self._snapshot = _Snapshot(models, latest, report)  # the swap: one assignment
+            self._snapshot = _Snapshot(models, latest, report, source)  # the swap: one assignment
             return report
 
     def get(self, name: str, version: str = "latest", task: str | None = None) -> LoadedModel:

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
                                       hide_input_in_errors=True)
 
     artifacts_dir: Path = Path("artifacts")  # <dir>/<model>/<version>/manifest.json
+    # served while artifacts_dir holds no artifact; a reload that finds one there serves artifacts_dir alone
+    # (`nextstep serve --demo` sets it to the bundled demo models)
+    demo_artifacts_dir: Path | None = None
     redis_url: str | None = None  # unset: the in-process store (state lives and dies with the process)
     # How the service talks to Redis (redis_clients.py; a query parameter of the URL of the same meaning wins).
     # client: resp (the service's own pipelined client, one node), redis-py, or auto (resp for one node without

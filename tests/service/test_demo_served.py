@@ -229,3 +229,5 @@ def test_every_documented_call_answers_on_the_demo_models(doc, serve):
             reply = http.request(call.method, call.path, headers=call.headers,
                                  content=None if call.body is None else json.dumps(call.body))
             assert 200 <= reply.status_code < 300, f"{call}: {reply.status_code} {reply.text}"
+            if call.path.endswith("/schedule"):  # (a schedule shown should schedule: `now` after the reviews)
+                assert any(c["status"] == "scheduled" for c in reply.json()["cards"]), f"{call}: {reply.text}"

@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nextstep.demo import BUNDLED
+from nextstep.demo import BUNDLED, MODELS
 from nextstep.service.settings import Settings
+from tests.service.test_upgrades import add_version
 
 T0 = 1.7e9
 
@@ -296,3 +297,18 @@ def test_clients_that_are_not_admins_see_the_kind_of_fault_and_admins_the_detail
         assert unready.status_code == 503 and str(tmp_path) not in unready.text, unready.text
         assert "NEXTSTEP_ARTIFACTS_DIR" in unready.json()["detail"]
         assert str(tmp_path / "empty") in http.get("/readyz").json()["detail"]
+
+
+def test_a_reload_serves_the_first_models_trained_in_place_of_the_demo(tmp_path, serve):
+    """`nextstep serve --demo` on an empty artifacts directory serves the bundled demo models; a model trained into
+    the directory then, and a reload, serve that directory alone (the demo models go, none reported refused)."""
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    settings = Settings(artifacts_dir=artifacts, demo_artifacts_dir=BUNDLED)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        assert {m["name"] for m in http.get("/v1/models").json()["models"]} == set(MODELS)
+        add_version(artifacts, "deep_gpcm", "1", 2026)
+        reply = http.post("/v1/models/reload")
+        assert reply.status_code == 200 and reply.json()["refused"] == [], reply.text
+        assert [(m["name"], m["version"]) for m in http.get("/v1/models").json()["models"]] == [("deep_gpcm", "1")]
+        assert http.post("/v1/sessions/gru4rec/recommend", json={"session_id": "s", "k": 3}).status_code == 404
