@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SHOWN = 64  # at most this many characters of a value from the request go back in an error
 MAX_DETAIL = 2000  # and no problem's detail is longer than this
+RETRY_AFTER_SECONDS = 1  # every 503 says when to try again (the client retries with the same event ids: core.py)
 
 
 def shown(value) -> str:
@@ -96,7 +97,8 @@ def problem(status: int, detail: str, field: str | None = None, kind: str | None
             headers: dict | None = None, **extra) -> JSONResponse:
     """An RFC 9457 problem document: `type` (`urn:nextstep:problem:<kind>`, or about:blank when the status says it
     all), `title` (the status's phrase), `status`, `detail` (what is wrong, in words), and `field` (the offending
-    request field, header or path parameter) where there is one; `extra` adds members (e.g. `errors`)."""
+    request field, header or path parameter) where there is one; `extra` adds members (e.g. `errors`). A 503 says
+    when to try again (Retry-After)."""
     if len(detail) > MAX_DETAIL:  # (a safety net: the messages themselves show request values with `shown`)
         detail = f"{detail[:MAX_DETAIL]}... (cut)"
     body = {"type": f"urn:nextstep:problem:{kind}" if kind else "about:blank", "title": HTTPStatus(status).phrase,
@@ -104,6 +106,8 @@ def problem(status: int, detail: str, field: str | None = None, kind: str | None
     if field:
         body["field"] = field
     body.update(extra)
+    if status == 503:  # (a store outage or a replica not ready yet: worth retrying, after a pause)
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS), **(headers or {})}
     return JSONResponse(body, status_code=status, headers=headers, media_type="application/problem+json")
 
 

@@ -16,6 +16,12 @@ only moves entities from train to test). Nothing but one entity's log is held in
   boundary the app told (srs.py's `Fit.day_start`; never told: 04:00 UTC, what the reader assumes without the
   column), so training reads each user's boundary back.
 
+The files are written into a hidden folder beside `out` and moved into it only once the walk is over: an export that
+fails (Redis unavailable, the process killed) leaves nothing that looks like data. When the hash leaves one part
+empty although there are two entities or more (a small traffic), the entity nearest the split moves to it, so that
+train and test both hold someone; a single entity goes to train, and no test file is written (`nextstep train` then
+holds some of its training learners out itself).
+
 Times are the logged ones (whole seconds). Events trimmed from a log (NEXTSTEP_MAX_LOGGED_EVENTS,
 NEXTSTEP_LOG_MAX_AGE_SECONDS) are not in it: the summary counts them (`not_in_log`).
 
@@ -36,6 +42,8 @@ import gzip
 import hashlib
 import io
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,11 +131,35 @@ def _srs_rows(user: str, stored: StoredState) -> tuple[list[list], int]:
     return out, history.count - len(rows)
 
 
+def _draw(entity: str) -> int:
+    """The entity's draw: the first 8 bytes of BLAKE2b of its id, as an integer below 2^64."""
+    return int.from_bytes(hashlib.blake2b(entity.encode(), digest_size=8).digest(), "big")
+
+
 def in_test(entity: str, test_fraction: float) -> bool:
-    """Whether the entity falls in the test part: the first 8 bytes of BLAKE2b of its id, as a fraction of 2^64,
-    below `test_fraction`."""
-    digest = hashlib.blake2b(entity.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") < test_fraction * 2.0 ** 64
+    """Whether the entity falls in the test part: its draw as a fraction of 2^64 below `test_fraction`."""
+    return _draw(entity) < test_fraction * 2.0 ** 64
+
+
+def _move_entity(source: Path, empty: Path, entity: str, delimiter: str) -> None:
+    """Move an entity's rows (first column) from one written file into the other, which holds only its header (both
+    gzipped, rows in log order)."""
+    with gzip.open(source, "rt", encoding="utf-8", newline="") as f:
+        header, *rows = list(csv.reader(f, delimiter=delimiter))
+    for path, take in ((source, [r for r in rows if r[0] != entity]), (empty, [r for r in rows if r[0] == entity])):
+        text, writer = _writer(path, delimiter)
+        with text:
+            writer.writerow(header)
+            writer.writerows(take)
+
+
+def _install(partial: Path, out: Path) -> None:
+    """Move the finished files of `partial` into `out` (made if missing; each file whole, by a rename), then
+    remove `partial`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(partial.iterdir()):
+        os.replace(path, out / path.name)
+    partial.rmdir()
 
 
 def _writer(path: Path, delimiter: str):
@@ -150,13 +182,30 @@ async def export_events(store: StateStore, task: str, model: str, out: Path, *, 
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
     layout = LAYOUTS.get(task)
     names, delimiter = (SRS_FILES, ",") if layout is None else ((layout.train, layout.test), layout.delimiter)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"train": out / names[0].format(model=model)}
+    final = {"train": out / names[0].format(model=model)}
     if test_fraction > 0:  # (none asked for: no empty test file, which training would refuse)
-        paths["test"] = out / names[1].format(model=model)
-    taken = [p.name for p in paths.values() if p.exists()]
+        final["test"] = out / names[1].format(model=model)
+    taken = [p.name for p in [*final.values(), out / "metadata.json"] if p.exists()]
     if taken:
         raise FileExistsError(f"{out} already holds {', '.join(taken)}: export into an empty folder")
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"  # (hidden: never read as a data set)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        summary = await _export(store, task, layout, model, partial, {p: partial / f.name for p, f in final.items()},
+                                delimiter, test_fraction, n_cats, schemas, page, progress)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    _install(partial, out)
+    summary["files"] = {part: str(out / Path(path).name) for part, path in summary["files"].items()}
+    return summary
+
+
+async def _export(store: StateStore, task: str, layout: Layout | None, model: str, partial: Path,
+                  paths: dict[str, Path], delimiter: str, test_fraction: float, n_cats: int | None,
+                  schemas: list[str], page: int, progress: Callable[[dict], None] | None) -> dict:
+    """`export_events` into the folder `partial`: the walk, then the parts balanced (the module's docstring)."""
     started = time.monotonic()
     entities, events, missing = dict.fromkeys(paths, 0), dict.fromkeys(paths, 0), 0
     prefix = f"{layout.prefix if layout else 'srs'}:{model}:"
@@ -185,6 +234,7 @@ async def export_events(store: StateStore, task: str, model: str, out: Path, *, 
         for _, writer in files.values():
             writer.writerow(layout.header if layout else SRS_HEADER)
         cursor, seen = "0", set()
+        nearest: dict[str, tuple[int, str, int] | None] = {"train": None, "test": None}
         while True:
             cursor, keys = await store.scan(prefix, cursor, page)
             for key in keys:
@@ -197,6 +247,10 @@ async def export_events(store: StateStore, task: str, model: str, out: Path, *, 
                 entities[part] += 1
                 events[part] += len(rows)
                 missing += lacking
+                draw = _draw(entity)  # (the entities nearest the split on either side: `balanced` moves one)
+                if part == "train" and (nearest["train"] is None or draw < nearest["train"][0]) \
+                        or part == "test" and (nearest["test"] is None or draw > nearest["test"][0]):
+                    nearest[part] = (draw, entity, len(rows))
             if progress is not None:
                 progress({"entities": sum(entities.values()), "events": sum(events.values())})
             if cursor == "0":
@@ -204,8 +258,21 @@ async def export_events(store: StateStore, task: str, model: str, out: Path, *, 
     finally:
         for text, _ in files.values():
             text.close()
+    summary = {"model": model, "task": task}
+    if "test" in paths and sum(entities.values()) >= 2 and 0 in entities.values():  # (a small traffic)
+        short = "test" if entities["test"] == 0 else "train"
+        other = "train" if short == "test" else "test"
+        _, entity, n = nearest[other]
+        _move_entity(paths[other], paths[short], entity, delimiter)
+        entities[other], entities[short], events[other], events[short] = entities[other] - 1, 1, events[other] - n, n
+        summary["note"] = (f"every entity fell in {other} by the hash: {entity!r}, the nearest the split, moved to "
+                           f"{short} so that both hold one")
+    elif "test" in paths and entities["test"] == 0:  # one entity, or none: nothing to test on
+        paths["test"].unlink()
+        del paths["test"], entities["test"], events["test"]
+        summary["note"] = "no test file: a single entity (or none) was logged; nextstep train holds out its own"
     if task == "knowledge_tracing" and n_cats:
-        (out / "metadata.json").write_text(json.dumps({"n_cats": int(n_cats)}) + "\n")
-    return {"model": model, "task": task, "files": {part: str(path) for part, path in paths.items()},
+        (partial / "metadata.json").write_text(json.dumps({"n_cats": int(n_cats)}) + "\n")
+    return {**summary, "files": {part: str(path) for part, path in paths.items()},
             "entities": entities, "events": events, "not_held" if layout is None else "not_in_log": missing,
             "seconds": round(time.monotonic() - started, 3)}

@@ -6,12 +6,14 @@ gets a store of its own (its TTL, over the shared client), timed per operation, 
 """
 
 import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from .banks import Banks, make_bank_store
+from .errors import StoreUnavailable
 from .fleet import FleetReloads
 from .metrics import Metrics
 from .quality import Quality
@@ -21,6 +23,8 @@ from .rollouts import Rollouts
 from .runtime import Engines
 from .stores import make_store
 from .tasks import Shared, plugins
+
+log = logging.getLogger(__name__)
 
 
 async def reload_models(app: FastAPI) -> LoadReport:
@@ -33,7 +37,19 @@ async def reload_models(app: FastAPI) -> LoadReport:
     metrics.set_refused(registry.report.refused)  # (the registry's newest: reloads may overlap)
     metrics.reloads.labels("refused" if report.refused else "ok").inc()
     await app.state.banks.prepare(registry.models())
+    await adopt_serving(app)
     return report
+
+
+async def adopt_serving(app: FastAPI) -> None:
+    """With manual new versions, store the version each model serves where no rollout names one yet, so that it
+    outlives this process (rollouts.py, `adopt`); a store fault is logged, and the next reload tries again."""
+    if app.state.settings.new_versions != "manual":
+        return
+    try:
+        await app.state.rollouts.adopt({n: m.version for n, m in app.state.registry.latest().items()})
+    except StoreUnavailable as exc:
+        log.warning("the versions serving were not stored for the fleet (%s): the next reload tries again", exc)
 
 
 class TimedStore:
@@ -61,7 +77,8 @@ class TimedStore:
 async def lifespan(app: FastAPI):
     settings, metrics = app.state.settings, app.state.metrics
     registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads,
-                             new_versions=settings.new_versions, scored_graphs=settings.live_quality)
+                             new_versions=settings.new_versions, scored_graphs=settings.live_quality,
+                             demo_dir=settings.demo_artifacts_dir)
     metrics.set_refused(registry.reload().refused)  # (the registry logs each refusal)
     metrics.set_models(registry.models())
     options = settings.redis_options()
@@ -95,6 +112,7 @@ async def lifespan(app: FastAPI):
     # (in a thread: set_serving waits for a reload in progress, which takes seconds)
     await rollouts.start(lambda current: asyncio.to_thread(
         registry.set_serving, {m: r.serving for m, r in current.items()}))
+    await adopt_serving(app)  # (manual versions: what serves now is the fleet's choice, in Redis)
     # a reload on any replica reaches the others sharing this Redis within NEXTSTEP_RELOAD_REFRESH_SECONDS
     app.state.fleet = FleetReloads(redis, refresh_seconds=settings.reload_refresh_seconds)
     await app.state.fleet.start(lambda: reload_models(app))

@@ -13,9 +13,11 @@ engines' executor): from the state before a request's events, one `predict` call
 * for the calibration table and the AUC: P(full credit) (the highest response; binary data: P(right)) against
   whether the response was full credit, counted in `BINS` fixed buckets of width 1/BINS.
 
-Sums, not means, are kept (per model and version), so that replicas and minutes add: in process, flushed every
+Sums, not means, are kept (per model, version and role), so that replicas and minutes add: in process, flushed every
 `flush_seconds` into Redis hashes (a minute's and an hour's, `<prefix>:quality:{<model>}:<version>:m:<minute>` and
-`:h:<hour>`, kept `MINUTE_TTL` and `HOUR_TTL`) by a background task, off the request path. `report` adds the
+`:h:<hour>`, kept `MINUTE_TTL` and `HOUR_TTL`; `<version>@canary` and `<version>@shadow` for the scores a candidate
+earned in that role, so that a canary's figures never mix in its shadow phase) by a background task, off the request
+path. `report` adds the
 buckets of a window (minutes up to `MINUTE_WINDOW`, hours past it). Without Redis the buckets stay in this process.
 The same sums are Prometheus counters (metrics.py) with bounded labels: model, version and the role the version had
 when it was scored (serving, canary).
@@ -50,6 +52,7 @@ MAX_WINDOW = 90 * 86400
 EPS = 1e-12  # a predicted probability of 0 scores -ln(1e-12), not infinity
 
 Key = tuple[str, str, str]  # (model, version, role)
+ROLES = ("serving", "canary", "shadow")  # the roles a version is scored in
 
 
 def event_scores(probs: np.ndarray, responses: np.ndarray) -> dict[str, np.ndarray]:
@@ -191,17 +194,18 @@ class Quality:
         if self.on_record is not None:
             self.on_record(key, fields)
 
-    def _bucket(self, key: tuple[str, str], kind: str, at: float) -> str:
-        model, version = key
+    def _bucket(self, key: Key, kind: str, at: float) -> str:
+        model, version, role = key
         step = 60 if kind == "m" else 3600
-        return f"{self.prefix}:quality:{{{model}}}:{version}:{kind}:{int(at // step) * step}"
+        scored = version if role == "serving" else f"{version}@{role}"
+        return f"{self.prefix}:quality:{{{model}}}:{scored}:{kind}:{int(at // step) * step}"
 
     async def flush(self) -> None:
         """Write the pending sums to the current minute's and hour's buckets (kept pending if Redis fails)."""
         pending, self._pending = self._pending, defaultdict(dict)
         now = self.clock()
         for key, fields in pending.items():
-            buckets = [(self._bucket(key[:2], "m", now), MINUTE_TTL), (self._bucket(key[:2], "h", now), HOUR_TTL)]
+            buckets = [(self._bucket(key, "m", now), MINUTE_TTL), (self._bucket(key, "h", now), HOUR_TTL)]
             if self.client is None:
                 for name, _ in buckets:
                     _add(self._local[name], fields)
@@ -239,9 +243,9 @@ class Quality:
     # -- reading ------------------------------------------------------------------------------------------
     async def report(self, model: str, versions: Iterable[tuple[str, str]], window: float,
                      task: str = "knowledge_tracing") -> list[dict]:
-        """Per (version, role) given: the summary of the version's buckets that end within the last `window`
-        seconds (whatever role it had when scored; the role given is its present one), and `since`, the time of the
-        first score they hold (null: none)."""
+        """Per (version, role) given: the summary of the scores the version earned in that role (any other role,
+        `inactive`: in every role) in the buckets that end within the last `window` seconds, and `since`, the time
+        of the first score they hold (null: none)."""
         await self.drain()  # this replica's latest scores too
         await self.flush()
         now = self.clock()
@@ -250,7 +254,8 @@ class Quality:
         starts = range(first, int(now // step) * step + 1, step)
         out = []
         for version, role in versions:
-            names = [self._bucket((model, version), kind, t) for t in starts]
+            earned = (role,) if role in ROLES else ROLES  # (a version serving no one: all it earned)
+            names = [self._bucket((model, version, r), kind, t) for r in earned for t in starts]
             sums: dict[str, float] = {}
             since = math.inf
             for fields in await self._read(names):

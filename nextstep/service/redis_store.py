@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from .errors import shown
 from .redis_clients import Client, RedisOptions, connect, is_noscript
 from .state import (
     ABSENT,
@@ -396,8 +397,8 @@ class RedisStore:
 
     async def scan(self, prefix: str, cursor: str = "0", count: int = 500) -> tuple[str, list[str]]:
         """SCAN over the meta hashes `<prefix>:{K}` with K starting with `prefix` (every primary's on a cluster)."""
-        if not _REDIS_CURSOR.fullmatch(cursor):
-            raise ValueError(f"not a scan cursor: {cursor!r}")
+        if not _REDIS_CURSOR.fullmatch(cursor) or any(int(part) >= 2 ** 64 for part in cursor.split(":")):
+            raise ValueError(f"not a scan cursor: {shown(cursor)} (Redis's cursors are below 2^64)")
         head = f"{self._prefix}:{{"
         pattern = _glob_escape(head + prefix) + "*}"
         following, names = await self.client.scan(cursor, pattern, count)

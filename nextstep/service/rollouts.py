@@ -14,10 +14,18 @@ A rollout is kept per model in one Redis hash shared by the fleet, one field per
   path: core.StatefulTask.shadow), scoring the new events for live quality (role "shadow");
 * `promote` makes the candidate the serving version for everyone; `abort` drops the candidate.
 
-Every replica reads the hash every `refresh_seconds` (NEXTSTEP_RELOAD_REFRESH_SECONDS) in a background task and
-applies it; the replica that changes a rollout applies it at once. Without Redis the rollouts live in the process.
-A model with no rollout serves by the registry's rule (NEXTSTEP_NEW_VERSIONS: its newest version, or with `manual`
-the version that served before a new one was added).
+Every replica reads the hash every `refresh_seconds` (NEXTSTEP_RELOAD_REFRESH_SECONDS) in a background task. A
+change takes effect on every replica at one moment, `effective` (its `updated` time plus `refresh_seconds` and
+`SLACK`, by then every replica has read it): until then each keeps the rollout it had, so no entity sees the two
+versions alternate while the fleet learns of it (to within the replicas' clock skew), and the route that made the
+change answers once it is in effect (docs/decisions.md, "A rollout takes effect at one moment"). A replica that
+starts, or that missed the change through a Redis outage, applies what it reads at once.
+
+With NEXTSTEP_NEW_VERSIONS=manual the choice of the serving version must outlive every process: `adopt` stores the
+version each model serves when no rollout names one yet (HSETNX: the first replica's choice is everyone's), at
+startup and at every reload, so a replica restarted after new versions were copied in serves what the fleet serves,
+not the newest. Without Redis the rollouts live in the process. A model with no rollout serves by the registry's
+rule (its newest version; with `manual`, the version that served before a new one was added).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without on
 
 log = logging.getLogger(__name__)
 MODES = ("canary", "shadow")
+SLACK = 0.5  # seconds past one refresh interval before a change takes effect: a read in flight, a slow replica
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,7 @@ class Rollout:
     mode: str | None = None
     fraction: float = 0.0
     updated: float | None = None
+    effective: float | None = None  # when every replica applies it (None: at once; a rollout stored before this)
 
     def version_for(self, model: str, entity: str) -> str | None:
         """The candidate for an entity in its fraction, else None (the serving version answers)."""
@@ -69,8 +79,14 @@ class Rollouts:
         self.client, self.refresh, self.clock = client, refresh_seconds, clock
         self.key = f"{key_prefix}:{{rollouts}}"
         self.current: dict[str, Rollout] = {}  # this process's view: model -> rollout
+        self.read = client is None  # whether this process applied the fleet's rollouts once (/readyz waits for it)
         self._apply: Callable[[dict[str, Rollout]], Awaitable[None]] | None = None
         self._task: asyncio.Task | None = None
+
+    @property
+    def delay(self) -> float:
+        """Seconds from a change to its effect: one refresh interval and the slack (0 without Redis: one process)."""
+        return self.refresh + SLACK if self.client is not None else 0.0
 
     async def _read(self) -> dict[str, Rollout]:
         if self.client is None:
@@ -86,6 +102,19 @@ class Rollouts:
                 log.error("rollout of %s in Redis is not one this version reads: ignored", name)
         return out
 
+    def _due(self, read: dict[str, Rollout], now: float) -> tuple[dict[str, Rollout], float | None]:
+        """(what to apply now: each model's rollout as read, except a change not yet effective, for which the one
+        applied stays; the earliest time a pending change takes effect, or None)."""
+        out, pending = {}, None
+        for model, rollout in read.items():
+            if rollout.effective is not None and rollout.effective > now and self.read:
+                pending = min(pending or rollout.effective, rollout.effective)
+                if model in self.current:
+                    out[model] = self.current[model]
+                continue
+            out[model] = rollout
+        return out, pending
+
     async def _use(self, rollouts: dict[str, Rollout]) -> None:
         self.current = rollouts
         if self._apply is not None:
@@ -97,14 +126,25 @@ class Rollouts:
         if self.client is None:
             return
         with contextlib.suppress(StoreUnavailable):
-            await self._use(await self._read())
+            await self._use(await self._read())  # (a starting replica applies even a change not yet effective)
+            self.read = True
         self._task = asyncio.create_task(self._follow(), name="nextstep-rollouts")
 
+    async def check(self) -> float | None:
+        """One check: read the rollouts and apply those in effect. When the next pending change takes effect."""
+        rollouts, pending = self._due(await self._read(), self.clock())
+        if rollouts != self.current or not self.read:
+            await self._use(rollouts)
+        self.read = True
+        return pending
+
     async def _follow(self) -> None:
+        wait = self.refresh
         while True:
-            await asyncio.sleep(self.refresh)
+            await asyncio.sleep(wait)
+            wait = self.refresh
             try:
-                rollouts = await self._read()
+                pending = await self.check()
             except asyncio.CancelledError:
                 raise
             except StoreUnavailable:
@@ -112,20 +152,38 @@ class Rollouts:
             except Exception:
                 log.exception("rollouts not followed; trying again in %g s", self.refresh)
                 continue
-            if rollouts != self.current:
-                await self._use(rollouts)
+            if pending is not None:  # wake when it takes effect
+                wait = min(wait, max(pending - self.clock(), 0.0) + 0.01)
 
     async def put(self, model: str, rollout: Rollout | None) -> None:
-        """Store a model's rollout (None: remove it) for the fleet, and apply it here at once."""
+        """Store a model's rollout (None: remove it) for the fleet; return once it is in effect here (every replica
+        applies it at the same moment: `effective`)."""
         if rollout is not None:
-            rollout = Rollout(**{**asdict(rollout), "updated": self.clock()})
+            now = self.clock()
+            rollout = Rollout(**{**asdict(rollout), "updated": now, "effective": now + self.delay})
         if self.client is not None:
             command = ("HSET", self.key, model, json.dumps(asdict(rollout))) if rollout is not None \
                 else ("HDEL", self.key, model)
             await self.client.execute("rollouts", (command,), idempotent=False, write=True)
+            if rollout is not None:
+                await asyncio.sleep(max(rollout.effective - self.clock(), 0.0))
         rollouts = {**self.current, model: rollout} if rollout is not None else \
             {k: v for k, v in self.current.items() if k != model}
         await self._use(rollouts)
+
+    async def adopt(self, serving: dict[str, str]) -> None:
+        """Manual new versions: store `serving` (model -> the version it serves) for each model no rollout names yet,
+        unless another replica stored one first (HSETNX), and apply what the fleet holds then. Raises what the
+        store raises (a model then keeps its process's choice until the next reload or check)."""
+        missing = {m: v for m, v in serving.items() if m not in self.current}
+        if not missing or self.client is None:  # (one process: the registry keeps its own choice)
+            return
+        now = self.clock()
+        await self.client.execute("rollouts", [("HSETNX", self.key, m, json.dumps(asdict(Rollout(
+            v, updated=now, effective=now)))) for m, v in sorted(missing.items())], idempotent=False, write=True)
+        read = await self._read()
+        # (a model adopted now is in effect at once; a change pending for another model stays pending)
+        await self._use({**self._due(read, self.clock())[0], **{m: read[m] for m in missing if m in read}})
 
     def version_for(self, model: str, entity: str) -> str | None:
         rollout = self.current.get(model)

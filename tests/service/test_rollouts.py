@@ -191,7 +191,7 @@ def test_flashcard_users_take_a_canary(tmp_path, redis_url, serve):
         assert http.post("/v1/models/time_aware/rollout/promote").status_code == 200
         assert {http.get(f"/v1/srs/time_aware/users/{u}").json()["reviews_total"] for u in users} == {4}
         quality = {q["version"]: q["role"] for q in http.get("/v1/models/time_aware/quality").json()["versions"]}
-        assert quality == {"1": "serving", "2": "serving"}
+        assert quality == {"1": "serving", "2": "inactive"}  # (the version promoted away serves no one)
 
 
 # -- flashcard shadows --------------------------------------------------------------------------------------------
@@ -499,3 +499,146 @@ def test_a_shadow_turn_still_queued_when_its_candidate_starts_answering_loses_no
 
     asyncio.run(scenario())
     same_stored(redis_url, f"srs:time_aware:{layout}:u", f"srs:time_aware:{layout}:twin")
+
+
+# -- the lifecycle under restarts, withdrawals and a fleet learning of a change (issue 55) --------------------------
+def test_manual_versions_keep_the_fleets_choice_across_a_restart(tmp_path, redis_url, serve):
+    """With no rollout ever set, the version serving is the fleet's from the first reload: versions 2 and 3 copied in
+    and reloaded, a replica restarted serves 1, as the other does, not the newest; a replica that has not read that
+    choice yet says it is not ready."""
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual",
+                        reload_refresh_seconds=0.2)
+    with serve(settings) as a_url, httpx.Client(base_url=a_url, timeout=30) as a:
+        with serve(settings) as b_url, httpx.Client(base_url=b_url, timeout=30) as b:
+            add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+            add_version(tmp_path, "deep_gpcm", "3", 2028, nudge=-5.0)
+            assert a.post("/v1/models/reload").status_code == 200
+            time.sleep(0.6)  # (b follows the reload generation)
+            assert [h.get("/v1/models/deep_gpcm/rollout").json()["serving"] for h in (a, b)] == ["1", "1"]
+        with serve(settings) as b_url, httpx.Client(base_url=b_url, timeout=30) as b:  # b restarted
+            assert b.get("/readyz").status_code == 200
+            for http in (a, b):
+                assert http.get("/v1/models/deep_gpcm/rollout").json()["serving"] == "1"
+                assert {http.get(f"/v1/kt/deep_gpcm/students/{e}").json()["version"] for e in LEARNERS} == {"1"}
+
+
+def test_promote_refuses_a_candidate_that_was_withdrawn(tmp_path, redis_url, serve):
+    """A canary of 2, its folder moved away and reloaded: promote is a 422 naming the candidate, and Redis keeps 1
+    serving; 2 put back and reloaded goes on as the canary, not as the version serving everyone."""
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+    add_version(tmp_path, "deep_gpcm", "3", 2028)  # (a third version keeps the model alive without 2)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual",
+                        reload_refresh_seconds=0.2)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        assert http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "fraction": 0.3}).status_code == 200
+        serving = http.get("/v1/models/deep_gpcm/rollout").json()["serving"]
+        shutil.move(tmp_path / "deep_gpcm" / "2", tmp_path / "parked")
+        assert http.post("/v1/models/reload").json()["withdrawn"] == ["deep_gpcm/2"]
+        refused = http.post("/v1/models/deep_gpcm/rollout/promote")
+        assert refused.status_code == 422 and refused.json()["field"] == "candidate", refused.text
+        assert "not loaded" in refused.json()["detail"]
+        stored = Rollout(**json.loads(asyncio.run(_hget(redis_url, "deep_gpcm"))))
+        assert (stored.serving, stored.candidate) == (serving, "2")
+        shutil.move(tmp_path / "parked", tmp_path / "deep_gpcm" / "2")
+        assert http.post("/v1/models/reload").status_code == 200
+        rollout = http.get("/v1/models/deep_gpcm/rollout").json()
+        assert (rollout["serving"], rollout["candidate"], rollout["mode"]) == (serving, "2", "canary")
+
+
+async def _hget(url: str, model: str) -> bytes:
+    from nextstep.service.redis_clients import connect
+
+    client = connect(url)
+    try:
+        (value,) = await client.execute("test", (("HGET", "nextstep:{rollouts}", model),))
+        return value
+    finally:
+        await client.close()
+
+
+def test_a_rollout_takes_effect_on_every_replica_at_one_moment(tmp_path, redis_url, serve):
+    """Two replicas read alternately while a canary is put on one of them: no learner is answered by the candidate
+    and then by the serving version again (each sees 1 until the change's moment, then 2); once the PUT answers,
+    both replicas give the candidate to every learner in the fraction. The same for the abort."""
+    import threading
+
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+    canary = [e for e in LEARNERS if in_fraction("deep_gpcm", e, 0.5)][:6]
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual",
+                        reload_refresh_seconds=0.5)
+    with serve(settings) as a_url, serve(settings) as b_url, httpx.Client(base_url=a_url, timeout=30) as a, \
+            httpx.Client(base_url=b_url, timeout=30) as b:
+        assert b.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "fraction": 0.0}).status_code == 200
+        for step, (body, after) in enumerate((({"candidate": "1", "fraction": 0.5}, "1"), (None, "2"))):
+            seen: dict[str, list[str]] = {e: [] for e in canary}
+            done = threading.Event()
+
+            def read(http: httpx.Client, seen: dict[str, list[str]], done: threading.Event) -> None:
+                while not done.is_set():
+                    for e in canary:
+                        seen[e].append(http.get(f"/v1/kt/deep_gpcm/students/{e}").json()["version"])
+
+            readers = [threading.Thread(target=read, args=(httpx.Client(base_url=u), seen, done))
+                       for u in (a_url, b_url)]
+            for t in readers:
+                t.start()
+            try:
+                time.sleep(0.2)
+                changed = a.put("/v1/models/deep_gpcm/rollout", json=body) if body else \
+                    a.delete("/v1/models/deep_gpcm/rollout")
+                assert changed.status_code == 200, changed.text
+                assert {h.get(f"/v1/kt/deep_gpcm/students/{e}").json()["version"] for h in (a, b)
+                        for e in canary} == {after}
+                time.sleep(0.2)
+            finally:
+                done.set()
+                for t in readers:
+                    t.join()
+            before = "2" if after == "1" else "1"
+            for e, versions in seen.items():
+                flips = sum(x != y for x, y in zip(versions, versions[1:], strict=False))
+                assert versions[0] == before and versions[-1] == after and flips == 1, (step, e, versions)
+
+
+def test_the_rollout_routes_refuse_a_pin_and_quality_keeps_phases_apart(tmp_path, redis_url, serve):
+    """A pin on a rollout route (in the path, or X-Model-Version) is a 422, never ignored; a candidate's canary row
+    of /quality counts only what it earned as a canary (not its shadow phase), and a version that serves no one is
+    `inactive`."""
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+    history = learner_events(6, 4, seed=3)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual",
+                        reload_refresh_seconds=0.2)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        body = {"candidate": "1", "mode": "shadow", "fraction": 1.0}
+        for reply in (http.put("/v1/models/deep_gpcm@1/rollout", json=body),
+                      http.put("/v1/models/deep_gpcm/rollout", json=body, headers={"X-Model-Version": "1"}),
+                      http.get("/v1/models/deep_gpcm@2/rollout"), http.post("/v1/models/deep_gpcm@1/rollout/promote"),
+                      http.delete("/v1/models/deep_gpcm@1/rollout"), http.get("/v1/models/deep_gpcm@1/quality")):
+            assert reply.status_code == 422 and reply.json()["field"] == "model", reply.text
+        assert http.get("/v1/models/deep_gpcm/rollout").json()["candidate"] is None
+        assert http.put("/v1/models/deep_gpcm/rollout", json=body).status_code == 200
+        for learner, events in history.items():
+            assert http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner, "events": events[:2]}) \
+                .status_code == 200
+
+        def quality() -> dict[str, dict]:
+            return {q["version"]: q for q in http.get("/v1/models/deep_gpcm/quality").json()["versions"]}
+
+        deadline = time.monotonic() + 10
+        while quality()["1"]["scored"] < 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (quality()["1"]["role"], quality()["1"]["scored"]) == ("shadow", 12)
+        assert http.put("/v1/models/deep_gpcm/rollout", json={**body, "mode": "canary"}).status_code == 200
+        assert [(q["role"], q["scored"]) for q in quality().values()] == [("canary", 0), ("serving", 12)]
+        answered = {}
+        for learner, events in history.items():
+            answered[learner] = http.post("/v1/kt/deep_gpcm/events", json={"student_id": learner,
+                                                                           "events": events[2:3]}).json()["version"]
+        assert set(answered.values()) == {"1"}
+        assert [(q["role"], q["scored"]) for q in quality().values()] == [("canary", 6), ("serving", 12)]
+        assert http.post("/v1/models/deep_gpcm/rollout/promote").status_code == 200
+        assert [(q["role"], q["scored"]) for q in quality().values()] == [("serving", 0), ("inactive", 12)]

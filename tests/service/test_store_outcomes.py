@@ -186,6 +186,7 @@ def test_store_unavailable_means_nothing_was_changed(redis_process, serve, clien
         redis_process.resume()
         assert reply.status_code == 503 and reply.json()["type"] == PROBLEM + "store-unavailable", reply.text
         assert "127.0.0.1" not in reply.json()["detail"]
+        assert reply.headers["Retry-After"] == "1"  # (every 503 says when to try again)
         assert _total(http, "u") == 1
         redis_process.stop()  # refused
         reply = http.post("/v1/kt/deep_gpcm/events", json=_event("u", None))

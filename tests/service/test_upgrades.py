@@ -154,6 +154,16 @@ def test_migrate_brings_every_learner_to_the_new_version_a_page_at_a_time(tmp_pa
 
         bad = http.post("/v1/models/deep_gpcm/migrate", json={"cursor": "not-a-cursor"})
         assert bad.status_code == 422 and bad.json()["field"] == "cursor", bad.text
+        for cursor in (str(2 ** 64), f"0:{2 ** 64}", "9" * 20):  # (Redis's cursors are below 2^64)
+            bad = http.post("/v1/models/deep_gpcm/migrate", json={"cursor": cursor})
+            assert bad.status_code == 422 and bad.json()["field"] == "cursor", bad.text
+        assert http.get("/v1/models").status_code == 200  # (the same connection goes on)
+        pinned = http.post("/v1/models/deep_gpcm@2/migrate", json={})  # a pin names the version
+        assert pinned.status_code == 200 and pinned.json()["version"] == "2", pinned.text
+        assert http.post("/v1/models/deep_gpcm/migrate", headers={"X-Model-Version": "2"}, json={}) \
+            .json()["version"] == "2"
+        both = http.post("/v1/models/deep_gpcm@2/migrate", json={"version": "1"})
+        assert both.status_code == 422 and both.json()["field"] == "version", both.text
         cards = http.post("/v1/models/time_aware/migrate", json={})  # one window layout: no user to move
         assert cards.status_code == 200 and (cards.json()["entities"], cards.json()["done"]) == (0, True), cards.text
         assert http.post("/v1/models/deep_gpcm/migrate", json={"version": "9"}).status_code == 404
@@ -233,3 +243,96 @@ def test_events_export_writes_what_training_reads(tmp_path, redis_url, serve, mo
            for i, name in enumerate(data.session_ids)}
     assert got == {s: [c["item_id"] for c in clicks] for s, clicks in sessions.items()}
     assert not (out / "s" / "gru4rec_test.tsv.gz").exists()  # (no test part asked for: no empty file)
+
+
+def test_states_migrate_walks_a_page_again_after_a_stall_and_says_where_to_resume(
+        tmp_path, redis_process, serve, monkeypatch, capsys):
+    """Redis paused past the client's timeout under `nextstep states migrate`: the page is walked again once it
+    answers; paused for good, the command stops with one line naming the --cursor to resume from."""
+    import threading
+
+    from nextstep import cli
+
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    learners = learner_events(4, 5)
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_process.url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        send(http, learners)
+    add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
+    monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_process.url)
+    monkeypatch.setenv("NEXTSTEP_ARTIFACTS_DIR", str(tmp_path))
+    monkeypatch.setenv("NEXTSTEP_REDIS_RETRIES", "0")  # (a read fails after the 0.5 s timeout, not twice that)
+    monkeypatch.setattr(cli, "MIGRATE_TRIES", 2)  # (one retry, after 1 s)
+    resumed = threading.Timer(1.0, redis_process.resume)  # (past the client's 0.5 s timeout)
+
+    def stall(page: dict) -> None:  # (the progress line's hook: pause Redis once, after the first page)
+        if not resumed.is_alive() and not resumed.finished.is_set():
+            redis_process.pause()
+            resumed.start()
+
+    monkeypatch.setattr(cli, "_migrate_progress", stall)
+    assert cli.main(["states", "migrate", "--model", "deep_gpcm", "--to", "2", "--page", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["entities"] == 4 and "the page again in 1 s" in err
+
+    monkeypatch.setattr(cli, "_migrate_progress", lambda page: redis_process.pause())
+    try:
+        with pytest.raises(SystemExit, match=r"resume with --cursor \d+"):
+            cli.main(["states", "migrate", "--model", "deep_gpcm", "--to", "2", "--page", "1", "--quiet"])
+    finally:
+        redis_process.resume()
+
+
+def test_a_failed_events_export_leaves_nothing_and_a_small_traffic_still_splits(tmp_path, redis_process, serve):
+    """An export that fails (Redis paused after its first page, or down from the start) leaves no file in its
+    folder, and a rerun into it succeeds; five learners that all hash to train give a test file of one learner (the
+    nearest the split), and a single learner a train file alone."""
+    import asyncio
+
+    from nextstep.service.errors import StoreUnavailable
+    from nextstep.service.event_export import export_events, in_test
+    from nextstep.service.stores import make_store
+    from nextstep.training.kt.data import read_long_csv
+
+    add_version(tmp_path, "deep_gpcm", "1", 2026)
+    names = [n for n in (f"l{i}" for i in range(100)) if not in_test(n, 0.2)][:5]
+    learners = {name: events for name, events in zip(names, learner_events(5, 4).values(), strict=True)}
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_process.url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        send(http, learners)
+
+    def export(out: Path, progress=None, **kwargs) -> dict:
+        async def run():
+            store = make_store(redis_process.url, ttl_seconds=None)
+            try:
+                return await export_events(store, "knowledge_tracing", "deep_gpcm", out, n_cats=4, page=1,
+                                           progress=progress, **kwargs)
+            finally:
+                await store.close()
+        return asyncio.run(run())
+
+    out = tmp_path / "traffic"
+    with pytest.raises(StoreUnavailable):
+        export(out, progress=lambda counts: redis_process.pause())
+    redis_process.resume()
+    assert not out.exists() or not list(out.iterdir())
+    assert not list(tmp_path.glob(".traffic*"))  # (nor a hidden folder of part-written files)
+
+    report = export(out)  # (the rerun: into the same folder)
+    assert report["entities"] == {"train": 4, "test": 1} and "nearest the split" in report["note"]
+    train, test = (read_long_csv(out / f"deep_gpcm_{part}.csv.gz") for part in ("train", "test"))
+    assert len(train.sequences) == 4 and len(test.sequences) == 1
+    assert {s.student_id for s in train.sequences + test.sequences} == set(names)
+
+    redis_process.flush()
+    with serve(Settings(artifacts_dir=tmp_path, redis_url=redis_process.url)) as url, \
+            httpx.Client(base_url=url, timeout=30) as http:
+        send(http, {names[0]: learners[names[0]]})
+    alone = export(tmp_path / "alone")
+    assert alone["entities"] == {"train": 1} and "no test file" in alone["note"]
+    assert sorted(p.name for p in (tmp_path / "alone").iterdir()) == ["deep_gpcm_train.csv.gz", "metadata.json"]
+
+    redis_process.stop()
+    with pytest.raises(StoreUnavailable):
+        export(tmp_path / "down")
+    assert not (tmp_path / "down").exists()

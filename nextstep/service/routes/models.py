@@ -20,6 +20,16 @@ from .common import IdText, JsonRoute, Strict, answer
 router = APIRouter(route_class=JsonRoute)
 
 
+def unpinned(model: str) -> str:
+    """A model's name from a route's path that acts on the model as a whole (its rollout, its quality): a pin
+    (`name@version`, or the X-Model-Version header, which the middleware turns into one) is refused, not ignored."""
+    name, at, version = model.partition("@")
+    if at:
+        raise InvalidInput("model", f"this route acts on model {name!r} as a whole, not on one version: name it "
+                                    f"without a pin ({name!r}, not {model!r}; no X-Model-Version header)")
+    return name
+
+
 class MigrateRequest(Strict):
     version: Annotated[IdText, Field(description="the version to bring up to date (default: the latest)")] = "latest"
     cursor: Annotated[IdText, Field(description="\"0\" to start; then the cursor of the previous answer")] = "0"
@@ -84,7 +94,10 @@ async def model_ids(request: Request, model: Annotated[str, PathParam(
                         "click after a session's first, ranked in the list the state before it recommends (every "
                         "item a candidate): `mrr` and `hit_rate` at 1, 5, 10 and 20. Flashcards: each scored review's "
                         "P(recall) from the user's reviews before it, as for knowledge tracing. Over the last "
-                        "`window` seconds, every replica's scores added.",
+                        "`window` seconds, every replica's scores added. Each version's `role` is what it is now "
+                        "(`serving`; a candidate's `canary` or `shadow`; `inactive`: loaded, serving no one), and "
+                        "its figures are those it earned in that role (an inactive version's: all it earned in the "
+                        "window).",
             responses=answer({"model": "deep_gpcm", "task": "knowledge_tracing", "window_seconds": 3600, "versions": [
                 {"version": "2", "role": "serving", "scored": 1200, "log_loss": 0.512, "brier": 0.331,
                  "auc": 0.781, "calibration": [{"from": 0.0, "to": 0.1, "count": 40, "predicted": 0.06,
@@ -96,17 +109,17 @@ async def quality(request: Request, model: Annotated[str, PathParam(description=
                                                "(minute buckets up to 6 hours, hour buckets past it)")] = 3600
                   ) -> dict:
     registry = request.app.state.registry
-    latest = registry.get(model)
+    latest = registry.get(unpinned(model))
     rollout = request.app.state.rollouts.current.get(latest.name)
-    versions = [(m.version, rollout.mode if rollout and rollout.candidate == m.version and rollout.mode
-                 else "serving") for m in registry.models() if m.name == latest.name]
+    versions = [(m.version, "serving" if m is latest else rollout.mode if rollout and rollout.candidate == m.version
+                 and rollout.mode else "inactive") for m in registry.models() if m.name == latest.name]
     return {"model": latest.name, "task": latest.task, "window_seconds": window,
             "versions": await request.app.state.quality.report(latest.name, versions, window, latest.task)}
 
 
 def rollout_answer(request: Request, name: str) -> dict:
     registry = request.app.state.registry
-    latest = registry.get(name)
+    latest = registry.get(unpinned(name))
     rollout = request.app.state.rollouts.current.get(latest.name)
     return {"model": latest.name, "serving": latest.version, "new_versions": request.app.state.settings.new_versions,
             "candidate": rollout.candidate if rollout else None, "mode": rollout.mode if rollout else None,
@@ -139,7 +152,7 @@ async def get_rollout(request: Request, model: Annotated[str, PathParam(descript
 async def put_rollout(request: Request, model: Annotated[str, PathParam(description="model name")],
                       body: RolloutRequest) -> dict:
     registry, rollouts = request.app.state.registry, request.app.state.rollouts
-    latest = registry.get(model)
+    latest = registry.get(unpinned(model))
     if request.app.state.settings.new_versions != "manual":
         raise InvalidInput("model", "rollouts need NEXTSTEP_NEW_VERSIONS=manual: with auto, a new version "
                                     "serves everyone at the reload that loads it")
@@ -161,10 +174,17 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
 
 
 async def promote_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
-    latest = request.app.state.registry.get(model)
+    registry = request.app.state.registry
+    latest = registry.get(unpinned(model))
     rollout = request.app.state.rollouts.current.get(latest.name)
     if rollout is None or rollout.candidate is None:
         raise InvalidInput("model", f"model {latest.name} has no candidate to promote (PUT a rollout first)")
+    try:  # (a candidate whose directory was withdrawn since: promoting it would serve what is not loaded)
+        registry.get(latest.name, rollout.candidate)
+    except UnknownModel:
+        raise InvalidInput("candidate", f"version {rollout.candidate} of {latest.name} is not loaded (its "
+                                        "directory was withdrawn, or refused at the last reload): put it back and "
+                                        "reload, or abort the rollout (DELETE)") from None
     await request.app.state.rollouts.put(latest.name, Rollout(rollout.candidate))
     return rollout_answer(request, latest.name)
 
@@ -175,7 +195,7 @@ async def promote_rollout(request: Request, model: Annotated[str, PathParam(desc
 
 
 async def abort_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
-    latest = request.app.state.registry.get(model)
+    latest = request.app.state.registry.get(unpinned(model))
     rollout = request.app.state.rollouts.current.get(latest.name)
     if rollout is not None and rollout.candidate is not None:
         await request.app.state.rollouts.put(latest.name, Rollout(rollout.serving))
@@ -198,7 +218,10 @@ async def abort_rollout(request: Request, model: Annotated[str, PathParam(descri
 
 async def migrate(request: Request, model: Annotated[str, PathParam(description="model name")],
                   body: MigrateRequest) -> dict:
-    m = request.app.state.registry.get(model, body.version)
+    name, at, pin = model.partition("@")  # (a pin in the path, or the X-Model-Version header, names the version)
+    if at and body.version not in ("latest", pin):
+        raise InvalidInput("version", f"{body.version!r} contradicts the path's pin {model!r}")
+    m = request.app.state.registry.get(name, pin if at else body.version)
     task = stateful_task(request.app, m.task)
     if task is None:
         raise InvalidInput("model", f"model {m.name} is a {m.task} model: {plugin(m.task).no_migrate}")

@@ -59,6 +59,9 @@ async def readyz(request: Request):  # (open: clients that are not admins see no
         state.store_faults.warning("not ready: state store unavailable: %s", exc)
         return problem(503, f"state store unavailable: {store_fault(exc, details)}")
     refused = [r.as_dict(details) for r in registry.report.refused]
+    if state.settings.new_versions == "manual" and not state.rollouts.read:
+        return problem(503, "the versions serving are not read from the state store yet (NEXTSTEP_NEW_VERSIONS="
+                            "manual): this replica would not know which version to serve", refused=refused)
     if not models:
         where = state.settings.artifacts_dir if details else "the artifacts directory (NEXTSTEP_ARTIFACTS_DIR)"
         return problem(503, f"no model loaded from {where}", refused=refused)
