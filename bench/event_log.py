@@ -1,7 +1,7 @@
 """The event log's costs: Redis bytes per learner, and the rebuild of a new version's state from the log.
 
 Starts a real redis-server (the machinery of bench/service_load.py) and drives the knowledge-tracing task in this
-process (nextstep.service.kt.KnowledgeTracer over a RedisStore and ONNX Runtime with one thread: the service's
+process (nextstep.service.kt.service.KnowledgeTracer over a RedisStore and ONNX Runtime with one thread: the service's
 path without HTTP), serving the bundled deep_gpcm demo artifact (or --artifact, named by its family; SimAKT with
 its default memory banks) as version 1 and a copy as version 2:
 
@@ -61,8 +61,8 @@ def artifacts(root: Path, artifact: Path, name: str) -> Path:
 async def measure(args, work: Path, redis_port: int) -> dict:
     import redis
 
-    from nextstep.service.banks import Banks, InProcessBankStore
-    from nextstep.service.kt import Event, KnowledgeTracer
+    from nextstep.service.kt.banks import Banks, InProcessBankStore
+    from nextstep.service.kt.service import Event, KnowledgeTracer
     from nextstep.service.redis_store import RedisStore
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.runtime import Engines

@@ -1,7 +1,7 @@
 """What live quality costs an event (issue 35, part 1), in process, without HTTP or Redis noise:
 
 1. ONNX Runtime alone, on the bundled deep_gpcm demo artifact: the `predict`, `step_predict` and the service's
-   scored `step_predict` graph (nextstep/service/scored.py: `predict` asked for the event's own question, then
+   scored `step_predict` graph (nextstep/service/kt/scored.py: `predict` asked for the event's own question, then
    `step_predict`, as one graph): what one call saves against two.
 2. `KnowledgeTracer.absorb` of one event with one prediction asked (what bench/service_load.py sends), interleaved
    rounds over the in-process store, median per event: live quality off; on (the service's way: the scored graph
@@ -48,7 +48,7 @@ def graphs(repeats: int) -> dict:
 
 
 async def absorb(rounds: int, events: int) -> dict:
-    from nextstep.service.kt import Event, KnowledgeTracer
+    from nextstep.service.kt.service import Event, KnowledgeTracer
     from nextstep.service.memory_store import InProcessStore
     from nextstep.service.metrics import Metrics
     from nextstep.service.quality import Quality

@@ -35,7 +35,7 @@ def run(args, work: Path, procs) -> int:
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.rollouts import Rollout, Rollouts
     from nextstep.service.runtime import Engines
-    from nextstep.service.srs import Review, SpacedRepetition
+    from nextstep.service.srs.service import Review, SpacedRepetition
 
     machine = machine_info()
     print(f"machine: {machine['cpu']}, load average {machine['load_avg_at_start']} at start", file=sys.stderr)

@@ -380,8 +380,8 @@ def cmd_srs_refit(args) -> int:
 
     settings = _service_settings(args, "srs refit")
     from .service.registry import ModelRegistry
-    from .service.srs import SpacedRepetition
-    from .service.srs_refit import refit_all
+    from .service.srs.refit import refit_all
+    from .service.srs.service import SpacedRepetition
     from .service.stores import make_store
 
     async def run() -> list[dict]:

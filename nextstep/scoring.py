@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .service.errors import InvalidInput
-from .service.kt import Event, KnowledgeTracer, irt
+from .service.kt.service import Event, KnowledgeTracer, irt
 from .service.memory_store import InProcessStore
 from .service.registry import LoadedModel, ModelRegistry, load_artifact
 from .service.runtime import Engines

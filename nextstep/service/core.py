@@ -99,13 +99,13 @@ class StatefulTask:
         self.writers = Writers(cas_retries, on_retry)
 
     def model(self, name: str, entity: str | None = None) -> LoadedModel:
-        """The version that answers `name` (a pinned `name@version` as named); for an entity, the candidate of a
-        canary rollout when the entity falls in its fraction."""
+        """The version that answers `name` (a pinned `name@version` as named); for an entity, the one its model's
+        rollout names: the candidate of a canary when the entity falls in its fraction, else the serving version."""
         model = self.registry.get(name, task=self.TASK)
         if entity is not None and self.rollouts is not None and "@" not in name:
             candidate = self.rollouts.version_for(model.name, entity)
             if candidate is not None and candidate != model.version:
-                with contextlib.suppress(UnknownModel):  # (a candidate withdrawn meanwhile: the serving version)
+                with contextlib.suppress(UnknownModel):  # (a version withdrawn meanwhile: the registry's latest)
                     return self.registry.get(model.name, candidate, task=self.TASK)
         return model
 

@@ -12,9 +12,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from .banks import Banks, make_bank_store
 from .errors import StoreUnavailable
 from .fleet import FleetReloads
+from .kt.banks import Banks, make_bank_store
 from .metrics import Metrics
 from .quality import Quality
 from .redis_clients import connect

@@ -46,7 +46,7 @@ import onnxruntime as ort
 
 from .errors import UnknownId, UnknownModel
 from .fold import FOLD, FoldUnavailable, build_fold
-from .scored import SCORED, ScoredUnavailable, build_scored
+from .kt.scored import SCORED, ScoredUnavailable, build_scored
 
 log = logging.getLogger(__name__)
 

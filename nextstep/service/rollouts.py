@@ -15,11 +15,11 @@ A rollout is kept per model in one Redis hash shared by the fleet, one field per
 * `promote` makes the candidate the serving version for everyone; `abort` drops the candidate.
 
 Every replica reads the hash every `refresh_seconds` (NEXTSTEP_RELOAD_REFRESH_SECONDS) in a background task. A
-change takes effect on every replica at one moment, `effective` (its `updated` time plus `refresh_seconds` and
-`SLACK`, by then every replica has read it): until then each keeps the rollout it had, so no entity sees the two
-versions alternate while the fleet learns of it (to within the replicas' clock skew), and the route that made the
-change answers once it is in effect (docs/decisions.md, "A rollout takes effect at one moment"). A replica that
-starts, or that missed the change through a Redis outage, applies what it reads at once.
+change takes effect on every replica at one moment, `effective` (its `updated` time plus two `refresh_seconds`: by
+then every replica has read it, even one whose reads run late): until then each keeps the rollout it had, so no
+entity sees the two versions alternate while the fleet learns of it (to within the replicas' clock skew), and the
+route that made the change answers once it is in effect (docs/decisions.md, "A rollout takes effect at one
+moment"). A replica that starts, or that missed the change through a Redis outage, applies what it reads at once.
 
 With NEXTSTEP_NEW_VERSIONS=manual the choice of the serving version must outlive every process: `adopt` stores the
 version each model serves when no rollout names one yet (HSETNX: the first replica's choice is everyone's), at
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without on
 
 log = logging.getLogger(__name__)
 MODES = ("canary", "shadow")
-SLACK = 0.5  # seconds past one refresh interval before a change takes effect: a read in flight, a slow replica
+READS = 2  # refresh intervals from a change to its effect: one for every replica's next read, one for a late read
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,15 @@ class Rollouts:
         self.client, self.refresh, self.clock = client, refresh_seconds, clock
         self.key = f"{key_prefix}:{{rollouts}}"
         self.current: dict[str, Rollout] = {}  # this process's view: model -> rollout
+        self.pending: dict[str, Rollout] = {}  # changes read but not in effect yet: model -> rollout
         self.read = client is None  # whether this process applied the fleet's rollouts once (/readyz waits for it)
         self._apply: Callable[[dict[str, Rollout]], Awaitable[None]] | None = None
         self._task: asyncio.Task | None = None
 
     @property
     def delay(self) -> float:
-        """Seconds from a change to its effect: one refresh interval and the slack (0 without Redis: one process)."""
-        return self.refresh + SLACK if self.client is not None else 0.0
+        """Seconds from a change to its effect: READS refresh intervals (0 without Redis: one process)."""
+        return READS * self.refresh if self.client is not None else 0.0
 
     async def _read(self) -> dict[str, Rollout]:
         if self.client is None:
@@ -104,11 +105,11 @@ class Rollouts:
 
     def _due(self, read: dict[str, Rollout], now: float) -> tuple[dict[str, Rollout], float | None]:
         """(what to apply now: each model's rollout as read, except a change not yet effective, for which the one
-        applied stays; the earliest time a pending change takes effect, or None)."""
-        out, pending = {}, None
+        applied stays; the changes not yet effective)."""
+        out, pending = {}, {}
         for model, rollout in read.items():
             if rollout.effective is not None and rollout.effective > now and self.read:
-                pending = min(pending or rollout.effective, rollout.effective)
+                pending[model] = rollout
                 if model in self.current:
                     out[model] = self.current[model]
                 continue
@@ -133,10 +134,11 @@ class Rollouts:
     async def check(self) -> float | None:
         """One check: read the rollouts and apply those in effect. When the next pending change takes effect."""
         rollouts, pending = self._due(await self._read(), self.clock())
+        self.pending = pending
         if rollouts != self.current or not self.read:
             await self._use(rollouts)
         self.read = True
-        return pending
+        return min((r.effective for r in pending.values()), default=None)
 
     async def _follow(self) -> None:
         wait = self.refresh
@@ -166,7 +168,9 @@ class Rollouts:
                 else ("HDEL", self.key, model)
             await self.client.execute("rollouts", (command,), idempotent=False, write=True)
             if rollout is not None:
+                self.pending[model] = rollout
                 await asyncio.sleep(max(rollout.effective - self.clock(), 0.0))
+                self.pending.pop(model, None)
         rollouts = {**self.current, model: rollout} if rollout is not None else \
             {k: v for k, v in self.current.items() if k != model}
         await self._use(rollouts)
@@ -186,8 +190,15 @@ class Rollouts:
         await self._use({**self._due(read, self.clock())[0], **{m: read[m] for m in missing if m in read}})
 
     def version_for(self, model: str, entity: str) -> str | None:
-        rollout = self.current.get(model)
-        return rollout.version_for(model, entity) if rollout is not None else None
+        """The version that answers an entity: a canary's candidate in its fraction, else the serving version; None
+        without a rollout. A change in effect by the clock counts already, before this process's follow loop (or the
+        route that made it) wakes to apply it: every replica switches at the same moment, however busy."""
+        rollout = self.pending.get(model)  # (empty but for the seconds before a change takes effect)
+        if rollout is None or self.clock() < rollout.effective:
+            rollout = self.current.get(model)
+            if rollout is None:
+                return None
+        return rollout.version_for(model, entity) or rollout.serving
 
     async def close(self) -> None:
         if self._task is not None:

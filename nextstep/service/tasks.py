@@ -1,9 +1,10 @@
 """The task plug-ins: what the app needs of each task, in one record (`TaskPlugin`), collected by `plugins()`.
 
-Each routes module `routes/<name>.py` of service/__init__.py's TASK_MODULES ends with its `TASK`: the task's spec
-(the artifacts it serves), its service class (whose PREFIX starts its entities' state keys), its router, its state
-store's settings (TTL, log bounds) and how its service is built from the settings. create_app includes the routers,
-and lifespan.py makes each task's store and service from it; nothing else in the app names a task.
+Each task package's routes module, `<name>/routes.py` (service/__init__.py's TASK_MODULES), ends with its `TASK`:
+the task's spec (the artifacts it serves), its service class (whose PREFIX starts its entities' state keys), its
+router, its state store's settings (TTL, log bounds) and how its service is built from the settings. create_app
+includes the routers, and lifespan.py makes each task's store and service from it; nothing else in the app names a
+task.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fastapi import APIRouter, FastAPI
 
-    from .banks import Banks
     from .core import StatefulTask
+    from .kt.banks import Banks
     from .metrics import Metrics
     from .quality import Quality
     from .registry import LoadedModel, ModelRegistry, TaskSpec
@@ -67,7 +68,7 @@ def plugins() -> tuple[TaskPlugin, ...]:
     """Every task's plug-in, in TASK_MODULES's order (imported on first use: the routes modules import this one)."""
     from . import TASK_MODULES
 
-    return tuple(importlib.import_module(f"{__package__}.routes.{name}").TASK for name in TASK_MODULES)
+    return tuple(importlib.import_module(f"{__package__}.{name}.routes").TASK for name in TASK_MODULES)
 
 
 def plugin(task: str) -> TaskPlugin | None:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nextstep.service.banks import RedisBankStore
+from nextstep.service.kt.banks import RedisBankStore
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.settings import Settings
 from nextstep.service.state import StateStore

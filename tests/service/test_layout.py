@@ -21,7 +21,8 @@ def test_offline_scoring_imports_no_redis_client() -> None:
     module) loads no Redis client, ours or redis-py."""
     assert _imported("import nextstep.scoring, nextstep.service.memory_store, nextstep.service") == []
     routes = subprocess.run([sys.executable, "-c", "import sys, nextstep.scoring; "
-                             "print(sorted(m for m in sys.modules if m.startswith('nextstep.service.routes')))"],
+                             "print(sorted(m for m in sys.modules if m.startswith('nextstep.service.routes') "
+                             "or m.endswith('.routes')))"],
                             capture_output=True, text=True, cwd=ROOT, check=True)
     assert routes.stdout.strip() == "[]"  # (the task modules, not their routes)
     assert _imported("from nextstep.service.stores import make_store; make_store(None, ttl_seconds=None)") == []
@@ -30,8 +31,9 @@ def test_offline_scoring_imports_no_redis_client() -> None:
 
 
 def test_each_task_is_one_plugin_and_the_app_serves_every_one(tmp_path: Path) -> None:
-    """A task is its service module and its routes module (service/__init__.py's TASK_MODULES): its TaskSpec is
-    registered, its routes are the app's, X-Model-Version pins its paths, its service lives on app.state."""
+    """A task is a package (service/__init__.py's TASK_MODULES) with its service module and its routes module: its
+    TaskSpec is registered, its routes are the app's, X-Model-Version pins its paths, its service lives on
+    app.state."""
     from fastapi.testclient import TestClient
 
     from nextstep.service import TASK_MODULES
@@ -40,7 +42,7 @@ def test_each_task_is_one_plugin_and_the_app_serves_every_one(tmp_path: Path) ->
     from nextstep.service.settings import Settings
     from nextstep.service.tasks import plugins, stateful_task
 
-    assert [p.service.__module__ for p in plugins()] == [f"nextstep.service.{name}" for name in TASK_MODULES]
+    assert [p.service.__module__ for p in plugins()] == [f"nextstep.service.{name}.service" for name in TASK_MODULES]
     assert [p.spec.name for p in plugins()] == list(TASKS) == [p.service.TASK for p in plugins()]
     app = create_app(Settings(artifacts_dir=tmp_path))
     served = {(r.path, frozenset(r.methods)) for r in app.routes if hasattr(r, "methods")}

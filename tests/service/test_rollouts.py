@@ -19,7 +19,7 @@ from nextstep.service.registry import ModelRegistry
 from nextstep.service.rollouts import Rollout, Rollouts, in_fraction
 from nextstep.service.runtime import Engines
 from nextstep.service.settings import Settings
-from nextstep.service.srs import Review, SpacedRepetition, schema_hash
+from nextstep.service.srs.service import Review, SpacedRepetition, schema_hash
 from tests.service.test_srs_upgrades import CARD_SIZE, DAY, answers, close, reviews_of, same_record, summary
 from tests.service.test_srs_upgrades import add_version as srs_version
 from tests.service.test_upgrades import DEMO, add_version, learner_events
@@ -114,7 +114,7 @@ def test_a_shadow_follows_every_learner_without_answering_and_is_scored_on_the_s
     add_version(tmp_path, "deep_gpcm", "1", 2026)
     add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
     history = learner_events(8, 6, seed=3)
-    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         assert http.get("/v1/models/deep_gpcm/rollout").json()["serving"] == "2"  # (both new at start: the newest)
         assert http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "mode": "shadow",
@@ -149,7 +149,7 @@ def test_sessions_take_a_shadow_then_a_canary(tmp_path, redis_url, serve):
     add_version(tmp_path, "gru4rec", "2", 2027, nudge=0.3)
     items = [str(i) for i in json.loads((DEMO / "gru4rec" / "demo" / "vocab_items.json").read_text())["ids"][:12]]
     sessions = {f"s{i}": [{"item_id": items[(3 * i + t) % 12]} for t in range(4)] for i in range(10)}
-    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         assert http.put("/v1/models/gru4rec/rollout", json={"candidate": "1", "mode": "shadow", "fraction": 1.0}) \
             .status_code == 200
@@ -178,7 +178,7 @@ def test_flashcard_users_take_a_canary(tmp_path, redis_url, serve):
     add_version(tmp_path, "time_aware", "1", 2026)
     add_version(tmp_path, "time_aware", "2", 2027)
     users = [f"user-{i}" for i in range(12)]
-    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         assert http.get("/v1/models/time_aware/rollout").json()["serving"] == "2"
         assert http.put("/v1/models/time_aware/rollout", json={"candidate": "1", "fraction": 0.5}).status_code == 200
@@ -265,7 +265,7 @@ def test_a_flashcard_shadow_scores_the_same_reviews_as_the_serving_version(tmp_p
     them, each P the one version 2, pinned, predicted just before the review was recorded (1e-6)."""
     add_flashcards(tmp_path, "1", 2026)
     users = {f"user-{u}": reviews_of(40 + u, 16, 5, tag=str(u)) for u in range(3)}
-    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         add_flashcards(tmp_path, "2", 2027, nudge=0.5)
         assert http.post("/v1/models/reload").status_code == 200
@@ -299,7 +299,7 @@ def test_a_flashcard_shadow_covers_its_fraction_and_stops_at_an_abort(tmp_path, 
     users = {f"user-{u}": reviews_of(60 + u, 12, 4, tag=str(u)) for u in range(12)}
     chosen = {u for u in users if in_fraction("time_aware", u, 0.5)}
     assert 0 < len(chosen) < len(users)
-    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         assert http.put("/v1/models/time_aware/rollout", json={"candidate": "1", "mode": "shadow",
                                                               "fraction": 0.5}).status_code == 200
@@ -361,7 +361,7 @@ def test_a_flashcard_shadow_of_another_layout_keeps_its_own_state_and_serves_it_
     before = {"early": 20, "new": 0}  # reviews recorded before the shadow starts
     chunk = {"early": 1, "new": 4}  # reviews a request
     shadow = {"candidate": "2", "mode": "shadow", "fraction": 1.0}
-    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
 
         followed = [0]  # shadow turns done so far
@@ -433,7 +433,7 @@ def test_an_aborted_flashcard_shadow_leaves_its_states_and_a_migration_brings_th
     srs_version(tmp_path, "2", 2025, 16)  # (older: version 1 serves)
     layout = schema_hash("time_aware", 16, CARD_SIZE)
     reviews = reviews_of(90, 30, 6, tag="a")
-    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual")
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         assert http.put("/v1/models/time_aware/rollout", json={"candidate": "2", "mode": "shadow",
                                                               "fraction": 1.0}).status_code == 200
@@ -568,7 +568,7 @@ def test_a_rollout_takes_effect_on_every_replica_at_one_moment(tmp_path, redis_u
     add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
     canary = [e for e in LEARNERS if in_fraction("deep_gpcm", e, 0.5)][:6]
     settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual",
-                        reload_refresh_seconds=0.5)
+                        reload_refresh_seconds=1.0)
     with serve(settings) as a_url, serve(settings) as b_url, httpx.Client(base_url=a_url, timeout=30) as a, \
             httpx.Client(base_url=b_url, timeout=30) as b:
         assert b.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "fraction": 0.0}).status_code == 200

@@ -3,9 +3,11 @@
 import httpx
 import pytest
 
-from nextstep.service.routes import kt, sessions, srs
+from nextstep.service.kt import routes as kt
 from nextstep.service.routes.common import JsonRoute
+from nextstep.service.sessions import routes as sessions
 from nextstep.service.settings import Settings
+from nextstep.service.srs import routes as srs
 
 STATEFUL = {("POST", p) for p in ("/v1/kt/{model}/events", "/v1/kt/{model}/predict", "/v1/kt/{model}/next-item",
                                   "/v1/sessions/{model}/events", "/v1/sessions/{model}/recommend",

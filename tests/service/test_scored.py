@@ -1,4 +1,4 @@
-"""The scored step graphs (nextstep/service/scored.py): the predict graph asked for the event's question and the step
+"""The scored step graphs (nextstep/service/kt/scored.py): the predict graph asked for the event's question and the step
 (or step_predict) graph in one ONNX Runtime call, for live quality."""
 
 import logging
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import nextstep
+from nextstep.service.kt.scored import SCORED, ScoredUnavailable, scored_model
 from nextstep.service.registry import LoadedModel, ModelRegistry, load_artifact
-from nextstep.service.scored import SCORED, ScoredUnavailable, scored_model
 
 DEMO = Path(nextstep.__file__).parent / "demo_artifacts"
 

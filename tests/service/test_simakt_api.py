@@ -464,10 +464,10 @@ def test_the_fold_graph_reads_the_banks_from_outside_its_loop_and_equals_steppin
 
 
 def test_the_scored_graphs_read_the_banks_and_answer_what_predict_then_step_answer(simakt):
-    """SimAKT's scored step graphs (nextstep/service/scored.py): the banks are inputs the predict and the step parts
+    """SimAKT's scored step graphs (nextstep/service/kt/scored.py): the banks are inputs the predict and the step parts
     both read; from a state past the window, with a float16 and a float32 cache, two learners (one at the unknown
     row), the outputs equal predict-then-step run apart with the same bank (1e-5)."""
-    from nextstep.service.scored import SCORED
+    from nextstep.service.kt.scored import SCORED
 
     registry = ModelRegistry(simakt["artifacts"], scored_graphs=True)
     assert registry.load() == {}

@@ -18,12 +18,13 @@ import pytest
 
 from nextstep import demo
 from nextstep.cli import main
-from nextstep.service import srs as service
 from nextstep.service.app import create_app
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import ModelRegistry, load_artifact
 from nextstep.service.settings import Settings
-from nextstep.service.srs import (
+from nextstep.service.srs import service
+from nextstep.service.srs.refit import FitProcess, RefitWorker, fit_stored, stored_rows
+from nextstep.service.srs.service import (
     HEADER,
     HEADER_TAG,
     HEADER_V3,
@@ -34,7 +35,6 @@ from nextstep.service.srs import (
     id_hash,
     window,
 )
-from nextstep.service.srs_refit import FitProcess, RefitWorker, fit_stored, stored_rows
 from nextstep.training.srs.eval import fit_fsrs6
 from nextstep.training.srs.reviews import ReviewLog, simulate_reviews
 

@@ -824,7 +824,7 @@ def test_redis_read_only_replica_refuses_writes_whole_and_still_reads(
     """A replica (what a failover can leave NEXTSTEP_REDIS_URL pointing at) answers reads and refuses every write
     with READONLY: StoreUnavailable naming it, and nothing written (the state, its replay window and the banks are
     as the primary wrote them)."""
-    from nextstep.service.banks import RedisBankStore
+    from nextstep.service.kt.banks import RedisBankStore
 
     async def body() -> None:
         primary = RedisStore(_as(redis_process.url, client), ttl_seconds=None)
@@ -999,7 +999,7 @@ def test_redis_timed_out_write_is_applied_whole_or_not_at_all(redis_process: Any
 
 def test_redis_banks_out_of_memory_publish_nothing(redis_process: Any, client: str) -> None:
     """A bank version refused for memory is not half-published: neither its arrays nor its listing."""
-    from nextstep.service.banks import RedisBankStore
+    from nextstep.service.kt.banks import RedisBankStore
 
     async def body() -> None:
         banks = RedisBankStore(_as(redis_process.url, client))

@@ -1,7 +1,7 @@
-"""FSRS-6 fitted on one flashcard user's stored reviews: what the service's refit runs (service/srs_refit.py).
+"""FSRS-6 fitted on one flashcard user's stored reviews: what the service's refit runs (service/srs/refit.py).
 
 It lives outside the service package so that the process the service fits in (fsrs-rs holds the GIL for the whole
-fit: service/srs_refit.py) imports numpy, fsrs-rs and the evaluation protocol only, not the service.
+fit: service/srs/refit.py) imports numpy, fsrs-rs and the evaluation protocol only, not the service.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _exactly(stream, n: int) -> bytes:
 
 
 def serve_fits() -> None:
-    """The service's fitting process (service/srs_refit.py's FitProcess): a request on stdin (8 bytes, its length
+    """The service's fitting process (service/srs/refit.py's FitProcess): a request on stdin (8 bytes, its length
     little-endian, then the pickle of fit_held's arguments), its answer on stdout (the same framing: the pickle of
     (True, fit_held's result) or (False, what went wrong)), until stdin closes. Whatever else writes to stdout
     (a library's print) goes to stderr: stdout is the answers' alone."""

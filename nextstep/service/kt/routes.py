@@ -1,13 +1,11 @@
-"""HTTP routes for knowledge tracing: thin wrappers over nextstep.service.kt.KnowledgeTracer."""
+"""HTTP routes for knowledge tracing: thin wrappers over nextstep.service.kt.service.KnowledgeTracer."""
 
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
-from ..kt import SPEC, Event, KnowledgeTracer
-from ..tasks import Shared, TaskPlugin
-from .common import (
+from ..routes.common import (
     MAX_ID,
     EventId,
     ExternalId,
@@ -20,6 +18,8 @@ from .common import (
     path_id,
     too_many,
 )
+from ..tasks import Shared, TaskPlugin
+from .service import SPEC, Event, KnowledgeTracer
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
 

@@ -1,11 +1,13 @@
-"""HTTP routes for spaced repetition: thin wrappers over nextstep.service.srs.SpacedRepetition."""
+"""HTTP routes for spaced repetition: thin wrappers over nextstep.service.srs.service.SpacedRepetition."""
 
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
-from ..srs import (
+from ..routes.common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
+from ..tasks import Shared, TaskPlugin
+from .service import (
     MS_LOOKING,
     SIMULATE_MAX_DAYS,
     SIMULATE_MAX_RETENTIONS,
@@ -14,8 +16,6 @@ from ..srs import (
     Review,
     SpacedRepetition,
 )
-from ..tasks import Shared, TaskPlugin
-from .common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
 
 router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
 

@@ -137,16 +137,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..card_memory import AVAILABLE as CARD_MEMORY
-from ..card_memory import UNSEEN, card_memory
-from ..review_window import drift_sums, evidence_sums, select
-from .core import Change, StatefulTask, operation
-from .errors import InvalidInput, TooLarge, UnknownModel
-from .quality import Quality
-from .registry import ONNX_DTYPES, LoadedModel, TaskFields, TaskSpec, register_task
-from .srs_simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, ModelCurve, shares
-from .srs_simulate import simulate as run_simulation
-from .state import StoredState
+from ...card_memory import AVAILABLE as CARD_MEMORY
+from ...card_memory import UNSEEN, card_memory
+from ...review_window import drift_sums, evidence_sums, select
+from ..core import Change, StatefulTask, operation
+from ..errors import InvalidInput, TooLarge, UnknownModel
+from ..quality import Quality
+from ..registry import ONNX_DTYPES, LoadedModel, TaskFields, TaskSpec, register_task
+from ..state import StoredState
+from .simulate import DEFAULT_FIRST, DEFAULT_RECALLED, FSRS6, MIN_PATHS, ModelCurve, shares
+from .simulate import simulate as run_simulation
 
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1"), ("error", "<f4")])  # packed: 42 bytes
@@ -396,7 +396,7 @@ def _merged(own: StoredState, recent: np.ndarray, fields: Mapping[str, bytes]
     """The reviews a lagging state holds (`own`, its whole record) and those another layout holds (its recent block
     and fields), together as a recent block and fields for `carried`, if they are one history: the state's last
     review is among the others. None if not."""
-    from .srs_refit import stored_rows
+    from .refit import stored_rows
 
     lagging = _decode(StoredState(own.version, own.events, own.updated, own.blob))
     if not len(lagging.recent) or not _holds(stored_rows(recent, fields), lagging.recent[-1]):
@@ -527,7 +527,7 @@ def carried(recent: np.ndarray, fields: Mapping[str, bytes], window: tuple[int, 
     reviews held of its last `card_size`; how many distinct reviews were held). A card's reviews are those of its
     field and those of the recent block with its id's hash. Where the new windows are no larger than the old,
     every review they keep was held, and the result is what the new layout would have stored."""
-    from .srs_refit import stored_rows
+    from .refit import stored_rows
 
     rows = stored_rows(recent, fields)  # every review held, once, in sequence order
     size, card_size = window
@@ -1317,7 +1317,7 @@ class SpacedRepetition(StatefulTask):
         held.update({card: rows.tobytes() for card, rows in b.cards.items()})
         recent, emptied, took = b.recent, {}, None
         if target.exists:
-            from .srs_refit import stored_rows
+            from .refit import stored_rows
 
             own = await self.store.read_all(self.key(model, user_id))
             took = _took(own, stored_rows(b.recent, held), float(new["time"][-1]))
@@ -1376,14 +1376,14 @@ class SpacedRepetition(StatefulTask):
         return self._fit_due(fit)(scored)
 
     def _fit_due(self, fit: Fit):
-        from ..training.srs.stored_fit import Due
+        from ...training.srs.stored_fit import Due
 
         return Due(self.refit_min_scored, self.refit_every_scored, None if fit.w is None else fit.fitted_scored)
 
     def background(self, settings, metrics) -> list:
         """The tasks this service runs beside the requests (lifespan.py starts them, and cancels them at shutdown):
         the refit worker (srs_refit.start_refits; none when NEXTSTEP_SRS_REFIT is off)."""
-        from .srs_refit import start_refits
+        from .refit import start_refits
 
         return start_refits(self, settings, metrics)
 
@@ -1392,7 +1392,7 @@ class SpacedRepetition(StatefulTask):
         fit, fsrs-rs, in `fitter`) when one is due (`refit_due`; `force`: whatever the counts), and store them
         with a compare-and-set of the header (reviews recorded meanwhile stay). Not a request's work: the refit
         worker (srs_refit.RefitWorker) and `nextstep srs refit` run it. Returns what it did."""
-        from .srs_refit import fit_held
+        from .refit import fit_held
 
         model = self.model(model_name, user_id)
         key = self.key(model, user_id)

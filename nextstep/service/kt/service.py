@@ -30,16 +30,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core import UP_TO_DATE, Behind, Change, StatefulTask, operation
+from ..errors import InvalidInput, UnknownId, UnknownModel
+from ..quality import Quality
+from ..registry import LoadedModel, ModelRegistry, TaskFields, TaskSpec, register_task
+from ..runtime import Engines
+from ..settings import DEFAULT_LIMITS, BatchLimits
+from ..state import LogRow, StateStore, StoredState
+from ..writes import batched
 from .banks import Bank, Banks, InProcessBankStore, check_banks
-from .core import UP_TO_DATE, Behind, Change, StatefulTask, operation
-from .errors import InvalidInput, UnknownId, UnknownModel
-from .quality import Quality
-from .registry import LoadedModel, ModelRegistry, TaskFields, TaskSpec, register_task
-from .runtime import Engines
 from .scored import SCORED
-from .settings import DEFAULT_LIMITS, BatchLimits
-from .state import LogRow, StateStore, StoredState
-from .writes import batched
 
 
 @dataclass(frozen=True, slots=True)

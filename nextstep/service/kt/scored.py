@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .fold import BANK_ROWS, ONNX_TYPES
-from .onnx_wire import field_bytes, field_int, first_field, node_bytes, open_made, read_fields, value_name, varint
+from ..fold import BANK_ROWS, ONNX_TYPES
+from ..onnx_wire import field_bytes, field_int, first_field, node_bytes, open_made, read_fields, value_name, varint
 
 SCORED = {"step": "scored_step", "step_predict": "scored_step_predict"}  # graph -> its scored graph's name
 INT64 = 7  # TensorProto.DataType

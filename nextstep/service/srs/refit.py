@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 # (here too for srs.py, event_export.py and the tests: the service asks this module)
-from ..training.srs.stored_fit import Due, fit_held, fit_stored, review_log, stored_rows  # noqa: F401
-from .errors import UnknownModel
+from ...training.srs.stored_fit import Due, fit_held, fit_stored, review_log, stored_rows  # noqa: F401
+from ..errors import UnknownModel
 
 logger = logging.getLogger(__name__)
 LEASE_MS = 300_000  # how long a worker holds a user's refit lease (a fit takes well under a second)

@@ -1,13 +1,11 @@
-"""HTTP routes for next-item sessions: thin wrappers over nextstep.service.sessions.SessionRecommender."""
+"""HTTP routes for next-item sessions: thin wrappers over nextstep.service.sessions.service.SessionRecommender."""
 
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from ..sessions import SPEC, Click, SessionRecommender
-from ..tasks import Shared, TaskPlugin
-from .common import (
+from ..routes.common import (
     MAX_ID,
     EventId,
     ExternalId,
@@ -20,6 +18,8 @@ from .common import (
     path_id,
     too_many,
 )
+from ..tasks import Shared, TaskPlugin
+from .service import SPEC, Click, SessionRecommender
 
 router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"], route_class=JsonRoute)
 

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import StoreUnavailable
-from .registry import LoadedModel
+from ..errors import StoreUnavailable
+from ..registry import LoadedModel
 
 if TYPE_CHECKING:
-    from .redis_clients import RedisOptions
+    from ..redis_clients import RedisOptions
 
 log = logging.getLogger(__name__)
 PARTS = ("states", "lengths", "summaries", "sizes")  # the files of one head's bank (nextstep/training/kt/banks.py)
@@ -111,7 +111,7 @@ class RedisBankStore:
 
     def __init__(self, url: str, *, socket_timeout: float = 5.0, key_prefix: str = "nextstep",
                  options: RedisOptions | None = None) -> None:
-        from .redis_clients import RedisOptions, connect  # (here: no Redis client at import, offline scoring)
+        from ..redis_clients import RedisOptions, connect  # (here: no Redis client at import, offline scoring)
 
         options = replace(options or RedisOptions(), socket_timeout=socket_timeout,
                           connect_timeout=max(socket_timeout, (options or RedisOptions()).connect_timeout))

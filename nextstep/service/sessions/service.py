@@ -23,14 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import UP_TO_DATE, Behind, Change, StatefulTask, operation
-from .errors import InvalidInput, UnknownId, UnknownModel
-from .quality import Quality
-from .registry import LoadedModel, ModelRegistry, TaskSpec, register_task
-from .runtime import Engines
-from .settings import DEFAULT_LIMITS, BatchLimits
-from .state import LogRow, StateStore, StoredState
-from .writes import batched
+from ..core import UP_TO_DATE, Behind, Change, StatefulTask, operation
+from ..errors import InvalidInput, UnknownId, UnknownModel
+from ..quality import Quality
+from ..registry import LoadedModel, ModelRegistry, TaskSpec, register_task
+from ..runtime import Engines
+from ..settings import DEFAULT_LIMITS, BatchLimits
+from ..state import LogRow, StateStore, StoredState
+from ..writes import batched
 
 SEEN = 64  # items remembered per session for exclude_seen
 UNKNOWN_ROW = 1  # the row of every item the version does not know (never recommended, never remembered as seen)
