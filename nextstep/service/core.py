@@ -151,6 +151,13 @@ class StatefulTask:
         none here; a task that has some says so (srs: the refit worker)."""
         return []
 
+    async def loaded(self, models: list[LoadedModel]) -> None:
+        """After the models were loaded, at startup and at every reload (lifespan.py): what the task prepares from
+        them (knowledge tracing: SimAKT's memory banks). Nothing here."""
+
+    async def close(self) -> None:
+        """At shutdown, after the requests: what the task holds open (knowledge tracing: the banks' store)."""
+
     async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
         """A shadow's turn: the entity's state for `model` caught up with its log and stored, the logged events from
         log position `since` on scored for live quality (role "shadow"; those before it are folded unscored). Whether

@@ -1,8 +1,9 @@
 """What the app holds while it serves, made at startup and closed at shutdown (`lifespan`), and `reload_models`.
 
-One Redis client for every task's state store (its connections pipeline or pool their requests) and one for the
-banks (megabytes each, a longer timeout); the URL chooses one node, a cluster or Sentinel. Each task (tasks.py)
-gets a store of its own (its TTL, over the shared client), timed per operation, and its service on app.state.
+One Redis client for every task's state store (its connections pipeline or pool their requests); the URL chooses one
+node, a cluster or Sentinel. Each task (tasks.py) gets a store of its own (its TTL, over the shared client), timed
+per operation, and its service on app.state, which is told of the models at startup and at every reload (`loaded`:
+knowledge tracing prepares SimAKT's banks, in a store of its own) and closed at shutdown.
 """
 
 import asyncio
@@ -14,7 +15,6 @@ from fastapi import FastAPI
 
 from .errors import StoreUnavailable
 from .fleet import FleetReloads
-from .kt.banks import Banks, make_bank_store
 from .metrics import Metrics
 from .quality import Quality
 from .redis_clients import connect
@@ -28,15 +28,16 @@ log = logging.getLogger(__name__)
 
 
 async def reload_models(app: FastAPI) -> LoadReport:
-    """Rescan the artifacts directory (in a worker thread), update the metrics, prepare the banks: what
-    `POST /v1/models/reload` does, and what every other replica does when it sees the reload generation move
-    (fleet.py)."""
+    """Rescan the artifacts directory (in a worker thread), update the metrics, let each task prepare what it needs
+    of the models (`loaded`): what `POST /v1/models/reload` does, and what every other replica does when it sees the
+    reload generation move (fleet.py)."""
     registry, metrics = app.state.registry, app.state.metrics
     report: LoadReport = await asyncio.to_thread(registry.reload)
     metrics.set_models(registry.models())
     metrics.set_refused(registry.report.refused)  # (the registry's newest: reloads may overlap)
     metrics.reloads.labels("refused" if report.refused else "ok").inc()
-    await app.state.banks.prepare(registry.models())
+    for service in app.state.services:
+        await service.loaded(registry.models())
     await adopt_serving(app)
     return report
 
@@ -84,14 +85,11 @@ async def lifespan(app: FastAPI):
     options = settings.redis_options()
     redis = connect(settings.redis_url, options) if settings.redis_url else None
     engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
-    banks = app.state.banks = Banks(make_bank_store(settings.redis_url, options),
-                                    refresh_seconds=settings.bank_refresh_seconds)
-    await banks.prepare(registry.models())  # publish the artifacts' bank versions, project the active ones
     app.state.registry = registry
     quality = app.state.quality = Quality(redis, on_record=metrics.on_live_scores,
                                           on_drop=lambda model: metrics.live_unscored.labels(model).inc())
     await quality.start()
-    shared = Shared(registry, engines, settings, metrics, quality if settings.live_quality else None, banks)
+    shared = Shared(registry, engines, settings, metrics, quality if settings.live_quality else None)
     # each task's entities in a store of their own (same client, the task's TTL: learners keep their state for
     # months, sessions half an hour, flashcard users their reviews for years)
     stores = [make_store(None, client=redis, max_event_ids=settings.max_event_ids, **p.store(settings))
@@ -100,6 +98,8 @@ async def lifespan(app: FastAPI):
     services = [p.build(shared, TimedStore(store, metrics)) for p, store in zip(plugins(), stores, strict=True)]
     for p, service in zip(plugins(), services, strict=True):
         setattr(app.state, p.attr, service)
+        await service.loaded(registry.models())
+    app.state.services = services
     # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
     rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)
     shadow_workers = []
@@ -124,7 +124,8 @@ async def lifespan(app: FastAPI):
     await asyncio.gather(*shadow_workers, *background, return_exceptions=True)
     await quality.close()
     await engines.close()
-    await banks.close()
+    for service in services:
+        await service.close()
     for store in stores:
         await store.close()
     if redis is not None:

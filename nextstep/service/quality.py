@@ -97,13 +97,14 @@ def ranking_fields(ranks: np.ndarray) -> dict[str, float]:
     return out
 
 
-def summary(sums: dict[str, float], task: str = "knowledge_tracing") -> dict:
-    """The answer's figures from added sums. Knowledge tracing: means, the AUC estimated from the buckets (ties
-    within a bucket count half), and the calibration table (TABLE_BINS rows: predicted mean and observed share of
-    full credit). Sessions: the mean reciprocal rank of the clicked item in the recommended list and the hit
-    rates at HIT_KS (the offline protocol's mrr@K and recall@k, K the list's length)."""
+def summary(sums: dict[str, float], scores: str = "probabilities") -> dict:
+    """The answer's figures from added sums, by the kind of scores a task records (its TaskSpec's `scores`).
+    Probabilities (knowledge tracing, flashcards): means, the AUC estimated from the buckets (ties within a bucket
+    count half), and the calibration table (TABLE_BINS rows: predicted mean and observed share of full credit).
+    Ranking (sessions): the mean reciprocal rank of the clicked item in the recommended list and the hit rates at
+    HIT_KS (the offline protocol's mrr@K and recall@k, K the list's length)."""
     n = sums.get("n", 0.0)
-    if task == "next_item":
+    if scores == "ranking":
         return {"scored": int(n), "mrr": sums.get("rr", 0.0) / n if n else None,
                 "hit_rate": {str(k): sums.get(f"h{k}", 0.0) / n if n else None for k in HIT_KS}}
     pos = np.array([sums.get(f"p{b}", 0.0) for b in range(BINS)])
@@ -242,7 +243,7 @@ class Quality:
 
     # -- reading ------------------------------------------------------------------------------------------
     async def report(self, model: str, versions: Iterable[tuple[str, str]], window: float,
-                     task: str = "knowledge_tracing") -> list[dict]:
+                     scores: str = "probabilities") -> list[dict]:
         """Per (version, role) given: the summary of the scores the version earned in that role (any other role,
         `inactive`: in every role) in the buckets that end within the last `window` seconds, and `since`, the time
         of the first score they hold (null: none)."""
@@ -262,7 +263,7 @@ class Quality:
                 if fields:
                     since = min(since, fields.pop("since", math.inf))
                     _add(sums, fields)
-            out.append({"version": version, "role": role, **summary(sums, task),
+            out.append({"version": version, "role": role, **summary(sums, scores),
                         "since": None if since == math.inf else since})
         return out
 

@@ -46,7 +46,6 @@ import onnxruntime as ort
 
 from .errors import UnknownId, UnknownModel
 from .fold import FOLD, FoldUnavailable, build_fold
-from .kt.scored import SCORED, ScoredUnavailable, build_scored
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,11 @@ class TaskSpec:
     state: bool  # whether the model has state tensors (without: the manifest need not list any)
     check: Callable[[str, dict, dict, Callable[[str], Exception], Callable[[str, str], Path]], dict]
     optional: tuple[str, ...] = ()  # graphs opened (and checked) when the manifest has them
-    scored: bool = False  # whether its `predict` graph can be asked for the step's event (scored.py; knowledge tracing)
+    # opens the graphs live quality scores the task's events with, where the task has them (knowledge tracing's scored
+    # step graphs: its `predict` asked for the step's event in the step's own call): (path, graphs, sessions, input
+    # names, output names, inside, initial state, intra-op threads) -> LoadedModel fields; never refuses the artifact
+    scored: Callable[..., dict] | None = None
+    scores: str = "probabilities"  # what live quality records of its events: "probabilities" or "ranking" (quality.py)
 
 
 class TaskFields:
@@ -127,7 +130,7 @@ class LoadedModel:
     fold_events: tuple[str, ...] = ()  # the step's per-event inputs, which the fold graph takes (fold.py); () if none
     fold_prefix: str = ""  # of the fold graph's names for the state and the per-event inputs
     no_fold: str | None = None  # why a model with state has no fold graph (it steps event by event)
-    no_scored: str | None = None  # why a model whose task is scored has no scored step graphs (scored.py)
+    no_scored: str | None = None  # why a model whose task has scored graphs (TaskSpec.scored) has none
     _index: dict[str, int] = field(init=False, repr=False)
     # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section says so:
     # `answers`; an artifact trained before that section existed has an untrained row 1)
@@ -204,7 +207,7 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
 _told: set[tuple[str, str]] = set()  # (artifact, why) of the models without a fold (or scored) graph, logged once
 
 
-def _say_once(path: Path, why: str, so: str) -> str:
+def say_once(path: Path, why: str, so: str) -> str:
     """Log once per artifact why it serves without a graph the service makes at load, and what it does instead."""
     if (str(path), why) not in _told:
         _told.add((str(path), why))
@@ -220,37 +223,17 @@ def _fold(path: Path, spec: list[dict], sessions: dict, input_names: dict, outpu
         session, events, prefix = build_fold(onnx_path, [s["name"] for s in spec], session_options(intra_op_threads),
                                      sessions["step"], initial)
     except FoldUnavailable as e:
-        return {"no_fold": _say_once(path, f"no fold graph: {e}", "its rebuilds step the events one graph call each")}
+        return {"no_fold": say_once(path, f"no fold graph: {e}", "its rebuilds step the events one graph call each")}
     sessions[FOLD] = session
     input_names[FOLD] = [i.name for i in session.get_inputs()]
     output_names[FOLD] = [o.name for o in session.get_outputs()]
     return {"fold_events": tuple(events), "fold_prefix": prefix}
 
 
-def _scored(path: Path, graphs: dict, sessions: dict, input_names: dict, output_names: dict, inside,
-            initial: dict[str, np.ndarray], intra_op_threads: int) -> dict:
-    """Open the scored step graphs (scored.py) as sessions["scored_step"] and ["scored_step_predict"]; where there are
-    none, why (`no_scored`), logged once per artifact. Never refuses the artifact: live quality scores it apart."""
-    made = {}
-    try:
-        for graph, name in SCORED.items():
-            made[name] = build_scored(inside(graphs["predict"]["onnx"], "predict graph"),
-                                      inside(graphs[graph]["onnx"], f"{graph} graph"),
-                                      session_options(intra_op_threads), sessions["predict"], sessions[graph], initial)
-    except ScoredUnavailable as e:
-        return {"no_scored": _say_once(path, f"no scored step graphs: {e}",
-                                       "live quality scores its events with a second graph call")}
-    for name, session in made.items():
-        sessions[name] = session
-        input_names[name] = [i.name for i in session.get_inputs()]
-        output_names[name] = [o.name for o in session.get_outputs()]
-    return {}
-
-
 def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True, scored: bool = False) -> LoadedModel:
     """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault. `fold`: also
-    make the fold graph from the step graph (fold.py) for a model with state; `scored`: the scored step graphs
-    (scored.py) for a model whose task has them (live quality)."""
+    make the fold graph from the step graph (fold.py) for a model with state; `scored`: the graphs live quality
+    scores with, for a model whose task has them (its TaskSpec's `scored`)."""
 
     def fail(what: str, kind: str = "manifest invalid", part: str | None = None):
         # (the task modules' checks call fail(what): their faults are the manifest's)
@@ -361,8 +344,8 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True, s
     if fold and spec and "step" in sessions:  # (after every check: a refused artifact makes none)
         fields |= _fold(path, spec, sessions, input_names, output_names, inside(graphs["step"]["onnx"], "step graph"),
                         initial, intra_op_threads)
-    if scored and task.scored:
-        fields |= _scored(path, graphs, sessions, input_names, output_names, inside, initial, intra_op_threads)
+    if scored and task.scored is not None:
+        fields |= task.scored(path, graphs, sessions, input_names, output_names, inside, initial, intra_op_threads)
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
         manifest=manifest, state_spec=spec, initial_state=initial, ids=ids, sessions=sessions,

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from fastapi import APIRouter, FastAPI
 
     from .core import StatefulTask
-    from .kt.banks import Banks
     from .metrics import Metrics
     from .quality import Quality
     from .registry import LoadedModel, ModelRegistry, TaskSpec
@@ -37,7 +36,6 @@ class Shared:
     settings: Settings
     metrics: Metrics
     quality: Quality | None  # live quality (None: NEXTSTEP_LIVE_QUALITY off)
-    banks: Banks  # SimAKT's memory banks (knowledge tracing)
 
     def on_retry(self, model: LoadedModel) -> None:
         """A lost compare-and-set, counted per model."""

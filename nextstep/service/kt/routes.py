@@ -19,6 +19,7 @@ from ..routes.common import (
     too_many,
 )
 from ..tasks import Shared, TaskPlugin
+from .banks import Banks, make_bank_store
 from .service import SPEC, Event, KnowledgeTracer
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
@@ -218,8 +219,11 @@ async def put_active_bank(model: ModelName, body: KtBankVersionRequest, kt: Trac
 
 def _tracer(app: Shared, store) -> KnowledgeTracer:
     settings = app.settings
+    # SimAKT's memory banks: megabytes each, in a store of their own (its client's longer timeout)
+    banks = Banks(make_bank_store(settings.redis_url, settings.redis_options()),
+                  refresh_seconds=settings.bank_refresh_seconds)
     return KnowledgeTracer(app.registry, store, app.engines, quality=app.quality, cas_retries=settings.cas_retries,
-                           banks=app.banks, limits=settings.batch_limits(), on_retry=app.on_retry,
+                           banks=banks, limits=settings.batch_limits(), on_retry=app.on_retry,
                            unknown_questions=settings.unknown_questions, on_unknown=app.metrics.on_unknown)
 
 

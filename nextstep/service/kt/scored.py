@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from ..fold import BANK_ROWS, ONNX_TYPES
 from ..onnx_wire import field_bytes, field_int, first_field, node_bytes, open_made, read_fields, value_name, varint
+from ..registry import say_once, session_options
 
 SCORED = {"step": "scored_step", "step_predict": "scored_step_predict"}  # graph -> its scored graph's name
 INT64 = 7  # TensorProto.DataType
@@ -180,3 +181,24 @@ def build_scored(predict_path: Path, step_path: Path, options: ort.SessionOption
     return open_made(lambda: scored_model(Path(predict_path).read_bytes(), Path(step_path).read_bytes())[0],
                      lambda scored: check(scored, step, predict, initial), Path(step_path).parent, options,
                      ScoredUnavailable, "two graphs")
+
+
+def open_scored(path: Path, graphs: dict, sessions: dict, input_names: dict, output_names: dict, inside,
+            initial: dict[str, np.ndarray], intra_op_threads: int) -> dict:
+    """Knowledge tracing's TaskSpec.scored: open the scored step graphs as sessions["scored_step"] and
+    ["scored_step_predict"]; where there are none, why (`no_scored`), logged once per artifact. Never refuses the
+    artifact: live quality scores it apart."""
+    made = {}
+    try:
+        for graph, name in SCORED.items():
+            made[name] = build_scored(inside(graphs["predict"]["onnx"], "predict graph"),
+                                      inside(graphs[graph]["onnx"], f"{graph} graph"),
+                                      session_options(intra_op_threads), sessions["predict"], sessions[graph], initial)
+    except ScoredUnavailable as e:
+        return {"no_scored": say_once(path, f"no scored step graphs: {e}",
+                                       "live quality scores its events with a second graph call")}
+    for name, session in made.items():
+        sessions[name] = session
+        input_names[name] = [i.name for i in session.get_inputs()]
+        output_names[name] = [o.name for o in session.get_outputs()]
+    return {}

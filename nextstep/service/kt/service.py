@@ -39,7 +39,7 @@ from ..settings import DEFAULT_LIMITS, BatchLimits
 from ..state import LogRow, StateStore, StoredState
 from ..writes import batched
 from .banks import Bank, Banks, InProcessBankStore, check_banks
-from .scored import SCORED
+from .scored import SCORED, open_scored
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
 
 
 SPEC = register_task(TaskSpec("knowledge_tracing", ("step", "predict", "step_predict"), "questions", True, _check,
-                              optional=("bank_project", "rebase"), scored=True))
+                              optional=("bank_project", "rebase"), scored=open_scored))
 # (optional, SimAKT's: banks -> their keys and values; a state folded with one bank -> the state with another)
 
 
@@ -162,6 +162,12 @@ class KnowledgeTracer(StatefulTask):
         self.unknown_questions = unknown_questions
         self.on_unknown = on_unknown  # (model, count): ids answered by the unknown row (a metric)
         self.quality = quality  # live scores of each event's prediction (None: not scored)
+
+    async def loaded(self, models: list[LoadedModel]) -> None:
+        await self.banks.prepare(models)  # publish the artifacts' bank versions, project the active ones
+
+    async def close(self) -> None:
+        await self.banks.close()
 
     def _rows(self, model: LoadedModel, ids: list[str], field: str) -> tuple[np.ndarray, list[int]]:
         """question_rows under this service's setting."""

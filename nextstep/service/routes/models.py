@@ -114,7 +114,8 @@ async def quality(request: Request, model: Annotated[str, PathParam(description=
     versions = [(m.version, "serving" if m is latest else rollout.mode if rollout and rollout.candidate == m.version
                  and rollout.mode else "inactive") for m in registry.models() if m.name == latest.name]
     return {"model": latest.name, "task": latest.task, "window_seconds": window,
-            "versions": await request.app.state.quality.report(latest.name, versions, window, latest.task)}
+            "versions": await request.app.state.quality.report(latest.name, versions, window,
+                                                               TASKS[latest.task].scores)}
 
 
 def rollout_answer(request: Request, name: str) -> dict:

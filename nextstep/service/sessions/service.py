@@ -43,7 +43,8 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
     return {}
 
 
-SPEC = register_task(TaskSpec("next_item", ("step", "recommend", "step_recommend"), "items", True, _check))
+SPEC = register_task(TaskSpec("next_item", ("step", "recommend", "step_recommend"), "items", True, _check,
+                              scores="ranking"))
 
 
 @dataclass(frozen=True)
