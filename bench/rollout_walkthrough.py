@@ -205,7 +205,7 @@ def layout_bytes(port: int, http, users: list[str]) -> dict:
     queue drained: the shadow's turns all done)."""
     import redis
 
-    from nextstep.service.srs.service import schema_hash
+    from nextstep.service.srs.stored import schema_hash
 
     models = [m for m in http.get("/v1/models").json()["models"] if m["name"] == "time_aware"]
     client = redis.Redis(host="127.0.0.1", port=port)

@@ -51,7 +51,7 @@ from fastapi.testclient import TestClient
 from nextstep.service.app import create_app
 from nextstep.service.core import Change
 from nextstep.service.settings import Settings
-from nextstep.service.srs.service import Fit, _decode, _encode
+from nextstep.service.srs.stored import Fit, _decode, _encode
 from nextstep.training.srs.eval import _CardHistories, fit_fsrs6
 from nextstep.training.srs.reviews import ReviewLog, read_users
 

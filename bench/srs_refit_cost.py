@@ -69,7 +69,7 @@ def collection(path: str | None):
 
 def kept_rows(log, n: int, window: tuple[int, int]) -> np.ndarray:
     """The ROW rows the store keeps of the first n reviews: the last `size`, and each card's last `card_size`."""
-    from nextstep.service.srs.service import ROW
+    from nextstep.service.srs.stored import ROW
 
     size, card_size = window
     card = np.asarray(log.card[:n])
@@ -136,7 +136,8 @@ def loop_stalls(log, big: int, redis_port: int, refits: int = 10) -> list[dict]:
     from nextstep.service.redis_store import RedisStore
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.srs.refit import FitProcess
-    from nextstep.service.srs.service import SpacedRepetition, _encode
+    from nextstep.service.srs.service import SpacedRepetition
+    from nextstep.service.srs.stored import _encode
 
     registry = ModelRegistry(DEMO)
     registry.reload()

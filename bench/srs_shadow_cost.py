@@ -35,7 +35,8 @@ def run(args, work: Path, procs) -> int:
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.rollouts import Rollout, Rollouts
     from nextstep.service.runtime import Engines
-    from nextstep.service.srs.service import Review, SpacedRepetition
+    from nextstep.service.srs.service import SpacedRepetition
+    from nextstep.service.srs.stored import Review
 
     machine = machine_info()
     print(f"machine: {machine['cpu']}, load average {machine['load_avg_at_start']} at start", file=sys.stderr)

@@ -91,7 +91,7 @@ EXPORTED = (*LAYOUTS, "srs")  # the tasks whose traffic exports
 def srs_schemas(artifacts: Path, model: str) -> list[str]:
     """The schemas (srs.schema_hash) of the window layouts of a flashcard model's versions under `artifacts`, newest
     version (manifest `created`) first, each once: read from the manifests, no graph loaded."""
-    from .srs.service import schema_hash
+    from .srs.stored import schema_hash
 
     found = []
     for path in artifacts.glob(f"{glob.escape(model)}/*/manifest.json"):
@@ -117,7 +117,7 @@ def _srs_rows(user: str, stored: StoredState) -> tuple[list[list], int]:
     """(the CSV rows of a user's stored reviews, in the order they were recorded; how many of their reviews the
     store no longer holds)."""
     from .srs.refit import stored_rows
-    from .srs.service import _decode
+    from .srs.stored import _decode
 
     history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
     rows = stored_rows(history.recent, stored.fields) if len(history.recent) else history.recent

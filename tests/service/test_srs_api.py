@@ -26,7 +26,7 @@ from nextstep.review_window import select
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
-from nextstep.service.srs.service import HEADER, ROW, id_hash
+from nextstep.service.srs.stored import HEADER, ROW, id_hash
 from nextstep.training.srs.reviews import ReviewLog
 from nextstep.training.srs.time_aware_export import INPUTS, export_time_aware
 from nextstep.training.srs.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
@@ -883,8 +883,8 @@ def test_simulate_refuses_bad_input_naming_the_field(srs_art, serve):
 def test_the_services_fsrs6_is_the_models():
     """srs/simulate.py's FSRS6 (numpy, in the service) gives the card states models/fsrs.py (the graphs') gives."""
     from nextstep.models import fsrs
-    from nextstep.service.srs.service import DEFAULT_FSRS6
     from nextstep.service.srs.simulate import FSRS6
+    from nextstep.service.srs.stored import DEFAULT_FSRS6
 
     assert tuple(DEFAULT_FSRS6) == tuple(fsrs.DEFAULT_W)
     rng = np.random.default_rng(4)
@@ -902,8 +902,8 @@ def test_the_services_fsrs6_is_the_models():
 def test_the_simulators_model_curve_goes_through_the_two_measured_points():
     """ModelCurve.through recovers a power curve from its intervals' ratios to FSRS-6's at two retentions; one
     retention keeps FSRS-6's decay; FSRS-6's own ratios give FSRS-6."""
-    from nextstep.service.srs.service import DEFAULT_FSRS6
     from nextstep.service.srs.simulate import FSRS6, ModelCurve
+    from nextstep.service.srs.stored import DEFAULT_FSRS6
 
     fsrs = FSRS6.of(DEFAULT_FSRS6)
     for stretch, decay in ((1.0, fsrs.decay), (2.5, 0.4), (0.3, 0.08)):

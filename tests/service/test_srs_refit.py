@@ -22,19 +22,11 @@ from nextstep.service.app import create_app
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import ModelRegistry, load_artifact
 from nextstep.service.settings import Settings
-from nextstep.service.srs import service
+from nextstep.service.srs import stored
 from nextstep.service.srs.refit import FitProcess, RefitWorker, fit_stored, stored_rows
-from nextstep.service.srs.service import (
-    HEADER,
-    HEADER_TAG,
-    HEADER_V3,
-    ROW,
-    SpacedRepetition,
-    _decode,
-    history_feeds,
-    id_hash,
-    window,
-)
+from nextstep.service.srs.service import SpacedRepetition
+from nextstep.service.srs.stored import HEADER, HEADER_TAG, HEADER_V3, ROW, _decode, id_hash
+from nextstep.service.srs.windows import history_feeds, window
 from nextstep.training.srs.eval import fit_fsrs6
 from nextstep.training.srs.reviews import ReviewLog, simulate_reviews
 
@@ -418,12 +410,12 @@ def test_the_queue_holds_a_user_once_and_drops_past_its_size(art):
         srs = SpacedRepetition(registry, None, None, refit_min_scored=40, refit_every_scored=30)
         seen = []
         worker = RefitWorker(srs, 2, lambda name, outcome: seen.append((name, outcome)))
-        worker.offer(model, "a", 39, service.NO_FIT)  # not due
-        worker.offer(model, "a", 40, service.NO_FIT)
-        worker.offer(model, "a", 45, service.NO_FIT)  # waiting already: one turn
-        worker.offer(model, "b", 10, service.Fit((0.0,) * 21, 100, 50, 1.0))  # fitted at 50 scored: due at 80
-        worker.offer(model, "b", 80, service.Fit((0.0,) * 21, 100, 50, 1.0))
-        worker.offer(model, "c", 100, service.NO_FIT)  # the queue is full
+        worker.offer(model, "a", 39, stored.NO_FIT)  # not due
+        worker.offer(model, "a", 40, stored.NO_FIT)
+        worker.offer(model, "a", 45, stored.NO_FIT)  # waiting already: one turn
+        worker.offer(model, "b", 10, stored.Fit((0.0,) * 21, 100, 50, 1.0))  # fitted at 50 scored: due at 80
+        worker.offer(model, "b", 80, stored.Fit((0.0,) * 21, 100, 50, 1.0))
+        worker.offer(model, "c", 100, stored.NO_FIT)  # the queue is full
         return [worker.queue.get_nowait()[2] for _ in range(worker.queue.qsize())], seen
 
     queued, seen = asyncio.run(run())

@@ -17,7 +17,7 @@ import pytest
 import nextstep
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.settings import Settings
-from nextstep.service.srs.service import HEADER, ROW, id_hash, schema_hash
+from nextstep.service.srs.stored import HEADER, ROW, id_hash, schema_hash
 
 DEMO = Path(nextstep.__file__).parent / "demo_artifacts" / "time_aware" / "demo"
 T0 = 1_767_225_600.0  # 2026-01-01 UTC

@@ -6,7 +6,7 @@ exactly as the evaluation protocol fits a user's training reviews (`nextstep.tra
 scored review with an earlier review of its card, as an FSRSItem of its card's reviews up to it). The store keeps
 each card's last `card_size` reviews, so a card with more starts its history at the oldest one kept; on a user whose
 cards all have at most `card_size` reviews, the fit equals the protocol's on the same reviews
-(tests/service/test_srs_refit.py).
+(tests/service/test_refit.py).
 
 Two ways run it; each user is fitted under the store's lease of their key (state.py's `lease`), so that two workers
 (replicas, the command) never fit the same user at once, and a fit is written with a compare-and-set of the header
@@ -36,14 +36,19 @@ import os
 import pickle
 import socket
 import sys
+import time as _time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 # (here too for srs.py, event_export.py and the tests: the service asks this module)
 from ...training.srs.stored_fit import Due, fit_held, fit_stored, review_log, stored_rows  # noqa: F401
+from ..core import Change
 from ..errors import UnknownModel
+from ..state import StoredState
+from .stored import Fit, _decode, _done
 
 logger = logging.getLogger(__name__)
 LEASE_MS = 300_000  # how long a worker holds a user's refit lease (a fit takes well under a second)
@@ -255,3 +260,62 @@ async def _pages(srs, model, users: list[str] | None):
         yield page
         if cursor == "0":
             return
+
+
+class Refits:
+    """SpacedRepetition's part that refits each user's FSRS-6 parameters, off the request path: the worker (a
+    write that leaves a user due a fit queues them), `refit` (the worker's turn, and `nextstep srs refit`'s)."""
+
+    def refit_due(self, scored: int, fit: Fit) -> bool:
+        """Whether a user with `scored` scored reviews and this fit is due one: a first fit once they have
+        refit_min_scored, then again every refit_every_scored more."""
+        return self._fit_due(fit)(scored)
+
+    def _fit_due(self, fit: Fit):
+        return Due(self.refit_min_scored, self.refit_every_scored, None if fit.w is None else fit.fitted_scored)
+
+    def background(self, settings, metrics) -> list:
+        """The tasks this service runs beside the requests (lifespan.py starts them, and cancels them at shutdown):
+        the refit worker (refit.start_refits; none when NEXTSTEP_SRS_REFIT is off)."""
+        return start_refits(self, settings, metrics)
+
+    async def refit(self, model_name: str, user_id: str, *, force: bool = False, now: float | None = None) -> dict:
+        """Fit the user's FSRS-6 parameters on their stored reviews (refit.fit_held: the evaluation protocol's
+        fit, fsrs-rs, in `fitter`) when one is due (`refit_due`; `force`: whatever the counts), and store them
+        with a compare-and-set of the header (reviews recorded meanwhile stay). Not a request's work: the refit
+        worker (refit.RefitWorker) and `nextstep srs refit` run it. Returns what it did."""
+        model = self.model(model_name, user_id)
+        key = self.key(model, user_id)
+        header = _decode(await self.store.get(key))
+        if not header.stored.exists and (await self._carry(model, user_id, header.stored))["rebuilt_from_events"]:
+            header = _decode(await self.store.get(key))  # (rebuilt from another layout's state)
+        out = {"user_id": user_id, "model": model.name, "refitted": False}
+        if not header.stored.exists:
+            return {**out, "reason": "no reviews"}
+        if not force and header.scored >= 0 and not self.refit_due(header.scored, header.fit):
+            return {**out, "reason": "not due", "scored_reviews": header.scored}
+        stored = await self.store.read_all(key)
+        history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
+        day_start = history.day_start(model) / 3600.0
+        known = history.scored >= 0  # (a v3 header does not know the user's scored reviews: the fit counts them)
+        fit_args = (history.recent, stored.fields, day_start, True if force or known else self._fit_due(history.fit))
+        w, scored, held = await (self.fitter.fit(*fit_args) if self.fitter is not None else
+                                 asyncio.to_thread(fit_held, *fit_args))
+        if w is None:
+            return {**out, "reason": "not due", "scored_reviews": scored}
+        # due again `refit_every_scored` scored reviews after those recorded now (the fit may see fewer: the store
+        # keeps each card's last card_size reviews; counted against those, every write would be due)
+        fit = Fit(tuple(float(x) for x in w), held, history.scored if known else scored,
+                  _time.time() if now is None else float(now))
+
+        async def attempt(current: StoredState, *_) -> Change:
+            latest = _decode(current)
+            if not current.exists or latest.count < fit.fitted_on:  # deleted (and maybe begun again) meanwhile
+                return Change(None, lambda _: _done({**out, "reason": "deleted meanwhile"}))
+            blob = replace(latest, scored=latest.scored if latest.scored >= 0 else scored,
+                           fit=replace(fit, day_start=latest.fit.day_start)).blob()  # (a boundary told meanwhile stays)
+            return Change(blob, lambda written: _done({**out, "refitted": True, "fitted_on": fit.fitted_on,
+                                                       "scored_reviews": scored, "w": list(fit.w),
+                                                       "state_version": written.version}))
+
+        return await self.write(model, key, f"user {user_id!r}", [], attempt)

@@ -7,15 +7,9 @@ from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, St
 
 from ..routes.common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
 from ..tasks import Shared, TaskPlugin
-from .service import (
-    MS_LOOKING,
-    SIMULATE_MAX_DAYS,
-    SIMULATE_MAX_RETENTIONS,
-    SIMULATE_RETENTIONS,
-    SPEC,
-    Review,
-    SpacedRepetition,
-)
+from .service import SPEC, SpacedRepetition
+from .simulate import SIMULATE_MAX_DAYS, SIMULATE_MAX_RETENTIONS, SIMULATE_RETENTIONS
+from .stored import MS_LOOKING, Review
 
 router = APIRouter(prefix="/v1/srs/{model}", tags=["spaced repetition"], route_class=JsonRoute)
 

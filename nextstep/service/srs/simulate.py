@@ -33,9 +33,17 @@ request gives the same answer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from ..core import operation
+from ..errors import InvalidInput, TooLarge
+from ..registry import LoadedModel
+from ..state import StoredState
+from .layouts import NOT_REBUILT
+from .stored import ROW, History, _decode, check_time, id_hash
+from .windows import user_feeds, window
 
 S_MIN, S_MAX = 0.001, 36500.0  # nextstep/models/fsrs.py's clamp
 DEFAULT_FIRST = (0.25, 0.10, 0.50, 0.15)  # P(Again, Hard, Good, Easy) of a first review, when the user cannot say
@@ -284,3 +292,178 @@ def simulate(fsrs: FSRS6, *, retentions: np.ndarray, days: int, curve: ModelCurv
 def _days(interval: np.ndarray, max_interval: int) -> np.ndarray:
     """Whole scheduler days, at least 1 and at most max_interval (NaN: 1)."""
     return np.rint(np.fmin(np.fmax(interval, 1.0), max_interval)).astype(np.int64)
+
+
+SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
+
+SIMULATE_MAX_RETENTIONS = 10
+
+SIMULATE_RETENTIONS = (0.5, 0.99)  # the desired retentions a simulation takes (Anki's slider: 0.70 to 0.99)
+
+SIMULATE_MAX_WORK = 20_000_000  # card-days x retentions a simulation may cover (5,000 cards, 365 days, 10 retentions)
+
+SIMULATE_SAMPLE_ROWS = 32  # schedule-graph rows a simulation runs on a sample of the deck: 16 cards x 2 retentions
+
+
+class Simulations:
+    """SpacedRepetition's `simulate`: the workload of several desired retentions over a user's deck."""
+
+    @operation
+    async def simulate(self, model_name: str, user_id: str, cards: list[tuple[str, str]] | None, retentions:
+                       list[float], days: int, new_cards: int = 0, new_cards_per_day: int = 20,
+                       now: float | None = None, seed: int = 0, max_cards: int = 10_000) -> dict:
+        """Expected reviews and minutes a day over the next `days` days at each desired retention, for the user's
+        deck: `cards` (their stored reviews; a card without any is new), or every card the user has reviewed when
+        None, plus `new_cards` never-reviewed cards; new cards are introduced `new_cards_per_day` a day
+        (simulate.py: FSRS-6 between reviews, stretched to the model's own intervals, the model's answer
+        times)."""
+        model = self.model(model_name, user_id)
+        if not 1 <= len(retentions) <= SIMULATE_MAX_RETENTIONS:
+            raise InvalidInput("desired_retentions", f"{len(retentions)} retentions; 1 to {SIMULATE_MAX_RETENTIONS}")
+        low, high = SIMULATE_RETENTIONS
+        for i, r in enumerate(retentions):
+            if not low <= r <= high:
+                raise InvalidInput(f"desired_retentions[{i}]", f"{r!r} is not a retention {low}..{high}")
+        if len(set(retentions)) != len(retentions):
+            raise InvalidInput("desired_retentions", "the retentions must differ")
+        if not 1 <= days <= SIMULATE_MAX_DAYS:
+            raise InvalidInput("days", f"{days!r} is not a number of days 1..{SIMULATE_MAX_DAYS}")
+        if new_cards < 0 or new_cards_per_day < 0:
+            raise InvalidInput("new_cards" if new_cards < 0 else "new_cards_per_day", "must be >= 0")
+        if cards is not None:
+            for i, (card, _) in enumerate(cards):
+                if not card:
+                    raise InvalidInput(f"cards[{i}].card_id", "must not be empty")
+        if model.extra.window[1] == 0 and cards is None:
+            raise InvalidInput("cards", "this model keeps no per-card reviews (card window 0): give the cards")
+        if now is not None:
+            check_time(now, "now")
+        key = self.key(model, user_id)
+
+        async def read() -> tuple[StoredState, list[str]]:
+            if cards is None:  # every card the user has: their fields, decoded together below
+                stored = await self.store.read_all(key)
+                return stored, list(stored.fields)
+            asked = list(dict.fromkeys(c for c, _ in cards))
+            return (await self.store.read(key, fields=asked))[0], asked
+
+        stored, asked = await read()
+        said = NOT_REBUILT
+        if not stored.exists:
+            said = await self._carry(model, user_id, stored)
+            if said["rebuilt_from_events"]:
+                stored, asked = await read()
+        history = _decode(StoredState(stored.version, stored.events, stored.updated, stored.blob))
+        fields = stored.fields
+        reviewed = [c for c in asked if fields.get(c)]
+        data = [fields[c] for c in reviewed]
+        n_new = new_cards + len(asked) - len(reviewed)
+        if len(reviewed) + n_new > max_cards:
+            raise TooLarge("cards", f"{len(reviewed)} reviewed and {n_new} new cards; at most {max_cards} per "
+                                    "simulation (NEXTSTEP_SRS_MAX_SIMULATE_CARDS): give the cards to simulate")
+        paths = max(len(reviewed) + n_new, MIN_PATHS)  # a small deck is simulated as several replicas
+        if paths * len(retentions) * days > SIMULATE_MAX_WORK:
+            raise InvalidInput("days", f"{days} days x {len(retentions)} retentions x {paths} cards (at least "
+                                       f"{MIN_PATHS}) is over {SIMULATE_MAX_WORK:,}: simulate fewer days, retentions "
+                                       "or cards")
+        now = self._query_time(history, now, "now")
+        fsrs = FSRS6.of(history.params(model).astype(np.float64))  # the user's own parameters
+        day_start = history.day_start(model)
+
+        def day(t) -> np.ndarray:
+            return np.floor((np.asarray(t, dtype=np.float64) - day_start) / 86400.0)
+
+        # every reviewed card's rows at once: its last card_size reviews, the rows the network's FSRS-6 anchor reads
+        lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
+        if np.any(lengths % ROW.itemsize):
+            raise ValueError(f"stored reviews of user {user_id!r} are not whole {ROW.itemsize}-byte rows")
+        lengths //= ROW.itemsize
+        rows = np.frombuffer(b"".join(data), dtype=ROW)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        width = int(lengths.max()) if len(lengths) else 1
+        owner = np.repeat(np.arange(len(reviewed)), lengths)
+        column = width - lengths[owner] + np.arange(len(rows)) - starts[owner]
+        rating, when = np.ones((len(reviewed), width)), np.zeros((len(reviewed), width))
+        present = np.zeros((len(reviewed), width), dtype=bool)
+        rating[owner, column], when[owner, column], present[owner, column] = rows["rating"], day(rows["time"]), True
+        stability, difficulty = fsrs.memory_state(rating, when, present)
+        last_time = rows["time"][ends - 1] if len(reviewed) else np.zeros(0)
+        last_day = (day(last_time) - day(now)).astype(np.int64)
+        retention = np.asarray(retentions, dtype=np.float64)
+        curve, review_s, new_s, sampled = await self._calibrate(model, history, (rows, starts, ends), reviewed,
+                                                                 stability, last_time, now, retention, fsrs, seed)
+        ratio = curve.interval(1.0, retention) / fsrs.interval(1.0, retention)
+        recent = history.recent
+        first = np.bincount(recent["rating"][recent["state"] == 0].astype(np.int64) - 1, minlength=4)[:4]
+        recalled = np.bincount(recent["rating"][recent["rating"] > 1].astype(np.int64) - 2, minlength=3)[:3]
+        max_interval = max(1, int(self.max_interval_days))
+        out = simulate(fsrs, retentions=retention, days=days, curve=curve, review_s=review_s, new_s=new_s,
+                             stability=stability, difficulty=difficulty, last_day=last_day, n_new=n_new,
+                             new_per_day=new_cards_per_day, first_shares=shares(first, DEFAULT_FIRST),
+                             recalled_shares=shares(recalled, DEFAULT_RECALLED), max_interval=max_interval, seed=seed)
+        results = []
+        for j, r in enumerate(retentions):
+            reviews, minutes = out["reviews"][j], out["seconds"][j] / 60.0
+            results.append({
+                "desired_retention": r, "reviews_per_day": np.round(reviews, 3).tolist(),
+                "minutes_per_day": np.round(minutes, 3).tolist(), "total_reviews": float(reviews.sum()),
+                "total_minutes": float(minutes.sum()), "mean_minutes_per_day": float(minutes.mean()),
+                "recalled_at_end": float(out["recalled_at_end"][j]),
+                "interval_ratio_to_fsrs6": float(ratio[j]), "seconds_per_review": float(review_s[j])})
+        return {"user_id": user_id, "model": model.name, "version": model.version, "now": now, "days": days,
+                "cards": len(reviewed), "new_cards": n_new, "new_cards_introduced": int(out["introduced"]),
+                "new_cards_per_day": new_cards_per_day, "seconds_per_new_card": new_s, "sampled_cards": sampled,
+                "model_curve": {"stretch": curve.stretch, "decay": curve.decay},
+                "replicas": int(out["replicas"]), "seed": seed, "max_interval_days": max_interval,
+                "reviews_total": history.stored.events, **said, "retentions": results}
+
+    async def _calibrate(self, model: LoadedModel, history: History, deck: tuple[np.ndarray, np.ndarray, np.ndarray],
+                         reviewed: list[str], stability: np.ndarray, last_time: np.ndarray, now: float,
+                         retention: np.ndarray, fsrs: FSRS6, seed: int) -> tuple[ModelCurve, np.ndarray, float, int]:
+        """The model's own curve and answer times on a sample of the deck: (the model's forgetting curve on FSRS-6's
+        stability (simulate.ModelCurve) through the median ratios of the model's intervals to FSRS-6's at the
+        lowest and the highest retention asked for; seconds per review at each retention (the model's answer time at
+        the due, averaged over the sample, interpolated between those two linearly in log(r^(-1/decay) - 1)); seconds
+        for a new card's first review; the number of cards sampled). Two graph calls of at most
+        SIMULATE_SAMPLE_ROWS + 1 rows, whatever the deck's size."""
+        probes = np.unique(retention[[np.argmin(retention), np.argmax(retention)]])
+        take = min(len(reviewed), max(1, SIMULATE_SAMPLE_ROWS // len(probes)))
+        pick = np.sort(np.random.default_rng(seed).choice(len(reviewed), size=take, replace=False)) if take else \
+            np.zeros(0, dtype=np.int64)
+        fresh = "\x00simulate: a card never reviewed"
+        rows, starts, ends = deck  # every reviewed card's stored rows, card i's at starts[i]:ends[i]
+        own = {i: rows[starts[i]:ends[i]] for i in pick}
+        windows = [window(model, replace(history, cards={reviewed[i]: own[i]}), reviewed[i]) for i in pick]
+        windows.append(window(model, history, fresh))
+        hist = user_feeds(model, windows, history)
+        new = await self._predict(model, windows, hist, np.array([take]), np.array([id_hash(fresh)]),
+                                  np.array([id_hash("")]), np.array([now], dtype=np.float64))
+        new_s = float(new["duration_s"][0])
+        if not take:
+            return ModelCurve(1.0, fsrs.decay), np.full(len(retention), new_s), new_s, 0
+        which = np.tile(np.arange(take), len(probes))
+        ids = np.array([id_hash(reviewed[i]) for i in pick], dtype=np.int64)
+        decks = np.array([own[i]["deck"][-1] for i in pick], dtype=np.int64)
+        out = await self._run(model, hist, which, ids[which], decks[which], np.full(len(which), now), graph="schedule",
+                              retention=np.repeat(probes, take).astype(np.float32))
+        since = np.tile((now - last_time[pick]) / 86400.0, len(probes))
+        s_card = np.tile(stability[pick], len(probes))
+        wait = np.expm1(out["log_wait_days"].astype(np.float64))
+        # each card's ratio: where the model schedules it, its interval over FSRS-6's; where it is due already, the
+        # stretch of FSRS-6's curve that passes through the model's recall now (the interval alone would only bound it)
+        ratio = (since + wait) / np.maximum(fsrs.interval(s_card, np.repeat(probes, take)), 1e-9)
+        p_now = np.clip(out["recall"].astype(np.float64), 1e-6, 1 - 1e-6)
+        through = fsrs.factor * since / (s_card * (np.power(p_now, -1.0 / fsrs.decay) - 1.0))
+        ratio = np.where(wait > 0, ratio, np.where(since > 0, through, np.nan)).reshape(len(probes), take)
+        median = [float(np.median(r[np.isfinite(r)])) if np.isfinite(r).any() else 1.0 for r in ratio]
+        curve = ModelCurve.through(fsrs, [float(r) for r in probes], [max(m, 1e-6) for m in median])
+        seconds = out["duration_s"].astype(np.float64).reshape(len(probes), take).mean(axis=1)
+        if len(probes) == 1:
+            return curve, np.full(len(retention), seconds[0]), new_s, take
+
+        def scale(r):
+            return np.log(np.power(r, -1.0 / fsrs.decay) - 1.0)
+
+        at = (scale(retention) - scale(probes[0])) / (scale(probes[1]) - scale(probes[0]))
+        return curve, seconds[0] + at * (seconds[1] - seconds[0]), new_s, take
