@@ -88,6 +88,7 @@ def cmd_train(args) -> int:
     # trained into a hidden folder beside OUT (serve skips it, evaluate says what it is) and renamed to OUT only
     # when the artifact is complete: an interrupted or failed run never leaves a half-written OUT behind
     partial = out.absolute().with_name(f".{out.absolute().name}{PARTIAL}{os.getpid()}")
+    started = time.monotonic()
     try:
         manifest = train(entry, args.data, partial, cfg=cfg, **kwargs)
         _install(partial, out)
@@ -99,9 +100,36 @@ def cmd_train(args) -> int:
         return INTERRUPTED
     finally:
         _remove(partial)
-    print(json.dumps({"artifact": str(out), "metrics": manifest["metrics"], "parity": manifest["parity"],
-                      "training": manifest["training"]}, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"artifact": str(out), "metrics": manifest["metrics"],
+                                               "parity": manifest["parity"], "training": manifest["training"]},
+                                              indent=2) + "\n")
+    print("\n".join(_train_summary(out, manifest, time.monotonic() - started)))
     return 0
+
+
+# the held-out metrics the line `train` ends with shows, where the task has them (knowledge tracing, sessions,
+# flashcards)
+HEADLINE = ("auc", "nll", "qwk", "recall@20", "mrr@20", "log_loss", "rmse_bins", "duration_mae_s")
+
+
+def _train_summary(out: Path, manifest: dict, seconds: float) -> list[str]:
+    """The lines `train` ends with: the held-out metrics next to the baseline's (the manifest's `metrics.baseline`,
+    or a flashcard run's FSRS-6), the artifact and the `seconds` the run took, and how to serve it."""
+    from .training.loop import duration
+
+    metrics = manifest["metrics"]
+    split = "test" if "test" in metrics else "valid"
+    held_out = metrics[split]
+    baseline = metrics.get("baseline") or {"name": "FSRS-6", **held_out.get("baselines", {}).get("fsrs6", {})}
+    shown = [f"{key} {held_out[key]:.4f}" + (f" ({baseline['name']} {baseline[key]:.4f})"
+                                              if isinstance(baseline.get(key), float) else "")
+             for key in HEADLINE if isinstance(held_out.get(key), float)]
+    root = out.parent.parent if len(out.parts) >= 3 else out.absolute().parent.parent
+    return [f"{split}: {'  '.join(shown) or held_out.get('skipped', 'no metrics')}",
+            f"artifact: {out} (the run took {duration(seconds)})",
+            f"serve it: nextstep serve --artifacts {root} (every MODEL/VERSION folder under it: this one is model "
+            f"{out.parent.name!r}, version {out.name!r})"]
 
 
 PARTIAL = ".partial-"  # .OUT.partial-PID: a training run's artifact until it is complete
@@ -598,10 +626,12 @@ ALL_OPTIONS = {  # the family-specific options of each command (a family's entry
 TRUE = ("1", "true", "yes", "on")
 VERSION_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")  # a bank version: a folder name
 DATA_HELP = {  # --data of train, by task
-    "knowledge_tracing": "data set directory holding *train* and *test* files (or a single data file, whose learners "
-                         "are split 80/20 by a hash of their id); plain or gzipped",
-    "next_item": "data set directory holding *_train_full and *_test files (or a single raw file, split by time); "
-                 "plain or gzipped",
+    "knowledge_tracing": "a data set directory holding *train* and *test* files, or one data file, whose learners are "
+                         "split 80/20 by a hash of their id (the file itself, a directory's only data file, or a "
+                         "*train* file with no *test* file beside it); plain or gzipped",
+    "next_item": "a data set directory holding *_train_full and *_test files, or one file split by time, the sessions "
+                 "starting in its last 10%% the test (the file itself, a directory's only file, or a *_train_full "
+                 "file with no *_test file beside it); plain or gzipped",
     "srs": "a review log (a review-log CSV, plain or gzipped; an Anki collection.anki2 or .colpkg backup; a py-fsrs "
            "CSV), a directory holding one user's, or a directory of users' directories at any depth (each read as "
            "one user; one whose data are refused is skipped, saying why)",
@@ -635,6 +665,8 @@ def _train_parser(parser: argparse.ArgumentParser, entry) -> None:
                                 **{k: v for k, v in option.argparse.items() if k != "choices"})
     parser.add_argument("--config", help="JSON file of training config fields (model overrides under 'model')")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--json", metavar="OUT", help="also write the run's result to this file (JSON: the artifact, "
+                                                      "its metrics, parity and training record)")
     parser.set_defaults(func=cmd_train)
 
 
@@ -657,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="re-measure an artifact on a data set's test file")
     evaluate.add_argument("artifact", help="artifact directory (the --out of train)")
     evaluate.add_argument("--data", required=True,
-                          help="data set directory: its *test* file is scored (*_train_valid with --valid)")
+                          help="the data set, as train takes it: its test part is scored (*_train_valid with --valid)")
     evaluate.add_argument("--format", choices=evaluate_formats,
                           help="override detection (the formats of the artifact's family: see train MODEL --help)")
     evaluate.add_argument("--valid", action="store_true", help="next-item: evaluate on *_train_valid")

@@ -2,6 +2,7 @@
 re-measures the same metrics, --config is checked, and binary data sets get an AUC."""
 
 import contextlib
+import gzip
 import io
 import json
 import math
@@ -26,12 +27,6 @@ BINARY_UNMEASURED = {"ordinal_accuracy", "qwk"}
 SMALL_MODEL = {"model": {"memory_size": 8, "key_dim": 8, "value_dim": 16, "summary_dim": 8}}
 
 
-def _printed_json(text: str, first_key: str) -> dict:
-    """The JSON object a command printed (other libraries may print lines around it)."""
-    start = text.index("{\n" + f'  "{first_key}"')
-    return json.JSONDecoder().raw_decode(text[start:])[0]
-
-
 def _train(argv: list[str]) -> tuple[int, str]:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
@@ -43,11 +38,11 @@ def _train(argv: list[str]) -> tuple[int, str]:
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     data = write_gpcm_dataset(root / "data", n_students=60, n_questions=15, seq_len_range=(20, 30), seed=3)
-    out = root / "artifact"
+    out = root / "models" / "deep_gpcm" / "v1"
     config = root / "small.json"  # a small memory keeps the run fast; also exercises --config
     config.write_text(json.dumps(SMALL_MODEL))
     code, printed = _train(["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--epochs", "3",
-                            "--config", str(config), "--quiet"])
+                            "--config", str(config), "--quiet", "--json", str(root / "train.json")])
     return data, out, code, printed
 
 
@@ -81,9 +76,20 @@ def test_train_writes_an_artifact_with_test_metrics_and_a_report(trained):
         content = (report / png).read_bytes()
         assert content.startswith(b"\x89PNG\r\n\x1a\n") and len(content) > 1000, png
 
-    shown = _printed_json(printed, "artifact")  # what the command printed is what it wrote
+    shown = json.loads((out.parents[2] / "train.json").read_text())  # --json: what the command wrote
     assert shown["artifact"] == str(out)
     assert shown["metrics"] == manifest["metrics"] and shown["parity"] == manifest["parity"]
+    # it ends with a summary, not a JSON dump: the test metrics next to the base rate's, the artifact, how to serve it
+    assert "{" not in printed
+    last = printed.splitlines()[-3:]
+    assert last[0] == (f"test: nll {test['nll']:.4f} (base rate {manifest['metrics']['baseline']['nll']:.4f})  qwk "
+                       f"{test['qwk']:.4f} (base rate {manifest['metrics']['baseline']['qwk']:.4f})")
+    assert re.fullmatch(rf"artifact: {re.escape(str(out))} \(the run took [\d a-z]+\)", last[1]), last
+    assert last[2] == (f"serve it: nextstep serve --artifacts {out.parents[1]} (every MODEL/VERSION folder under it: "
+                       "this one is model 'deep_gpcm', version 'v1')")
+    # before training it said how long training may run
+    assert "training: up to 3 epochs, stopping once 8 in a row bring no better valid_nll" in printed
+    assert re.search(r"\ntraining: epoch 1 took \d+ s; the 2 other epochs take at most \d+ s more", printed)
 
 
 @pytest.mark.slow  # a whole training run and export
@@ -141,7 +147,7 @@ def test_a_config_file_that_is_not_a_config_object_is_refused_naming_the_file(tm
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["train", "dkt", "--data", "{tmp}/no-such-dir"], "nextstep train: data set directory not found"),
+    (["train", "dkt", "--data", "{tmp}/no-such-dir"], "nextstep train: data set not found: "),
     (["train", "deep_gpcm", "--data", "{tmp}"], "expected exactly one *train* and one *test*"),
     (["train", "deep_gpcm", "--data", "{tmp}", "--out", "{tmp}/in.jsonl"], "is a file, not an artifact directory"),
     # an artifact already there is refused before any data is read, unless --force; other files even with it
@@ -566,3 +572,76 @@ def test_a_monitor_the_data_does_not_measure_is_refused_before_training(tmp_path
         main(["train", "deep_gpcm", "--data", str(data), "--out", str(out), "--config", str(config), "--quiet"])
     assert f"monitor {monitor!r} is not measured on data with" in str(caught.value.code)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "data"]
+
+
+# -- data that is one file, a train file alone or too few learners; malformed files ---------------------------------
+
+def _long_csv(path: Path, learners: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = "".join(f"u{i},q{t % 4},{(i + t) % 2},{t}\n" for i in range(learners) for t in range(6))
+    path.write_bytes(gzip.compress(("user_id,item_id,correct,time\n" + rows).encode()))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["a file", "a train file alone"])
+def test_train_reads_one_file_split_by_learner_saying_so(tmp_path, capsys, layout):
+    """`train --data FILE.csv.gz` said "data set directory not found" (the help says a file is taken), and what
+    `events export --test-fraction 0` writes, a train file alone, could not be trained on. (A monitor the data does
+    not measure stops the run once the data is read, before any training.)"""
+    data = _long_csv(tmp_path / "export" / "m_train.csv.gz", 40)
+    why = "one data file" if layout == "a file" else "no *test* file beside m_train.csv.gz"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"monitor": "qwk"}))
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "dkt", "--data", str(data if layout == "a file" else data.parent), "--out",
+              str(tmp_path / "never"), "--config", str(config), "--quiet"])
+    assert f"monitor 'qwk' is not measured on data with 2 response categories ({data})" in str(caught.value.code)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("data: ")]
+    assert line.startswith(f"data: {data} read as long_csv (gzip): ") and line.endswith(
+        f"; {why}: the learners whose id hashes into 20% of buckets are the test learners")
+
+
+def test_too_few_training_learners_say_what_is_short_and_what_to_do(tmp_path):
+    """A split of 4 training learners and 1 test learner said "need both" with no hint; 4 now train (one of them
+    validates), 1 is refused saying why."""
+    _long_csv(tmp_path / "data" / "x_train.csv.gz", 1)
+    _long_csv(tmp_path / "data" / "x_test.csv.gz", 1)
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "dkt", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "never"), "--quiet"])
+    assert str(caught.value.code) == (f"nextstep train: {tmp_path / 'data' / 'x_train.csv.gz'}: 1 training learner, "
+                                      "and training needs at least 2: one to fit, one to validate on for early "
+                                      "stopping; give more learners (NEXTSTEP_TRACEBACK=1 shows where it was raised)")
+
+
+def test_a_malformed_data_file_is_one_line_naming_the_file_line_and_column(tmp_path):
+    """Bytes that are not UTF-8 named neither file nor line; a 10 MB field was a `_csv.Error` traceback."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x_train.csv").write_bytes(b"user_id,item_id,correct,time\nu,q1,1,1\nu,q\xff,0,2\n")
+    (data / "x_test.csv").write_text("user_id,item_id,correct,time\nv,q1,1,1\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "dkt", "--data", str(data), "--out", str(tmp_path / "never"), "--quiet"])
+    assert str(caught.value.code).startswith(f"nextstep train: {data / 'x_train.csv'}:3: expected UTF-8 text, got "
+                                             "b'\\xff' (byte 4 of the line; save the file as UTF-8)")
+    (data / "x_train.csv").write_text("user_id,item_id,correct,time\nu,q1,1,1\nu," + "q" * 200_000 + ",0,2\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["train", "dkt", "--data", str(data), "--out", str(tmp_path / "never"), "--quiet"])
+    message = str(caught.value.code)
+    assert message.startswith(f"nextstep train: {data / 'x_train.csv'}:3: expected fields of at most 131,072 "
+                              "characters (column 'item_id')") and "\n" not in message
+
+
+@pytest.mark.parametrize("metrics, first", [
+    ({"valid": {"recall@20": 0.5, "mrr@20": 0.25}, "baseline": {"name": "popularity", "recall@20": 0.125}},
+     "valid: recall@20 0.5000 (popularity 0.1250)  mrr@20 0.2500"),
+    ({"test": {"log_loss": 0.3, "baselines": {"fsrs6": {"log_loss": 0.31}}}}, "test: log_loss 0.3000 (FSRS-6 0.3100)"),
+    ({"test": {"skipped": "cross_validate is false: evaluate on other users (nextstep evaluate)"}},
+     "test: cross_validate is false: evaluate on other users (nextstep evaluate)"),
+])
+def test_the_train_summary_of_each_task(metrics, first):
+    from nextstep.cli import _train_summary
+
+    lines = _train_summary(Path("artifacts/m/3"), {"metrics": metrics}, 75)
+    assert lines == [first, "artifact: artifacts/m/3 (the run took 1 min 15 s)",
+                     "serve it: nextstep serve --artifacts artifacts (every MODEL/VERSION folder under it: this one is "
+                     "model 'm', version '3')"]

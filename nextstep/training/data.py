@@ -8,12 +8,14 @@ The task's readers are in its subpackage: kt/data.py (knowledge-tracing data set
 from __future__ import annotations
 
 import contextlib
+import csv
 import gzip
 import hashlib
+import itertools
 import os
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,10 +35,21 @@ class DataFormatError(ValueError):
 
     def __init__(self, path: str | os.PathLike, line_no: int, what: str, got: object, note: str = "") -> None:
         self.path, self.line_no, self.what, self.got, self.note = str(path), line_no, what, got, note
-        super().__init__(f"{path}:{line_no}: expected {what}, got {got!r}" + (f" ({note})" if note else ""))
+        super().__init__(f"{path}:{line_no}: expected {what}, got {_shown(got)}" + (f" ({note})" if note else ""))
 
     def __reduce__(self):  # keep the exception picklable (e.g. across DataLoader workers)
         return type(self), (self.path, self.line_no, self.what, self.got, self.note)
+
+
+SHOWN_CHARS = 80  # what an error quotes of a value: a 100,000-character field would make a 100 KB message
+
+
+def _shown(got: object) -> str:
+    text = repr(got)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = f"{len(got):,} characters" if isinstance(got, str) else f"{len(text):,} characters as written"
+    return f"{text[:SHOWN_CHARS - 20]}... ({size})"
 
 
 # ----------------------------------------------------------------------------- line parsing helpers
@@ -59,20 +72,39 @@ def compression(path: str | os.PathLike) -> str | None:
 @contextlib.contextmanager
 def open_text(path: str | os.PathLike):
     """A data file opened as text for the csv module (a byte-order mark is skipped): plain or gzipped, whatever
-    its name; another compression, or a gzip file cut short, is a `DataFormatError` saying so."""
+    its name; another compression, or a gzip file cut short, is a `DataFormatError` saying so, and so are bytes
+    that are not UTF-8 met while reading it (naming their line, which the decoder does not know)."""
     kind = compression(path)
-    if kind is None:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            yield f
-        return
-    if kind != "gzip":
+    if kind not in (None, "gzip"):
         raise DataFormatError(path, 1, "a plain or gzipped text file", f"{kind}-compressed data",
                               "decompress it first, or gzip it: only gzip is read")
     try:
-        with gzip.open(path, "rt", newline="", encoding="utf-8-sig") as f:
+        with _open(path, kind, "rt") as f:
             yield f
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise DataFormatError(path, 1, "a whole gzip file", str(exc), "the file is damaged or cut short") from None
+    except UnicodeDecodeError:
+        line_no, byte, at = _first_undecodable(path, kind)
+        raise DataFormatError(path, line_no, "UTF-8 text", byte, f"byte {at + 1} of the line; save the file as "
+                                                                  "UTF-8") from None
+
+
+def _open(path: str | os.PathLike, kind: str | None, mode: str):
+    """A plain or gzipped file, as text ("rt": UTF-8, a byte-order mark skipped) or bytes ("rb")."""
+    text = {"newline": "", "encoding": "utf-8-sig"} if mode == "rt" else {}
+    return gzip.open(path, mode, **text) if kind == "gzip" else open(path, mode.rstrip("t"), **text)  # noqa: SIM115
+
+
+def _first_undecodable(path: str | os.PathLike, kind: str | None) -> tuple[int, bytes, int]:
+    """(line number, the bytes, their offset in the line) of a file's first bytes that are not UTF-8. Lines are
+    decoded one by one: no UTF-8 character holds a newline byte, so each line decodes as it would in the file."""
+    with _open(path, kind, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return line_no, raw[exc.start:exc.end], exc.start
+    return 1, b"", 0  # (not reached: the text reader met them)
 
 
 def base_name(path: str | os.PathLike) -> str:
@@ -90,6 +122,68 @@ def fingerprint(*paths: str | os.PathLike) -> str:
     for p in paths:
         digest.update(Path(p).read_bytes())
     return digest.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- CSV rows and ids
+
+MAX_ID_CHARS = 256  # an id longer than this is refused: text ids are stored padded to the longest one (numpy)
+
+
+def check_id(path: str | os.PathLike, line_no: int, text: str, what: str, column: str) -> str:
+    """`text` when it is a non-empty id of at most MAX_ID_CHARS characters, else a `DataFormatError` naming
+    `what` ("a question id") and the column."""
+    if not text:
+        raise DataFormatError(path, line_no, f"{what} (column {column!r})", "")
+    if len(text) > MAX_ID_CHARS:
+        raise DataFormatError(path, line_no, f"{what} of at most {MAX_ID_CHARS} characters (column {column!r})",
+                              f"{len(text):,} characters")
+    return text
+
+
+def csv_rows(path: str | os.PathLike, reader, header: Sequence[str] = (), lines_before: int = 0) -> Iterator[list]:
+    """The rows of a `csv.reader` over a data file. Where the csv module raises a bare `csv.Error` naming neither
+    file nor line (a field past its size limit, a NUL byte), a `DataFormatError` names both, and for a field too
+    long the column of `header` it falls in. `lines_before`: lines of the file read before the reader began."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            line_no = reader.line_num + lines_before
+            if "field larger than field limit" not in str(exc):
+                raise DataFormatError(path, line_no, "a CSV row", str(exc)) from None
+            limit = csv.field_size_limit()
+            column = _long_field_column(path, line_no, reader.dialect.delimiter, header, limit)
+            raise DataFormatError(path, line_no, f"fields of at most {limit:,} characters{column}",
+                                  "a longer one") from None
+        yield row
+
+
+def _long_field_column(path: str | os.PathLike, line_no: int, delimiter: str, header: Sequence[str],
+                       limit: int) -> str:
+    """" (column NAME)" of the first field of at least `limit` characters on a line, or "" where none is found (a
+    field running over several lines)."""
+    with open_text(path) as f:
+        line = next(itertools.islice(f, line_no - 1, None), "")
+    index = next((i for i, n in enumerate(_field_lengths(line, delimiter)) if n >= limit), None)
+    if index is None:
+        return ""
+    return f" (column {header[index]!r})" if index < len(header) else f" (field {index + 1})"
+
+
+def _field_lengths(line: str, delimiter: str) -> list[int]:
+    """The length of each field of a CSV line: split at the delimiters outside double quotes."""
+    lengths, n, quoted = [], 0, False
+    for char in line.rstrip("\r\n"):
+        if char == '"':
+            quoted = not quoted
+        elif char == delimiter and not quoted:
+            lengths.append(n)
+            n = 0
+            continue
+        n += 1
+    return [*lengths, n]
 
 
 # ----------------------------------------------------------------------------- vocabulary

@@ -352,7 +352,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                       "model": {"d_model": 16, "n_layers": 1, "ffn_dim": 32, "t2v_dim": 4, "window": 32,
                                 "card_window": 4},
                       "n_splits": 2},
-                     run={"baselines": False}, bundled=True),
+                     run={"baselines": False, "log_lines": False}, bundled=True),
            sample={"d_model": 16, "ffn_dim": 16, "window": 8, "card_window": 2}),
 )}
 

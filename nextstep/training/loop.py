@@ -1,5 +1,6 @@
 """The one training loop of every gradient-trained family (`train_epochs`), the epoch's batches with their count
-(`Counted`) and the line each epoch prints. Each task's fit is in its subpackage (kt/loop.py, next_item/
+(`Counted`) and the lines it prints: what the training will run, each epoch's, the time the rest will take and,
+in a log file, where a long epoch is. Each task's fit is in its subpackage (kt/loop.py, next_item/
 gru4rec_loop.py, next_item/mrn_loop.py, srs/time_aware_loop.py)."""
 
 import math
@@ -12,6 +13,8 @@ from typing import Any
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
+
+HEARTBEAT_SECONDS = 30.0  # without a progress bar, a line at most this often within an epoch says where it is
 
 
 class Counted:
@@ -37,7 +40,7 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
                  lr_schedule=None, max_seconds: float | None = None, checkpoint: Path | None = None,
                  before_epoch: Callable[[int], dict | None] | None = None, progress: bool = True,
                  report: Callable[[dict], None] | None = None, validate_start: bool = False,
-                 average: float | None = None) -> list[dict]:
+                 average: float | None = None, say: Callable[[str], None] | None = None) -> list[dict]:
     """Train `model` for up to `epochs` epochs; return one history row per epoch.
 
     Each epoch: `before_epoch(epoch)` (e.g. a curriculum stage; the dict it returns goes into the row),
@@ -63,10 +66,15 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
     valid_*, best) and kept unless an epoch beats them, for a model that starts from a warm start.
     `average` (a decay per step, with an optimizer): an exponential moving average of the parameters is kept
     (torch.optim.swa_utils), and it is what each epoch validates, what the best epoch keeps and, without a
-    monitor, what training returns; the optimizer goes on from the trained parameters."""
+    monitor, what training returns; the optimizer goes on from the trained parameters.
+    `say(line)` (e.g. `print_line`) is told what the training will run before it starts (`plan`), after the first
+    epoch how long the rest will take at most (`estimate`), and, where no progress bar is drawn (a log file), how far
+    an epoch has got at most every HEARTBEAT_SECONDS (`heartbeat`): a long epoch is not silence."""
     sign = 1.0 if lower_is_better else -1.0
     history, best, best_state, stale = [], math.inf, None, 0
     started = time.perf_counter()
+    if say is not None:
+        say(plan(epochs, monitor if patience is not None else None, patience, max_seconds))
     if validate_start and validate is not None and monitor is not None:
         row = {"epoch": 0, **{f"valid_{name}": value for name, value in validate().items()}}
         row.update(targets=0, seconds=time.perf_counter() - started, targets_per_second=0.0, best=True)
@@ -87,6 +95,8 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
         if bar:
             work = tqdm(work, desc=f"epoch {epoch}/{epochs}", total=len(work) if hasattr(work, "__len__") else None,
                         unit="batch", leave=False, mininterval=1.0)
+        elif say is not None:
+            work = heartbeat(work, f"epoch {epoch}/{epochs}", say)
         for batch in work:
             out = step(batch)
             loss, n = out[0], out[1]
@@ -120,6 +130,9 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
             row["best"] = score < best - min_delta
         if report is not None:
             report(row)
+        if say is not None and epoch == 1 and epochs > 1:
+            say(estimate(row["seconds"], epochs - 1, monitor is not None and patience is not None,
+                         None if max_seconds is None else max_seconds - (time.perf_counter() - started)))
         if monitor is not None:
             if row["best"]:
                 best, stale = score, 0
@@ -143,6 +156,59 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
     return history
 
 
+def plan(epochs: int, monitor: str | None, patience: int | None, max_seconds: float | None) -> str:
+    """The line saying what a training will run: its epochs, when it stops early, its time limit."""
+    line = f"training: up to {epochs} epochs" if monitor else f"training: {epochs} epoch{'s' * (epochs != 1)}"
+    if monitor:
+        line += f", stopping once {patience} in a row bring no better {monitor} (the best epoch's weights are kept)"
+    if max_seconds is not None:
+        line += f"; no epoch is started that would end past {duration(max_seconds)}"
+    return line
+
+
+def estimate(first: float, left: int, early_stopping: bool, seconds_left: float | None) -> str:
+    """The line after the first epoch (`first` seconds): how long the `left` other epochs take at its pace (at most,
+    where early stopping may end them sooner or a time limit, `seconds_left` of it, cuts them)."""
+    rest = first * left
+    if seconds_left is not None and seconds_left < rest:
+        return (f"training: epoch 1 took {duration(first)}; the time limit ends the training within "
+                f"{duration(seconds_left)} more")
+    if early_stopping:
+        return (f"training: epoch 1 took {duration(first)}; the {left} other epochs take at most {duration(rest)} "
+                "more at this pace (early stopping usually ends them sooner)")
+    return f"training: epoch 1 took {duration(first)}; the other {left} take about {duration(rest)} more at this pace"
+
+
+def heartbeat(batches: Iterable, label: str, say: Callable[[str], None]):
+    """`batches` as they come, saying how far the epoch has got (and, where they are counted, the time it has left)
+    whenever HEARTBEAT_SECONDS have passed since it started or since the last such line."""
+    started = last = time.perf_counter()
+    total = None
+    for done, batch in enumerate(batches):
+        now = time.perf_counter()
+        if now - last >= HEARTBEAT_SECONDS and done:
+            if total is None and hasattr(batches, "__len__"):
+                total = len(batches)  # counted when first needed (a count may cost a pass over the data)
+            spent = now - started
+            where = f"batch {done} of {total}" if total else f"batch {done}"
+            left = f", about {duration(spent / done * (total - done))} left in it" if total else ""
+            say(f"training: {label} at {where} after {duration(spent)}{left}")
+            last = now
+        yield batch
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: 45 s, 3 min 10 s, 25 min, 2 h 5 min."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
 @torch.no_grad()
 def _swap_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
     """Exchange two models' parameter values in place (the same architecture); buffers stay."""
@@ -163,6 +229,11 @@ def describe(row: dict) -> str:
             + ("  *" if row.get("best") else ""))
 
 
+def print_line(text: str) -> None:
+    """A line of the training log, at once (also in a log file) and clear of a progress bar's updates."""
+    tqdm.write(text)
+    sys.stdout.flush()
+
+
 def print_row(row: dict) -> None:
-    tqdm.write(describe(row))
-    sys.stdout.flush()  # seen as the epoch ends, also in a log file
+    print_line(describe(row))

@@ -61,7 +61,7 @@ def test_train_help_shows_the_entry_s_options_and_only_them(entry, capsys):
         build_parser().parse_args(["train", entry.name, "--help"])
     shown = capsys.readouterr().out
     flags = re.findall(r"^  (--[a-z-]+)", shown, re.MULTILINE)
-    assert flags == ["--data", "--out", "--force", *(o.flag for o in entry.options), "--config", "--quiet"]
+    assert flags == ["--data", "--out", "--force", *(o.flag for o in entry.options), "--config", "--quiet", "--json"]
     for option in entry.options:  # the help as argparse wraps it
         assert " ".join(option.help.split()) in " ".join(shown.split()), option.name
 

@@ -11,7 +11,7 @@ import torch
 
 from nextstep.training.families import family
 from nextstep.training.kt.loop import TrainConfig, fit, predict_sequences
-from nextstep.training.loop import print_row, train_epochs
+from nextstep.training.loop import duration, print_row, train_epochs
 
 
 def regression(seed: int = 0):
@@ -260,3 +260,47 @@ def test_validate_start_lets_the_starting_weights_compete(values, best_epoch, ro
     for name, value in model.state_dict().items():  # seen[0]: the weights before any step
         torch.testing.assert_close(value, seen[best_epoch][name], rtol=0, atol=0)
     assert not torch.equal(seen[0]["weight"], seen[1]["weight"])  # training did move them
+
+
+# -- what the training says of its length -------------------------------------------------------------------------
+
+def test_the_training_says_what_it_will_run_and_after_its_first_epoch_how_long_the_rest_takes():
+    """deep_gpcm's cap of 60 epochs with a patience of 8 was said nowhere, nor how long the run would take."""
+    model, batches, step = regression()
+    said = []
+    train_epochs(model, 6, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                 validate=scripted([3.0, 2.0, 2.5, 2.1, 2.2, 1.0], model, []), monitor="valid_score", patience=3,
+                 say=said.append)
+    assert said[0] == ("training: up to 6 epochs, stopping once 3 in a row bring no better valid_score (the best "
+                       "epoch's weights are kept)")
+    assert re.fullmatch(r"training: epoch 1 took \d+ s; the 5 other epochs take at most \d+ s more at this pace "
+                        r"\(early stopping usually ends them sooner\)", said[1]), said
+    assert len(said) == 2  # (no epoch is long enough for a line within it)
+    said.clear()
+    train_epochs(model, 3, batches, step, optimizer=torch.optim.SGD(model.parameters(), lr=0.05), say=said.append)
+    assert said[0] == "training: 3 epochs" and said[1].endswith("; the other 2 take about 0 s more at this pace")
+
+
+def test_without_a_progress_bar_a_long_epoch_says_where_it_is(monkeypatch):
+    """In a log file nothing was printed between epoch lines, which a busy machine puts minutes apart."""
+    import nextstep.training.loop as loop
+
+    monkeypatch.setattr(loop, "HEARTBEAT_SECONDS", 0.0)  # a line at every batch but the first
+    model, batches, step = regression()
+    said = []
+    train_epochs(model, 1, lambda epoch: loop.Counted(batches(epoch), 4), step,
+                 optimizer=torch.optim.SGD(model.parameters(), lr=0.05), say=said.append)
+    assert said[1:] == [f"training: epoch 1/1 at batch {i} of 4 after 0 s, about 0 s left in it" for i in (1, 2, 3)]
+    said.clear()
+    train_epochs(model, 1, lambda epoch: iter(batches(epoch)), step, say=said.append)  # batches not counted
+    assert said[1:] == [f"training: epoch 1/1 at batch {i} after 0 s" for i in (1, 2, 3)]
+    said.clear()
+    monkeypatch.setattr(sys, "stderr", Terminal())  # a bar says it there
+    train_epochs(model, 1, batches, step, progress=True, say=said.append)
+    assert said == ["training: 1 epoch"]
+
+
+@pytest.mark.parametrize("seconds, text", [(0.4, "0 s"), (45, "45 s"), (190, "3 min 10 s"), (1500, "25 min"),
+                                           (7500, "2 h 5 min")])
+def test_durations_read_as_a_person_reads_them(seconds, text):
+    assert duration(seconds) == text

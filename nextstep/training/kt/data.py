@@ -35,9 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import DataFormatError, base_name, compression, id_array, open_text
+from ..data import DataFormatError, base_name, check_id, compression, csv_rows, id_array, open_text
 
 FORMATS = ("three_line", "pykt", "dtransformer", "long_csv")
+# K, the number of response categories, is at most this: a file's K sizes every model's response tables, and one
+# stray response of 1,000,000 would have them take gigabytes
+MAX_CATEGORIES = 100
+CATEGORIES_NOTE = f"responses are categories 0..K-1 with K at most {MAX_CATEGORIES}: bin a finer score first"
 
 
 # eq=False: arrays do not support tuple comparison/hashing, so sequences compare by identity.
@@ -108,12 +112,15 @@ def _parse_ints(path: Path, line_no: int, text: str, what: str, count: int | Non
 
 
 def _check_responses(path: Path, line_no: int, responses: np.ndarray, n_cats: int | None) -> None:
-    """Responses must lie in 0..K-1 (only non-negative when K is still to be inferred)."""
-    high = np.iinfo(np.int64).max if n_cats is None else n_cats - 1
-    bad = (responses < 0) | (responses > high)
+    """Responses must lie in 0..K-1 (below MAX_CATEGORIES when K is still to be inferred)."""
+    bad = (responses < 0) | (responses >= (n_cats or MAX_CATEGORIES))
     if bad.any():
-        what = "responses >= 0" if n_cats is None else f"responses in 0..{high}"
-        raise DataFormatError(path, line_no, what, int(responses[bad.argmax()]))
+        value = int(responses[bad.argmax()])
+        if n_cats is not None:
+            raise DataFormatError(path, line_no, f"responses in 0..{n_cats - 1}", value)
+        if value < 0:
+            raise DataFormatError(path, line_no, "responses >= 0", value)
+        raise DataFormatError(path, line_no, f"responses below {MAX_CATEGORIES}", value, CATEGORIES_NOTE)
 
 
 def _records(path: Path, field_names: AbcSequence[str]) -> Iterator[tuple[int, list[np.ndarray]]]:
@@ -194,7 +201,7 @@ def read_pykt_csv(path: str | os.PathLike, n_cats: int = 2) -> KTDataset:
         if id_col not in header or "responses" not in header:
             what = "a CSV header with 'concepts' (or 'questions') and 'responses' columns"
             raise DataFormatError(path, 1, what, ",".join(header) or "end of file")
-        for row in reader:
+        for row in csv_rows(path, reader, header):
             line_no = reader.line_num
             if not any(cell.strip() for cell in row):
                 continue
@@ -245,14 +252,21 @@ def _delimiter(first_line: str) -> str:
     return "\t" if "\t" in first_line and "," not in first_line else ","
 
 
-def _long_ids(texts: list[str]) -> np.ndarray:
+def _int_ids(texts: list[str]) -> np.ndarray | None:
     """Ids as int64 when every one is an integer as Python writes it (so "12" is the id 12 of the other formats
-    and the service's, and int ids keep their numeric order), else as text."""
+    and the service's, and int ids keep their numeric order), else None: they are text."""
     if all(_INT_ID.fullmatch(t) for t in texts):
         values = [int(t) for t in texts]
         if all(-(2**63) <= v < 2**63 for v in values):
             return np.asarray(values, dtype=np.int64)
-    return np.asarray(texts, dtype=str)
+    return None
+
+
+def _take_ids(texts: list[str], ints: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
+    """The ids of `rows`: int64 where the file's are integers (`_int_ids`), else text, padded only to the longest
+    of these rows' ids (numpy pads every text of an array to its longest: one array of the file's would make a
+    single long id cost its length on every row)."""
+    return ints[rows] if ints is not None else np.asarray([texts[i] for i in rows.tolist()], dtype=str)
 
 
 def _long_time(text: str) -> float:
@@ -274,16 +288,27 @@ def _long_response(text: str) -> int:
     return int(value)
 
 
+def _bad_response(path: Path, line_no: int, value: int, n_cats: int | None, column: str) -> DataFormatError:
+    """The error for a response outside 0..K-1 (K given) or 0..MAX_CATEGORIES-1 (K still to be inferred)."""
+    if n_cats is not None:
+        return DataFormatError(path, line_no, f"a response in 0..{n_cats - 1} (column {column!r})", value)
+    if value < 0:
+        return DataFormatError(path, line_no, f"a response >= 0 (column {column!r})", value)
+    return DataFormatError(path, line_no, f"a response below {MAX_CATEGORIES} (column {column!r})", value,
+                           CATEGORIES_NOTE)
+
+
 def read_long_csv(path: str | os.PathLike, n_cats: int | None = None) -> KTDataset:
     """Read one interaction per row (header names: `LONG_COLUMNS`; comma- or tab-separated).
 
     Each learner's rows are sorted by time (stable: equal times keep file order); learners are ordered by their
     first interaction's time (equal times: file order), so the order of the rows does not matter. A row whose
     event id repeats one of the same learner's is a replay, dropped as the service drops it. Responses are
-    integers 0..K-1 (``n_cats=None`` infers K = max response + 1, at least 2)."""
+    integers 0..K-1 (``n_cats=None`` infers K = max response + 1, at least 2; K is at most MAX_CATEGORIES); ids are
+    at most MAX_ID_CHARS characters."""
     path = Path(path)
     learners: dict[str, int] = {}
-    keys, questions, responses, times, skills, events, lines = [], [], [], [], [], [], []
+    keys, questions, responses, times, skills, events = [], [], [], [], [], []
     with open_text(path) as f:
         first = f.readline()
         delimiter = _delimiter(first)
@@ -296,7 +321,7 @@ def read_long_csv(path: str | os.PathLike, n_cats: int | None = None) -> KTDatas
                                            f"{accepted})", delimiter.join(header) or "end of file")
         names = {role: header[i] for role, i in cols.items()}
         reader = csv.reader(f, delimiter=delimiter)
-        for row in reader:
+        for row in csv_rows(path, reader, header, lines_before=1):
             line_no = reader.line_num + 1
             if not any(cell.strip() for cell in row):
                 continue
@@ -304,13 +329,17 @@ def read_long_csv(path: str | os.PathLike, n_cats: int | None = None) -> KTDatas
                 raise DataFormatError(path, line_no, f"{len(header)} columns", len(row))
             cell = {role: row[i].strip() for role, i in cols.items()}
             for role in ("learner", "question"):
-                if not cell[role]:
-                    raise DataFormatError(path, line_no, f"a {role} id (column {names[role]!r})", "")
+                check_id(path, line_no, cell[role], f"a {role} id", names[role])
+            for role in ("skill", "event"):  # optional: a row may leave them empty
+                if cell.get(role):
+                    check_id(path, line_no, cell[role], f"a {role} id", names[role])
             try:
                 response = _long_response(cell["response"])
             except ValueError:
                 raise DataFormatError(path, line_no, f"an integer response (column {names['response']!r})",
                                       cell["response"]) from None
+            if not 0 <= response < (n_cats or MAX_CATEGORIES):
+                raise _bad_response(path, line_no, response, n_cats, names["response"])
             try:
                 times.append(_long_time(cell["time"]))
             except (ValueError, OverflowError):
@@ -321,7 +350,6 @@ def read_long_csv(path: str | os.PathLike, n_cats: int | None = None) -> KTDatas
             responses.append(response)
             skills.append(cell.get("skill", ""))
             events.append(cell.get("event", ""))
-            lines.append(line_no)
     if not keys:
         raise DataFormatError(path, 2, "at least one interaction", "an empty file")
     keep = np.ones(len(keys), dtype=bool)
@@ -330,15 +358,9 @@ def read_long_csv(path: str | os.PathLike, n_cats: int | None = None) -> KTDatas
         if event:
             keep[i] = (key, event) not in seen
             seen.add((key, event))
-    q_ids, s_ids = _long_ids(questions), (_long_ids(skills) if "skill" in cols else None)
+    q_ints, s_ints = _int_ids(questions), (_int_ids(skills) if "skill" in cols else None)
     key_arr, time_arr = np.asarray(keys, dtype=np.int64), np.asarray(times, dtype=np.float64)
-    resp_arr, line_arr = np.asarray(responses, dtype=np.int64), np.asarray(lines, dtype=np.int64)
-    bad = resp_arr < 0 if n_cats is None else (resp_arr < 0) | (resp_arr >= n_cats)
-    if bad.any():
-        first_bad = int(np.argmax(bad))
-        what = "a response >= 0" if n_cats is None else f"a response in 0..{n_cats - 1}"
-        raise DataFormatError(path, int(line_arr[first_bad]), f"{what} (column {names['response']!r})",
-                              int(resp_arr[first_bad]))
+    resp_arr = np.asarray(responses, dtype=np.int64)
     rows = np.flatnonzero(keep)
     order = rows[np.lexsort((time_arr[rows], key_arr[rows]))]  # by learner, then time; lexsort is stable
     starts = np.flatnonzero(np.r_[True, key_arr[order][1:] != key_arr[order][:-1]])
@@ -348,8 +370,9 @@ def read_long_csv(path: str | os.PathLike, n_cats: int | None = None) -> KTDatas
     sequences = []
     for g in by_first_time:
         index = order[starts[g]:ends[g]]
-        sequences.append(Sequence(names_by_key[int(key_arr[index[0]])], q_ids[index], resp_arr[index],
-                                  skills=None if s_ids is None else s_ids[index]))
+        sequences.append(Sequence(names_by_key[int(key_arr[index[0]])], _take_ids(questions, q_ints, index),
+                                  resp_arr[index], skills=_take_ids(skills, s_ints, index) if "skill" in cols
+                                  else None))
     notes = {"columns": names}
     if len(rows) < len(keys):
         notes["replays_dropped"] = len(keys) - len(rows)
@@ -453,7 +476,9 @@ def _reader_kwargs(data_dir: Path, train: Path, fmt: str) -> dict:
     if fmt in ("three_line", "long_csv") and meta.exists():  # deep-gpcm sets record K, which a file may not show
         n_cats = json.loads(meta.read_text()).get("n_cats")
         if n_cats:
-            return {"n_cats": int(n_cats)}
+            if isinstance(n_cats, bool) or not isinstance(n_cats, int) or not 2 <= n_cats <= MAX_CATEGORIES:
+                raise ValueError(f"{meta}: n_cats must be an integer from 2 to {MAX_CATEGORIES}, got {n_cats!r}")
+            return {"n_cats": n_cats}
     return {}
 
 
@@ -484,20 +509,51 @@ def find_split_files(data_dir: str | os.PathLike) -> tuple[Path, Path, str, dict
     files = data_files(data_dir)
     train, test = _named(files)
     if len(train) != 1 or len(test) != 1:
-        raise ValueError(
-            f"{data_dir}: expected exactly one *train* and one *test* data file (or one data file named neither, "
-            f"split by learner), found train={[p.name for p in train]}, test={[p.name for p in test]} among "
-            f"{[p.name for p in files]}"
-        )
+        raise _layout_error(data_dir, files)
     fmt = detect_format(train[0])
     return train[0], test[0], fmt, _reader_kwargs(data_dir, train[0], fmt)
+
+
+def _layout_error(data_dir: Path, files: list[Path]) -> ValueError:
+    train, test = _named(files)
+    return ValueError(f"{data_dir}: expected exactly one *train* and one *test* data file (or a *train* file "
+                      f"alone, or one data file named neither, split by learner), found "
+                      f"train={[p.name for p in train]}, test={[p.name for p in test]} among {[p.name for p in files]}")
+
+
+def _layout(data: Path) -> tuple[Path, Path | None, str]:
+    """(train file, test file, why there is none) of `--data`: a data set directory's *train* and *test* files, or
+    the one file to split by learner (test None): a data file given itself, a directory's only data file named
+    neither, or a directory's *train* file without a *test* file."""
+    if data.is_file():
+        return data, None, "one data file"
+    if not data.is_dir():
+        raise FileNotFoundError(f"data set not found: {data} (give a data set directory or a data file)")
+    files = data_files(data)
+    train, test = _named(files)
+    if len(files) == 1 and not train and not test:
+        return files[0], None, "one data file"
+    if len(files) == 1 and train:
+        return train[0], None, f"no *test* file beside {train[0].name}"
+    if len(train) != 1 or len(test) != 1:
+        raise _layout_error(data, files)
+    return train[0], test[0], ""
+
+
+def _holds_no_records(path: Path, fmt: str) -> bool:
+    """Whether a data file holds nothing but blank lines (and a header, in the formats that have one)."""
+    with open_text(path) as f:
+        lines = (line for line in f if line.strip())
+        if fmt in ("pykt", "long_csv"):
+            next(lines, None)
+        return next(lines, None) is None
 
 
 READERS = {"three_line": read_three_line, "pykt": read_pykt_csv, "dtransformer": read_dtransformer,
             "long_csv": read_long_csv}
 ONE_INTERACTION_SHARE = 0.9  # a file where more learners than this have a single interaction is refused ...
 ONE_INTERACTION_MIN = 10  # ... once it has this many learners
-SINGLE_FILE_TEST_PERCENT = 20  # a directory of one data file: the learners whose id hashes below this are the test
+SINGLE_FILE_TEST_PERCENT = 20  # one file to split: the learners whose id hashes below this are the test learners
 
 
 def check_not_one_row_per_learner(ds: KTDataset) -> None:
@@ -519,44 +575,50 @@ def check_not_one_row_per_learner(ds: KTDataset) -> None:
                      f"question, response and time columns)")
 
 
-def _single_file_split(ds: KTDataset) -> tuple[KTDataset, KTDataset]:
-    """(train, test) of a directory's only file: a learner is a test learner when a hash of its id falls in the
-    lowest SINGLE_FILE_TEST_PERCENT of 100 buckets (the same learners whatever the seed, the row order, or
-    learners added later)."""
+def _hash_split(ds: KTDataset, why: str) -> tuple[KTDataset, KTDataset]:
+    """(train, test) of one file's learners: a learner is a test learner when a hash of its id falls in the lowest
+    SINGLE_FILE_TEST_PERCENT of 100 buckets (the same learners whatever the seed, the row order, or learners added
+    later). `why` the file is split ("one data file") opens the note the log and the manifest show. A side left
+    without learners is an error saying what to give."""
     def is_test(student: str) -> bool:
         bucket = int.from_bytes(hashlib.sha256(student.encode()).digest()[:8], "big") % 100
         return bucket < SINGLE_FILE_TEST_PERCENT
     test = {s.student_id for s in ds.sequences if is_test(s.student_id)}
-    note = {"split": f"one data file: the learners whose id hashes into {SINGLE_FILE_TEST_PERCENT}% of buckets "
-                     "are the test learners"}
+    n = len({s.student_id for s in ds.sequences})
+    if not test or len(test) == n:
+        part = "test" if test else "training"
+        side = f"its only learner falls in the {part} part" if n == 1 else \
+            f"all {n} of its learners fall in the {part} part"
+        raise ValueError(f"{ds.path}: {why}, so its learners are split into training and test learners by a hash of "
+                         f"their id, and {side}: give more learners (about {SINGLE_FILE_TEST_PERCENT}% fall in the "
+                         "test part), or a *test* file of other learners beside a *train* file")
+    note = {"split": f"{why}: the learners whose id hashes into {SINGLE_FILE_TEST_PERCENT}% of buckets are the test "
+                     "learners"}
     parts = ([s for s in ds.sequences if s.student_id not in test], [s for s in ds.sequences if s.student_id in test])
     return tuple(KTDataset(part, ds.n_cats, ds.path, ds.fmt, {**ds.notes, **note}) for part in parts)
 
 
-def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[KTDataset, KTDataset]:
-    """Load (train, test) from a data set directory; ``fmt`` overrides format detection.
+def load_dataset(data: str | os.PathLike, fmt: str | None = None) -> tuple[KTDataset, KTDataset]:
+    """Load (train, test) from `--data`, a data set directory or a data file; ``fmt`` overrides format detection.
 
-    The train and test files are found by name (`find_split_files`); a directory holding a single data file
-    whose name says neither is split by learner (`_single_file_split`)."""
+    A directory's train and test files are found by name (*train*, *test*). One file is split by learner
+    (`_hash_split`): a data file given itself, a directory's only data file named neither, a *train* file with no
+    *test* file beside it (what `nextstep events export --test-fraction 0` writes) or with one that holds no
+    interactions."""
     if fmt is not None and fmt not in READERS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
-    data_dir = Path(data_dir)
-    files = data_files(data_dir) if data_dir.is_dir() else []
-    single = len(files) == 1 and _named(files) == ([], [])
-    if single:
-        train_path = test_path = files[0]
-        detected = detect_format(train_path)
-        kwargs = _reader_kwargs(data_dir, train_path, detected)
-    else:
-        train_path, test_path, detected, kwargs = find_split_files(data_dir)
-    used = detected
-    if fmt is not None and fmt != detected:
-        used, kwargs = fmt, _reader_kwargs(data_dir, train_path, fmt)
+    data = Path(data)
+    train_path, test_path, why = _layout(data)
+    detected = detect_format(train_path)
+    used = fmt or detected
+    kwargs = _reader_kwargs(data if data.is_dir() else data.parent, train_path, used)
+    if test_path is not None and _holds_no_records(test_path, used):
+        test_path, why = None, f"{test_path.name} holds no interactions"
     read = READERS[used]
     try:
         train = read(train_path, **kwargs)
         # K comes from the training file (or metadata): a test response outside it is a format error
-        test = None if single else read(test_path, **{**kwargs, "n_cats": train.n_cats})
+        test = None if test_path is None else read(test_path, **{**kwargs, "n_cats": train.n_cats})
     except DataFormatError as exc:
         if used == detected:
             raise
@@ -566,13 +628,8 @@ def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[K
         if ds is not None and not ds.sequences:
             raise DataFormatError(ds.path, 1, "at least one record", "an empty file")
     check_not_one_row_per_learner(train)
-    if single:
-        train, test = _single_file_split(train)
-        for ds, what in ((train, "training"), (test, "test")):
-            if not ds.sequences:
-                raise ValueError(f"{ds.path}: the only data file of {data_dir} leaves no {what} learners when "
-                                 f"split by learner ({len(train) + len(test)} learners); give *train* and *test* "
-                                 "files")
+    if test is None:
+        train, test = _hash_split(train, why)
     else:
         check_not_one_row_per_learner(test)
     for ds in (train, test):
@@ -582,12 +639,15 @@ def load_dataset(data_dir: str | os.PathLike, fmt: str | None = None) -> tuple[K
 
 
 def split_students(ds: KTDataset, valid_fraction: float, seed: int) -> tuple[KTDataset, KTDataset]:
-    """Split by student (all of a student's sequences go to one side); deterministic for a seed."""
+    """Split by student (all of a student's sequences go to one side); deterministic for a seed. A fraction above 0
+    holds out at least one student of two or more (4 students at 0.1 would otherwise hold out none)."""
     if not 0.0 <= valid_fraction < 1.0:
         raise ValueError(f"valid_fraction must be in [0, 1), got {valid_fraction}")
     students = list(dict.fromkeys(s.student_id for s in ds.sequences))  # first-appearance order
     order = np.random.default_rng(seed).permutation(len(students))
     n_valid = int(round(valid_fraction * len(students)))
+    if valid_fraction > 0 and len(students) >= 2:
+        n_valid = max(n_valid, 1)
     valid_ids = {students[i] for i in order[:n_valid]}
     train = [s for s in ds.sequences if s.student_id not in valid_ids]
     valid = [s for s in ds.sequences if s.student_id in valid_ids]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..data import MIN_COUNT, UNKNOWN_SHARE, check_unknown_options
-from ..loop import Counted, print_row, train_epochs
+from ..loop import Counted, print_line, print_row, train_epochs
 
 Encoded = tuple[np.ndarray, np.ndarray]  # (question indices, responses), int64, same length
 
@@ -141,4 +141,4 @@ def fit(model, train: list[Encoded], valid: list[Encoded], cfg: TrainConfig, *, 
                         lr_schedule=torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5,
                                                                                patience=cfg.lr_patience),
                         checkpoint=checkpoint, progress=progress, report=print_row if log else None,
-                        validate_start=validate_start, average=cfg.average)
+                        validate_start=validate_start, average=cfg.average, say=print_line if log else None)

@@ -75,8 +75,7 @@ def train_model(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainC
                          f"categories ({train_ds.path}); choose another")
     fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
     if not len(fit_ds) or not len(valid_ds):
-        raise ValueError(f"{train_ds.path}: {len(train_ds)} training sequences leave {len(fit_ds)} to fit and "
-                         f"{len(valid_ds)} to validate with valid_fraction={cfg.valid_fraction}; need both")
+        raise ValueError(too_few_learners(train_ds, cfg.valid_fraction))
     # ids seen only by validation or test students map to the unknown row, as they would in serving; so do ids the
     # fitting students answered fewer than min_question_count times, and a seeded unknown_share of the fitting
     # interactions: through them the unknown row learns an average question, which answers questions added later
@@ -92,6 +91,9 @@ def train_model(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainC
             f"{unknown['interactions']} fitting interactions go through it")
     torch.manual_seed(cfg.seed)
     model = entry.build({"n_questions": len(vocab), "n_cats": train_ds.n_cats, **cfg.model})
+    if log:
+        for line in describe_model(model, len(vocab.ids), cfg.min_question_count):
+            say(line)
     # a model may start from what the fitting students alone say (Deep-GPCM: item parameters of a fitted IRT model)
     warm_start = getattr(model, "warm_start", None)
     if warm_start is not None and log and getattr(model.cfg, "irt_init", False):  # it takes up to a minute
@@ -110,7 +112,8 @@ def train_model(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainC
     test_pred = predict_sequences(model, test_enc, max_len=cfg.eval_max_len, batcher=batcher)
     best_epoch = [h for h in history if h["best"]][-1]  # the epoch whose weights fit() kept (0: the warm start)
     metrics = {"test": {**score(test_pred["probs"], test_pred["targets"]), **unknown_share(test_enc)},
-               "valid": {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")}}
+               "valid": {k.removeprefix("valid_"): v for k, v in best_epoch.items() if k.startswith("valid_")},
+               "baseline": base_rate(fit_ds, test_pred["targets"], score)}
     truth = data_dir / "true_irt_parameters.json"
     if truth.exists() and "theta" in test_pred and vocab.numeric:  # IRT outputs; the truth's item ids are integers
         metrics["irt_recovery"] = irt_recovery(model, vocab, truth, test_pred)
@@ -141,6 +144,25 @@ def train_model(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: TrainC
     return manifest
 
 
+def base_rate(fit: KTDataset, targets: np.ndarray, score) -> dict:
+    """The test metrics (`score`, the family's) of one prediction for every answer: the fitting learners' shares of
+    each response (counts + 1, so that no response has probability 0). The figure a model must beat, next to its
+    own in the manifest's `metrics.baseline` and the line `train` ends with."""
+    counts = np.bincount(np.concatenate([s.responses for s in fit.sequences]), minlength=fit.n_cats) + 1.0
+    return {"name": "base rate", **score(np.broadcast_to(counts / counts.sum(), (len(targets), fit.n_cats)), targets)}
+
+
+def too_few_learners(train: KTDataset, valid_fraction: float) -> str:
+    """Why the training learners leave none to fit or none to validate on (`split_students` holds out at least one
+    of two), and what to do."""
+    n = len({s.student_id for s in train.sequences})
+    if n < 2:
+        return (f"{train.path}: {n} training learner, and training needs at least 2: one to fit, one to validate on "
+                "for early stopping; give more learners")
+    return (f"{train.path}: valid_fraction {valid_fraction} of its {n} training learners leaves none to fit; give a "
+            "smaller valid_fraction in --config")
+
+
 def data_notes(train: KTDataset, test: KTDataset) -> dict:
     """How the data was read, beyond its format (the manifest's `data` holds them): the long format's columns,
     replays dropped, gzip, a one-file split. Empty for a plain three-line, pykt or DTransformer data set."""
@@ -167,6 +189,31 @@ def describe_data(train: KTDataset, test: KTDataset) -> str:
     if "split" in notes:
         line += f"; {notes['split']}"
     return line
+
+
+LARGE_VOCABULARY = 100_000  # questions with a row of their own past which the log says why training is slow
+
+
+def describe_model(model: torch.nn.Module, n_questions: int, min_count: int) -> list[str]:
+    """The log's lines on the model's size: its parameters and the memory they take, and, past LARGE_VOCABULARY
+    questions with a row of their own, why each step is slow and what makes it faster. (Every training step
+    updates every question's rows, as Adam updates every parameter: a million questions cost seconds a step.)"""
+    n = sum(p.numel() for p in model.parameters())
+    size = n * next(model.parameters()).element_size()
+    lines = [f"model: {n:,} parameters ({_bytes(size)}; about {_bytes(4 * size)} in training, with their gradients "
+             f"and Adam's moments); {n_questions:,} questions have a row of their own"]
+    if n_questions > LARGE_VOCABULARY:
+        lines.append(f"warning: {n_questions:,} questions with a row of their own: every training step updates all "
+                     f"of them, so a step takes time in proportion to their number; a larger min_question_count in "
+                     f"--config (now {min_count}) gives the rarer questions the shared unknown row")
+    return lines
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 2**30), ("MB", 2**20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2**10:.1f} KB"
 
 
 def _parity_batch(seqs: list[Encoded], length: int, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

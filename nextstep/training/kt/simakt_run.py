@@ -25,7 +25,7 @@ import torch
 
 from ...models.simakt import ConfigError, SimAKT, SimAKTConfig, contrastive_loss, parse_similarity, regularisation
 from ..data import MIN_COUNT, UNKNOWN_SHARE, Vocabulary, check_unknown_options, fingerprint, hide_ids, unknown_record
-from ..loop import describe, train_epochs  # batches: padded, length-sorted, shuffled by rng
+from ..loop import describe, print_line, train_epochs  # batches: padded, length-sorted, shuffled by rng
 from ..metrics import ordinal_metrics
 from .banks import (
     Bank,
@@ -213,7 +213,7 @@ def split_folds(ids: list[str], rng: np.random.Generator, k: int = 2) -> list[li
 
 
 def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_seqs: list[Trajectory],
-        cfg: SimAKTTrainConfig, log=print) -> list[dict]:
+        cfg: SimAKTTrainConfig, log=print_line) -> list[dict]:
     """Adam with early stopping on validation AUC and a wall-clock budget; leaves the best weights loaded.
 
     The banks follow the weights: built before the first epoch, and after every epoch (from one encoding
@@ -271,7 +271,8 @@ def fit(model: SimAKT, fit_trajs: list[Trajectory], fit_ids: list[str], valid_se
 
     return train_epochs(model, cfg.epochs, epoch_batches, step, optimizer=opt, grad_clip=cfg.grad_clip,
                         validate=validate, monitor="valid_auc", lower_is_better=False, patience=cfg.patience,
-                        max_seconds=cfg.max_minutes * 60, progress=False, report=lambda row: log(describe(row)))
+                        max_seconds=cfg.max_minutes * 60, progress=False, report=lambda row: log(describe(row)),
+                        say=log)
 
 
 def refit_answer_heads(model: SimAKT, seqs: list[Trajectory], banks: list, iterations: int = 50) -> dict:
@@ -357,7 +358,7 @@ def train_entry(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: SimAKT
 
 
 def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,
-                 similarity: dict | None = None, name: str = "simakt", export: bool = True, log=print) -> dict:
+                 similarity: dict | None = None, name: str = "simakt", export: bool = True, log=print_line) -> dict:
     """Train, evaluate on the test file, and (export=True) export to out_dir; returns the manifest (without
     export: the manifest's metrics and training sections, for sweeps on machines without ONNX)."""
     data_dir = Path(data_dir)
@@ -410,6 +411,9 @@ def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAK
     metrics = {"test": {**binary_metrics(probs, targets),
                         "unknown_questions": int(sum((q == 1).sum() for q, _ in test_seqs))},
                "valid": {k.removeprefix("valid_"): v for k, v in best.items() if k.startswith("valid_")},
+               # one P(right) for every answer, the fitting learners' share of right answers: the figure to beat
+               "baseline": {"name": "base rate", **binary_metrics(np.full(len(targets), np.mean(
+                   np.concatenate([s.responses for s in fit_ds.sequences]))), targets)},
                **({"answer_refit": refit} if refit else {})}
     log(f"test auc {metrics['test']['auc']:.4f}  acc {metrics['test']['accuracy']:.4f}  "
         f"nll {metrics['test']['nll']:.4f}  ({train_seconds:.0f}s)")

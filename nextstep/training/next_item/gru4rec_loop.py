@@ -23,7 +23,7 @@ import torch
 
 from ...models.gru4rec import GRU4Rec
 from ..data import ITEM_UNKNOWN_SHARE, check_unknown_options
-from ..loop import Counted, print_row, train_epochs
+from ..loop import Counted, print_line, print_row, train_epochs
 from .gru4rec_step import LOSSES, TrainStep
 from .sessions import SessionData
 
@@ -246,4 +246,4 @@ def fit_gru4rec(model: GRU4Rec, train: SessionData, cfg: GRU4RecTrainConfig, pro
         return None, len(target), {"loss": loss}
 
     return train_epochs(model, cfg.epochs, epoch_batches, train_step, progress=progress,
-                        report=print_row if log else None)
+                        report=print_row if log else None, say=print_line if log else None)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ...models.mrn import MRN
 from ..data import ITEM_UNKNOWN_SHARE, check_unknown_options
-from ..loop import print_row, train_epochs
+from ..loop import print_line, print_row, train_epochs
 from .sessions import SessionData
 
 
@@ -146,6 +146,6 @@ def fit_mrn(model: MRN, train: SessionData, cfg: MRNTrainConfig, progress: bool 
     try:
         return train_epochs(model, cfg.epochs, lambda epoch: length_batches(lengths, cfg.batch_size, rng), step,
                             optimizer=optimizer, before_epoch=stage, progress=progress,
-                            report=print_row if log else None)
+                            report=print_row if log else None, say=print_line if log else None)
     finally:
         model.k_active, model.l_active = full

@@ -73,3 +73,16 @@ def session_ranks(model, data: SessionData, max_cells: int = 2_000_000) -> np.nd
 
 def evaluate_sessions(model, data: SessionData, ks: tuple[int, ...] = KS) -> dict:
     return rank_metrics(session_ranks(model, data), ks)
+
+
+def popularity_metrics(train_rows: np.ndarray, data: SessionData, n_rows: int, ks: tuple[int, ...] = KS) -> dict:
+    """What `evaluate_sessions` gives the popularity model (the training clicks' counts, `train_rows` of `n_rows`
+    model rows) on `data` (encoded), from the counts alone: every target's rank is the same whatever the session
+    did, so no item is scored per target. The next-item runs' baseline."""
+    counts = np.bincount(train_rows, minlength=n_rows).astype(np.float64)
+    candidates = np.sort(counts[N_RESERVED:])
+    is_target = np.ones(data.n_events, dtype=bool)
+    is_target[data.offsets[:-1]] = False  # every click after a session's first
+    targets = data.items[is_target]
+    ranks = len(candidates) - np.searchsorted(candidates, counts[targets], side="left")  # ties count against it
+    return rank_metrics(np.where(targets < N_RESERVED, len(candidates) + 1, ranks), ks)

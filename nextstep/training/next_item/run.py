@@ -22,6 +22,7 @@ from ..data import Vocabulary, fingerprint, hide_ids, unknown_record
 from ..export import load_weights
 from ..families import family, restore
 from .export import TASK, export_next_item
+from .ranking import popularity_metrics
 from .sessions import SessionData
 
 
@@ -36,6 +37,8 @@ def train_next_item(entry, data_dir: str | Path, out_dir: str | Path, *, cfg=Non
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     started = time.perf_counter()
     train, test = read(data_dir, valid=valid, fmt=fmt)
+    if log:
+        print(describe_data(train, test, "validation" if valid else "test"), flush=True)
     # items clicked fewer than min_item_count times share the unknown row (1), and a seeded unknown_share of the
     # training clicks go through it: the row then stands for an item added after training (never recommended)
     vocab = Vocabulary.build(train.items, min_count=cfg.min_item_count)
@@ -54,7 +57,9 @@ def train_next_item(entry, data_dir: str | Path, out_dir: str | Path, *, cfg=Non
     train_seconds = time.perf_counter() - started
     split = "valid" if valid else "test"
     dropped = test.n_events - test_enc.n_events
-    metrics = {split: {**score(model, test_enc), "dropped_unknown_events": dropped}}
+    baseline = popularity_metrics(vocab.encode(train.items), test_enc, len(vocab))  # the training clicks' counts
+    metrics = {split: {**score(model, test_enc), "dropped_unknown_events": dropped},
+               "baseline": {"name": "popularity", **baseline}}
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
         "name": entry.name,
@@ -72,6 +77,14 @@ def train_next_item(entry, data_dir: str | Path, out_dir: str | Path, *, cfg=Non
     manifest = export_next_item(model, out_dir, manifest=manifest, vocab_json=vocab.to_json(),
                                 parity_sessions=parity_sessions(test_enc), top_k=top_k)
     return manifest
+
+
+def describe_data(train: SessionData, test: SessionData, held_out: str) -> str:
+    """The log's line on the data: the files, the sessions and clicks read, and how one file was split."""
+    files = train.path if train.path == test.path else f"{train.path} and {test.path}"
+    line = (f"data: {files}: {len(train)} training and {len(test)} {held_out} sessions, "
+            f"{train.n_events + test.n_events} clicks")
+    return line + (f"; {train.notes['split']}" if "split" in train.notes else "")
 
 
 def encode_eval(test: SessionData, vocab: Vocabulary, train_items: np.ndarray) -> SessionData:

@@ -7,10 +7,10 @@ in time order, sessions ordered by their first event's time):
 * ``diginetica`` -- the raw Diginetica item views: ``session_id;user_id;item_id;timeframe;eventdate``.
 * ``csv``        -- any CSV with named session, item and time columns (``--session-col`` etc.).
 
-Item ids are integers (as in all three sources); a malformed row raises `DataFormatError` naming the
-file, line and column. A file may be gzipped (``rsc15_train_full.tsv.gz``; found by its first bytes); another
-compression is refused, naming it. Raw item ids map to model rows through `data.Vocabulary` (row 0 padding, row 1
-unknown, both never recommended).
+Item ids are integers (as in all three sources), session ids any text of at most `MAX_ID_CHARS` characters; a
+malformed row raises `DataFormatError` naming the file, line and column. A file may be gzipped
+(``rsc15_train_full.tsv.gz``; found by its first bytes); another compression is refused, naming it. Raw item ids
+map to model rows through `data.Vocabulary` (row 0 padding, row 1 unknown, both never recommended).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..data import DataFormatError, Vocabulary, base_name, open_text
+from ..data import DataFormatError, Vocabulary, base_name, check_id, csv_rows, open_text
 
 SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 
@@ -37,6 +37,7 @@ class SessionData:
     times: np.ndarray  # float64 seconds
     offsets: np.ndarray  # int64, len(session_ids) + 1
     path: str = ""
+    notes: dict = field(default_factory=dict)  # how it was read, for the log (e.g. how a file was split)
 
     def __len__(self) -> int:
         return len(self.session_ids)
@@ -94,7 +95,7 @@ def _read_rows(path: Path, columns: tuple[str, str, str], delimiter: str, parse_
         if missing:
             raise DataFormatError(path, 1, f"a header with columns {list(columns)}", header)
         si, ii, ti = (header.index(c) for c in columns)
-        for line_no, row in enumerate(reader, start=2):
+        for line_no, row in enumerate(csv_rows(path, reader, header), start=2):
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
             if len(row) < len(header):
@@ -109,7 +110,8 @@ def _read_rows(path: Path, columns: tuple[str, str, str], delimiter: str, parse_
                 raise DataFormatError(path, line_no, f"a time in column {time_col!r}", row[ti]) from None
             if not np.isfinite(t):
                 raise DataFormatError(path, line_no, f"a finite time in column {time_col!r}", row[ti])
-            keys.append(sessions.setdefault(row[si].strip(), len(sessions)))
+            name = check_id(path, line_no, row[si].strip(), "a session id", session_col)
+            keys.append(sessions.setdefault(name, len(sessions)))
             items.append(item)
             times.append(t)
     if not items:
@@ -136,7 +138,7 @@ def read_csv(path: str | os.PathLike, session_col: str = "session_id", item_col:
     """A CSV with named columns; times are numbers (unix seconds) or ISO 8601 timestamps."""
     path = Path(path)
     with open_text(path) as f:
-        header = [h.strip() for h in next(csv.reader(f, delimiter=delimiter), [])]
+        header = [h.strip() for h in next(csv_rows(path, csv.reader(f, delimiter=delimiter)), [])]
     ti = header.index(time_col) if time_col in header else 0
 
     def parse(row):
@@ -170,26 +172,47 @@ def _find(data_dir: Path, suffix: str) -> Path:
     return found[0]
 
 
-def load_session_split(data_dir: str | os.PathLike, valid: bool = False, fmt: str | None = None,
+TEST_TIME_SHARE = 0.1  # one file to split: the sessions starting in this last share of its time span are the test
+
+
+def load_session_split(data: str | os.PathLike, valid: bool = False, fmt: str | None = None,
                        **csv_columns) -> tuple[SessionData, SessionData]:
-    """(train, test) of a session data set directory in GRU4Rec's layout: `*_train_full` / `*_test`,
-    or with valid=True the tuning split `*_train_tr` / `*_train_valid` carved from the training data.
-    A directory holding a single raw file (Diginetica sample, a CSV) is split by time: the sessions
-    starting in the last 10% of the time span are the test sessions."""
-    data_dir = Path(data_dir)
-    files = sorted(p for p in data_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    """(train, test) of `--data`: a session data set directory in GRU4Rec's layout, `*_train_full` / `*_test`, or
+    with valid=True the tuning split `*_train_tr` / `*_train_valid` carved from the training data. One file is split
+    by time (the sessions starting in the last TEST_TIME_SHARE of its time span are the test sessions, and the
+    notes say so): a raw file given itself or alone in its directory (Diginetica sample, a CSV), or a
+    `*_train_full` file without a `*_test` file beside it (what `nextstep events export --test-fraction 0`
+    writes)."""
+    data = Path(data)
+    if data.is_file():
+        return _split_one(data, "csv", valid, fmt, csv_columns, "one data file")
+    files = sorted(p for p in data.iterdir() if p.is_file() and not p.name.startswith("."))
     if any(_stem(p).endswith("_train_full") for p in files):
+        if not valid and not any(_stem(p).endswith("_test") for p in files):
+            return _split_one(_find(data, "_train_full"), "gru4rec", valid, fmt, csv_columns,
+                              "no *_test file beside it")
         names = ("_train_tr", "_train_valid") if valid else ("_train_full", "_test")
-        train, test = (_find(data_dir, n) for n in names)
+        train, test = (_find(data, n) for n in names)
         reader = _reader(fmt or "gru4rec", csv_columns)
         return reader(train), reader(test)
     if len(files) != 1:
-        raise FileNotFoundError(f"{data_dir}: expected *_train_full/*_test files or a single raw file, found "
+        raise FileNotFoundError(f"{data}: expected *_train_full/*_test files or a single raw file, found "
                                 f"{[p.name for p in files]}")
-    guess = "diginetica" if "item-views" in files[0].name else "csv"
-    data = _reader(fmt or guess, csv_columns)(files[0])
-    train, test = split_by_time(data, 0.1)
-    return split_by_time(train, 0.1) if valid else (train, test)
+    return _split_one(files[0], "csv", valid, fmt, csv_columns, "one data file")
+
+
+def _split_one(path: Path, default_fmt: str, valid: bool, fmt: str | None, csv_columns: dict,
+               why: str) -> tuple[SessionData, SessionData]:
+    """`load_session_split` of one file, split by time (twice with valid=True: its training part again)."""
+    guess = "diginetica" if "item-views" in path.name else default_fmt
+    train, test = split_by_time(_reader(fmt or guess, csv_columns)(path), TEST_TIME_SHARE)
+    if valid:
+        train, test = split_by_time(train, TEST_TIME_SHARE)
+    share = f"{TEST_TIME_SHARE:.0%}"
+    test.notes["split"] = train.notes["split"] = (f"{path.name}: {why}: the sessions starting in the last {share} "
+                                                  f"of its time span are the {'validation' if valid else 'test'} "
+                                                  "sessions")
+    return train, test
 
 
 def _reader(fmt: str, csv_columns: dict):

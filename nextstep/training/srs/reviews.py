@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import DataFormatError, base_name, open_text
+from ..data import DataFormatError, base_name, check_id, csv_rows, open_text
 
 STATE_UNKNOWN = -1  # state column absent (py-fsrs logs)
 STATE_NEW, STATE_LEARNING, STATE_REVIEW, STATE_RELEARNING = 0, 1, 2, 3
@@ -243,7 +243,7 @@ def _state(path: Path, line: int, text: str) -> int:
 
 
 def _header(path: Path, reader, required: tuple[str, ...]) -> list[str]:
-    header = next(reader, None)
+    header = next(csv_rows(path, reader), None)
     if header is None:
         raise DataFormatError(path, 1, f"a CSV header with columns {list(required)}", "an empty file")
     header = [h.strip() for h in header]
@@ -254,7 +254,7 @@ def _header(path: Path, reader, required: tuple[str, ...]) -> list[str]:
 
 def _data_rows(path: Path, reader, header: list[str]):
     """Yield (line number, {column: stripped cell}) for non-blank rows."""
-    for row in reader:
+    for row in csv_rows(path, reader, header):
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(header):
@@ -271,7 +271,8 @@ def read_review_csv(path: str | os.PathLike, *, day_columns: str = "check", time
     times keep file order). ``review_time`` is unix ms or seconds, decided once per file (``time_unit``
     "auto": from the first row, ms when above 1e11; every row must then agree) or forced with "ms" / "s".
     ``duration`` is in ms (empty or absent: NaN); a missing deck is 0, a missing (or empty) state
-    `STATE_UNKNOWN`. Card and deck ids must be integers; the user id is any non-empty text.
+    `STATE_UNKNOWN`. Card and deck ids must be integers; the user id is any non-empty text of at most
+    MAX_ID_CHARS characters.
 
     ``day_columns`` says what to do with the file's ``day_offset`` / ``elapsed_days``:
 
@@ -298,8 +299,7 @@ def read_review_csv(path: str | os.PathLike, *, day_columns: str = "check", time
         header = _header(path, reader, REVIEW_CSV_REQUIRED)
         has = {c: c in header for c in REVIEW_CSV_OPTIONAL}
         for line, cells in _data_rows(path, reader, header):
-            if not cells["user_id"]:
-                raise DataFormatError(path, line, "a user id (column 'user_id')", "")
+            check_id(path, line, cells["user_id"], "a user id", "user_id")
             t = _cell_float(path, line, cells["review_time"], "review_time", "a finite unix time")
             if ms_unit is None:
                 ms_unit, unit_line = t > MS_THRESHOLD, line
@@ -712,7 +712,7 @@ def read_anki_collection(path: str | os.PathLike, user_id: str = "0") -> ReviewL
 
 def _csv_header(path: Path) -> list[str]:
     with open_text(path) as f:
-        return [h.strip() for h in next(csv.reader(f), [])]
+        return [h.strip() for h in next(csv_rows(path, csv.reader(f)), [])]
 
 
 REVIEW_FILE_NAMES = ("revlogs.csv", "revlogs.csv.gz")
@@ -790,14 +790,15 @@ READ_ERRORS = (DataFormatError, FileNotFoundError, OSError, ValueError)  # a use
 
 def read_users(path: str | os.PathLike, *, day_columns: str = "check", day_start_hour: float = 4,
                utc_offset_hours: float = 0, duration_cap_s: float | None = None,
-               log_line=None) -> list[tuple[str, ReviewLog]]:
+               log_line=None, skipped: dict[str, str] | None = None) -> list[tuple[str, ReviewLog]]:
     """Every user's reviews under `path`, as (user name, that user's review log), in path order.
 
     A file, or a folder that holds review data itself (a user's folder), is read as `read_reviews` reads it, and a
     read error ends the call: that is `--data` on one user. Otherwise every folder below `path`, at any depth, that
     holds review data is one user's folder, read by `read_reviews` (its subfolders are not searched: an Anki
     profile's backups are not another user), and named by its path relative to `path`; one whose data are refused
-    is skipped, with a line through `log_line` (default: standard error) saying why. A review-log CSV of several
+    is skipped, with a line through `log_line` (default: standard error) saying why (and, with a `skipped` dict, the
+    reason under its name there). A review-log CSV of several
     users gives each of them, named FOLDER:USER_ID. Hidden files and folders are passed over. No user found is a
     FileNotFoundError.
     """
@@ -825,6 +826,8 @@ def read_users(path: str | os.PathLike, *, day_columns: str = "check", day_start
                 found.extend(_split_users(name, _read_user_folder(folder, name, options, log_line)))
             except READ_ERRORS as exc:
                 log_line(f"skipped {name}: {exc}")
+                if skipped is not None:
+                    skipped[name] = str(exc)
             return
         for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
             visit(sub)
@@ -903,16 +906,17 @@ def concat_users(users: list[tuple[str, ReviewLog]], path: str = "") -> ReviewLo
 
 
 def read_review_data(path: str | os.PathLike, *, day_columns: str = "check", day_start_hour: float = 4,
-                     utc_offset_hours: float = 0, duration_cap_s: float | None = None, log_line=None) -> ReviewLog:
+                     utc_offset_hours: float = 0, duration_cap_s: float | None = None, log_line=None,
+                     skipped: dict[str, str] | None = None) -> ReviewLog:
     """`--data` of the flashcard commands: a file or one user's folder exactly as `read_reviews` reads it; a folder
     of many users' folders (`read_users`) as one log of all of them (`concat_users`), users that cannot be read
-    skipped with a line saying why."""
+    skipped with a line saying why (and recorded in `skipped`, name -> why, where given)."""
     root = Path(path)
     options = {"day_columns": day_columns, "day_start_hour": day_start_hour, "utc_offset_hours": utc_offset_hours,
                "duration_cap_s": duration_cap_s}
     if root.is_file() or not root.is_dir() or _holds_review_data(root):
         return read_reviews(root, **options)
-    users = read_users(root, log_line=log_line, **options)
+    users = read_users(root, log_line=log_line, skipped=skipped, **options)
     return concat_users(users, str(root))
 
 

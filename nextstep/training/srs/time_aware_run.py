@@ -13,7 +13,10 @@ for later predictions, as it would in the app.
 
 from __future__ import annotations
 
+import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,9 +24,11 @@ import numpy as np
 import torch
 
 from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
-from ..data import fingerprint
+from ..data import compression, fingerprint
 from ..export import load_weights
 from ..families import family, restore
+from ..loop import duration as in_words
+from ..loop import print_line
 from .eval import (
     bin_features,
     evaluate_baselines,
@@ -53,12 +58,15 @@ def model_config(tcfg: TimeAwareTrainConfig, log: ReviewLog) -> TimeAwareConfig:
 
 
 def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainConfig, n_splits: int = 5,
-                   progress: bool = True, final: bool = True) -> tuple[dict, TimeAwareTransformer, ReviewTensors, list]:
+                   progress: bool = True, final: bool = True,
+                   say: Callable[[str], None] | None = None) -> tuple[dict, TimeAwareTransformer, ReviewTensors, list]:
     """Fit one model per protocol fold; return the pooled metrics, a model (fitted on every review when `final`,
-    else the last fold's) and the per-fold info."""
+    else the last fold's) and the per-fold info. `say(line)` is told, after the first fit, how long the others will
+    take."""
     folds = protocol_folds(log, n_splits)
     if not folds or not len(folds[-1][1]):
         raise ValueError(f"{log.path}: too few scored reviews for {n_splits} time-ordered folds")
+    sizes = [len(train) for train, _ in folds] + ([len(log)] if final else [])  # the reviews of each fit
     rt = ReviewTensors(log, cfg.window, cfg.card_window, cfg.day_start_hour)
     p_recall = np.full(len(log), np.nan)
     p_rating = np.full((len(log), 4), np.nan)
@@ -72,6 +80,10 @@ def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainCon
         fold_info.append({"fold": k + 1, "n_train": int(len(train)), "n_test": int(len(test)),
                           "epochs": len(info["history"]), "best_valid_loss": info["best_valid_loss"],
                           "seconds": round(info["seconds"], 1)})
+        if say is not None and k == 0 and len(sizes) > 1:
+            say(f"evaluation: fold 1 of {len(folds)} took {in_words(info['seconds'])}; the {len(sizes) - 1} other "
+                f"fits take about {in_words(info['seconds'] * sum(sizes[1:]) / max(sizes[0], 1))} more at its pace "
+                "(a fit's time grows with its reviews)")
     metrics = evaluate_predictions(log, folds, p_recall, p_rating, duration)
     if final:  # the model to export: every review
         model, info = fit(rt, np.arange(len(log), dtype=np.int64), cfg, tcfg,
@@ -79,6 +91,38 @@ def cross_validate(log: ReviewLog, cfg: TimeAwareConfig, tcfg: TimeAwareTrainCon
         fold_info.append({"fold": "all reviews (exported)", "n_train": len(log), "epochs": len(info["history"]),
                           "best_valid_loss": info["best_valid_loss"], "seconds": round(info["seconds"], 1)})
     return metrics, model, rt, fold_info
+
+
+def describe_reviews(log: ReviewLog) -> str:
+    """The log's line on the data: what was read as what, and how many users, reviews and cards."""
+    cards = len(np.unique(np.stack([user_index(log), log.card]), axis=1).T) if len(log) else 0
+    users = f"{log.n_users} user{'s' * (log.n_users != 1)}"
+    if log.meta.get("format") == "users":
+        kinds = ", ".join(f"{n} {fmt}" for fmt, n in Counter(log.meta["formats"].values()).items())
+        read = f"{log.path} read as a folder of {users} ({kinds})"
+    else:
+        packed = " (gzip)" if log.meta.get("format") != "anki" and compression(log.path) == "gzip" else ""
+        read = f"{log.path} read as {log.meta.get('format')}{packed}: {users}"
+    return f"data: {read}: {len(log)} reviews of {cards} cards"
+
+
+def describe_plan(log: ReviewLog, n_splits: int, tcfg: TimeAwareTrainConfig, baselines: bool) -> str:
+    """The line saying, before any fit, what the run will fit: the protocol's folds and the exported model, or (with
+    cross_validate false) the exported model alone; how to skip the folds; the users the folds leave out."""
+    if not tcfg.cross_validate:
+        return (f"training: the exported model alone, on all {len(log)} reviews (cross_validate is false: no "
+                "protocol folds; `nextstep evaluate` measures it on other users)")
+    line = (f"evaluation: the protocol's {n_splits} time-ordered folds, a fit each on the reviews before its test "
+            f"block, then the exported model's fit on all {len(log)} reviews ({n_splits + 1} fits of at most "
+            f"{tcfg.max_epochs} epochs{', then FSRS-6 and the other baselines on the same folds' if baselines else ''})"
+            '; {"cross_validate": false} in --config fits the exported model alone')
+    scored = np.bincount(user_index(log)[scored_mask(log)], minlength=log.n_users)
+    few = [name for name, n in zip(log.user_ids, scored, strict=True) if n < n_splits + 1]
+    if few:
+        line += (f"; {len(few)} of the {log.n_users} users {'has' if len(few) == 1 else 'have'} fewer than "
+                 f"{n_splits + 1} scored reviews (of a card seen on an earlier day): the folds leave them out, the "
+                 f"exported model does not ({', '.join(few[:5])}{', ...' if len(few) > 5 else ''})")
+    return line
 
 
 def _report(label: str, progress: bool):
@@ -106,14 +150,20 @@ def train_entry(entry, data: str | Path, out_dir: str | Path, *, cfg: TimeAwareT
 
 def train_time_aware(data: str | Path, out_dir: str | Path, *, cfg: TimeAwareTrainConfig | None = None,
                      n_splits: int = 5, day_columns: str = "check", duration_cap_s: float | None = None,
-                     baselines: bool = True, progress: bool = True) -> dict:
-    """Evaluate under the protocol (with the baselines side by side), export a model fitted on all reviews."""
+                     baselines: bool = True, progress: bool = True, log_lines: bool = True) -> dict:
+    """Evaluate under the protocol (with the baselines side by side), export a model fitted on all reviews.
+    `log_lines`: the lines on the data read, what will be fitted and, after the first fold, how long the rest takes
+    (`progress`: each epoch's line)."""
     tcfg = cfg or TimeAwareTrainConfig()
     started = time.perf_counter()
     log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
+    say = print_line if log_lines else None
+    if say is not None:
+        say(describe_reviews(log))
+        say(describe_plan(log, n_splits, tcfg, baselines))
     mcfg = model_config(tcfg, log)
     if tcfg.cross_validate:
-        metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress)
+        metrics, model, rt, folds = cross_validate(log, mcfg, tcfg, n_splits, progress, say=say)
     else:  # the exported model only: its evaluation is `nextstep evaluate` on users it never saw
         rt = ReviewTensors(log, mcfg.window, mcfg.card_window, mcfg.day_start_hour)
         model, info = fit(rt, np.arange(len(log), dtype=np.int64), mcfg, tcfg,
@@ -162,10 +212,17 @@ def evaluate_time_aware(artifact_dir: str | Path, data: str | Path, *, n_splits:
     The pooled metrics (as `evaluate_predictions` gives them) plus `users`: per user, the model's log_loss,
     rmse_bins, auc and duration_mae_s, next to FSRS-6 fitted per user on the same folds (`fsrs6`), FSRS-6 with
     fsrs-rs's default parameters (`fsrs6_default`) and the user's median answer time as the prediction
-    (`median_duration_mae_s`); and `mean`: the unweighted mean over users of each."""
+    (`median_duration_mae_s`); and `mean`: the unweighted mean over users of each. `skipped_users`: the users left
+    out, name -> why (data the reader refused, too few scored reviews for the folds), each also said on standard
+    error as it is met."""
     model, _ = load_time_aware(artifact_dir)
-    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s)
-    return score_on_users(model, log, ProtocolBaselines(log, n_splits))
+    skipped: dict[str, str] = {}
+    log = read_review_data(data, day_columns=day_columns, duration_cap_s=duration_cap_s, skipped=skipped)
+    result = score_on_users(model, log, ProtocolBaselines(log, n_splits))
+    for name, why in result["skipped_users"].items():
+        print(f"skipped {name}: {why}", file=sys.stderr, flush=True)
+    result["skipped_users"] = {**skipped, **result["skipped_users"]}
+    return result
 
 
 class ProtocolBaselines:
@@ -184,7 +241,8 @@ class ProtocolBaselines:
 
 
 def score_on_users(model: TimeAwareTransformer, log: ReviewLog, base: ProtocolBaselines) -> dict:
-    """evaluate_time_aware's result for a model already loaded (see there)."""
+    """evaluate_time_aware's result for a model already loaded (see there; `skipped_users` holds the users the
+    protocol's folds leave out)."""
     folds, fitted = base.folds, base.fitted
     rt = ReviewTensors(log, model.cfg.window, model.cfg.card_window, model.cfg.day_start_hour)
     p_recall, p_rating, duration = np.full(len(log), np.nan), np.full((len(log), 4), np.nan), np.full(len(log), np.nan)
@@ -201,13 +259,15 @@ def score_on_users(model: TimeAwareTransformer, log: ReviewLog, base: ProtocolBa
         p_recall[rows], p_rating[rows], duration[rows] = out["recall"], out["rating_probs"], out["duration_s"]
     result = evaluate_predictions(log, folds, p_recall, p_rating, duration)
     owner = user_index(log)
-    users = []
+    users, skipped = [], {}
+    scored, reviews = np.bincount(owner[scored_mask(log)], minlength=log.n_users), np.diff(log.offsets)
     for u, name in enumerate(log.user_ids):
         mine = [(tr[owner[tr] == u], te[owner[te] == u]) for tr, te in folds]
-        if not sum(len(te) for _, te in mine):
-            continue
-        model_m = evaluate_predictions(log, mine, p_recall, duration_s=duration)
+        model_m = evaluate_predictions(log, mine, p_recall, duration_s=duration) if sum(len(te) for _, te in mine) \
+            else {}
         if not model_m.get("n_scored"):
+            skipped[name] = (f"{scored[u]} scored reviews (of a card seen on an earlier day) among its {reviews[u]}; "
+                             f"the protocol's {len(folds)} folds need at least {len(folds) + 1}")
             continue
         fsrs6_m = evaluate_predictions(log, mine, fitted.p_recall)
         default_m = evaluate_predictions(log, mine, base.p_default)
@@ -219,6 +279,7 @@ def score_on_users(model: TimeAwareTransformer, log: ReviewLog, base: ProtocolBa
                       "median_duration_mae_s": median_m.get("duration_mae_s")})
     result["users"] = users
     result["mean"] = _user_means(users)
+    result["skipped_users"] = skipped
     return result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import csv
 import gzip
 import lzma
 import zipfile
@@ -11,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nextstep.training.data import DataFormatError, Vocabulary, default_data_dir
+from nextstep.training.data import MAX_ID_CHARS, DataFormatError, Vocabulary, default_data_dir
 from nextstep.training.kt.data import (
+    MAX_CATEGORIES,
     KTDataset,
     Sequence,
     detect_format,
@@ -237,8 +239,9 @@ def test_k_comes_from_the_train_file(tmp_path):
 
 def test_empty_split_file_is_a_clear_error(tmp_path):
     write(tmp_path / "x_train.txt", "2\n1,2\n0,2\n")
-    write(tmp_path / "x_test.txt", "")
-    with pytest.raises(DataFormatError, match=r"x_test.txt:1: expected at least one record"):
+    write(tmp_path / "x_test.txt", "2\n1,2\n0,2\n")
+    write(tmp_path / "x_train.txt", "\n")
+    with pytest.raises(DataFormatError, match=r"x_train.txt:1: expected a knowledge-tracing data file"):
         load_dataset(tmp_path)
 
 
@@ -513,3 +516,127 @@ def test_real_kt_datasets(name):
     if n_total is not None:
         assert train.n_interactions + test.n_interactions == n_total
     assert train.n_cats == (4 if name.startswith("deepgpcm") else 2)
+
+
+# ----------------------------------------------------------------------------- bounds on what a file can allocate
+
+LONG_HEADER = "user_id,item_id,correct,time\n"
+LONG_ROWS = "".join(f"u{i % 6},q{i % 5},{i % 2},{i}\n" for i in range(60))
+FOUR_ROWS = "".join(LONG_ROWS.splitlines(keepends=True)[:4])  # lines 2 to 5: what follows is line 6
+
+
+def test_a_response_past_the_category_bound_is_refused_naming_the_line_and_column(tmp_path):
+    """One response of 1,000,000 made K = 1,000,001: every response table of that size, gigabytes."""
+    with pytest.raises(DataFormatError) as exc:
+        read_long_csv(write(tmp_path / "x.csv", LONG_HEADER + LONG_ROWS + "u1,q1,1000000,99\n"))
+    assert str(exc.value) == (f"{tmp_path / 'x.csv'}:62: expected a response below {MAX_CATEGORIES} (column "
+                              f"'correct'), got 1000000 (responses are categories 0..K-1 with K at most "
+                              f"{MAX_CATEGORIES}: bin a finer score first)")
+    assert read_long_csv(write(tmp_path / "y.csv", LONG_HEADER + "u,q,99,1\nu,r,0,2\n")).n_cats == MAX_CATEGORIES
+    with pytest.raises(DataFormatError, match=r"x.txt:3: expected responses below 100, got 100 \(responses are"):
+        read_three_line(write(tmp_path / "x.txt", "2\n1,2\n0,100\n"))
+    with pytest.raises(DataFormatError, match=r"z.csv:2: expected an integer response \(column 'correct'\), got "
+                                              r"'1e400'"):
+        read_long_csv(write(tmp_path / "z.csv", LONG_HEADER + "u,q,1e400,1\n"))
+    write(tmp_path / "meta" / "x_train.csv", LONG_HEADER + LONG_ROWS)
+    write(tmp_path / "meta" / "x_test.csv", LONG_HEADER + LONG_ROWS)
+    write(tmp_path / "meta" / "metadata.json", '{"n_cats": 1000000}')
+    with pytest.raises(ValueError, match=r"metadata.json: n_cats must be an integer from 2 to 100, got 1000000"):
+        load_dataset(tmp_path / "meta")
+
+
+def test_an_id_past_the_length_bound_is_refused_and_a_long_id_pads_no_other_learner(tmp_path):
+    """A 100,000-character question id in 4,000 rows took 5.3 GB: numpy padded every row's id to it."""
+    long_id = "q" * (MAX_ID_CHARS + 1)
+    for column, row in (("item_id", f"u1,{long_id},1,7\n"), ("user_id", f"{long_id},q1,1,7\n")):
+        with pytest.raises(DataFormatError) as exc:
+            read_long_csv(write(tmp_path / "x.csv", LONG_HEADER + FOUR_ROWS + row))
+        role = "question" if column == "item_id" else "learner"
+        assert str(exc.value) == (f"{tmp_path / 'x.csv'}:6: expected a {role} id of at most {MAX_ID_CHARS} "
+                                  f"characters (column {column!r}), got '{MAX_ID_CHARS + 1} characters'")
+    longest = "q" * MAX_ID_CHARS
+    ds = read_long_csv(write(tmp_path / "y.csv", LONG_HEADER + LONG_ROWS + f"u0,{longest},1,99\n"))
+    widths = {s.student_id: s.questions.dtype.itemsize // 4 for s in ds.sequences}  # characters of the array's ids
+    assert widths.pop("u0") == MAX_ID_CHARS and set(widths.values()) == {2}
+
+
+def test_a_field_past_the_csv_limit_names_the_file_line_and_column(tmp_path):
+    """A 10 MB field was a bare `_csv.Error: field larger than field limit (131072)` traceback."""
+    limit = csv.field_size_limit()
+    with pytest.raises(DataFormatError) as exc:
+        read_long_csv(write(tmp_path / "x.csv", LONG_HEADER + FOUR_ROWS + "u1,q1," + "1" * (limit + 1) + ",5\n"))
+    assert str(exc.value) == (f"{tmp_path / 'x.csv'}:6: expected fields of at most {limit:,} characters (column "
+                              "'correct'), got 'a longer one'")
+    with pytest.raises(DataFormatError, match=r"p.csv:3: expected fields of at most [\d,]+ characters \(column "
+                                              r"'questions'\)"):
+        read_pykt_csv(write(tmp_path / "p.csv", 'uid,questions,responses\n1,"1,2","0,1"\n2,"' + "1," * limit
+                            + '1","0"\n'))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_bytes_that_are_not_utf8_name_the_file_and_the_line(tmp_path, packed):
+    raw = (LONG_HEADER + FOUR_ROWS).encode() + b"u1,q\xe91,1,5\n" + LONG_ROWS.encode()
+    path = tmp_path / ("x.csv.gz" if packed else "x.csv")
+    path.write_bytes(gzip.compress(raw) if packed else raw)
+    with pytest.raises(DataFormatError) as exc:
+        load_dataset(path)
+    assert str(exc.value) == (f"{path}:6: expected UTF-8 text, got b'\\xe9' (byte 5 of the line; save the file as "
+                              "UTF-8)")
+
+
+def test_a_long_value_is_shortened_in_the_message(tmp_path):
+    with pytest.raises(DataFormatError) as exc:
+        read_long_csv(write(tmp_path / "x.csv", LONG_HEADER + "u,q," + "7" * 100_000 + ".5,1\n"))
+    message = str(exc.value)
+    assert len(message) < 300 and message.endswith("... (100,002 characters)"), message
+
+
+# ----------------------------------------------------------------------------- one file split by learner
+
+
+def test_a_data_file_given_itself_is_split_by_a_hash_of_the_learner_id(tmp_path):
+    """`train --data FILE.csv.gz` said "data set directory not found", though the help says a file is taken."""
+    rows = "".join(f"u{i},q{i % 7},{i % 2},{t}\n" for i in range(50) for t in range(3))
+    path = gzipped(tmp_path / "log.csv.gz", LONG_HEADER + rows)
+    train, test = load_dataset(path)
+    assert train.path == test.path == str(path) and len(train) + len(test) == 50 and len(test)
+    assert train.notes["split"] == ("one data file: the learners whose id hashes into 20% of buckets are the test "
+                                    "learners")
+    (tmp_path / "dir").mkdir()
+    path.rename(tmp_path / "dir" / "log.csv.gz")  # the same learners as the folder's only file
+    assert [s.student_id for s in load_dataset(tmp_path / "dir")[1].sequences] == [s.student_id for s in test.sequences]
+    with pytest.raises(FileNotFoundError, match=r"data set not found: .*nowhere.csv \(give a data set directory or a "
+                                                r"data file\)"):
+        load_dataset(tmp_path / "nowhere.csv")
+
+
+def test_a_train_file_without_a_test_file_is_split_by_learner(tmp_path):
+    """What `nextstep events export --test-fraction 0` writes (a train file and metadata.json) could not be trained
+    on; nor an export whose few learners all hashed to train (an empty test file)."""
+    rows = "".join(f"u{i},q{i % 7},{i % 2},{t}\n" for i in range(40) for t in range(3))
+    gzipped(tmp_path / "m_train.csv.gz", LONG_HEADER + rows)
+    write(tmp_path / "metadata.json", '{"n_cats": 3}')
+    train, test = load_dataset(tmp_path)
+    assert train.n_cats == 3 and len(train) + len(test) == 40 and len(test)
+    assert train.notes["split"].startswith("no *test* file beside m_train.csv.gz: the learners whose id hashes ")
+    gzipped(tmp_path / "m_test.csv.gz", LONG_HEADER)
+    again, again_test = load_dataset(tmp_path)
+    assert again.notes["split"].startswith("m_test.csv.gz holds no interactions: the learners whose id hashes ")
+    assert [s.student_id for s in again_test.sequences] == [s.student_id for s in test.sequences]
+
+
+def test_a_split_that_leaves_a_side_without_learners_says_what_to_give(tmp_path):
+    write(tmp_path / "x_train.csv", LONG_HEADER + "u1,q1,1,1\nu1,q2,0,2\nu2,q1,1,3\n")  # neither hashes to test
+    with pytest.raises(ValueError) as exc:
+        load_dataset(tmp_path)
+    assert str(exc.value) == (f"{tmp_path / 'x_train.csv'}: no *test* file beside x_train.csv, so its learners are "
+                              "split into training and test learners by a hash of their id, and all 2 of its "
+                              "learners fall in the training part: give more learners (about 20% fall in the test "
+                              "part), or a *test* file of other learners beside a *train* file")
+
+
+def test_split_students_holds_out_one_of_a_few_students():
+    """4 training learners at valid_fraction 0.1 left none to validate on ("need both", no hint)."""
+    fit, valid = split_students(toy_dataset(4), 0.1, seed=0)
+    assert len({s.student_id for s in valid.sequences}) == 1 and len({s.student_id for s in fit.sequences}) == 3
+    assert len(split_students(toy_dataset(1), 0.1, seed=0)[1]) == 0

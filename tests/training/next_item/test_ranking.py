@@ -45,3 +45,20 @@ def test_session_ranks_follow_the_protocol_on_a_markov_chain():
     #    2 -> 3: rank 1
     assert sorted(ranks) == sorted([2, 1, 1, 1])
     assert len(ranks) == 4  # one target per event after the first
+
+
+def test_the_popularity_baseline_from_counts_is_the_popularity_models_evaluation():
+    """The baseline `train` shows next to a next-item model's metrics, without scoring every item at every target."""
+    from nextstep.models.next_item import Popularity
+    from nextstep.training.data import Vocabulary
+    from nextstep.training.next_item.ranking import evaluate_sessions, popularity_metrics
+    from nextstep.training.next_item.run import encode_eval
+    from nextstep.training.next_item.sessions import split_by_time, zipf_sessions
+
+    train, test = split_by_time(zipf_sessions(300, 200, seed=2), 0.2)
+    vocab = Vocabulary.build(train.items, min_count=3)  # rare items share the unknown row: never recommended
+    rows, held_out = vocab.encode(train.items), encode_eval(test, vocab, train.items)
+    assert (held_out.items == Vocabulary.UNKNOWN).any()
+    # (the same ranks; the means differ in the last bit: the model's are summed in another order)
+    assert popularity_metrics(rows, held_out, len(vocab)) == pytest.approx(
+        evaluate_sessions(Popularity.fit(rows, len(vocab)), held_out), rel=1e-12)

@@ -86,9 +86,16 @@ def test_valid_flag_never_reads_the_test_file(data_dir, tmp_path):
 
 
 def test_cli_trains_and_evaluates_next_item_models(data_dir, tmp_path, capsys):
-    assert main(["train", "markov", "--data", str(data_dir), "--out", str(tmp_path / "m"), "--quiet"]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    assert main(["train", "markov", "--data", str(data_dir), "--out", str(tmp_path / "m"), "--quiet", "--json",
+                 str(tmp_path / "m.json")]) == 0
+    printed = json.loads((tmp_path / "m.json").read_text())
     assert set(KEYS) <= set(printed["metrics"]["test"])
+    # the log's data line, and the summary: the model's metrics next to popularity's (counted, not trained)
+    lines = capsys.readouterr().out.splitlines()
+    test, baseline = printed["metrics"]["test"], printed["metrics"]["baseline"]
+    assert lines[0].startswith(f"data: {data_dir / 'demo_train_full.txt'} and {data_dir / 'demo_test.txt'}: ")
+    assert lines[-3] == (f"test: recall@20 {test['recall@20']:.4f} (popularity {baseline['recall@20']:.4f})  mrr@20 "
+                         f"{test['mrr@20']:.4f} (popularity {baseline['mrr@20']:.4f})")
     assert main(["evaluate", str(tmp_path / "m"), "--data", str(data_dir)]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["recall@20"] == pytest.approx(printed["metrics"]["test"]["recall@20"])

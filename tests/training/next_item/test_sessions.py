@@ -1,6 +1,7 @@
 """Session readers, the GRU4Rec split layout and the Zipf generator."""
 
 import bz2
+import csv
 import gzip
 
 import numpy as np
@@ -125,3 +126,30 @@ def test_zipf_generator_lengths_popularity_and_successors():
     assert np.bincount(first)[1] > np.bincount(first)[40]  # rank 1 is the most popular
     s = data.session(0) - 1
     assert all(s[j] == (7 * s[j - 1] + 3) % 50 for j in range(1, len(s)))  # follow=1: always the successor
+
+
+def test_a_file_given_itself_or_a_train_full_file_alone_is_split_by_time(tmp_path):
+    """`train --data FILE` was a NotADirectoryError; `events export --test-fraction 0` writes *_train_full alone."""
+    data = zipf_sessions(100, 20, seed=0)
+    write_gru4rec_tsv(data, tmp_path / "m_train_full.tsv")
+    train, test = load_session_split(tmp_path)
+    assert len(train) + len(test) == 100 and train.times[train.offsets[:-1]].max() < test.times[test.offsets[:-1]].min()
+    assert train.notes["split"] == ("m_train_full.tsv: no *_test file beside it: the sessions starting in the last 10% "
+                                    "of its time span are the test sessions")
+    again, again_test = load_session_split(tmp_path / "m_train_full.tsv", fmt="gru4rec")
+    assert again.session_ids == train.session_ids and again_test.session_ids == test.session_ids
+    assert again.notes["split"].startswith("m_train_full.tsv: one data file: the sessions starting in the last 10%")
+
+
+def test_malformed_rows_name_the_file_line_and_column(tmp_path):
+    limit = csv.field_size_limit()
+    head = "SessionId\tItemId\tTime\n1\t10\t1.0\n"
+    with pytest.raises(DataFormatError, match=rf"a.txt:3: expected fields of at most {limit:,} characters \(column "
+                                              r"'SessionId'\)"):
+        read_gru4rec_tsv(write(tmp_path / "a.txt", head + "x" * (limit + 1) + "\t11\t2.0\n"))
+    with pytest.raises(DataFormatError, match=r"b.txt:3: expected a session id of at most 256 characters \(column "
+                                              r"'SessionId'\), got '257 characters'"):
+        read_gru4rec_tsv(write(tmp_path / "b.txt", head + "x" * 257 + "\t11\t2.0\n"))
+    (tmp_path / "c.txt").write_bytes(head.encode() + b"1\t1\xff1\t2.0\n")
+    with pytest.raises(DataFormatError, match=r"c.txt:3: expected UTF-8 text, got b'\\xff' \(byte 4 of the line"):
+        read_gru4rec_tsv(tmp_path / "c.txt")

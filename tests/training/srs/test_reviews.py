@@ -601,3 +601,20 @@ def test_a_refused_revlogs_csv_falls_back_to_the_users_other_file(tmp_path):
     (name, log), = read_users(tmp_path / "users", log_line=lines.append)
     assert name == "josh" and log.meta["format"] == "py_fsrs" and log.elapsed_days.tolist() == [-1, 23]
     assert len(lines) == 1 and "elapsed_days" in lines[0] and lines[0].endswith("read review_logs_josh.csv instead")
+
+
+def test_malformed_review_csv_bytes_fields_and_user_ids_name_the_file_line_and_column(tmp_path):
+    limit = csv.field_size_limit()
+    head = "user_id,card_id,review_time,rating\nu,1,1700000000000,3\n"
+    path = tmp_path / "reviews.csv"
+    path.write_text(head + "u,1," + "9" * (limit + 1) + ",3\n")
+    with pytest.raises(DataFormatError, match=rf"reviews.csv:3: expected fields of at most {limit:,} characters "
+                                              r"\(column 'review_time'\)"):
+        read_reviews(path)
+    path.write_text(head + "u" * 300 + ",1,1700000100000,3\n")
+    with pytest.raises(DataFormatError, match=r"reviews.csv:3: expected a user id of at most 256 characters \(column "
+                                              r"'user_id'\), got '300 characters'"):
+        read_reviews(path)
+    path.write_bytes(head.encode() + b"\xfe,1,1700000100000,3\n")
+    with pytest.raises(DataFormatError, match=r"reviews.csv:3: expected UTF-8 text, got b'\\xfe' \(byte 1 of"):
+        read_reviews(path)
