@@ -330,41 +330,32 @@ def cmd_states_migrate(args) -> int:
     return 0
 
 
-def _model_manifest(artifacts: Path, model: str) -> dict | None:
-    """The newest manifest of a model's versions under the artifacts directory, None when it has none."""
-    found = sorted(artifacts.glob(f"{glob.escape(model)}/*/manifest.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(found[-1].read_text()) if found else None
-
-
 def cmd_events_export(args) -> int:
-    """Write a model's event logs as the files `nextstep train` reads (nextstep/service/event_export.py)."""
+    """Write a model's traffic as the files `nextstep train` reads, as its task exports it (event_export.py)."""
     import asyncio
 
     from .service.errors import StoreUnavailable
-    from .service.event_export import EXPORTED, export_events, srs_schemas
+    from .service.event_export import export_events, manifests
     from .service.stores import make_store
+    from .service.tasks import plugin, plugins
 
     settings = _service_settings(args, "events export")
-    manifest = _model_manifest(settings.artifacts_dir, args.model)
-    task = args.task or (manifest or {}).get("task")
+    found = manifests(settings.artifacts_dir, args.model)
+    task = args.task or (found[0].get("task") if found else None)
+    exported = ", ".join(p.spec.name for p in plugins() if p.export is not None)
     if task is None:
         raise SystemExit(f"events export: no artifact of {args.model!r} under {settings.artifacts_dir} to tell its "
-                         f"task: pass --task ({', '.join(EXPORTED)})")
-    if task not in EXPORTED:
-        raise SystemExit(f"events export: {args.model} is a {task} model; events are exported for "
-                         f"{', '.join(EXPORTED)} models")
-    n_cats = ((manifest or {}).get("responses") or {}).get("n_cats") if task == "knowledge_tracing" else None
-    # flashcards: the window layouts of the model's versions, newest first (a user's reviews come from the newest
-    # layout that holds them)
-    schemas = srs_schemas(settings.artifacts_dir, args.model) if task == "srs" else []
+                         f"task: pass --task ({exported})")
+    if plugin(task) is None or plugin(task).export is None:
+        raise SystemExit(f"events export: {args.model} is a {task} model; events are exported for {exported} models")
 
     async def run() -> dict:
         store = make_store(settings.redis_url, ttl_seconds=None, options=settings.redis_options())
         try:
-            return await export_events(store, task, args.model, Path(args.out), test_fraction=args.test_fraction,
-                                       n_cats=n_cats, schemas=schemas,
-                                       progress=None if args.quiet else lambda c: print(
-                                           f"{c['entities']} entities, {c['events']} events", file=sys.stderr))
+            return await export_events(
+                store, task, args.model, Path(args.out), test_fraction=args.test_fraction,
+                artifacts=settings.artifacts_dir, progress=None if args.quiet else lambda c: print(
+                    f"{c['entities']} entities, {c['events']} events", file=sys.stderr))
         finally:
             await store.close()
 
@@ -625,19 +616,6 @@ ALL_OPTIONS = {  # the family-specific options of each command (a family's entry
 }
 TRUE = ("1", "true", "yes", "on")
 VERSION_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")  # a bank version: a folder name
-DATA_HELP = {  # --data of train, by task
-    "knowledge_tracing": "a data set directory holding *train* and *test* files, or one data file, whose learners are "
-                         "split 80/20 by a hash of their id (the file itself, a directory's only data file, or a "
-                         "*train* file with no *test* file beside it); plain or gzipped",
-    "next_item": "a data set directory holding *_train_full and *_test files, or one file split by time, the sessions "
-                 "starting in its last 10%% the test (the file itself, a directory's only file, or a *_train_full "
-                 "file with no *_test file beside it); plain or gzipped",
-    "srs": "a review log (a review-log CSV, plain or gzipped; an Anki collection.anki2 or .colpkg backup; a py-fsrs "
-           "CSV), a directory holding one user's, or a directory of users' directories at any depth (each read as "
-           "one user; one whose data are refused is skipped, saying why)",
-}
-
-
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0 <= value < 1:
@@ -649,7 +627,7 @@ def _train_parser(parser: argparse.ArgumentParser, entry) -> None:
     """`train NAME`'s options: those every family takes, then the family's own (its registry entry's). The others
     are there too, hidden from its help, so that giving one is refused by name (`_options`, `_config`) rather than
     as unrecognised."""
-    parser.add_argument("--data", required=True, help=f"{DATA_HELP[entry.task]}; formats read: "
+    parser.add_argument("--data", required=True, help=f"{entry.data}; formats read: "
                                                       f"{', '.join(entry.formats)} (detected)")
     parser.add_argument("--out", help="artifact directory (default artifacts/MODEL/VERSION); it is written only when "
                                       "the run is complete (until then the run's files are in .OUT.partial-PID "
@@ -793,7 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
     export_ev.add_argument("--out", required=True, help="folder to write (files of an earlier export are refused)")
     export_ev.add_argument("--test-fraction", type=_fraction, default=0.2,
                            help="share of entities written to the test file (default 0.2; 0: all to train)")
-    export_ev.add_argument("--task", choices=("knowledge_tracing", "next_item", "srs"),
+    export_ev.add_argument("--task",
                            help="the model's task (default: read from its artifact)")
     export_ev.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR)")
     export_ev.add_argument("--quiet", action="store_true", help="no progress lines")

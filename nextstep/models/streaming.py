@@ -29,7 +29,6 @@ from typing import Protocol, TypedDict, runtime_checkable
 
 import torch
 
-TASKS = ("knowledge_tracing", "next_item", "srs")
 State = tuple[torch.Tensor, ...]
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from fastapi import APIRouter, FastAPI
 
     from .core import StatefulTask
+    from .event_export import Export
     from .metrics import Metrics
     from .quality import Quality
     from .registry import LoadedModel, ModelRegistry, TaskSpec
@@ -54,6 +55,7 @@ class TaskPlugin:
     # log; flashcards: from another window layout's stored reviews); else why there is none, as the refusals of
     # POST /v1/models/{model}/migrate ("is a <task> model: ...") says it
     no_migrate: str | None = None
+    export: Export | None = None  # its traffic as training data (`nextstep events export`); None: it has none
 
     @property
     def path_prefix(self) -> str:

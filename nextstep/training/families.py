@@ -36,6 +36,16 @@ KT_RUN = f"{KT}.run"
 KT_FORMATS = ("three_line", "pykt", "dtransformer", "long_csv")
 SESSION_FORMATS = ("gru4rec", "diginetica", "csv")
 REVIEW_FORMATS = ("review_csv", "py_fsrs", "anki")
+# what `train NAME --data` takes, by the family's reader (its --help says it)
+KT_DATA = ("a data set directory holding *train* and *test* files, or one data file, whose learners are split 80/20 "
+           "by a hash of their id (the file itself, a directory's only data file, or a *train* file with no *test* "
+           "file beside it); plain or gzipped")
+SESSION_DATA = ("a data set directory holding *_train_full and *_test files, or one file split by time, the sessions "
+                "starting in its last 10%% the test (the file itself, a directory's only file, or a *_train_full file "
+                "with no *_test file beside it); plain or gzipped")
+REVIEW_DATA = ("a review log (a review-log CSV, plain or gzipped; an Anki collection.anki2 or .colpkg backup; a "
+               "py-fsrs CSV), a directory holding one user's, or a directory of users' directories at any depth (each "
+               "read as one user; one whose data are refused is skipped, saying why)")
 PARTS = ("reader", "batcher", "loss", "metrics")
 # config fields that come from the data or other files, never from --config
 DERIVED = {"n_questions", "n_cats", "n_items", "n_skills", "n_problems", "similarity"}
@@ -147,6 +157,7 @@ class Family:
     loss: str | None  # "module:function" (or "module:Class.method") of the loss minimised
     metrics: str | None  # "module:function" scoring predictions on held-out data
     formats: tuple[str, ...] = ()  # the data formats its reader reads (detected; --format, where it takes one, picks)
+    data: str = "a data set"  # what `train NAME --data` takes (its help)
     options: tuple[Option, ...] = (EPOCHS, SEED)  # its options of `nextstep train NAME`, with their help
     evaluate_options: dict = field(default_factory=dict)  # CLI option -> keyword of evaluate
     progress: str | None = "progress"  # train's keyword for showing progress (False with --quiet)
@@ -240,7 +251,7 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
                   reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
                   # (TrainConfig.loss, n_cats) -> the loss over the model's whole output: (out, targets, mask)
                   loss=loss,
-                  metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS,
+                  metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS, data=KT_DATA,
                   options=(_format(KT_FORMATS), EPOCHS, SEED),
                   evaluate_options={"format": "fmt", "max_len": "max_len"},
                   restorer=restorer, demo=demo, sample=sample)
@@ -254,6 +265,7 @@ def _next_item(name: str, model: str, config: str, train_config: str, help: str,
                   f"{NEXT_ITEM}.run:evaluate_next_item", help,
                   reader=f"{NEXT_ITEM}.sessions:load_session_split", batcher=batcher, loss=loss,
                   metrics=f"{NEXT_ITEM}.ranking:evaluate_sessions", restorer=restorer, formats=SESSION_FORMATS,
+                  data=SESSION_DATA,
                   options=(_format(SESSION_FORMATS), *options, VALID),
                   evaluate_options={"format": "fmt", "valid": "valid"}, fit=fit,
                   reads_clicks=reads_clicks, demo=demo, sample=sample)
@@ -297,7 +309,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
            # the prediction loss; training adds the problem L2 and, with lambda_cl, the contrastive loss
            loss="torch.nn.functional:binary_cross_entropy_with_logits",
-           metrics=f"{KT}.simakt_run:binary_metrics", formats=KT_FORMATS,
+           metrics=f"{KT}.simakt_run:binary_metrics", formats=KT_FORMATS, data=KT_DATA,
            evaluate_options={"banks": "bank_version"}, progress=None,
            options=(EPOCHS, SEED,
                     Option("similarity_config", "JSON or YAML file of block 3's inter-student heads (FILE#name "
@@ -336,7 +348,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            reader=f"{SRS}.reviews:read_reviews",
            batcher=f"{SRS}.time_aware_loop:ReviewTensors.batch",
            loss="nextstep.models.time_aware:coral_loss", metrics=f"{SRS}.eval:evaluate_predictions",
-           formats=REVIEW_FORMATS,
+           formats=REVIEW_FORMATS, data=REVIEW_DATA,
            restorer=f"{SRS}.time_aware_export:restore_time_aware",
            options=(SEED,
                     Option("day_columns", "a review-log CSV's day_offset/elapsed_days columns are checked against "

@@ -305,7 +305,7 @@ def test_a_failed_events_export_leaves_nothing_and_a_small_traffic_still_splits(
         async def run():
             store = make_store(redis_process.url, ttl_seconds=None)
             try:
-                return await export_events(store, "knowledge_tracing", "deep_gpcm", out, n_cats=4, page=1,
+                return await export_events(store, "knowledge_tracing", "deep_gpcm", out, artifacts=tmp_path, page=1,
                                            progress=progress, **kwargs)
             finally:
                 await store.close()

@@ -9,7 +9,7 @@ import typing
 import pytest
 
 from nextstep.cli import ALL_OPTIONS, build_parser, main
-from nextstep.models.streaming import TASKS
+from nextstep.service.registry import TASKS
 from nextstep.training.families import FAMILIES, by_task, family
 from nextstep.training.kt.loop import TrainConfig
 from nextstep.training.kt.run import train_model

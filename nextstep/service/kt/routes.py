@@ -20,6 +20,7 @@ from ..routes.common import (
 )
 from ..tasks import Shared, TaskPlugin
 from .banks import Banks, make_bank_store
+from .export import EXPORT
 from .service import SPEC, Event, KnowledgeTracer
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
@@ -229,4 +230,4 @@ def _tracer(app: Shared, store) -> KnowledgeTracer:
 
 # learners' states expire after NEXTSTEP_STATE_TTL_SECONDS idle (180 days); their logs are bounded as set
 TASK = TaskPlugin(SPEC, KnowledgeTracer, router, "tracer", build=_tracer,
-                  store=lambda s: {"ttl_seconds": s.state_ttl_seconds, "log": s.log_bounds()})
+                  store=lambda s: {"ttl_seconds": s.state_ttl_seconds, "log": s.log_bounds()}, export=EXPORT)

@@ -19,6 +19,7 @@ from ..routes.common import (
     too_many,
 )
 from ..tasks import Shared, TaskPlugin
+from .export import EXPORT
 from .service import SPEC, Click, SessionRecommender
 
 router = APIRouter(prefix="/v1/sessions/{model}", tags=["next item"], route_class=JsonRoute)
@@ -148,4 +149,4 @@ def _recommender(app: Shared, store) -> SessionRecommender:
 
 # sessions expire much sooner than learners: after NEXTSTEP_SESSION_TTL_SECONDS idle (the session timeout)
 TASK = TaskPlugin(SPEC, SessionRecommender, router, "sessions", build=_recommender,
-                  store=lambda s: {"ttl_seconds": s.session_ttl_seconds, "log": s.log_bounds()})
+                  store=lambda s: {"ttl_seconds": s.session_ttl_seconds, "log": s.log_bounds()}, export=EXPORT)

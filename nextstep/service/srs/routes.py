@@ -7,6 +7,7 @@ from pydantic import AfterValidator, ConfigDict, Field, StrictInt, StrictStr, St
 
 from ..routes.common import MAX_ID, EventId, IdText, Int64, JsonRoute, Strict, answer, not_ahead, path_id, too_many
 from ..tasks import Shared, TaskPlugin
+from .export import EXPORT
 from .service import SPEC, SpacedRepetition
 from .simulate import SIMULATE_MAX_DAYS, SIMULATE_MAX_RETENTIONS, SIMULATE_RETENTIONS
 from .stored import MS_LOOKING, Review
@@ -231,4 +232,4 @@ def _service(app: Shared, store) -> SpacedRepetition:
 # user's log, shared by every version of a layout: a migration rebuilds them for a version with other window sizes
 # (SpacedRepetition.to_migrate, catch_up), and a shadow of another layout keeps its own (SpacedRepetition.follow_log)
 TASK = TaskPlugin(SPEC, SpacedRepetition, router, "srs", build=_service,
-                  store=lambda s: {"ttl_seconds": s.srs_ttl_seconds or None})
+                  store=lambda s: {"ttl_seconds": s.srs_ttl_seconds or None}, export=EXPORT)
