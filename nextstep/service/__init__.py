@@ -8,7 +8,8 @@ routes."""
 
 import importlib
 
-TASK_MODULES = ("kt", "sessions", "srs")  # a new task: its name here (the order of the API's routes)
+# a new task: its package's name here (the order of the API's routes); a dotted path names a package elsewhere
+TASK_MODULES = ("kt", "sessions", "srs")
 
 for _name in TASK_MODULES:
-    importlib.import_module(f".{_name}.service", __name__)
+    importlib.import_module(f"{_name if '.' in _name else __name__ + '.' + _name}.service")

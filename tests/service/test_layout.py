@@ -53,3 +53,72 @@ def test_each_task_is_one_plugin_and_the_app_serves_every_one(tmp_path: Path) ->
             assert isinstance(getattr(app.state, p.attr), p.service)
             assert (stateful_task(app, p.spec.name) is None) == (p.no_migrate is not None)
     assert [p.spec.name for p in plugins() if p.no_migrate] == []  # (flashcards migrate across window layouts)
+
+
+def test_a_new_task_is_a_package_and_a_line_in_the_task_list(tmp_path: Path, monkeypatch) -> None:
+    """tests/service/toy: a service module (its spec and service) and a routes module (its plug-in), named in
+    TASK_MODULES, and nothing else changed: the app loads its artifacts, serves its routes, lists its models, and a
+    version pin (X-Model-Version) reaches its paths."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    import nextstep.service
+    from nextstep.service.app import create_app
+    from nextstep.service.registry import TASKS
+    from nextstep.service.settings import Settings
+    from nextstep.service.tasks import plugins
+
+    monkeypatch.setattr(nextstep.service, "TASK_MODULES", (*nextstep.service.TASK_MODULES, "tests.service.toy"))
+    plugins.cache_clear()
+    try:
+        for version in ("1", "2"):
+            (tmp_path / "echo" / version).mkdir(parents=True)
+            (tmp_path / "echo" / version / "manifest.json").write_text(json.dumps({
+                "name": "echo", "version": version, "family": "toy", "task": "toy",
+                "created": f"202{version}-01-01T00:00:00Z", "graphs": {}}))
+        key = "admin-key-of-the-toy-test"
+        with TestClient(create_app(Settings(artifacts_dir=tmp_path, admin_keys=[key]))) as http:
+            http.headers["X-API-Key"] = key
+            assert http.get("/v1/toy/echo/entities/e-1").json() == {"model": "echo", "version": "2", "entity": "e-1"}
+            pinned = http.get("/v1/toy/echo/entities/e-1", headers={"X-Model-Version": "1"}).json()
+            assert pinned["version"] == "1"
+            listed = {(m["name"], m["version"], m["task"]) for m in http.get("/v1/models").json()["models"]}
+            assert listed == {("echo", "1", "toy"), ("echo", "2", "toy")}
+            refused = http.post("/v1/models/echo/migrate", json={})
+            assert refused.status_code == 422 and "a toy keeps no state" in refused.json()["detail"]
+    finally:
+        plugins.cache_clear()
+        TASKS.pop("toy", None)
+
+
+# the names of the tasks and of their packages: no module of the shared service uses one (service/__init__.py's
+# TASK_MODULES, the one list, aside)
+TASK_NAMES = {"knowledge_tracing", "next_item", "srs", "kt", "sessions"}
+
+
+def test_the_shared_service_names_no_task() -> None:
+    """No module of the shared service (nextstep/service/*.py, routes/) imports a task's package or compares
+    anything with a task's name; the OpenAPI examples (`answer(...)`) and prose (docstrings, comments) aside."""
+    import ast
+
+    found = []
+    shared = sorted((ROOT / "nextstep/service").glob("*.py")) + sorted((ROOT / "nextstep/service/routes").glob("*.py"))
+    for path in shared:
+        if path.name == "__init__.py" and path.parent.name == "service":
+            continue
+        tree = ast.parse(path.read_text())
+        examples = {id(n) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                    and getattr(call.func, "id", None) == "answer" for n in ast.walk(call)}
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                parts = (node.module or "").split(".")
+                if TASK_NAMES & set(parts) or any(alias.name in TASK_NAMES for alias in node.names):
+                    found.append(f"{path.name}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in examples \
+                    and id(node) not in docstrings and node.value in TASK_NAMES:
+                found.append(f"{path.name}:{node.lineno} names {node.value!r}")
+    assert not found, found
