@@ -83,7 +83,7 @@ def mixture(f: dict, spec: dict, halflife: float | None, log, base) -> np.ndarra
     each user's weights from their scored reviews before the one predicted, under the test block's protocol fold."""
     from scipy.signal import lfilter
 
-    from nextstep.review_window import drift_decay
+    from nextstep.srs.review_window import drift_decay
     from nextstep.training.srs.eval import user_index
 
     a = drift_decay(halflife) if halflife else 1.0

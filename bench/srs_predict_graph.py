@@ -11,7 +11,7 @@ service's session options (one intra-op thread, every graph optimisation): batch
 
 Default sizes: the bundled demo's (window 32, d_model 16, one layer). Prints nodes and median microseconds per
 card window, of `predict` and of its twin `predict_memory`, which takes the card's FSRS-6 memory as an input (the
-service computes it with fsrs-rs, nextstep/card_memory.py) instead of running the recurrence, and predict's cost per
+service computes it with fsrs-rs, nextstep/srs/card_memory.py) instead of running the recurrence, and predict's cost per
 review of the card (a straight line through the first and last). About a minute an export on this machine.
 """
 
@@ -29,9 +29,9 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from nextstep.card_memory import card_memory
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
 from nextstep.service.registry import session_options
+from nextstep.srs.card_memory import card_memory
 from nextstep.training.srs.time_aware_export import export_time_aware
 
 DEMO_SIZES = {"d_model": 16, "n_layers": 1, "card_heads": 2, "deck_heads": 1, "global_heads": 1, "ffn_dim": 32,

@@ -110,8 +110,8 @@ def longest_gap(fn) -> tuple[float, float]:
 
 
 def fit_times(log, sizes: list[int], window: tuple[int, int], day_start: float) -> list[dict]:
+    from nextstep.srs.stored_fit import fit_stored, review_log
     from nextstep.training.srs.eval import scored_mask
-    from nextstep.training.srs.stored_fit import fit_stored, review_log
 
     out = []
     for n in sizes:

@@ -1,7 +1,7 @@
 """The time-aware causal transformer for flashcard reviews (seed 003): next rating and answer time.
 
 A query is a review about to happen: (card, deck, time). The model answers it from a window of the same
-user's earlier reviews (nextstep/review_window.py picks them), each given by its raw fields only: card,
+user's earlier reviews (nextstep/srs/review_window.py picks them), each given by its raw fields only: card,
 deck, time, rating, duration and state. Every feature is computed here, in the forward pass, so training
 and serving cannot disagree (the seed computed them outside the model):
 
@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..review_window import drift_decay
+from ..srs.review_window import drift_decay
 from . import fsrs
 
 N_STATES = 5  # 0 new, 1 learning, 2 review, 3 relearning, 4 unknown
@@ -170,7 +170,7 @@ class Query(NamedTuple):
     # user's time zone); None: the config's day_start_hour for every row
     day_start: torch.Tensor | None = None
     # (B, Q, 2) float32: each query card's FSRS-6 (stability, difficulty) after its reviews in the window, as
-    # `card_memory` computes them (the service gets them from fsrs-rs, nextstep/card_memory.py); None: computed here
+    # `card_memory` computes them (the service gets them from fsrs-rs, nextstep/srs/card_memory.py); None: computed here
     memory: torch.Tensor | None = None
     # (B, Q) float32: the user's evidence for the network over FSRS-6's defaults before the query (nats; see the
     # config's evidence_prior); None: no mixture

@@ -8,7 +8,7 @@ import torch
 
 from nextstep.models import fsrs
 from nextstep.models.time_aware import Query, TimeAwareConfig, TimeAwareTransformer, Window, coral_loss
-from nextstep.review_window import select, user_windows
+from nextstep.srs.review_window import select, user_windows
 
 B, T = 3, 14
 
@@ -350,9 +350,9 @@ def test_each_users_day_boundary_decides_same_day_and_stepping_equals_the_full_p
 def test_a_given_card_memory_answers_as_the_window_computes_it_and_fsrs_rs_gives_the_same(model):
     """`readout` with the query card's FSRS-6 memory given (what the service's predict_memory graph takes) answers as
     it does computing the memory from the window (and a card without a review in the window reads none of it), and
-    nextstep.card_memory (fsrs-rs) gives that memory, with each user's own parameters and day boundary, also for
+    nextstep.srs.card_memory (fsrs-rs) gives that memory, with each user's own parameters and day boundary, also for
     cards with more reviews than the card window."""
-    from nextstep.card_memory import card_memory
+    from nextstep.srs.card_memory import card_memory
 
     seq = _sequences(19, t=60, n_cards=3)  # 3 cards over 60 reviews: more than the card window of some
     params, start = _user_params(), torch.tensor([0.0, 4 * 3600.0, 20 * 3600.0], dtype=torch.float64)

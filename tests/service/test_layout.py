@@ -122,3 +122,13 @@ def test_the_shared_service_names_no_task() -> None:
                     and id(node) not in docstrings and node.value in TASK_NAMES:
                 found.append(f"{path.name}:{node.lineno} names {node.value!r}")
     assert not found, found
+
+
+def test_the_service_loads_no_training_and_no_torch() -> None:
+    """The app (every task's service and routes) imports no module of nextstep.training, nextstep.models or torch:
+    it reads artifacts with ONNX Runtime (the flashcard refit's fit runs in a process of its own)."""
+    probe = ("import sys\nfrom nextstep.service.app import create_app\ncreate_app()\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' "
+             "or m.startswith(('nextstep.training', 'nextstep.models'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"

@@ -22,11 +22,11 @@ import torch
 
 from nextstep.demo import BUNDLED
 from nextstep.models.time_aware import TimeAwareConfig, Window
-from nextstep.review_window import select
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
 from nextstep.service.srs.stored import HEADER, ROW, id_hash
+from nextstep.srs.review_window import select
 from nextstep.training.srs.reviews import ReviewLog
 from nextstep.training.srs.time_aware_export import INPUTS, export_time_aware
 from nextstep.training.srs.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict

@@ -1,7 +1,7 @@
 """Refitting a flashcard user's FSRS-6 parameters from their stored reviews (off the request path).
 
 `SpacedRepetition.refit` reads a user's stored reviews (the recent block and every card's field), and
-`fit_stored` (training/srs/stored_fit.py) turns them into a one-user review log and fits FSRS-6 on it with fsrs-rs
+`fit_stored` (nextstep/srs/stored_fit.py) turns them into a one-user review log and fits FSRS-6 on it with fsrs-rs
 exactly as the evaluation protocol fits a user's training reviews (`nextstep.training.srs.eval.fit_fsrs6`: every
 scored review with an earlier review of its card, as an FSRSItem of its card's reviews up to it). The store keeps
 each card's last `card_size` reviews, so a card with more starts its history at the oldest one kept; on a user whose
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 # (here too for srs.py, event_export.py and the tests: the service asks this module)
-from ...training.srs.stored_fit import Due, fit_held, fit_stored, review_log, stored_rows  # noqa: F401
+from ...srs.stored_fit import Due, fit_held, fit_stored, review_log, stored_rows  # noqa: F401
 from ..core import Change
 from ..errors import UnknownModel
 from ..state import StoredState
@@ -66,7 +66,7 @@ class _Ended(RuntimeError):
 
 
 class FitProcess:
-    """A process of its own that the service fits in (`python -m nextstep.training.srs.stored_fit`: numpy, fsrs-rs
+    """A process of its own that the service fits in (`python -m nextstep.srs.stored_fit`: numpy, fsrs-rs
     and the protocol's fit, no service code), started on the first fit and again after one died or overran; each
     fit is a pickle of `fit_held`'s arguments down its stdin and one of its answer back up its stdout, one at a
     time (the rows are put together there too: a user's thousands of cards take milliseconds). Not
@@ -111,7 +111,7 @@ class FitProcess:
             home = str(Path(nextstep.__file__).resolve().parent.parent)  # (this very package, wherever it came from)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")]))}
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "nextstep.training.srs.stored_fit", stdin=asyncio.subprocess.PIPE,
+                sys.executable, "-m", "nextstep.srs.stored_fit", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, env=env)
         proc = self._proc
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)

@@ -2,11 +2,11 @@
 
 The model (nextstep/models/time_aware.py, exported by nextstep/training/srs/time_aware_export.py) is one
 stateless graph, `predict`, that answers a query (card, deck, time) from a window of the user's earlier
-reviews. Which reviews make the window is `nextstep.review_window.select` (the query card's last
+reviews. Which reviews make the window is `nextstep.srs.review_window.select` (the query card's last
 `card_size` reviews plus the user's most recent ones, up to `size`), the rule training used; this module
 only keeps enough of each user's log to apply it, and calls it. Every prediction (`predict`, a review's FSRS-6
 error for the drift, a shadow's score) runs `predict`'s twin `predict_memory` where the artifact has it
-(`_predict`): each card's FSRS-6 memory computed with fsrs-rs from the same rows (nextstep/card_memory.py) instead
+(`_predict`): each card's FSRS-6 memory computed with fsrs-rs from the same rows (nextstep/srs/card_memory.py) instead
 of by the recurrence inside the graph, half the graph's cost at the default sizes, the same answer; `schedule` keeps
 the recurrence in its graph.
 
@@ -59,9 +59,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...card_memory import AVAILABLE as CARD_MEMORY
-from ...card_memory import UNSEEN, card_memory
-from ...review_window import drift_sums, evidence_sums
+from ...srs.card_memory import AVAILABLE as CARD_MEMORY
+from ...srs.card_memory import UNSEEN, card_memory
+from ...srs.review_window import drift_sums, evidence_sums
 from ..core import Change, StatefulTask, operation
 from ..errors import InvalidInput
 from ..quality import Quality

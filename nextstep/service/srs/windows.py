@@ -1,5 +1,5 @@
 """The windows of a user's reviews the flashcard graphs read, and the feeds built from them: the rule of
-nextstep.review_window applied to what the store holds (stored.py), with the user's parameters, drift and evidence.
+nextstep.srs.review_window applied to what the store holds (stored.py), with the user's parameters, drift and evidence.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ...review_window import select
+from ...srs.review_window import select
 from ..registry import LoadedModel
 from .stored import ROW, History, Review, id_hash
 
@@ -29,7 +29,7 @@ MIXTURE_OUTPUTS = ("network_recall", "default_recall")
 
 SCHEDULE_OUTPUTS = ("recall", "log_wait_days", "duration_s")  # the schedule graph (inputs: INPUTS + retention)
 
-# predict with the query card's FSRS-6 memory as an input (INPUTS + memory (B, 2) float32, nextstep/card_memory.py),
+# predict with the query card's FSRS-6 memory as an input (INPUTS + memory (B, 2) float32, nextstep/srs/card_memory.py),
 # where an artifact has it: every prediction runs it (SpacedRepetition._predict)
 MEMORY_GRAPH = "predict_memory"
 

@@ -33,14 +33,14 @@ until P(recall) falls to `retention` (log(1 + days); 0: due now), with the recal
 
 The state is a window of the user's latest reviews (the hist_* inputs, (B, H), left-padded with hist_valid
 False, in time order); the service keeps raw reviews and selects each query's window with
-`nextstep.review_window.select`, the rule training used, so only the readout is exported (no step graph, no
+`nextstep.srs.review_window.select`, the rule training used, so only the readout is exported (no step graph, no
 state files). Card/deck ids are only compared for equality, so any int64 coding works (the service hashes
 its string ids). Times are unix seconds (float64), durations seconds (float32, NaN unknown), states 0..3 or -1.
 
 `predict_memory` is `predict` with the query card's FSRS-6 (stability, difficulty) after its reviews in the window
 as an input, `memory` (B, 2) float32, instead of FSRS-6's recurrence over them inside the graph (one unrolled step
 per review of the card: about 0.2 ms of predict's 0.5 ms at the default sizes); the service computes it with
-fsrs-rs (nextstep/card_memory.py); for a card without a review in the window the graph reads none of it. With the
+fsrs-rs (nextstep/srs/card_memory.py); for a card without a review in the window the graph reads none of it. With the
 mixture it also takes `default_stability` (B,) float32, the card's stability under the default parameters.
 
 Parity walks real review sequences no longer than the window: stepping reviews into the window and reading
@@ -58,8 +58,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...card_memory import UNSEEN, card_memory
 from ...models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window, expected_duration
+from ...srs.card_memory import UNSEEN, card_memory
 from ..export import ENGINE_TOLERANCE, Exporter, Graph, export
 
 INPUTS = ("hist_card", "hist_deck", "hist_time", "hist_rating", "hist_duration", "hist_state", "hist_valid",

@@ -29,7 +29,7 @@ from ...models.time_aware import (
     expected_duration,
     recall_log_loss,
 )
-from ...review_window import drift_sums, evidence_sums, user_windows
+from ...srs.review_window import drift_sums, evidence_sums, user_windows
 from ..loop import train_epochs
 from .eval import _CardHistories, duration_mask, fit_fsrs6_by_user
 from .reviews import ReviewLog

@@ -1,7 +1,8 @@
 """FSRS-6 fitted on one flashcard user's stored reviews: what the service's refit runs (service/srs/refit.py).
 
-It lives outside the service package so that the process the service fits in (fsrs-rs holds the GIL for the whole
-fit: service/srs/refit.py) imports numpy, fsrs-rs and the evaluation protocol only, not the service.
+It lives outside the service and training packages: the service imports it (numpy only at import) without
+importing training, and the process the service fits in (fsrs-rs holds the GIL for the whole fit:
+service/srs/refit.py) imports numpy, fsrs-rs and the evaluation protocol's fit (training/srs/eval.py) only.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def stored_rows(recent: np.ndarray, fields: Mapping[str, bytes]) -> np.ndarray:
 def review_log(rows: np.ndarray, day_start_hour: float):
     """The rows (service/srs.py's ROW) as a one-user ReviewLog: elapsed_days counted in scheduler days (a day
     starts at day_start_hour UTC, as the model's days do), -1 on a card's first stored review."""
-    from .reviews import ReviewLog
+    from ..training.srs.reviews import ReviewLog
 
     n = len(rows)
     card = rows["card"].astype(np.int64)
@@ -63,7 +64,7 @@ def fit_stored(rows: np.ndarray, day_start_hour: float,
                due: bool | Callable[[int], bool] = True) -> tuple[list[float] | None, int]:
     """(FSRS-6's 21 parameters fitted on the rows, or None when `due(scored)` says no; the number of
     scored reviews the fit sees). `due` is True, or a callable of the scored count (`Due`)."""
-    from .eval import fit_fsrs6, scored_mask
+    from ..training.srs.eval import fit_fsrs6, scored_mask
 
     log = review_log(rows, day_start_hour)
     scored = int(scored_mask(log).sum())
