@@ -33,21 +33,21 @@ def pytest_configure(config: pytest.Config) -> None:
 # with one of them while the others have finished; the Makefile's --no-loadscope-reorder keeps this order (xdist
 # would otherwise start with the files that hold most tests).
 FIRST = (
-    "tests/service/test_simakt_api.py",
+    "tests/service/kt/test_simakt_api.py",
     "tests/training/test_export.py",
     "tests/training/srs/test_time_aware_run.py",
-    "tests/service/test_srs_api.py",
+    "tests/service/srs/test_srs_api.py",
     "tests/test_cli.py",
     "tests/training/kt/test_simakt_run.py",
     "tests/service/test_reload.py",
     "tests/service/test_replicas.py",
-    "tests/service/test_kt_api.py",
+    "tests/service/kt/test_kt_api.py",
     "tests/service/test_demo_served.py",
     "tests/training/kt/test_warm_start.py",
     "tests/training/kt/test_answer_order.py",
     "tests/training/next_item/test_mrn_loop.py",
     "tests/training/test_families.py",
-    "tests/service/test_sessions_api.py",
+    "tests/service/sessions/test_sessions_api.py",
     "tests/service/test_quality.py",
     "tests/service/test_upgrades.py",
 )

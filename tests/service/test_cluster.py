@@ -19,7 +19,7 @@ from nextstep.service.redis_store import RedisStore
 from nextstep.service.settings import Settings
 from nextstep.service.state import StateStore
 from tests.service.conftest import _raw
-from tests.service.test_kt_api import test_no_lost_updates_and_replays_change_nothing  # noqa: F401
+from tests.service.kt.test_kt_api import test_no_lost_updates_and_replays_change_nothing  # noqa: F401
 from tests.service.test_state import (  # noqa: F401 -- the contract, collected here against the cluster
     KEY,
     _old_write,
@@ -152,8 +152,8 @@ def test_the_flashcard_refit_walks_every_primary(tmp_path, redis_cluster, serve,
     import shutil
 
     from nextstep import demo
-    from tests.service.test_srs_refit import MODEL as SRS
-    from tests.service.test_srs_refit import as_reviews, post, refit, user_log
+    from tests.service.srs.test_srs_refit import MODEL as SRS
+    from tests.service.srs.test_srs_refit import as_reviews, post, refit, user_log
 
     shutil.copytree(demo.BUNDLED / SRS / demo.VERSION, tmp_path / SRS / demo.VERSION)
     monkeypatch.setenv("NEXTSTEP_REDIS_URL", redis_cluster.url)

@@ -21,8 +21,8 @@ from nextstep.service.runtime import Engines
 from nextstep.service.settings import Settings
 from nextstep.service.srs.service import SpacedRepetition
 from nextstep.service.srs.stored import Review, schema_hash
-from tests.service.test_srs_upgrades import CARD_SIZE, DAY, answers, close, reviews_of, same_record, summary
-from tests.service.test_srs_upgrades import add_version as srs_version
+from tests.service.srs.test_srs_upgrades import CARD_SIZE, DAY, answers, close, reviews_of, same_record, summary
+from tests.service.srs.test_srs_upgrades import add_version as srs_version
 from tests.service.test_upgrades import DEMO, add_version, learner_events
 
 LEARNERS = [f"learner-{i}" for i in range(40)]

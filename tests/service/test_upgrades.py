@@ -119,7 +119,7 @@ def send(http: httpx.Client, learners: dict[str, list[dict]], model: str = "deep
 def test_migrate_brings_every_learner_to_the_new_version_a_page_at_a_time(tmp_path, store_url, serve):
     """POST /v1/models/{model}/migrate, a page per call, rebuilds every learner's state for version 2 from their log;
     after it their first request rebuilds nothing, and answers as version 2 replaying their history; a second walk
-    finds nothing to do; a bad cursor is a 422 naming the field (flashcards: tests/service/test_srs_upgrades.py)."""
+    finds nothing to do; a bad cursor is a 422 naming the field (flashcards: tests/service/srs/test_srs_upgrades.py)."""
     add_version(tmp_path, "deep_gpcm", "1", 2026)
     shutil.copytree(DEMO / "time_aware" / "demo", tmp_path / "time_aware" / "1")
     learners = learner_events(7, 12)

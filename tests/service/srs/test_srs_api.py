@@ -685,7 +685,7 @@ def test_versions_share_a_users_reviews_unless_the_window_changes(srs_art, tmp_p
     assert load_artifact(tmp_path / "time_aware" / "2").schema != v1.schema
 
 
-SCHEMA = schemathesis.openapi.from_path(Path(__file__).resolve().parents[2] / "openapi" / "openapi.json")
+SCHEMA = schemathesis.openapi.from_path(Path(__file__).resolve().parents[3] / "openapi" / "openapi.json")
 
 
 @pytest.fixture(scope="module")
