@@ -98,6 +98,14 @@ def register_task(spec: TaskSpec) -> TaskSpec:
     return spec
 
 
+def tasks() -> dict[str, TaskSpec]:
+    """Every task's spec (TASKS), its service module imported first (service/__init__.py's register_tasks)."""
+    from . import register_tasks
+
+    register_tasks()
+    return TASKS
+
+
 class ArtifactError(Exception):
     """An artifact directory that cannot be served; the message names the directory and the fault. `kind` is the
     kind of fault and `summary` says it with what part it is in ("graph failed to load (step)"): words that
@@ -257,14 +265,14 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True, s
         raise fail(f"manifest.json is not valid JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise fail("manifest.json is not a JSON object")
-    task = TASKS.get(str(manifest.get("task")))  # (the task modules register theirs: service/__init__.py)
+    task = tasks().get(str(manifest.get("task")))  # (the task modules register theirs: service/__init__.py)
     required = MANIFEST_KEYS + (("state",) if task is None or task.state else ()) \
         + (("vocabularies",) if task is None or task.vocabulary else ())
     missing = [k for k in required if k not in manifest]
     if missing:
         raise fail(f"manifest.json lacks {missing}")
     if task is None:
-        raise fail(f"task {manifest['task']!r} is not one the service answers ({sorted(TASKS)})")
+        raise fail(f"task {manifest['task']!r} is not one the service answers ({sorted(tasks())})")
 
     def file(relative: str, what: str, part: str) -> Path:
         p = inside(str(relative), part)

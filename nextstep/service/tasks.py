@@ -66,14 +66,9 @@ class TaskPlugin:
 @functools.cache
 def plugins() -> tuple[TaskPlugin, ...]:
     """Every task's plug-in, in TASK_MODULES's order (imported on first use: the routes modules import this one)."""
-    from . import TASK_MODULES
+    from . import TASK_MODULES, package
 
-    return tuple(importlib.import_module(f"{_package(name)}.routes").TASK for name in TASK_MODULES)
-
-
-def _package(name: str) -> str:
-    """A task's package from its TASK_MODULES entry: a name under this package, or a dotted path of its own."""
-    return name if "." in name else f"{__package__}.{name}"
+    return tuple(importlib.import_module(f"{package(name)}.routes").TASK for name in TASK_MODULES)
 
 
 def plugin(task: str) -> TaskPlugin | None:
