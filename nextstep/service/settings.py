@@ -1,5 +1,7 @@
 """Service settings, from the environment (prefix NEXTSTEP_) or a .env file."""
 
+import importlib
+import importlib.util
 import itertools
 import json
 from collections.abc import Sequence
@@ -7,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import TooLarge
@@ -63,7 +65,10 @@ def _key_faults(keys: list[str]) -> str | None:
     return None
 
 
-class Settings(BaseSettings):
+class CoreSettings(BaseSettings):
+    """The settings every task shares; each task's own are its package's (settings.py), and `Settings` is the
+    whole."""
+
     # (hide_input_in_errors: a refused setting is named, its value never echoed: URLs and keys hold secrets)
     model_config = SettingsConfigDict(env_prefix="NEXTSTEP_", env_file=".env", extra="ignore",
                                       hide_input_in_errors=True)
@@ -84,34 +89,6 @@ class Settings(BaseSettings):
     # durability: a write is acknowledged once this many replicas have it (WAIT), else a 503 after the timeout
     redis_wait_replicas: int = Field(default=0, ge=0)
     redis_wait_timeout_ms: int = Field(default=100, ge=1)
-    state_ttl_seconds: float | None = Field(default=180 * 24 * 3600, gt=0)  # idle states expire
-    session_ttl_seconds: float | None = Field(default=1800, gt=0)  # next-item sessions: idle timeout
-    # spaced-repetition users: idle expiry, refreshed by every review they record; 0 = never. Two years: a user who
-    # reviews at all, even one card a year, keeps everything; one who has not reviewed for two years has left (and
-    # has forgotten most of it), and Redis does not fill with abandoned histories.
-    srs_ttl_seconds: float = Field(default=730 * 86400, ge=0)
-    srs_max_schedule_cards: int = Field(default=100, ge=1)  # cards per srs schedule request
-    # the longest interval a flashcard is scheduled (and simulated) at, in days from the card's last review. Five
-    # years, not Anki's 36,500 days: no collection we hold shows a gap over 515 days (16 users, histories up to
-    # 1,026 days), so an interval of many years is the model's extrapolation, and the costs are lopsided: capping a
-    # card that would have waited 10 years costs one review in five years; letting it wait loses the card
-    srs_max_interval_days: int = Field(default=1825, ge=1, le=36500)
-    srs_max_simulate_cards: int = Field(default=10_000, ge=1)  # cards per srs simulate request (stored or given)
-    # a flashcard user's FSRS-6 parameters are refitted from their stored reviews (off the request path) once they
-    # have this many scored reviews (fsrs-rs fits only the initial stabilities below 64 items and keeps its defaults
-    # below 8) ...
-    srs_refit_min_scored: int = Field(default=32, ge=1)
-    # ... and again whenever this many more have arrived since the last fit
-    srs_refit_every_scored: int = Field(default=100, ge=1)
-    # who refits them: `auto`, the service itself (a write that leaves a user due a fit queues them for the
-    # replica's refit worker: one fit at a time, in a process of its own, under a lease per user; where fsrs-rs is
-    # not installed it says so at startup and refits nothing); `off`, only `nextstep srs refit`. docs/decisions.md,
-    # "Flashcard refits in the service"
-    srs_refit: str = Field(default="auto", pattern="^(auto|off)$")
-    # users waiting for the refit worker, per replica; past it a user is dropped (nextstep_srs_refits_total{outcome=
-    # "dropped"}) and queued again by their next review
-    srs_refit_queue: int = Field(default=1_000, ge=1)
-    cold_start_model: str | None = None  # next-item model answering sessions with no click yet (e.g. popularity)
     # a question (knowledge tracing) or item (sessions) id the model never saw: answer it through the version's unknown
     # row, trained for it, flagged "known": false and counted (nextstep_unknown_ids_total); or error: a 422 naming the
     # field. A version trained without that row (before it existed) refuses them either way (docs/decisions.md)
@@ -160,7 +137,6 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(default=10.0, gt=0)  # a request's line and headers must arrive within this
     body_timeout_seconds: float = Field(default=30.0, gt=0)  # and its body within this after them (server.py)
     cas_retries: int = Field(default=100, ge=1)  # optimistic-concurrency retries before 409
-    bank_refresh_seconds: float = Field(default=1.0, ge=0)  # SimAKT: how stale a replica's active bank version may be
     # a reload on one replica reaches every replica sharing the Redis within this (plus one reload's work): each
     # reads the reload generation this often (fleet.py)
     reload_refresh_seconds: float = Field(default=2.0, gt=0)
@@ -236,3 +212,17 @@ class Settings(BaseSettings):
             raise ValueError("a key is in both NEXTSTEP_API_KEYS and NEXTSTEP_ADMIN_KEYS: give each key one role "
                              "(admin keys may call every route already)")
         return self
+
+
+def _sections() -> tuple[type[BaseModel], ...]:
+    """Each task's own settings (its package's settings.py, `SETTINGS`: a pydantic model of its fields), in
+    TASK_MODULES's order; a task without one has none of its own."""
+    from . import TASK_MODULES, package
+
+    return tuple(importlib.import_module(f"{package(name)}.settings").SETTINGS for name in TASK_MODULES
+                 if importlib.util.find_spec(f"{package(name)}.settings") is not None)
+
+
+class Settings(CoreSettings, *_sections()):
+    """Every NEXTSTEP_* setting: the shared ones and each task's (their names as the environment gives them:
+    docs/guide/operations.md's table)."""
