@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from .cpus import configure_threads
 from .demo import require
 from .service import TASK_MODULES, package
 from .training.families import FAMILIES, family
@@ -720,6 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_threads()  # (torch is imported by the commands, after this: nextstep/cpus.py)
     try:
         return args.func(args)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (train says what it left)
