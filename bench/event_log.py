@@ -27,6 +27,7 @@ its default memory banks) as version 1 and a copy as version 2:
 
     python bench/event_log.py [--artifact DIR] [--learners 5] [--migrate-learners 500] [--per-event] [--json OUT]
     python bench/event_log.py --only window [--baseline OTHER/nextstep/service/redis_store.py]
+    python bench/event_log.py --only rebuild --rebuild-sizes 1000 10000 100000
 
 The p50 cost of an event with the log against without is bench/service_load.py's 1-connection run on this code and
 on the commit before the log (docs/scaling.md gives both and the commands).
@@ -66,12 +67,15 @@ async def measure(args, work: Path, redis_port: int) -> dict:
     from nextstep.service.redis_store import RedisStore
     from nextstep.service.registry import ModelRegistry
     from nextstep.service.runtime import Engines
+    from nextstep.service.state import DEFAULT_LOG_BOUNDS, LogBounds
 
     name = args.name
     root = artifacts(work / "artifacts", Path(args.artifact), name)
     registry = ModelRegistry(root, intra_op_threads=1, fold_graphs=not args.per_event)
     registry.reload()
-    store = RedisStore(f"redis://127.0.0.1:{redis_port}/0", ttl_seconds=None)
+    # (the log's bound raised past the largest rebuild measured: a learner's whole history stays in it)
+    store = RedisStore(f"redis://127.0.0.1:{redis_port}/0", ttl_seconds=None,
+                       log=LogBounds(max(DEFAULT_LOG_BOUNDS.max_rows, *args.rebuild_sizes), None))
     engines = Engines(64, 0.0)
     banks = Banks(InProcessBankStore())  # (SimAKT's memory banks: each version's default, as the service loads them)
     await banks.prepare(registry.models())
@@ -82,8 +86,9 @@ async def measure(args, work: Path, redis_port: int) -> dict:
 
     async def feed(student: str, n: int) -> None:
         qs, rs = rng.integers(0, len(questions), n), rng.integers(0, 2, n)
-        for i in range(n):
-            await tracer.absorb(f"{name}@1", student, [Event(questions[qs[i]], int(rs[i]), f"{student}-{i:06d}")])
+        for start in range(0, n, 1_000):  # (requests of at most NEXTSTEP_MAX_EVENTS events)
+            await tracer.absorb(f"{name}@1", student, [Event(questions[qs[i]], int(rs[i]), f"{student}-{i:06d}")
+                                                       for i in range(start, min(start + 1_000, n))])
 
     def bytes_of(student: str) -> dict:
         keys = sorted(raw.scan_iter(match=f"nextstep:{{kt:{name}:{student}}}*"))
@@ -95,12 +100,12 @@ async def measure(args, work: Path, redis_port: int) -> dict:
         if args.only == "window":
             out["window"] = await window_cost(args, redis_port, raw)
             return out
-        for n in (200, 10_000):
+        for n in (200, 10_000) if args.only != "rebuild" else ():
             await feed(f"bytes{n}", n)
             b = bytes_of(f"bytes{n}")
             out["bytes"][n] = {**b, "per_event": b["total"] / n}
             print(f"  {n:6d} events: {b['total']:8d} B in all ({b['total'] / n:.1f} B per event): {b['keys']}")
-        for n in (200, 1_000):
+        for n in args.rebuild_sizes:
             first, cpu, again = [], [], []
             for k in range(args.learners):
                 student = f"rebuild{n}-{k}"
@@ -124,6 +129,8 @@ async def measure(args, work: Path, redis_port: int) -> dict:
                   f"{out['rebuild'][n]['median_ms']:.1f} ms ({args.learners} learners; this process's CPU "
                   f"{out['rebuild'][n]['cpu_median_ms']:.1f} ms); then "
                   f"{out['rebuild'][n]['up_to_date_median_ms']:.2f} ms")
+        if args.only == "rebuild":
+            return out
         # migrate: --migrate-learners learners of 50 events through version 1, then every page to version 2
         n_learners, n_events = args.migrate_learners, 50
         for k in range(n_learners):
@@ -300,8 +307,10 @@ def run(args, work: Path, procs) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--learners", type=int, default=5, help="learners per rebuild size (default 5)")
+    parser.add_argument("--rebuild-sizes", type=int, nargs="+", default=[200, 1_000],
+                        help="events in the logs rebuilt (default 200 1000; e.g. 1000 10000 100000)")
     parser.add_argument("--migrate-learners", type=int, default=500, help="learners migrated (default 500)")
-    parser.add_argument("--only", choices=("window",), help="run this part alone")
+    parser.add_argument("--only", choices=("window", "rebuild"), help="run this part alone")
     parser.add_argument("--baseline", help="another checkout's nextstep/service/redis_store.py: its window measured "
                                            "beside this one's")
     parser.add_argument("--window-ops", type=int, default=1_000, help="reads and writes a round (default 1,000)")

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without on
 log = logging.getLogger(__name__)
 MODES = ("canary", "shadow")
 READS = 2  # refresh intervals from a change to its effect: one for every replica's next read, one for a late read
+RETRY_SECONDS = 0.25  # a read that failed is tried again this soon (a slow Redis must not make a replica miss one)
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,9 @@ class Rollouts:
                 pending = await self.check()
             except asyncio.CancelledError:
                 raise
-            except StoreUnavailable:
-                continue  # (the client logs the outage) keep serving what was applied
+            except StoreUnavailable:  # (the client logs the outage) keep serving what was applied; read again
+                wait = min(self.refresh, RETRY_SECONDS)  # soon: a change may be about to take effect
+                continue
             except Exception:
                 log.exception("rollouts not followed; trying again in %g s", self.refresh)
                 continue

@@ -568,8 +568,9 @@ def test_a_rollout_takes_effect_on_every_replica_at_one_moment(tmp_path, redis_u
     add_version(tmp_path, "deep_gpcm", "1", 2026)
     add_version(tmp_path, "deep_gpcm", "2", 2027, nudge=5.0)
     canary = [e for e in LEARNERS if in_fraction("deep_gpcm", e, 0.5)][:6]
+    # (a busy CI machine: reads of Redis given time, and a change 3 s ahead, so that each replica reads it in time)
     settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual",
-                        reload_refresh_seconds=1.0)
+                        reload_refresh_seconds=1.5, redis_timeout_seconds=2.0)
     with serve(settings) as a_url, serve(settings) as b_url, httpx.Client(base_url=a_url, timeout=30) as a, \
             httpx.Client(base_url=b_url, timeout=30) as b:
         assert b.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "fraction": 0.0}).status_code == 200
@@ -581,6 +582,7 @@ def test_a_rollout_takes_effect_on_every_replica_at_one_moment(tmp_path, redis_u
                 while not done.is_set():
                     for e in canary:
                         seen[e].append(http.get(f"/v1/kt/deep_gpcm/students/{e}").json()["version"])
+                    time.sleep(0.01)  # (readers that leave the replicas' event loops some room)
 
             readers = [threading.Thread(target=read, args=(httpx.Client(base_url=u), seen, done))
                        for u in (a_url, b_url)]

@@ -1,0 +1,112 @@
+"""What each lifecycle feature costs a knowledge-tracing event (issue 58, part 3): POST /v1/kt/deep_gpcm/events
+(one event and one prediction) p50 at one connection and req/s at 32, with live quality off and on, and with a
+100% shadow and a 50% canary of a second version, interleaved in one run.
+
+    python bench/feature_costs.py [--artifact DIR] [--duration 5] [--rounds 2] [--json OUT]
+
+Two services on one redis-server (service_load.py's processes and wrk scripts), each `nextstep serve` with
+NEXTSTEP_NEW_VERSIONS=manual over the same artifact as versions 1 and 2 (the demo deep_gpcm unless --artifact):
+one with NEXTSTEP_LIVE_QUALITY=false, one with it on. The configurations, measured in the order
+A B C D D C B A per round (each a 1-connection and a 32-connection wrk run):
+
+    A  quality off, no rollout        (the event log alone: it cannot be turned off)
+    B  quality on, no rollout         (the default)
+    C  quality on, version 2 a 100% shadow (each write queues version 2's turn, off the request path)
+    D  quality on, version 2 a 50% canary  (half the learners answered by version 2)
+
+Requires wrk and redis-server on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import httpx
+from machine import machine
+from service_load import (
+    MODEL,
+    BenchError,
+    artifact_vocab,
+    events_lua,
+    run_in_tempdir,
+    run_wrk,
+    start_redis,
+    start_service,
+)
+
+DEMO = Path(__file__).resolve().parents[1] / "nextstep" / "demo_artifacts" / MODEL / "demo"
+CONFIGS = {"A": ("off", None), "B": ("on", None), "C": ("on", {"candidate": "2", "mode": "shadow", "fraction": 1.0}),
+           "D": ("on", {"candidate": "2", "mode": "canary", "fraction": 0.5})}
+LABELS = {"A": "quality off", "B": "quality on (default)", "C": "+ 100% shadow", "D": "+ 50% canary"}
+
+
+def run(args, work: Path, procs) -> int:
+    root = work / "artifacts"
+    for version in ("1", "2"):
+        shutil.copytree(Path(args.artifact), root / MODEL / version)
+    question_ids, n_cats = artifact_vocab(root / MODEL / "1")
+    redis_port, _ = start_redis(procs, work)
+    bases = {}
+    for quality in ("off", "on"):
+        os.environ["NEXTSTEP_LIVE_QUALITY"] = "true" if quality == "on" else "false"
+        os.environ["NEXTSTEP_NEW_VERSIONS"] = "manual"
+        os.environ["NEXTSTEP_RELOAD_REFRESH_SECONDS"] = "0.5"
+        (work / quality).mkdir()
+        bases[quality], _ = start_service(procs, work / quality, root, redis_port)
+    scripts = {}
+    for tag, pool in (("c1", 1), ("cN", 4 * args.connections // 2)):
+        scripts[tag] = work / f"{tag}.lua"
+        scripts[tag].write_text(events_lua(question_ids, n_cats, tag, pool))
+    out = {"machine": machine(), "duration": args.duration, "runs": []}
+    order = [c for _ in range(args.rounds) for c in "ABCDDCBA"]
+    with httpx.Client(timeout=30) as http:
+        for config in order:
+            quality, rollout = CONFIGS[config]
+            base = bases[quality]
+            if rollout is not None:
+                answer = http.put(f"{base}/v1/models/{MODEL}/rollout", json=rollout)
+            else:
+                answer = http.delete(f"{base}/v1/models/{MODEL}/rollout")
+            if answer.status_code != 200:
+                raise BenchError(f"rollout {rollout}: {answer.status_code} {answer.text}")
+            url = f"{base}/v1/kt/{MODEL}/events"
+            run_wrk(url, scripts["cN"], 2, args.connections, 1.0)  # warm-up
+            single = run_wrk(url, scripts["c1"], 1, 1, args.duration)
+            loaded = run_wrk(url, scripts["cN"], 2, args.connections, args.duration)
+            row = {"config": config, "p50_ms": single["p50_us"] / 1000, "rps": loaded["rps"]}
+            out["runs"].append(row)
+            print(f"{config} {LABELS[config]:22s} p50 {row['p50_ms']:6.3f} ms   {row['rps']:7.0f} req/s "
+                  f"at {args.connections}", flush=True)
+    base_p50 = statistics.median(r["p50_ms"] for r in out["runs"] if r["config"] == "A")
+    base_rps = statistics.median(r["rps"] for r in out["runs"] if r["config"] == "A")
+    print("\nmedians, and against A:")
+    out["medians"] = {}
+    for config in "ABCD":
+        p50 = statistics.median(r["p50_ms"] for r in out["runs"] if r["config"] == config)
+        rps = statistics.median(r["rps"] for r in out["runs"] if r["config"] == config)
+        out["medians"][config] = {"p50_ms": p50, "rps": rps}
+        print(f"| {config} | {LABELS[config]} | {p50:.3f} ms ({p50 / base_p50:.2f}x) | "
+              f"{rps:.0f} ({rps / base_rps:.2f}x) |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--artifact", default=str(DEMO), help="a deep_gpcm artifact directory (default: the demo's)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run (default 5)")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of A B C D D C B A (default 2)")
+    parser.add_argument("--json", help="write the figures to this file")
+    return run_in_tempdir(run, parser.parse_args(argv), "nextstep-features-", needs=("wrk", "redis-server"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
