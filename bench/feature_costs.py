@@ -11,8 +11,8 @@ A B C D D C B A per round (each a 1-connection and a 32-connection wrk run):
 
     A  quality off, no rollout        (the event log alone: it cannot be turned off)
     B  quality on, no rollout         (the default)
-    C  quality on, version 2 a 100% shadow (each write queues version 2's turn, off the request path)
-    D  quality on, version 2 a 50% canary  (half the learners answered by version 2)
+    C  quality on, the other version a 100% shadow (each write queues its turn, off the request path)
+    D  quality on, the other version a 50% canary  (half the learners answered by it)
 
 Requires wrk and redis-server on PATH.
 """
@@ -41,8 +41,8 @@ from service_load import (
 )
 
 DEMO = Path(__file__).resolve().parents[1] / "nextstep" / "demo_artifacts" / MODEL / "demo"
-CONFIGS = {"A": ("off", None), "B": ("on", None), "C": ("on", {"candidate": "2", "mode": "shadow", "fraction": 1.0}),
-           "D": ("on", {"candidate": "2", "mode": "canary", "fraction": 0.5})}
+CONFIGS = {"A": ("off", None), "B": ("on", None), "C": ("on", {"mode": "shadow", "fraction": 1.0}),
+           "D": ("on", {"mode": "canary", "fraction": 0.5})}  # (the candidate: the version not serving)
 LABELS = {"A": "quality off", "B": "quality on (default)", "C": "+ 100% shadow", "D": "+ 50% canary"}
 
 
@@ -70,7 +70,9 @@ def run(args, work: Path, procs) -> int:
             quality, rollout = CONFIGS[config]
             base = bases[quality]
             if rollout is not None:
-                answer = http.put(f"{base}/v1/models/{MODEL}/rollout", json=rollout)
+                serving = http.get(f"{base}/v1/models/{MODEL}/rollout").json()["serving"]
+                candidate = "1" if serving == "2" else "2"
+                answer = http.put(f"{base}/v1/models/{MODEL}/rollout", json={"candidate": candidate, **rollout})
             else:
                 answer = http.delete(f"{base}/v1/models/{MODEL}/rollout")
             if answer.status_code != 200:
