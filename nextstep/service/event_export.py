@@ -35,34 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .state import LogRow, StateStore
-
-
-class Export:
-    """What a task's traffic exports as (its TaskPlugin's `export`): the two files (`{model}` filled in), their
-    delimiter and header, and per entity the rows (`rows`); `lacking` names the summary's count of the events the
-    store no longer holds."""
-
-    prefix: str  # of the task's keys (core.StatefulTask.PREFIX)
-    files: tuple[str, str]  # train, test
-    delimiter: str
-    header: tuple[str, ...]
-    lacking = "not_in_log"
-
-    def for_model(self, artifacts: Path | None, model: str) -> Export:
-        """This export for one model, from its versions' manifests under `artifacts` where it needs them."""
-        return self
-
-    def entity(self, rest: str) -> str:
-        """The entity of a key, from what follows "<prefix>:<model>:"."""
-        return rest
-
-    async def rows(self, store: StateStore, prefix: str, rest: str, entity: str) -> tuple[list[list], int] | None:
-        """(the entity's rows, how many of its events the store no longer holds); None: nothing to export."""
-        raise NotImplementedError
-
-    def beside(self) -> dict[str, str]:
-        """Files written beside the data: {name: text}."""
-        return {}
+from .tasks import Export, plugin, plugins
 
 
 @dataclass(frozen=True)
@@ -139,12 +112,8 @@ async def export_events(store: StateStore, task: str, model: str, out: Path, *, 
     {"model", "task", "files", "entities": {"train", "test"}, "events": {"train", "test"}, the export's `lacking`
     count, "seconds"} (no test part when `test_fraction` is 0). `progress` is called with the running counts after
     each page."""
-    from .tasks import plugin
-
     found = plugin(task)
     if found is None or found.export is None:
-        from .tasks import plugins
-
         raise ValueError(f"task {task!r} has no event export; expected one of "
                          f"{sorted(p.spec.name for p in plugins() if p.export is not None)}")
     export = found.export.for_model(artifacts, model)

@@ -13,13 +13,13 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fastapi import APIRouter, FastAPI
 
     from .core import StatefulTask
-    from .event_export import Export
     from .metrics import Metrics
     from .quality import Quality
     from .registry import LoadedModel, ModelRegistry, TaskSpec
@@ -41,6 +41,34 @@ class Shared:
     def on_retry(self, model: LoadedModel) -> None:
         """A lost compare-and-set, counted per model."""
         self.metrics.cas_retries.labels(model.name).inc()
+
+
+class Export:
+    """What a task's traffic exports as (its TaskPlugin's `export`; event_export.py writes it): the two files
+    (`{model}` filled in), their delimiter and header, and per entity the rows (`rows`); `lacking` names the summary's
+    count of the events the store no longer holds."""
+
+    prefix: str  # of the task's keys (core.StatefulTask.PREFIX)
+    files: tuple[str, str]  # train, test
+    delimiter: str
+    header: tuple[str, ...]
+    lacking = "not_in_log"
+
+    def for_model(self, artifacts: Path | None, model: str) -> Export:
+        """This export for one model, from its versions' manifests under `artifacts` where it needs them."""
+        return self
+
+    def entity(self, rest: str) -> str:
+        """The entity of a key, from what follows "<prefix>:<model>:"."""
+        return rest
+
+    async def rows(self, store: StateStore, prefix: str, rest: str, entity: str) -> tuple[list[list], int] | None:
+        """(the entity's rows, how many of its events the store no longer holds); None: nothing to export."""
+        raise NotImplementedError
+
+    def beside(self) -> dict[str, str]:
+        """Files written beside the data: {name: text}."""
+        return {}
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..event_export import Export, manifests
+from ..event_export import manifests
 from ..state import StateStore, StoredState
+from ..tasks import Export
 from .stored import schema_hash
 
 DEFAULT_DAY_START_S = 4 * 3600.0  # a user's day boundary when the app never told one (reviews.py's default)
