@@ -104,7 +104,7 @@ class Rollouts:
                 log.error("rollout of %s in Redis is not one this version reads: ignored", name)
         return out
 
-    def _due(self, read: dict[str, Rollout], now: float) -> tuple[dict[str, Rollout], float | None]:
+    def _due(self, read: dict[str, Rollout], now: float) -> tuple[dict[str, Rollout], dict[str, Rollout]]:
         """(what to apply now: each model's rollout as read, except a change not yet effective, for which the one
         applied stays; the changes not yet effective)."""
         out, pending = {}, {}
