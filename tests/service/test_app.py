@@ -7,7 +7,8 @@ from starlette.middleware.errors import ServerErrorMiddleware
 
 from nextstep.service.app import create_app
 from nextstep.service.middleware import ServiceMiddleware
-from nextstep.service.routes.common import JsonRoute, Strict
+from nextstep.service.routes.common import JsonRoute
+from nextstep.service.schemas import Strict
 from nextstep.service.settings import Settings
 
 

@@ -1,10 +1,12 @@
-"""Property-based HTTP tests generated from the committed OpenAPI document: no input may cause a 5xx."""
+"""Property-based HTTP tests generated from the committed OpenAPI document: no input may cause a 5xx, and every
+successful answer conforms to its schema in the document."""
 
 from pathlib import Path
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import response_schema_conformance
 
 from nextstep.service.settings import Settings
 
@@ -27,3 +29,5 @@ def test_no_server_errors(case, base_url):
         case.path_parameters["model"] = "deep_gpcm"  # random model names only exercise the 404 path
     response = case.call(base_url=base_url, timeout=30)
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
+    if response.status_code < 300:
+        case.validate_response(response, checks=[response_schema_conformance])

@@ -1,35 +1,40 @@
 """HTTP routes for knowledge tracing: thin wrappers over nextstep.service.kt.service.KnowledgeTracer."""
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
-from ..routes.common import (
-    MAX_ID,
-    EventId,
-    ExternalId,
-    IdText,
-    JsonRoute,
-    Strict,
-    UnusedTime,
-    answer,
-    not_ahead,
-    path_id,
-    too_many,
-)
+from ..routes.common import JsonRoute, answer, not_ahead, path_id, too_many
 from ..tasks import Shared, TaskPlugin
 from .banks import Banks, make_bank_store
 from .export import EXPORT
+from .schemas import (
+    ACTIVATED,
+    BANKS,
+    BATCH,
+    EVENTS,
+    NEXT_ITEM,
+    PREDICT,
+    SUMMARY,
+    BankActivated,
+    BankVersions,
+    KtBankVersionRequest,
+    KtBatchAnswer,
+    KtBatchRequest,
+    KtDeleted,
+    KtEvent,
+    KtEventsAnswer,
+    KtEventsRequest,
+    KtNextItemAnswer,
+    KtNextItemRequest,
+    KtPredictAnswer,
+    KtPredictRequest,
+    KtSummary,
+)
 from .service import SPEC, Event, KnowledgeTracer
 
 router = APIRouter(prefix="/v1/kt/{model}", tags=["knowledge tracing"], route_class=JsonRoute)
 
-Id = Annotated[ExternalId, Field(description=f"a question id as the app knows it: a string of 1 to {MAX_ID} "
-                                             "characters or an integer (\"12\" and 12 are the same; not true, "
-                                             "not 1.0)")]
-StudentId = Annotated[IdText, Field(description=f"the student's id: any string of 1 to {MAX_ID} characters",
-                                    examples=["student-42"])]
 StudentPath = Annotated[str, path_id("student")]
 
 
@@ -42,93 +47,6 @@ Tracer = Annotated[KnowledgeTracer, Depends(tracer)]
 ModelName = Annotated[str, Path(description="model name, e.g. deep_gpcm; deep_gpcm@1 (or the X-Model-Version "
                                             "header) pins a version, else the latest good one",
                                 examples=["deep_gpcm"])]
-EXPLAIN = "models with memory banks (SimAKT): each inter-student head's top 5 bank entries by attention weight"
-Explain = Annotated[StrictBool, Field(description=EXPLAIN)]
-
-
-class KtEvent(Strict):
-    question_id: Id
-    response: Annotated[StrictInt, Field(ge=0, description="ordinal response 0..K-1 (0/1 for right/wrong; an "
-                                                           "integer: true is not 1)")]
-    event_id: EventId = None
-    timestamp: UnusedTime = None
-
-
-class KtEventsRequest(Strict):
-    student_id: StudentId
-    events: Annotated[list[KtEvent], Field(min_length=1)]
-    predict_question_ids: Annotated[list[Id] | None, Field(description="predict these after the events")] = None
-    explain: Explain = False
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "student_id": "student-42",
-        "events": [{"question_id": "17", "response": 2, "event_id": "e-1001"}],
-        "predict_question_ids": ["18"]}]})
-
-
-class KtPredictRequest(Strict):
-    student_id: StudentId
-    question_ids: Annotated[list[Id], Field(min_length=1)]
-    explain: Explain = False
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"student_id": "student-42", "question_ids": ["18", "19"]}]})
-
-
-class KtNextItemRequest(Strict):
-    student_id: StudentId
-    candidate_question_ids: Annotated[list[Id] | None, Field(description="default: every known question")] = None
-    strategy: Literal["fisher", "target"] = "fisher"
-    target: Annotated[float, Field(gt=0, lt=1, description="for strategy=target: wanted P(full credit)")] = 0.7
-    k: Annotated[StrictInt, Field(ge=1, le=1000, description="how many questions to return")] = 10
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"student_id": "student-42", "strategy": "fisher", "k": 5}]})
-
-
-class KtBankVersionRequest(Strict):
-    version: Annotated[IdText, Field(description="a bank version GET /banks lists")]
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "v2"}]})
-
-
-class KtSequence(Strict):
-    student_id: StudentId
-    events: list[KtEvent]
-    predict_question_ids: list[Id] | None = None
-
-
-class KtBatchRequest(Strict):
-    students: Annotated[list[KtSequence], Field(min_length=1)]
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"students": [
-        {"student_id": "a", "events": [{"question_id": "17", "response": 1}], "predict_question_ids": ["18"]}]}]})
-
-
-# examples of the answers (a deep_gpcm model: four response categories, IRT parameters)
-PREDICTION = {"question_id": "18", "probabilities": [0.325, 0.348, 0.227, 0.1], "expected_response": 1.102,
-              "most_likely_response": 1, "theta": 0.286, "alpha": 0.707, "beta": [0.192, 0.89, 1.443]}
-STATE = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "state_version": 3}
-EVENTS = {**STATE, "events_absorbed": 1, "events_skipped": 0, "events_total": 3, "rebuilt_from_events": 0,
-          "predictions": [PREDICTION]}
-PREDICT = {**STATE, "events_total": 3, "rebuilt_from_events": 0,
-           "predictions": [PREDICTION, {**PREDICTION, "question_id": "19"}]}
-NEXT_ITEM = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "strategy": "fisher",
-             "state_version": 3, "rebuilt_from_events": 0,
-             "items": [{"question_id": "7", "score": 1.035, "theta": 0.291},
-                       {"question_id": "2", "score": 0.72, "theta": 0.294}]}
-BATCH = {"model": "deep_gpcm", "version": "1", "students": [{
-    "student_id": "a", "events": 1, "event_predictions": [{**PREDICTION, "question_id": "17"}],
-    "predictions": [PREDICTION]}]}
-SUMMARY = {"student_id": "student-42", "model": "deep_gpcm", "version": "1", "exists": True, "state_version": 3,
-           "events_total": 3, "last_update": 1767225600.0, "rebuilt_from_events": 0, "ability": 0.287,
-           "ability_range": [0.272, 0.297]}
-BANKS = {"model": "simakt", "version": "1", "active": "v2", "serving": "v2", "versions": [
-    {"version": "v2", "loaded": True, "heads": {"knn": {"type": "knn", "entries": 512, "students": 40}},
-     "provenance": {"created": "2026-01-01T00:00:00Z"}}]}
-ACTIVATED = {"model": "simakt", "version": "1", "bank_version": "v2", "previous": "v1"}
-
-
 # what each IRT output means (the OpenAPI descriptions of the routes that return them, and the README, say this)
 IRT_OUTPUTS = """GPCM models (deep_gpcm, attention_gpcm, coral_gpcm) give, per question q asked about:
 
@@ -155,7 +73,7 @@ def _events(items: list[KtEvent]) -> list[Event]:
 
 
 @router.post("/events", summary="Fold a learner's new responses into their state (and predict)",
-             description=IRT_OUTPUTS, responses=answer(EVENTS, 404, 409, 503))
+             description=IRT_OUTPUTS, responses=answer(KtEventsAnswer, EVENTS, 404, 409, 503))
 async def post_events(model: ModelName, body: KtEventsRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("events", len(body.events), settings.max_events)
@@ -167,14 +85,14 @@ async def post_events(model: ModelName, body: KtEventsRequest, kt: Tracer, reque
 
 
 @router.post("/predict", summary="Predicted response distribution, theta, alpha and beta per question",
-             description=IRT_OUTPUTS, responses=answer(PREDICT, 404, 503))
+             description=IRT_OUTPUTS, responses=answer(KtPredictAnswer, PREDICT, 404, 503))
 async def post_predict(model: ModelName, body: KtPredictRequest, kt: Tracer, request: Request) -> dict:
     too_many("question_ids", len(body.question_ids), request.app.state.settings.max_questions)
     return await kt.predict(model, body.student_id, [str(q) for q in body.question_ids], body.explain)
 
 
 @router.post("/next-item", summary="Rank questions by Fisher information or closeness to a target",
-             description=IRT_OUTPUTS, responses=answer(NEXT_ITEM, 404, 503))
+             description=IRT_OUTPUTS, responses=answer(KtNextItemAnswer, NEXT_ITEM, 404, 503))
 async def post_next_item(model: ModelName, body: KtNextItemRequest, kt: Tracer, request: Request) -> dict:
     if body.candidate_question_ids:
         too_many("candidate_question_ids", len(body.candidate_question_ids), request.app.state.settings.max_questions)
@@ -183,7 +101,7 @@ async def post_next_item(model: ModelName, body: KtNextItemRequest, kt: Tracer, 
 
 
 @router.post("/batch", summary="Stateless scoring of whole sequences (nothing is stored)",
-             description=IRT_OUTPUTS, responses=answer(BATCH, 404, 503))
+             description=IRT_OUTPUTS, responses=answer(KtBatchAnswer, BATCH, 404, 503))
 async def post_batch(model: ModelName, body: KtBatchRequest, kt: Tracer, request: Request) -> dict:
     settings = request.app.state.settings
     too_many("students", len(body.students), settings.max_batch_students)  # (events: the tracer's own limits)
@@ -195,25 +113,25 @@ async def post_batch(model: ModelName, body: KtBatchRequest, kt: Tracer, request
 
 
 @router.get("/students/{student_id:path}", summary="Summary of a learner's stored state",
-            description=IRT_OUTPUTS, responses=answer(SUMMARY, 404, 422, 503))
+            description=IRT_OUTPUTS, responses=answer(KtSummary, SUMMARY, 404, 422, 503))
 async def get_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return await kt.summary(model, student_id)
 
 
 @router.delete("/students/{student_id:path}", summary="Delete a learner's state and replay window",
-               responses=answer({"student_id": "student-42", "deleted": True}, 404, 422, 503))
+               responses=answer(KtDeleted, {"student_id": "student-42", "deleted": True}, 404, 422, 503))
 async def delete_student(model: ModelName, student_id: StudentPath, kt: Tracer) -> dict:
     return {"student_id": student_id, "deleted": await kt.delete(model, student_id)}
 
 
 @router.get("/banks", summary="Memory bank versions (SimAKT): the active one, entries per head, provenance",
-            responses=answer(BANKS, 404, 503))
+            responses=answer(BankVersions, BANKS, 404, 503))
 async def get_banks(model: ModelName, kt: Tracer) -> dict:
     return await kt.bank_versions(model)
 
 
 @router.put("/banks/active", summary="Switch the active memory bank version (loaded before the switch)",
-            responses=answer(ACTIVATED, 404, 503))
+            responses=answer(BankActivated, ACTIVATED, 404, 503))
 async def put_active_bank(model: ModelName, body: KtBankVersionRequest, kt: Tracer) -> dict:
     return await kt.activate_bank(model, body.version)
 

@@ -1,5 +1,5 @@
-"""What every route module shares: strict request bodies, ids, the per-request size limits, the error answers
-routes declare, and `JsonRoute`, the route class of every route (the fast path of routes that take a JSON body)."""
+"""What every route module shares: path ids, the per-request size limits, the answers and errors routes declare,
+and `JsonRoute`, the route class of every route (the fast path of routes that take a JSON body)."""
 
 import asyncio
 import contextlib
@@ -8,43 +8,21 @@ import functools
 import re
 import time
 from collections.abc import Sequence
-from typing import Annotated
 
 from fastapi import Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints, ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import to_json
 
 from ..errors import InvalidInput, TooLarge, UnsupportedMediaType
-
-MAX_ID = 200  # characters of any id: students, sessions, users, questions, items, cards, decks, events
-
-# An id is opaque: any string of 1 to MAX_ID characters (in a path, percent-encoded: "org/42" -> org%2F42), or an
-# integer id as JSON numbers carry it, bounded like a string one ("12" and 12 are the same id)
-IdText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_ID)]
-Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
-ExternalId = IdText | Int64
-EventId = Annotated[IdText | None, Field(description="replays of an id are applied once")]
-# a time the app records and the model does not use: still a unix time, so that no NaN or year 1e300 is taken in
-UnusedTime = Annotated[float | None, Field(ge=0, allow_inf_nan=False,
-                                           description="unix seconds, at most NEXTSTEP_MAX_CLOCK_SKEW_SECONDS (a day "
-                                                       "by default) ahead of the server's clock; kept as the event's "
-                                                       "time in the event log (default: when it arrived), not used "
-                                                       "by the models")]
+from ..schemas import MAX_ID
 
 
 def path_id(what: str) -> Path:
     """An id as the last path segment(s) of a route (declared `{name:path}`, so an id may hold "/")."""
     return Path(min_length=1, max_length=MAX_ID,
                 description=f"the {what} id, 1 to {MAX_ID} characters, percent-encoded (org/42 -> org%2F42)")
-
-
-class Strict(BaseModel):
-    """A request body that refuses unknown fields (a typo is a 422, not silently ignored) and converts nothing:
-    true is not 1, 1 is not true, "1.5" is not a number (strict mode; an integer is still a valid float)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # what each error status of the API means; routes list theirs with `problems(...)`, and openapi.py adds 401 to
@@ -71,10 +49,12 @@ def problems(*statuses: int) -> dict:
     return {status: {"description": PROBLEMS[status]} for status in statuses}
 
 
-def answer(example: dict, *statuses: int) -> dict:
-    """A route's `responses`: an example of its 200 answer, and `problems(*statuses)`."""
-    return {200: {"description": "Successful Response", "content": {"application/json": {"example": example}}},
-            **problems(*statuses)}
+def answer(model: type[BaseModel], example: dict, *statuses: int) -> dict:
+    """A route's `responses`: its 200 answer's schema (`model`, declared for the OpenAPI document only: the answer
+    is not validated against it, schemas.py) with an example, and `problems(*statuses)`. Every route is a
+    JsonRoute, whose answers FastAPI neither validates nor describes by a schema of its own."""
+    return {200: {"model": model, "description": "Successful Response",
+                  "content": {"application/json": {"example": example}}}, **problems(*statuses)}
 
 
 def too_many(field: str, n: int, limit: int) -> None:
@@ -117,7 +97,12 @@ class JsonRoute(APIRoute):
     does not validate a 422 (`invalid`: FastAPI's validation error, with the same fields), with no second parse.
     A route outside this pattern (no body, other parameters) is handled by FastAPI alone, after the same
     content-type check where it takes a body. Every API route of the app is a JsonRoute (app.Service relies
-    on it)."""
+    on it). Its answers are declared in `responses` (`answer`), never validated nor re-encoded by FastAPI: a route
+    of this class has no response model unless it names one."""
+
+    def __init__(self, path: str, endpoint, *, response_model=None, **kwargs) -> None:
+        # (FastAPI's default would take the endpoint's return annotation, `dict`, as the response model)
+        super().__init__(path, endpoint, response_model=response_model, **kwargs)
 
     async def handle(self, scope, receive, send) -> None:
         plan = self._fast

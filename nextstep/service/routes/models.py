@@ -4,18 +4,27 @@ version serves, a candidate's canary or shadow), the migration of its entities' 
 Every one but the list and the reload names a model (/v1/models/{model}/...), of any task: what differs by task
 comes from the task's plug-in (tasks.py). PUT, DELETE and the POSTs are admin routes (access.py)."""
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
-from pydantic import ConfigDict, Field, StrictInt
 
 from ..errors import InvalidInput, UnknownModel, problem
 from ..lifespan import reload_models
 from ..registry import TASKS
 from ..rollouts import Rollout
+from ..schemas import (
+    Migrated,
+    MigrateRequest,
+    ModelIds,
+    ModelList,
+    Quality,
+    Reloaded,
+    RolloutRequest,
+    RolloutStatus,
+)
 from ..tasks import plugin, stateful_task
-from .common import IdText, JsonRoute, Strict, answer
+from .common import JsonRoute, answer
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -30,28 +39,11 @@ def unpinned(model: str) -> str:
     return name
 
 
-class MigrateRequest(Strict):
-    version: Annotated[IdText, Field(description="the version to bring up to date (default: the latest)")] = "latest"
-    cursor: Annotated[IdText, Field(description="\"0\" to start; then the cursor of the previous answer")] = "0"
-    limit: Annotated[StrictInt, Field(ge=1, le=5000, description="entities in this page (about)")] = 500
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "2", "cursor": "0"}]})
-
-
-class RolloutRequest(Strict):
-    candidate: Annotated[IdText, Field(description="the version to try (a loaded one)")]
-    mode: Annotated[Literal["canary", "shadow"], Field(
-        description="canary: the candidate answers the entities in the fraction; shadow: it answers no one, and its "
-                    "own state of each entity in the fraction follows their events, scored for live quality")
-    ] = "canary"
-    fraction: Annotated[float, Field(ge=0, le=1, description="share of the model's entities the candidate "
-                                                             "answers, chosen by a hash of their id")]
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"candidate": "2", "mode": "canary", "fraction": 0.1}]})
-
-
-@router.get("/v1/models", tags=["system"], summary="Loaded models: names, versions, tasks, held-out metrics")
+@router.get("/v1/models", tags=["system"], summary="Loaded models: names, versions, tasks, held-out metrics",
+            responses=answer(ModelList, {"models": [{
+                "name": "deep_gpcm", "version": "1", "latest": True, "family": "deep_gpcm", "task": "knowledge_tracing",
+                "n_cats": 4, "vocabulary": 20, "metrics": {"qwk": 0.61, "ordinal_accuracy": 0.79}}],
+                "refused": [], "errors": {}}))
 async def models(request: Request) -> dict:
     registry = request.app.state.registry
     latest = registry.latest()
@@ -68,7 +60,7 @@ async def models(request: Request) -> dict:
 
 @router.get("/v1/models/{model}/ids", tags=["system"],
             summary="The ids a model knows (questions or items), a page at a time, and the version answering",
-            responses=answer({"model": "deep_gpcm", "version": "2", "task": "knowledge_tracing",
+            responses=answer(ModelIds, {"model": "deep_gpcm", "version": "2", "task": "knowledge_tracing",
                               "vocabulary": "questions", "total": 3, "offset": 0, "limit": 2, "ids": ["17", "18"],
                               "next_offset": 2}, 404))
 
@@ -98,7 +90,8 @@ async def model_ids(request: Request, model: Annotated[str, PathParam(
                         "(`serving`; a candidate's `canary` or `shadow`; `inactive`: loaded, serving no one), and "
                         "its figures are those it earned in that role (an inactive version's: all it earned in the "
                         "window).",
-            responses=answer({"model": "deep_gpcm", "task": "knowledge_tracing", "window_seconds": 3600, "versions": [
+            responses=answer(Quality, {"model": "deep_gpcm", "task": "knowledge_tracing", "window_seconds": 3600,
+                                       "versions": [
                 {"version": "2", "role": "serving", "scored": 1200, "log_loss": 0.512, "brier": 0.331,
                  "auc": 0.781, "calibration": [{"from": 0.0, "to": 0.1, "count": 40, "predicted": 0.06,
                                                 "observed": 0.05}], "since": 1767225600.0}]}, 404))
@@ -134,7 +127,7 @@ ROLLOUT_EXAMPLE = {"model": "deep_gpcm", "serving": "1", "new_versions": "manual
 
 
 @router.get("/v1/models/{model}/rollout", tags=["system"], summary="Which version serves, and a candidate's rollout",
-            responses=answer(ROLLOUT_EXAMPLE, 404))
+            responses=answer(RolloutStatus, ROLLOUT_EXAMPLE, 404))
 
 
 async def get_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
@@ -147,7 +140,7 @@ async def get_rollout(request: Request, model: Annotated[str, PathParam(descript
                         "replica (within NEXTSTEP_RELOAD_REFRESH_SECONDS) and every request; raising the fraction "
                         "only adds entities. Their states move between versions through the event log, so no "
                         "learner loses history either way. Every answer names the version that answered.",
-            responses=answer(ROLLOUT_EXAMPLE, 404, 422))
+            responses=answer(RolloutStatus, ROLLOUT_EXAMPLE, 404, 422))
 
 
 async def put_rollout(request: Request, model: Annotated[str, PathParam(description="model name")],
@@ -170,8 +163,8 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
 
 
 @router.post("/v1/models/{model}/rollout/promote", tags=["system"],
-             summary="Make the candidate the version serving every entity", responses=answer(ROLLOUT_EXAMPLE, 404,
-                                                                                            422))
+             summary="Make the candidate the version serving every entity",
+             responses=answer(RolloutStatus, ROLLOUT_EXAMPLE, 404, 422))
 
 
 async def promote_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
@@ -192,7 +185,7 @@ async def promote_rollout(request: Request, model: Annotated[str, PathParam(desc
 
 @router.delete("/v1/models/{model}/rollout", tags=["system"],
                summary="Abort a rollout: the candidate serves no one; the serving version stays",
-               responses=answer(ROLLOUT_EXAMPLE, 404))
+               responses=answer(RolloutStatus, ROLLOUT_EXAMPLE, 404))
 
 
 async def abort_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
@@ -213,7 +206,7 @@ async def abort_rollout(request: Request, model: Annotated[str, PathParam(descri
                          "users stored under the model's other window layouts (its other loaded versions' window "
                          "sizes) each get a state for the version's layout rebuilt from their stored reviews; "
                          "versions of one layout share their users' reviews, and have no one to walk.",
-             responses=answer({"model": "deep_gpcm", "version": "2", "cursor": "1792", "done": False,
+             responses=answer(Migrated, {"model": "deep_gpcm", "version": "2", "cursor": "1792", "done": False,
                                "entities": 500, "rebuilt": 496, "events": 61390, "lagging": 0}, 404, 422))
 
 
@@ -232,9 +225,14 @@ async def migrate(request: Request, model: Annotated[str, PathParam(description=
         raise InvalidInput("cursor", f"{exc}: pass \"0\" to start, then each answer's cursor") from None
 
 
+RELOAD_EXAMPLE = {"models": ["deep_gpcm/1", "deep_gpcm/2"], "serving": {"deep_gpcm": "2"}, "withdrawn": [],
+                  "refused": [], "fleet_generation": 7, "errors": {}}
+
+
 @router.post("/v1/models/reload", tags=["system"],
              summary="Rescan the artifacts directory, here and (through Redis) on every replica (409: refused)",
-             responses={409: {"description": "artifacts refused: each named with its reason; what served before "
+             responses={**answer(Reloaded, RELOAD_EXAMPLE),
+                        409: {"description": "artifacts refused: each named with its reason; what served before "
                                              "keeps serving (the other artifacts were loaded)",
                               "content": {"application/problem+json": {}}}})
 

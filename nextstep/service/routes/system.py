@@ -17,7 +17,8 @@ from ..errors import StoreUnavailable, problem
 from ..handlers import store_fault
 from ..middleware import DOCS_ASSETS, OPEN_PATHS
 from ..openapi import complete
-from .common import JsonRoute
+from ..schemas import Health, Ready
+from .common import JsonRoute, answer
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -40,12 +41,15 @@ async def redoc(request: Request) -> HTMLResponse:
                           redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
 
 
-@router.get("/healthz", tags=["system"], summary="The process is alive")
+@router.get("/healthz", tags=["system"], summary="The process is alive",
+            responses=answer(Health, {"status": "ok"}))
 async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["system"], summary="Models loaded and the state store reachable; refused artifacts")
+@router.get("/readyz", tags=["system"], summary="Models loaded and the state store reachable; refused artifacts",
+            responses=answer(Ready, {"status": "ready", "models": 2, "serving": {"deep_gpcm": "1", "gru4rec": "1"},
+                                     "refused": []}))
 async def readyz(request: Request):  # (open: clients that are not admins see no paths or library messages)
     state = request.app.state
     registry = state.registry

@@ -42,6 +42,7 @@ from ..errors import InvalidInput, TooLarge
 from ..registry import LoadedModel
 from ..state import StoredState
 from .layouts import NOT_REBUILT
+from .schemas import SIMULATE_MAX_DAYS, SIMULATE_MAX_RETENTIONS, SIMULATE_RETENTIONS
 from .stored import ROW, History, _decode, check_time, id_hash
 from .windows import user_feeds, window
 
@@ -294,11 +295,6 @@ def _days(interval: np.ndarray, max_interval: int) -> np.ndarray:
     return np.rint(np.fmin(np.fmax(interval, 1.0), max_interval)).astype(np.int64)
 
 
-SIMULATE_MAX_DAYS = 3650  # the longest simulation a request may ask for
-
-SIMULATE_MAX_RETENTIONS = 10
-
-SIMULATE_RETENTIONS = (0.5, 0.99)  # the desired retentions a simulation takes (Anki's slider: 0.70 to 0.99)
 
 SIMULATE_MAX_WORK = 20_000_000  # card-days x retentions a simulation may cover (5,000 cards, 365 days, 10 retentions)
 

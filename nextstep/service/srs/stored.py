@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import InvalidInput
 from ..registry import LoadedModel
 from ..state import StoredState
+from .schemas import MS_LOOKING
 
 ROW = np.dtype([("seq", "<i8"), ("card", "<i8"), ("deck", "<i8"), ("time", "<f8"), ("duration", "<f4"),
                 ("rating", "i1"), ("state", "i1"), ("error", "<f4")])  # packed: 42 bytes
@@ -44,8 +45,6 @@ HEADER_V4 = np.dtype([("tag", "<i8"), ("cards", "<i8"), ("drift", "<f8", (2,)), 
 HEADER_V5 = np.dtype(HEADER_V4.descr + [("day_start", "<f8")])  # v4 and the user's day boundary (NaN: the model's)
 
 HEADER = np.dtype(HEADER_V5.descr + [("evidence", "<f8")])  # v5 and the user's evidence (NaN: the model's prior)
-
-MS_LOOKING = 1e11  # a time above this is milliseconds (as seconds it is after the year 5100)
 
 # The layout of the reviews stored per user (below): part of the state key's schema hash together with the
 # window sizes. Change it whenever this module changes how it stores reviews.

@@ -13,9 +13,18 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from nextstep.service.kt.schemas import (
+    BankActivated,
+    BankVersions,
+    KtBatchAnswer,
+    KtEventsAnswer,
+    KtPredictAnswer,
+    KtSummary,
+)
 from nextstep.service.registry import LoadedModel, ModelRegistry
 from nextstep.service.runtime import MicroBatcher
 from nextstep.service.settings import Settings
+from tests.service.test_answers import conforms
 
 pytestmark = pytest.mark.slow  # trains SimAKT and streams a thousand events per learner (make test-all)
 
@@ -116,6 +125,7 @@ def test_predictions_equal_the_offline_model_with_the_same_bank_past_the_window(
     with serve(Settings(artifacts_dir=simakt["artifacts"], redis_url=store_url)) as url, \
             httpx.Client(base_url=url, timeout=30) as http:
         listing = http.get("/v1/kt/simakt/banks").json()
+        conforms(BankVersions, listing)
         assert listing["active"] == simakt["v1"] and {v["version"] for v in listing["versions"]} == {simakt["v1"], "v2"}
         assert listing["versions"][0]["heads"]["knn"]["entries"] == 10
         want, _ = offline.run(simakt["v1"], events, asked)
@@ -126,6 +136,7 @@ def test_predictions_equal_the_offline_model_with_the_same_bank_past_the_window(
                 "predict_question_ids": [nxt]})
             assert reply.status_code == 200, reply.text
             body = reply.json()
+            conforms(KtEventsAnswer, body)
             assert body["bank_version"] == simakt["v1"]
             prediction = body["predictions"][0]
             assert set(prediction) == {"question_id", "probabilities", "expected_response", "most_likely_response"}
@@ -137,12 +148,15 @@ def test_predictions_equal_the_offline_model_with_the_same_bank_past_the_window(
         batch = http.post("/v1/kt/simakt/batch", json={"students": [{
             "student_id": "x", "events": [{"question_id": q, "response": r} for q, r in events],
             "predict_question_ids": [asked[-1]]}]}).json()
+        conforms(KtBatchAnswer, batch)
         assert batch["bank_version"] == simakt["v1"]
         per_event = np.array([p["probabilities"] for p in batch["students"][0]["event_predictions"]])
         np.testing.assert_allclose(per_event[1:], served[:-1], atol=1e-6)  # before event t+1 = after event t
         np.testing.assert_allclose(batch["students"][0]["predictions"][0]["probabilities"], served[-1], atol=1e-6)
 
-        assert http.put("/v1/kt/simakt/banks/active", json={"version": "v2"}).status_code == 200
+        activated = http.put("/v1/kt/simakt/banks/active", json={"version": "v2"})
+        assert activated.status_code == 200
+        conforms(BankActivated, activated.json())
         after = offline.chunked("v2", events, asked)
         reply = http.post("/v1/kt/simakt/predict", json={"student_id": "long", "question_ids": [asked[-1]]}).json()
         assert reply["bank_version"] == "v2" and reply["events_total"] == len(events)
@@ -319,6 +333,8 @@ def test_explanations_are_the_graphs_attention_weights(simakt, offline, serve):
         from_events = reply.json()["explanation"]
         body = http.post("/v1/kt/simakt/predict", json={"student_id": "e", "question_ids": [asked[-1]],
                                                         "explain": True}).json()
+        conforms(KtPredictAnswer, body)
+        conforms(KtSummary, http.get("/v1/kt/simakt/students/e").json())  # (no theta: mean_p_right)
     explanation = body["explanation"]
     assert explanation == from_events and explanation["bank_version"] == body["bank_version"] == simakt["v1"]
     for head, weights_eager in zip(("cluster", "knn"), eager, strict=True):
