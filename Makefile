@@ -13,7 +13,7 @@ XDIST   = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-setup:  ## system packages (redis-server, promtool, haproxy; apt-get as root), .venv with nextstep[train,serve,dev,ray], CPU torch without a GPU
+setup:  ## system packages (redis-server, promtool, haproxy; apt-get as root), .venv with nextstep[train,serve,dev,ray,client], CPU torch without a GPU
 	PYTHON=$(PYTHON) VENV=$(VENV) scripts/setup.sh
 
 $(BIN)/nextstep:

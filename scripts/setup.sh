@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make setup`: the system packages the tests and the service use, then $VENV with nextstep[train,serve,dev,ray]
+# `make setup`: the system packages the tests and the service use, then $VENV with nextstep[train,serve,dev,ray,client]
 # (versions pinned by constraints.txt) and the torch build that fits the machine.
 #
 #   system packages  redis-server (the tests start a real one), prometheus (its promtool checks docker/prometheus),
@@ -66,8 +66,8 @@ else
   say "no NVIDIA GPU: torch $torch_pin+cpu from $CPU_INDEX"
   "${pip[@]}" "torch==$torch_pin+cpu" --extra-index-url "$CPU_INDEX"
 fi
-say "installing nextstep[train,serve,dev,ray]"  # ray: nextstep score --engine ray (about 150 MB of wheels, ~10 s)
-"${pip[@]}" -e '.[train,serve,dev,ray]'
+say "installing nextstep[train,serve,dev,ray,client]"  # ray: nextstep score --engine ray (about 150 MB of wheels, ~10 s)
+"${pip[@]}" -e '.[train,serve,dev,ray,client]'
 
 torch_installed=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
 say "done in $((SECONDS - started)) s: $VENV (Python $py_version, torch $torch_installed)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,3 +51,25 @@ def curl_calls(doc: Path) -> list[Call]:
     starts = [i + 1 for i, line in enumerate(text.splitlines()) if line.lstrip().startswith("curl ")]
     assert starts == [c.line for c in calls], f"{doc.name}: curl lines {starts}, parsed {[c.line for c in calls]}"
     return calls
+
+
+CLIENT_IMPORT = "from nextstep.client import"
+
+
+def python_examples(doc: Path) -> list[tuple[int, str]]:
+    """Every indented code block of `doc` that starts with an import of the Python client: (its first line, its
+    code, dedented), in order."""
+    lines = doc.read_text().splitlines()
+    examples, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("    ") and line.lstrip().startswith(CLIENT_IMPORT):
+            indent = " " * (len(line) - len(line.lstrip()))
+            j = i
+            while j < len(lines) and (not lines[j].strip() or lines[j].startswith(indent)):
+                j += 1
+            examples.append((i + 1, textwrap.dedent("\n".join(lines[i:j])).strip() + "\n"))
+            i = j
+        else:
+            i += 1
+    return examples
