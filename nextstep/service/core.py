@@ -306,6 +306,26 @@ class StatefulTask:
                        "again by a retry")
         raise OutcomeUnknown(f"{unknown}; {advice}", resolvable=False) from unknown
 
+    async def fold_columns(self, model: LoadedModel, state: dict[str, np.ndarray], columns: dict[str, np.ndarray],
+                           shared: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The state after n events given as columns: each step input's values for the events, events first (shape
+        (n, ...)); through the fold graph in one call where the model has one and n is at least FOLD_FROM, else
+        through the step graph one call each. (A log's events, decoded at once: no per-event dict.)"""
+        n = len(next(iter(columns.values()))) if columns else 0
+        names = [s["name"] for s in model.state_spec]
+        if n >= FOLD_FROM and model.fold_events:
+            p = model.fold_prefix
+            feeds = {p + name: value[None] for name, value in state.items()}
+            for name in model.fold_events:  # (batch, events, ...): one entity's events on the axis after its batch
+                feeds[p + name] = columns[name][None]
+            return dict(zip(names, (o[0] for o in await self.engines.run(model, FOLD, feeds, shared=shared)),
+                            strict=True))
+        for i in range(n):
+            feeds = {k: v[i:i + 1] for k, v in columns.items()}
+            outs = await self.engines.run(model, "step", {**batched(state), **feeds}, shared=shared)
+            state = {name: o[0] for name, o in zip(names, outs, strict=False)}
+        return state
+
     async def fold(self, model: LoadedModel, state: dict[str, np.ndarray], events: Sequence[dict[str, np.ndarray]],
                    combined: str | None = None, query: dict[str, np.ndarray] | None = None,
                    shared: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], list | None]:
@@ -317,13 +337,9 @@ class StatefulTask:
         names = [s["name"] for s in model.state_spec]
         ahead = events[:-1] if combined is not None else events
         if len(ahead) >= FOLD_FROM and model.fold_events:
-            p = model.fold_prefix
-            feeds = {p + name: value[None] for name, value in state.items()}
-            for name in model.fold_events:  # (batch, events, ...): one entity's events on the axis after its batch
-                feeds[p + name] = np.stack([e[name] for e in ahead], axis=1)
-            state = dict(zip(names, (o[0] for o in await self.engines.run(model, FOLD, feeds, shared=shared)),
-                             strict=True))
-        else:
+            state = await self.fold_columns(model, state, {name: np.concatenate([e[name] for e in ahead])
+                                                           for name in model.fold_events}, shared)
+        else:  # (a live event: one step call, nothing stacked)
             for feeds in ahead:
                 outs = await self.engines.run(model, "step", {**batched(state), **feeds}, shared=shared)
                 state = {name: o[0] for name, o in zip(names, outs, strict=False)}

@@ -162,6 +162,12 @@ class LoadedModel:
             out[i] = row
         return out, unknown
 
+    def lookup(self, ids: Sequence[str]) -> np.ndarray:
+        """Model indices (int64) of external ids as the log keeps them (strings), -1 where the model does not know
+        one: many ids at once, for rebuilding a state from a log."""
+        get = self._index.get
+        return np.fromiter((get(qid, -1) for qid in ids), dtype=np.int64, count=len(ids))
+
     def index(self, ids: Sequence[str | int], field: str = "question") -> np.ndarray:
         """Model indices (int64) of external ids; "12" and 12 are the same id. Unknown -> UnknownId(field, id)."""
         index = self._index

@@ -231,27 +231,29 @@ class KnowledgeTracer(StatefulTask):
     def _blob(model: LoadedModel, state: dict[str, np.ndarray], bank: Bank | None) -> bytes:
         return model.serialize(state) + (bank.tag if bank else b"")
 
+    def _logged(self, model: LoadedModel, rows: list[LogRow]) -> tuple[np.ndarray, np.ndarray]:
+        """(the model rows of logged events' questions, -1 where this version cannot step one: a question it does not
+        know, unless it answers those through its unknown row as a live event would be; their responses), decoded
+        all at once."""
+        ids = [row.payload[1:].decode() for row in rows]
+        responses = np.frombuffer(b"".join(row.payload[:1] for row in rows), dtype=np.uint8).astype(np.int64)
+        if self.unknown_questions == "answer" and model.unknown_row:
+            return model.rows(ids)[0], responses
+        return model.lookup(ids), responses
+
     async def _catch_up(self, model: LoadedModel, state: dict[str, np.ndarray], behind: Behind, bank: Bank | None
                         ) -> tuple[dict[str, np.ndarray], dict]:
         """The state with the logged events it lacks folded in, and what the answer says about them: how many were
         folded (`rebuilt_from_events`), and, where some could not be, how many the log no longer holds and how many
         name a question this version does not know (left out)."""
-        steps, unknown = [], 0
-        answer = self.unknown_questions == "answer" and model.unknown_row  # as a live event would be stepped
-        for row in behind.rows:
-            event = logged_event(row)
-            try:
-                index = model.rows([event.question_id])[0] if answer else model.index([event.question_id], "question")
-            except UnknownId:
-                unknown += 1
-                continue
-            if event.response >= model.extra.n_cats:
-                unknown += 1
-                continue
-            steps.append({"question": index, "response": np.array([event.response], dtype=np.int64)})
-        if steps:
-            state, _ = await self.fold(model, state, steps, shared=bank.kv if bank else None)
-        said = {"rebuilt_from_events": len(steps)}
+        questions, responses = self._logged(model, behind.rows)
+        known = (questions >= 0) & (responses < model.extra.n_cats)
+        questions, responses = questions[known], responses[known]
+        unknown = len(known) - len(questions)
+        if len(questions):
+            state = await self.fold_columns(model, state, {"question": questions, "response": responses},
+                                            shared=bank.kv if bank else None)
+        said = {"rebuilt_from_events": len(questions)}
         if behind.missing:
             said["events_not_in_log"] = behind.missing
         if unknown:
@@ -325,19 +327,15 @@ class KnowledgeTracer(StatefulTask):
         state, _ = await self._decode(model, stored, bank)
         split = self._split(stored, behind, since)
         state, said = await self._catch_up(model, state, Behind(behind.rows[:split], behind.missing), bank)
-        events = [logged_event(row) for row in behind.rows[split:]]
-        answer = self.unknown_questions == "answer" and model.unknown_row  # as the live events were stepped
-        known = [i for i, e in enumerate(events) if (answer or e.question_id in model._index)
-                 and e.response < model.extra.n_cats]
-        ids = [events[i].question_id for i in known]
-        questions = (model.rows(ids)[0] if answer else model.index(ids)) if known else np.zeros(0, np.int64)
-        responses = np.array([events[i].response for i in known], dtype=np.int64)
+        questions, responses = self._logged(model, behind.rows[split:])  # (as the live events were stepped)
+        known = (questions >= 0) & (responses < model.extra.n_cats)
+        questions, responses = questions[known], responses[known]
         before = None
-        if known:
-            state, _, before = await self._fold_scored(model, state, questions, responses, list(range(len(known))),
-                                                       None, bank)
+        if len(questions):
+            state, _, before = await self._fold_scored(model, state, questions, responses,
+                                                       list(range(len(questions))), None, bank)
         written = await self.store.compare_and_set(key, stored.version, self._blob(model, state, bank),
-                                                   said["rebuilt_from_events"] + len(known), schema=schema,
+                                                   said["rebuilt_from_events"] + len(questions), schema=schema,
                                                    expected_total=stored.total)
         if written is not None and before is not None and self.quality is not None:
             self.quality.record(model.name, model.version, before, responses, "shadow")

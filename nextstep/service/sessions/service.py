@@ -230,13 +230,13 @@ class SessionRecommender(StatefulTask):
         """The state and seen rows with the logged clicks they lack folded in (clicks on items this version does not
         know are left out, as unknown_items=skip does); how many were folded."""
         # an unknown item goes through the unknown row where a live click would (the setting), else is left out
-        mode = "answer" if self.unknown_items == "answer" and model.unknown_row else "skip"
-        known = self._rows(model, [Click(row.payload.decode()) for row in behind.rows], mode, "")
-        known = [r for r in known if r is not None]
-        for row in known:
-            seen = _remember(seen, row)
-        if known:
-            state, _ = await self.fold(model, state, [{"item": np.array([row], dtype=np.int64)} for row in known])
+        rows = model.lookup([row.payload.decode() for row in behind.rows])
+        if self.unknown_items == "answer" and model.unknown_row:
+            rows[rows < 0] = UNKNOWN_ROW
+        known = rows[rows >= 0]
+        seen = _remember_all(seen, known.tolist())
+        if len(known):
+            state = await self.fold_columns(model, state, {"item": known})
         return state, seen, len(known)
 
     async def _current(self, model: LoadedModel, session_id: str):
@@ -343,6 +343,19 @@ def _rank(outs: list, row: int) -> float:
     if not len(at) or scores[at[0]] == -np.inf:
         return math.inf
     return float((scores >= scores[at[0]]).sum())
+
+
+def _remember_all(seen: np.ndarray, rows: list[int]) -> np.ndarray:
+    """`_remember` of each row in turn, at once: the last SEEN distinct rows, the latest first, then what `seen` held
+    of the others (a long log is not walked past its last SEEN distinct items)."""
+    front, taken = [], set()
+    for row in reversed(rows):
+        if row != UNKNOWN_ROW and row not in taken:
+            taken.add(row)
+            front.append(row)
+            if len(front) == SEEN:
+                break
+    return np.array((front + [r for r in seen.tolist() if r not in taken])[:SEEN], dtype=np.int64)
 
 
 def _remember(seen: np.ndarray, row: int) -> np.ndarray:

@@ -214,3 +214,22 @@ def test_live_quality_of_replayed_test_sessions_is_the_offline_protocols(rec_art
     assert live["mrr"] == pytest.approx(offline["mrr@20"], abs=1 / n)
     for k in ("1", "5", "10", "20"):
         assert live["hit_rate"][k] == pytest.approx(offline[f"recall@{k}"], abs=1 / n)
+
+
+def test_remembering_a_whole_log_at_once_equals_remembering_it_click_by_click():
+    """A session rebuilt from a long log takes its seen items in one pass (`_remember_all`): the same as each click
+    remembered in turn, whatever the repeats, the unknown row and what was seen before."""
+    import random
+
+    from nextstep.service.sessions.service import SEEN, _remember, _remember_all
+
+    rng = random.Random(0)
+    for _ in range(200):
+        seen = np.zeros(SEEN, dtype=np.int64)
+        for row in (rng.randrange(1, 90) for _ in range(rng.randrange(150))):
+            seen = _remember(seen, row)
+        rows = [rng.randrange(1, rng.choice([5, 40, 200])) for _ in range(rng.randrange(300))]
+        want = seen
+        for row in rows:
+            want = _remember(want, row)
+        assert np.array_equal(_remember_all(seen, rows), want)
