@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,14 +38,16 @@ import numpy as np
 
 from .errors import OutcomeUnknown, StoreUnavailable, UnknownModel
 from .fold import FOLD
+from .gate import Evidence, Gate, GateConfig, decide, evidence_of
 from .registry import LoadedModel, ModelRegistry
-from .rollouts import Rollouts, in_fraction
+from .rollouts import Rollout, Rollouts, in_fraction
 from .runtime import Engines
 from .state import LogRow, StateStore, StoredState
 from .writes import Writers, batched, unapplied
 
 log = logging.getLogger(__name__)
 
+_GATE_TASKS: set = set()  # rollout changes a gate started, kept until done
 FOLD_FROM = 2  # events from which `fold` takes the fold graph (one event: the step graph, as a live event is stepped)
 
 
@@ -92,6 +95,9 @@ class StatefulTask:
     rollouts: Rollouts | None = None  # a canary's candidate answers the entities in its fraction (rollouts.py)
     shadows: asyncio.Queue | None = None  # (model, candidate version, entity, log position) for a shadow to follow
     on_shadow: Callable[[str, str], None] = staticmethod(lambda model, outcome: None)  # (model, done/dropped/failed)
+    gate: Gate | None = None  # the evidence of gated shadows (gate.py)
+    on_gate: Callable[[str, Evidence], None] = staticmethod(lambda model, evidence: None)  # (a metric)
+    PAIRED = False  # whether a shadow of this task scores both versions on the same events (a gate needs it)
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None):
@@ -188,6 +194,35 @@ class StatefulTask:
             except Exception:
                 log.exception("shadow %s@%s did not follow %r", name, version, entity)
                 self.on_shadow(name, "failed")
+
+    async def gate_evidence(self, name: str, candidate: str, differences: np.ndarray) -> str | None:
+        """Add paired loss differences (candidate's minus serving's, on the same events) to the gated shadow of
+        `name` whose candidate is `candidate`; its decision, which the first replica to see it applies (gate.py).
+        None: no gate covers that candidate now."""
+        rollout = self.rollouts.current.get(name) if self.rollouts is not None else None
+        if (rollout is None or rollout.gate is None or rollout.candidate != candidate or rollout.mode != "shadow"
+                or self.gate is None or not len(differences)):
+            return None
+        config = GateConfig(**rollout.gate)
+        key = self.gate.key(name, candidate, rollout.updated)
+        fields = await self.gate.add(key, differences)
+        evidence = evidence_of(fields, config.alpha)
+        self.on_gate(name, evidence)
+        decision = decide(evidence, config)
+        if decision == "continue" or "decision" in fields:
+            return decision
+        record = {"decision": decision, **evidence.as_dict(), "candidate": candidate, "serving": rollout.serving,
+                  "at": time.time(), "applied": config.auto}
+        if await self.gate.claim(key, name, record):
+            log.warning("gate of %s: %s version %s over %s after %d paired events (mean difference %.4f, interval "
+                        "%s)", name, decision, candidate, rollout.serving, evidence.n, evidence.mean,
+                        evidence.interval)
+            if config.auto:  # (off the shadow worker: a rollout change answers once it is in effect)
+                change = Rollout(candidate) if decision == "promote" else Rollout(rollout.serving)
+                task = asyncio.create_task(self.rollouts.put(name, change), name=f"nextstep-gate-{name}")
+                _GATE_TASKS.add(task)
+                task.add_done_callback(_GATE_TASKS.discard)
+        return decision
 
     def role(self, model: LoadedModel) -> str:
         """What a version is to its model now: "canary" (a rollout's candidate), else "serving"."""

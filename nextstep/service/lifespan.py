@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from .errors import StoreUnavailable
 from .fleet import FleetReloads
+from .gate import Gate
 from .metrics import Metrics
 from .quality import Quality
 from .redis_clients import connect
@@ -103,8 +104,10 @@ async def lifespan(app: FastAPI):
     # rollouts (which version serves, a canary's candidate) are the fleet's, in Redis, followed by every replica
     rollouts = app.state.rollouts = Rollouts(redis, refresh_seconds=settings.reload_refresh_seconds)
     shadow_workers = []
+    gate = app.state.gate = Gate(redis)  # gated shadows: their evidence and decisions, the fleet's (gate.py)
     for service in services:
         service.rollouts = rollouts  # canaries, and shadows: each task's candidate follows off the request path
+        service.gate, service.on_gate = gate, metrics.on_gate
         service.on_shadow = lambda model, outcome: metrics.shadow.labels(model, outcome).inc()
         shadow_workers.append(asyncio.create_task(service.run_shadows(settings.shadow_queue)))
     # what a task runs beside its requests (the flashcard refit worker): started now, cancelled at shutdown

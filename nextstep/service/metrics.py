@@ -61,6 +61,9 @@ class Metrics:
                                   "lease; not_due: nothing new to fit by their turn; dropped: the queue was full; "
                                   "failed)", ["model", "outcome"], registry=r)
         self.in_flight = Gauge("nextstep_requests_in_flight", "requests being served", registry=r)
+        self.gate = Gauge("nextstep_gate", "a gated shadow's evidence (gate.py): paired events, mean loss difference "
+                          "(candidate minus serving, nats) and its confidence sequence's bounds", ["model", "stat"],
+                          registry=r)
         self.serving = 0  # requests being served: read by the gauge when scraped, no lock per request
         self.in_flight.set_function(lambda: self.serving)
         # labelled children, looked up once per label set (labels() costs a lock and a dict lookup per call)
@@ -92,6 +95,15 @@ class Metrics:
                 self.requests.labels(route, model, str(status)), self.request_seconds.labels(route))
         children[0].inc()
         children[1].observe(seconds)
+
+    def on_gate(self, model: str, evidence) -> None:
+        """A gated shadow's evidence after its latest events (gate.Evidence)."""
+        self.gate.labels(model, "events").set(evidence.n)
+        if evidence.mean is not None:
+            self.gate.labels(model, "mean").set(evidence.mean)
+        if evidence.interval is not None:
+            self.gate.labels(model, "low").set(evidence.interval[0])
+            self.gate.labels(model, "high").set(evidence.interval[1])
 
     def on_live_scores(self, key: tuple[str, str, str], fields: dict[str, float]) -> None:
         """A batch of live scores (quality.fields_of: n, ll, br and per fine bucket p<b> / q<b>; ranking_fields:

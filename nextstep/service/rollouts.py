@@ -12,7 +12,8 @@ A rollout is kept per model in one Redis hash shared by the fleet, one field per
 * in mode `shadow`, the candidate answers no one: after each write through the serving version for an entity in
   the fraction, the candidate's own state of that entity follows the event log (a bounded queue, off the request
   path: core.StatefulTask.shadow), scoring the new events for live quality (role "shadow");
-* `promote` makes the candidate the serving version for everyone; `abort` drops the candidate.
+* `promote` makes the candidate the serving version for everyone; `abort` drops the candidate;
+* a shadow with a `gate` is promoted or aborted by live evidence (gate.py), by whichever replica sees the decision.
 
 Every replica reads the hash every `refresh_seconds` (NEXTSTEP_RELOAD_REFRESH_SECONDS) in a background task. A
 change takes effect on every replica at one moment, `effective` (its `updated` time plus two `refresh_seconds`: by
@@ -59,6 +60,7 @@ class Rollout:
     fraction: float = 0.0
     updated: float | None = None
     effective: float | None = None  # when every replica applies it (None: at once; a rollout stored before this)
+    gate: dict | None = None  # a gated shadow's settings (gate.py GateConfig's fields); None: decided by hand
 
     def version_for(self, model: str, entity: str) -> str | None:
         """The candidate for an entity in its fraction, else None (the serving version answers)."""

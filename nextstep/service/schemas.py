@@ -85,6 +85,16 @@ class MigrateRequest(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": "2", "cursor": "0"}]})
 
 
+class GateRequest(Strict):
+    auto: bool = Field(True, description="apply the decision (promote or abort) without an operator; false: show it")
+    alpha: Annotated[float | None, Field(gt=0, lt=1, description="the sequential test's error rate (default: "
+                                                                 "NEXTSTEP_GATE_ALPHA, 0.05)")] = None
+    min_gain: Annotated[float | None, Field(ge=0, description="nats per event the candidate must gain to be "
+                                                              "promoted (default: NEXTSTEP_GATE_MIN_GAIN, 0)")] = None
+    min_events: Annotated[StrictInt | None, Field(ge=2, description="paired events before any decision (default: "
+                                                                    "NEXTSTEP_GATE_MIN_EVENTS, 100)")] = None
+
+
 class RolloutRequest(Strict):
     candidate: Annotated[IdText, Field(description="the version to try (a loaded one)")]
     mode: Annotated[Literal["canary", "shadow"], Field(
@@ -93,6 +103,10 @@ class RolloutRequest(Strict):
     ] = "canary"
     fraction: Annotated[float, Field(ge=0, le=1, description="share of the model's entities the candidate "
                                                              "answers, chosen by a hash of their id")]
+    gate: Annotated[GateRequest | None, Field(
+        description="a shadow decided by live evidence: both versions scored on the same events, an anytime-valid "
+                    "confidence sequence for the mean loss difference, promote or abort when it excludes no gain "
+                    "(knowledge tracing)")] = None
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"candidate": "2", "mode": "canary", "fraction": 0.1}]})
@@ -165,6 +179,27 @@ class Quality(Answer):
     versions: list[VersionQuality]
 
 
+class GateDecision(Answer):
+    decision: Literal["promote", "abort", "continue"]
+    events: int = Field(description="paired events scored")
+    mean_difference: float | None = Field(description="mean of loss(candidate) - loss(serving), nats per event")
+    interval: list[float] | None = Field(description="the confidence sequence's interval for it")
+
+
+class GateStatus(GateDecision):
+    auto: bool
+    alpha: float
+    min_gain: float
+    min_events: int
+
+
+class DecisionRecord(GateDecision):
+    candidate: str
+    serving: str
+    at: float
+    applied: bool = Field(description="the gate changed the rollout itself (auto)")
+
+
 class RolloutStatus(Answer):
     model: str
     serving: str = Field(description="the version answering every entity outside a canary's fraction")
@@ -174,6 +209,8 @@ class RolloutStatus(Answer):
     fraction: float | None
     updated: float | None
     versions: list[str] = Field(description="the model's loaded versions")
+    gate: GateStatus | None = None
+    decisions: list[DecisionRecord] = Field(default_factory=list, description="the gate's decisions, newest first")
 
 
 class Migrated(Answer):

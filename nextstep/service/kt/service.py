@@ -32,6 +32,7 @@ import numpy as np
 
 from ..core import UP_TO_DATE, Behind, Change, StatefulTask, operation
 from ..errors import InvalidInput, UnknownId, UnknownModel
+from ..gate import log_losses
 from ..quality import Quality
 from ..registry import LoadedModel, ModelRegistry, TaskFields, TaskSpec, register_task
 from ..runtime import Engines
@@ -85,6 +86,20 @@ def log_row(event: Event, now: float) -> LogRow:
 
 def logged_event(row: LogRow) -> Event:
     return Event(row.payload[1:].decode(), row.payload[0], time=row.time)
+
+
+@dataclass(frozen=True)
+class PairedTurn:
+    """A gated shadow's turn (gate.py): the log position of the serving version's fresh events, and what the
+    serving version scores them from (its state before them, their rows and responses, its bank), so that the
+    candidate's turn scores both versions on the same events."""
+
+    since: int
+    serving: LoadedModel
+    state: dict
+    questions: np.ndarray
+    responses: np.ndarray
+    bank: Bank | None
 
 
 UNKNOWN_MODES = ("answer", "error")  # NEXTSTEP_UNKNOWN_QUESTIONS
@@ -150,6 +165,7 @@ def explanation(model: LoadedModel, bank: Bank, outputs: list[np.ndarray], top: 
 
 class KnowledgeTracer(StatefulTask):
     TASK, PREFIX = SPEC.name, "kt"
+    PAIRED = True
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None, banks: Banks | None = None, limits: BatchLimits = DEFAULT_LIMITS,
@@ -317,7 +333,16 @@ class KnowledgeTracer(StatefulTask):
                                                bank, keep_state=False)
         self.quality.record(model.name, model.version, before, responses, role)
 
-    async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
+    def _turn(self, serving: LoadedModel, since: int, state: dict, questions: np.ndarray, responses: np.ndarray,
+              bank: Bank | None) -> int | PairedTurn:
+        """What a shadow's turn takes: the log position of the fresh events, with what pairs them under a gate."""
+        rollout = self.rollouts.current.get(serving.name) if self.rollouts is not None else None
+        if rollout is None or rollout.gate is None or self.gate is None:
+            return since
+        return PairedTurn(since, serving, state, questions, responses, bank)
+
+    async def follow_log(self, model: LoadedModel, entity: str, since: int | PairedTurn) -> bool:
+        turn, since = (since, since.since) if isinstance(since, PairedTurn) else (None, since)
         key, schema = self.key(model, entity), self.schema(model)
         stored = await self.store.get(key, schema=schema)
         if stored.behind <= 0:
@@ -339,7 +364,22 @@ class KnowledgeTracer(StatefulTask):
                                                    expected_total=stored.total)
         if written is not None and before is not None and self.quality is not None:
             self.quality.record(model.name, model.version, before, responses, "shadow")
+        if written is not None and before is not None and turn is not None:
+            await self._pair(model, turn, known, before, responses)
         return written is not None
+
+    async def _pair(self, candidate: LoadedModel, turn: PairedTurn, known: np.ndarray, scored: np.ndarray,
+                    responses: np.ndarray) -> None:
+        """The gate's evidence of a turn: on the serving version's fresh events (the first the candidate scored,
+        when it could score each of them: a question it cannot step leaves the turn unpaired), each event's log
+        loss through the candidate minus through the serving version, from each one's state before it."""
+        m = len(turn.responses)
+        if len(known) < m or not known[:m].all() or not np.array_equal(responses[:m], turn.responses):
+            return
+        _, _, served = await self._fold_scored(turn.serving, turn.state, turn.questions, turn.responses,
+                                               list(range(m)), None, turn.bank, keep_state=False)
+        await self.gate_evidence(candidate.name, candidate.version,
+                                 log_losses(scored[:m], turn.responses) - log_losses(served, turn.responses))
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, said = await self._state(model, entity, await self.banks.current(model))
@@ -390,7 +430,8 @@ class KnowledgeTracer(StatefulTask):
                 elif self.quality is not None and fresh:
                     self.quality.later(model.name, functools.partial(
                         self._score, model, before, questions[fresh], responses[fresh], self.role(model), bank))
-                self.shadow(model, student_id, written, len(fresh))
+                self.shadow(model, student_id, written, len(fresh), turn=lambda: self._turn(
+                    model, written.total - len(fresh), before, questions[fresh], responses[fresh], bank))
                 self._count(model, len(fresh_unknown) + len(predict_unknown))
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state
                     outputs = await self._predict(model, state, predict_index, bank)

@@ -4,12 +4,14 @@ version serves, a candidate's canary or shadow), the migration of its entities' 
 Every one but the list and the reload names a model (/v1/models/{model}/...), of any task: what differs by task
 comes from the task's plug-in (tasks.py). PUT, DELETE and the POSTs are admin routes (access.py)."""
 
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 
 from ..errors import InvalidInput, UnknownModel, problem
+from ..gate import GateConfig, decide, evidence_of
 from ..lifespan import reload_models
 from ..registry import TASKS
 from ..rollouts import Rollout
@@ -111,15 +113,26 @@ async def quality(request: Request, model: Annotated[str, PathParam(description=
                                                                TASKS[latest.task].scores)}
 
 
-def rollout_answer(request: Request, name: str) -> dict:
+async def rollout_answer(request: Request, name: str) -> dict:
     registry = request.app.state.registry
     latest = registry.get(unpinned(name))
     rollout = request.app.state.rollouts.current.get(latest.name)
-    return {"model": latest.name, "serving": latest.version, "new_versions": request.app.state.settings.new_versions,
-            "candidate": rollout.candidate if rollout else None, "mode": rollout.mode if rollout else None,
-            "fraction": rollout.fraction if rollout and rollout.candidate else None,
-            "updated": rollout.updated if rollout else None,
-            "versions": sorted(m.version for m in registry.models() if m.name == latest.name)}
+    answer = {"model": latest.name, "serving": latest.version,
+              "new_versions": request.app.state.settings.new_versions,
+              "candidate": rollout.candidate if rollout else None, "mode": rollout.mode if rollout else None,
+              "fraction": rollout.fraction if rollout and rollout.candidate else None,
+              "updated": rollout.updated if rollout else None,
+              "versions": sorted(m.version for m in registry.models() if m.name == latest.name)}
+    gate = request.app.state.gate
+    if rollout is not None and rollout.gate is not None and rollout.candidate is not None:
+        config = GateConfig(**rollout.gate)
+        fields = await gate.read(gate.key(latest.name, rollout.candidate, rollout.updated))
+        evidence = evidence_of(fields, config.alpha)
+        answer["gate"] = {**asdict(config), "decision": decide(evidence, config), **evidence.as_dict()}
+    decisions = await gate.decisions(latest.name)
+    if decisions:
+        answer["decisions"] = decisions
+    return answer
 
 
 ROLLOUT_EXAMPLE = {"model": "deep_gpcm", "serving": "1", "new_versions": "manual", "candidate": "2",
@@ -131,7 +144,7 @@ ROLLOUT_EXAMPLE = {"model": "deep_gpcm", "serving": "1", "new_versions": "manual
 
 
 async def get_rollout(request: Request, model: Annotated[str, PathParam(description="model name")]) -> dict:
-    return rollout_answer(request, model)
+    return await rollout_answer(request, model)
 
 
 @router.put("/v1/models/{model}/rollout", tags=["system"],
@@ -158,8 +171,22 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
     serving = rollout.serving if rollout else latest.version
     if body.candidate == serving:
         raise InvalidInput("candidate", f"version {body.candidate} is the one serving {latest.name}")
-    await rollouts.put(latest.name, Rollout(serving, body.candidate, body.mode, body.fraction))
-    return rollout_answer(request, latest.name)
+    gate = None
+    if body.gate is not None:
+        settings = request.app.state.settings
+        if body.mode != "shadow":
+            raise InvalidInput("gate", "only a shadow is gated: both versions are scored on the same events there "
+                                       "(mode \"shadow\")")
+        task = stateful_task(request.app, latest.task)
+        if task is None or not task.PAIRED:
+            raise InvalidInput("gate", f"model {latest.name} is a {latest.task} model, whose shadows do not score "
+                                       "both versions on the same events yet: decide its rollout by hand")
+        gate = asdict(GateConfig(
+            auto=body.gate.auto, alpha=body.gate.alpha if body.gate.alpha is not None else settings.gate_alpha,
+            min_gain=body.gate.min_gain if body.gate.min_gain is not None else settings.gate_min_gain,
+            min_events=body.gate.min_events if body.gate.min_events is not None else settings.gate_min_events))
+    await rollouts.put(latest.name, Rollout(serving, body.candidate, body.mode, body.fraction, gate=gate))
+    return await rollout_answer(request, latest.name)
 
 
 @router.post("/v1/models/{model}/rollout/promote", tags=["system"],
@@ -180,7 +207,7 @@ async def promote_rollout(request: Request, model: Annotated[str, PathParam(desc
                                         "directory was withdrawn, or refused at the last reload): put it back and "
                                         "reload, or abort the rollout (DELETE)") from None
     await request.app.state.rollouts.put(latest.name, Rollout(rollout.candidate))
-    return rollout_answer(request, latest.name)
+    return await rollout_answer(request, latest.name)
 
 
 @router.delete("/v1/models/{model}/rollout", tags=["system"],
@@ -193,7 +220,7 @@ async def abort_rollout(request: Request, model: Annotated[str, PathParam(descri
     rollout = request.app.state.rollouts.current.get(latest.name)
     if rollout is not None and rollout.candidate is not None:
         await request.app.state.rollouts.put(latest.name, Rollout(rollout.serving))
-    return rollout_answer(request, latest.name)
+    return await rollout_answer(request, latest.name)
 
 
 @router.post("/v1/models/{model}/migrate", tags=["system"],

@@ -1,0 +1,156 @@
+"""The gate (issue 60, part 1): a gated shadow scores both versions on the same events, keeps an anytime-valid
+confidence sequence of their mean loss difference in Redis, and promotes or aborts the candidate itself; every
+replica sees the one decision. The arithmetic on a small case by hand, its error rate when looked at after every
+event, and the whole loop through real HTTP, real ONNX Runtime and a real Redis."""
+
+import math
+import time
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from nextstep.service.gate import Evidence, GateConfig, confidence_sequence, decide, log_losses
+from nextstep.service.settings import Settings
+from tests.service.test_upgrades import add_version, learner_events
+
+
+def test_the_confidence_sequence_of_a_small_case_by_hand():
+    d = np.array([0.5, -0.25, 1.0, 0.25])  # n 4, mean 0.375, variance 0.203125 (population)
+    ev = confidence_sequence(len(d), d.sum(), (d ** 2).sum(), alpha=0.05, optimized_at=10)
+    r2 = (-2 * math.log(0.05) + math.log(1 - 2 * math.log(0.05))) / 10  # (5.99146 + 1.94469) / 10 = 0.793615
+    inner = 4 * 0.203125 * r2 + 1
+    radius = math.sqrt(2 * inner / (16 * r2) * math.log(math.sqrt(inner) / 0.05))
+    assert ev.n == 4 and ev.mean == pytest.approx(0.375)
+    assert ev.interval == pytest.approx((0.375 - radius, 0.375 + radius), abs=1e-12)
+    # by hand: inner 1.644812, sqrt(2 * 1.644812 / (16 * 0.793615) * ln(1.282502 / 0.05)) = sqrt(0.259069 * 3.24456)
+    assert radius == pytest.approx(0.91682, abs=1e-4)
+    config = GateConfig(min_events=3)
+    assert decide(Evidence(200, -0.2, (-0.3, -0.1)), config) == "promote"
+    assert decide(Evidence(200, -0.2, (-0.3, -0.1)), GateConfig(min_gain=0.15)) == "continue"  # gain not sure enough
+    assert decide(Evidence(200, 0.2, (0.1, 0.3)), config) == "abort"
+    assert decide(Evidence(200, 0.0, (-0.1, 0.1)), config) == "continue"
+    assert decide(Evidence(2, -0.2, (-0.3, -0.1)), config) == "continue"  # (before min_events)
+    assert log_losses(np.array([[0.25, 0.75], [1.0, 0.0]]), np.array([1, 1])) == pytest.approx(
+        [-math.log(0.75), -math.log(1e-7)])
+
+
+def test_looked_at_after_every_event_it_keeps_its_error_rate():
+    """400 replays of 3,000 paired events with no difference (mean 0, heavy-tailed noise): the share in which the
+    confidence sequence ever excludes 0, read after every event from the 100th, is at most alpha (with the slack of
+    400 replays); a fixed-sample 95% interval read the same way errs far more often (why the gate needs the other)."""
+    rng = np.random.default_rng(0)
+    d = rng.standard_t(5, size=(400, 3000))
+    n = np.arange(1, 3001)
+    s, ss = d.cumsum(1), (d ** 2).cumsum(1)
+    mean, var = s / n, np.maximum(ss / n - (s / n) ** 2, 0)
+    alpha = 0.05
+    r2 = (-2 * math.log(alpha) + math.log(1 - 2 * math.log(alpha))) / 1000
+    inner = n * var * r2 + 1
+    radius = np.sqrt(2 * inner / (n ** 2 * r2) * np.log(np.sqrt(inner) / alpha))
+    looked = slice(99, None)
+    anytime = (np.abs(mean) > radius)[:, looked].any(1).mean()
+    peeking = (np.abs(mean) > 1.96 * np.sqrt(var / n))[:, looked].any(1).mean()
+    assert anytime <= alpha + 0.02, anytime
+    assert peeking > 3 * alpha, peeking
+
+
+def flattened(root, version: str, year: int) -> None:
+    """deep_gpcm/<version>: the demo model with its discrimination driven to 0, so that it predicts every response
+    with probability 1/4: the best forecast of learners who answer uniformly at random, as `learner_events`' do,
+    where the demo model, confident, is worse on nearly every event."""
+    add_version(root, "deep_gpcm", version, year)
+    for graph in ("predict", "step_predict"):
+        path = root / "deep_gpcm" / version / f"{graph}.onnx"
+        model = onnx.load(path)
+        (bias,) = [t for t in model.graph.initializer if t.name == "model.head.discrimination.bias"]
+        bias.CopyFrom(numpy_helper.from_array(np.full(list(bias.dims), -30.0, dtype=np.float32), bias.name))
+        onnx.save(model, path)
+
+
+def _put(http, candidate: str, **gate) -> dict:
+    reply = http.put("/v1/models/deep_gpcm/rollout", json={"candidate": candidate, "mode": "shadow",
+                                                           "fraction": 1.0, "gate": gate})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _drive(replicas: list[httpx.Client], learners: dict[str, list[dict]], until, timeout: float = 30.0) -> dict:
+    """Each learner's events in one request, the learners alternately through the replicas, until `until(rollout)`
+    holds."""
+    deadline = time.monotonic() + timeout
+    for i, (learner, events) in enumerate(learners.items()):
+        reply = replicas[i % len(replicas)].post("/v1/kt/deep_gpcm/events", json={"student_id": learner,
+                                                                                  "events": events})
+        assert reply.status_code == 200, reply.text
+    while time.monotonic() < deadline:
+        rollout = replicas[0].get("/v1/models/deep_gpcm/rollout").json()
+        if until(rollout):
+            return rollout
+        time.sleep(0.1)
+    raise AssertionError(f"the gate did not decide: {rollout}")
+
+
+@pytest.mark.parametrize("better", [False, True], ids=["worse-aborted", "better-promoted"])
+def test_a_gated_shadow_decides_by_itself_and_every_replica_sees_the_one_decision(tmp_path, redis_url, serve, better):
+    """Version "good" predicts 1/4 for every response (`flattened`), the best forecast of these learners, who answer
+    at random; "bad" is the demo model as trained, worse on them. As the candidate, "bad" is aborted; as the serving
+    version, the candidate "good" is promoted; by the service, on the evidence of both replicas, once."""
+    serving, candidate = ("bad", "good") if better else ("good", "bad")
+    for version, year in ((serving, 2027), (candidate, 2026)):
+        if version == "good":
+            flattened(tmp_path, version, year)
+        else:
+            add_version(tmp_path, "deep_gpcm", version, year)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
+    learners = learner_events(60, 8, seed=5)
+    with serve(settings) as a, serve(settings) as b, httpx.Client(base_url=a, timeout=30) as http_a, \
+            httpx.Client(base_url=b, timeout=30) as http_b:
+        assert http_a.get("/v1/models/deep_gpcm/rollout").json()["serving"] == serving
+        put = _put(http_a, candidate, min_events=30)
+        assert put["gate"]["decision"] == "continue" and put["gate"]["events"] == 0
+        rollout = _drive([http_a, http_b], learners, lambda r: r["candidate"] is None)
+        (decision,) = rollout["decisions"]  # one decision, though both replicas added evidence
+        assert decision["decision"] == ("promote" if better else "abort") and decision["applied"]
+        assert decision["candidate"] == candidate and decision["events"] >= 30
+        low, high = decision["interval"]
+        assert (high < 0) if better else (low > 0)
+        winner = candidate if better else serving
+        for http in (http_a, http_b):
+            seen = http.get("/v1/models/deep_gpcm/rollout").json()
+            assert seen["serving"] == winner and seen["candidate"] is None and seen["decisions"] == [decision]
+        answered = http_b.post("/v1/kt/deep_gpcm/predict", json={"student_id": "learner-0", "question_ids": ["3"]})
+        assert answered.json()["version"] == winner
+        metrics = http_a.get("/metrics").text + http_b.get("/metrics").text
+        assert 'nextstep_gate{model="deep_gpcm",stat="events"}' in metrics
+
+
+def test_an_equal_candidate_is_neither_promoted_nor_aborted(tmp_path, redis_url, serve):
+    """The same model as version 2: every paired difference is 0 (to float32 rounding), the interval holds 0."""
+    add_version(tmp_path, "deep_gpcm", "1", 2027)
+    add_version(tmp_path, "deep_gpcm", "2", 2026)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        _put(http, "2", min_events=10)
+        rollout = _drive([http], learner_events(20, 8, seed=6), lambda r: r["gate"]["events"] == 160)
+        gate = rollout["gate"]
+        assert gate["decision"] == "continue" and abs(gate["mean_difference"]) < 1e-6  # (float32 noise)
+        assert gate["interval"][0] < 0 < gate["interval"][1] and rollout["candidate"] == "2"
+        assert "decisions" not in rollout or rollout["decisions"] == []
+
+
+def test_the_gate_is_refused_where_it_cannot_pair(tmp_path, redis_url, serve):
+    add_version(tmp_path, "deep_gpcm", "1", 2027)
+    add_version(tmp_path, "deep_gpcm", "2", 2026)
+    add_version(tmp_path, "gru4rec", "1", 2027)
+    add_version(tmp_path, "gru4rec", "2", 2026)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        canary = http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "mode": "canary",
+                                                                "fraction": 0.5, "gate": {}})
+        sessions = http.put("/v1/models/gru4rec/rollout", json={"candidate": "2", "mode": "shadow",
+                                                                "fraction": 1.0, "gate": {}})
+        for reply in (canary, sessions):
+            assert reply.status_code == 422 and reply.json()["field"] == "gate", reply.text
