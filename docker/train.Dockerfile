@@ -22,7 +22,7 @@ COPY configs ./configs
 # torch first, from the CPU wheel index (PyPI's torch is the multi-GB CUDA build), at the pinned version;
 # then the rest of the train extra from PyPI, pinned, which keeps the torch already installed.
 RUN pip install --index-url https://download.pytorch.org/whl/cpu -c constraints.txt torch \
-    && pip install -c constraints.txt '.[train]'
+    && pip install -c constraints.txt '.[train,serve,client]'  # (serve, client: nextstep retrain)
 
 RUN groupadd --system --gid 10001 nextstep \
     && useradd --system --uid 10001 --gid nextstep --create-home --home-dir /home/nextstep \

@@ -368,6 +368,50 @@ def cmd_events_export(args) -> int:
     return 0
 
 
+def cmd_retrain(args) -> int:
+    """Export a model's traffic, train (or tune) its next version with the serving version's settings, and with
+    --url start it as a gated shadow (retrain.py); one summary."""
+    require("torch", "train", "nextstep retrain")
+    from .retrain import TooSmall, retrain
+
+    settings = _service_settings(args, "retrain")
+    # (the service's own settings: its first admin key reloads it and starts the shadow, unless one is given)
+    api_key = args.api_key or os.environ.get("NEXTSTEP_RETRAIN_API_KEY") or next(iter(settings.admin_keys), None)
+    try:
+        summary = retrain(args.model, Path(settings.artifacts_dir), redis_url=settings.redis_url,
+                          redis_options=settings.redis_options(), url=args.url, api_key=api_key,
+                          tune=args.tune_timeout if args.tune else None,
+                          keep_data=Path(args.keep_data) if args.keep_data else None,
+                          log=lambda line: print(line, file=sys.stderr, flush=True))
+    except TooSmall as exc:
+        raise SystemExit(f"retrain {args.model}: {exc}") from None
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    traffic = summary["traffic"]
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary["metrics"].items() if isinstance(v, (int, float)))
+    lines = [f"retrain {summary['model']}: version {summary['version']} ({summary['family']}"
+             f"{', tuned' if summary['tuned'] else ''}) from {sum(traffic['entities'].values())} entities and "
+             f"{sum(traffic['events'].values())} events of traffic (train {traffic['events']['train']}, test "
+             f"{traffic['events'].get('test', 0)}) in {summary['seconds']:.0f} s, settings of version "
+             f"{summary['serving']}",
+             f"  held-out on the traffic's test part: {metrics or '(none)'}",
+             f"  artifact: {summary['artifact']}"]
+    rollout = summary.get("rollout")
+    if rollout is None:
+        lines.append("  not started: pass --url to reload the service and start it as a gated shadow")
+    elif rollout["started"]:
+        lines.append(f"  started as a {'gated ' if rollout['gated'] else ''}shadow of every entity over version "
+                     f"{rollout['serving']}" + ("; the gate promotes or aborts it (GET /v1/models/"
+                                                f"{summary['model']}/rollout)" if rollout["gated"] else
+                                                "; decide it by hand: its shadows are not gated"))
+    else:
+        lines.append(f"  loaded, not started as a shadow: {rollout['why']}")
+    print("\n".join(lines))
+    return 0
+
+
 def cmd_demo(args) -> int:
     """Build every family's demo recipe (its registry entry's: generated data, brief training, export) and print
     what each shows: its held-out metrics, a GPCM learner replayed through the exported ONNX graphs."""
@@ -710,6 +754,25 @@ def build_parser() -> argparse.ArgumentParser:
     for name in TASK_MODULES:  # each task's own commands (its package's commands.py, where it has one)
         if importlib.util.find_spec(f"{package(name)}.commands") is not None:
             importlib.import_module(f"{package(name)}.commands").add_commands(sub)
+
+    retrain = sub.add_parser(
+        "retrain", help="train a model's next version on its logged traffic and start it as a gated shadow",
+        description="Export the model's logged traffic (NEXTSTEP_REDIS_URL), train its family with the settings of "
+                    "the version serving (or tune them first), write the next version into the artifacts folder, "
+                    "and with --url reload the service and start the new version as a shadow of every entity, gated "
+                    "(knowledge tracing: the service promotes or aborts it on the evidence). Reads NEXTSTEP_* "
+                    "settings.")
+    retrain.add_argument("--model", required=True, help="the model to retrain (its traffic is exported)")
+    retrain.add_argument("--artifacts", help="artifacts directory (default: NEXTSTEP_ARTIFACTS_DIR)")
+    retrain.add_argument("--url", help="the service: reload it and start the new version as a gated shadow")
+    retrain.add_argument("--api-key", help="an admin key of the service (X-API-Key; default: "
+                                           "NEXTSTEP_RETRAIN_API_KEY, else the first of NEXTSTEP_ADMIN_KEYS)")
+    retrain.add_argument("--tune", action="store_true", help="tune the settings first (nextstep tune)")
+    retrain.add_argument("--tune-timeout", type=int, default=3600, help="seconds of tuning with --tune (3600)")
+    retrain.add_argument("--keep-data", help="export the traffic into this folder and keep it (default: a temporary "
+                                             "one)")
+    retrain.add_argument("--json", help="also write the summary as JSON to this file")
+    retrain.set_defaults(func=cmd_retrain)
 
     demo = sub.add_parser("demo", help="train small models on generated data and print predictions")
     demo.add_argument("--out", help="working directory (default: a temporary one)")

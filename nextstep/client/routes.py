@@ -203,10 +203,13 @@ class Models(Routes):
         return self._send(Call("GET", f"/v1/models/{segment(model)}/rollout", schemas.RolloutStatus))
 
     def set_rollout(self, model: str, candidate: str, fraction: float,
-                    mode: Literal["canary", "shadow"] | None = None) -> schemas.RolloutStatus:
-        """PUT the model's rollout: `candidate` answers (canary) or shadows `fraction` of the entities."""
+                    mode: Literal["canary", "shadow"] | None = None,
+                    gate: Mapping | schemas.GateRequest | None = None) -> schemas.RolloutStatus:
+        """PUT the model's rollout: `candidate` answers (canary) or shadows `fraction` of the entities; a shadow with
+        a `gate` ({} for the service's defaults) is promoted or aborted by the evidence."""
         return self._send(Call("PUT", f"/v1/models/{segment(model)}/rollout", schemas.RolloutStatus,
-                               given(candidate=candidate, mode=mode, fraction=fraction)))
+                               given(candidate=candidate, mode=mode, fraction=fraction,
+                                     gate=plain(gate) if gate is not None else None)))
 
     def promote(self, model: str) -> schemas.RolloutStatus:
         # (not repeated once sent: a second promote after the first took effect would be refused, not ignored)

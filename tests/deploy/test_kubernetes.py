@@ -27,7 +27,8 @@ from nextstep.service.settings import Settings, SettingsError
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
 KUSTOMIZATION = K8S / "kustomization.yaml"
-OPTIONAL = {"servicemonitor.yaml"}  # needs the Prometheus Operator's CRDs: not in the kustomization
+OPTIONAL = {"servicemonitor.yaml",  # needs the Prometheus Operator's CRDs: not in the kustomization
+            "retrain-cronjob.yaml"}  # needs a shared artifacts volume in place of the artifacts image
 CLI_VARIABLES = {"NEXTSTEP_DEMO"}  # read by `nextstep serve`, not by Settings
 # the oldest Kubernetes these manifests claim (README.md) and the newest the package knows
 VERSIONS = ("1.29.0", kubernetes_validate.latest_version())

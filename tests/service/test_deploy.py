@@ -487,7 +487,7 @@ def test_train_image_installs_cpu_torch():
     instructions = _instructions(TRAIN_DOCKERFILE)
     runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
     assert "--index-url https://download.pytorch.org/whl/cpu" in runs
-    assert "'.[train]'" in runs and "-c constraints.txt" in runs
+    assert "'.[train,serve,client]'" in runs and "-c constraints.txt" in runs  # (serve, client: nextstep retrain)
     (entrypoint,) = [_exec_form(args) for keyword, args in instructions if keyword == "ENTRYPOINT"]
     assert entrypoint == ["nextstep"]
     (cmd,) = [_exec_form(args) for keyword, args in instructions if keyword == "CMD"]
