@@ -48,6 +48,17 @@ from .writes import Writers, batched, unapplied
 log = logging.getLogger(__name__)
 
 _GATE_TASKS: set = set()  # rollout changes a gate started, kept until done
+
+
+def next_step(rollout: Rollout, decision: str) -> Rollout:
+    """What a gate's decision makes of its rollout: abort, the serving version alone; promote, the candidate serving
+    everyone, unless the rollout ramps (a canary's next fraction, gated afresh)."""
+    if decision == "abort":
+        return Rollout(rollout.serving)
+    later = [f for f in rollout.ramp or () if f > rollout.fraction]
+    if rollout.mode == "canary" and later:
+        return Rollout(rollout.serving, rollout.candidate, "canary", later[0], gate=rollout.gate, ramp=rollout.ramp)
+    return Rollout(rollout.candidate)
 FOLD_FROM = 2  # events from which `fold` takes the fold graph (one event: the step graph, as a live event is stepped)
 
 
@@ -136,11 +147,19 @@ class StatefulTask:
         """After a write (`written`) that logged `events` events for an entity through the serving `model`: when a
         shadow rollout covers the entity, queue its candidate to follow (`follow_log`), off the request path, scoring
         from the first of those events on; a full queue drops the turn (counted): the candidate catches up unscored
-        on its next one. `turn`: makes what the task's `follow_log` takes instead of the log position of the first
-        of those events (flashcards: the reviews written, srs.ShadowTurn), called only when a turn is queued."""
+        on its next one. After a write through a gated canary's candidate, the serving version follows the same way
+        (the gate pairs both versions on every event). `turn`: makes what the task's `follow_log` takes instead of the
+        log position of the first of those events (flashcards: the reviews written, srs.ShadowTurn), called only when
+        a turn is queued."""
         rollout = self.rollouts.current.get(model.name) if self.rollouts is not None else None
-        if (rollout is None or rollout.mode != "shadow" or rollout.candidate in (None, model.version) or not events
-                or self.shadows is None or not in_fraction(model.name, entity, rollout.fraction)):
+        if rollout is None or rollout.candidate is None or not events or self.shadows is None:
+            return
+        if rollout.mode == "canary" and rollout.gate is not None and model.version == rollout.candidate:
+            # a gated canary: the serving version follows the canary's entities, scored on the same events
+            self.queue_turn(model.name, rollout.serving, entity, turn or (lambda: written.total - events))
+            return
+        if (rollout.mode != "shadow" or rollout.candidate == model.version
+                or not in_fraction(model.name, entity, rollout.fraction)):
             return
         self.queue_turn(model.name, rollout.candidate, entity, turn or (lambda: written.total - events))
 
@@ -200,8 +219,8 @@ class StatefulTask:
         `name` whose candidate is `candidate`; its decision, which the first replica to see it applies (gate.py).
         None: no gate covers that candidate now."""
         rollout = self.rollouts.current.get(name) if self.rollouts is not None else None
-        if (rollout is None or rollout.gate is None or rollout.candidate != candidate or rollout.mode != "shadow"
-                or self.gate is None or not len(differences)):
+        if (rollout is None or rollout.gate is None or rollout.candidate != candidate or self.gate is None
+                or not len(differences)):
             return None
         config = GateConfig(**rollout.gate)
         key = self.gate.key(name, candidate, rollout.updated)
@@ -212,13 +231,13 @@ class StatefulTask:
         if decision == "continue" or "decision" in fields:
             return decision
         record = {"decision": decision, **evidence.as_dict(), "candidate": candidate, "serving": rollout.serving,
-                  "at": time.time(), "applied": config.auto}
+                  "at": time.time(), "applied": config.auto, "mode": rollout.mode, "fraction": rollout.fraction}
         if await self.gate.claim(key, name, record):
             log.warning("gate of %s: %s version %s over %s after %d paired events (mean difference %.4f, interval "
                         "%s)", name, decision, candidate, rollout.serving, evidence.n, evidence.mean,
                         evidence.interval)
             if config.auto:  # (off the shadow worker: a rollout change answers once it is in effect)
-                change = Rollout(candidate) if decision == "promote" else Rollout(rollout.serving)
+                change = next_step(rollout, decision)
                 task = asyncio.create_task(self.rollouts.put(name, change), name=f"nextstep-gate-{name}")
                 _GATE_TASKS.add(task)
                 task.add_done_callback(_GATE_TASKS.discard)

@@ -60,7 +60,8 @@ class Rollout:
     fraction: float = 0.0
     updated: float | None = None
     effective: float | None = None  # when every replica applies it (None: at once; a rollout stored before this)
-    gate: dict | None = None  # a gated shadow's settings (gate.py GateConfig's fields); None: decided by hand
+    gate: dict | None = None  # a gated rollout's settings (gate.py GateConfig's fields); None: decided by hand
+    ramp: list | None = None  # a gated canary's fractions, each taken at a promote decision of the one before
 
     def version_for(self, model: str, entity: str) -> str | None:
         """The candidate for an entity in its fraction, else None (the serving version answers)."""

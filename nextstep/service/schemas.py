@@ -89,8 +89,10 @@ class GateRequest(Strict):
     auto: bool = Field(True, description="apply the decision (promote or abort) without an operator; false: show it")
     alpha: Annotated[float | None, Field(gt=0, lt=1, description="the sequential test's error rate (default: "
                                                                  "NEXTSTEP_GATE_ALPHA, 0.05)")] = None
-    min_gain: Annotated[float | None, Field(ge=0, description="nats per event the candidate must gain to be "
-                                                              "promoted (default: NEXTSTEP_GATE_MIN_GAIN, 0)")] = None
+    min_gain: Annotated[float | None, Field(ge=-1, le=1, description="nats per event the candidate must gain to be "
+                                                                     "promoted (default: NEXTSTEP_GATE_MIN_GAIN, 0); "
+                                                                     "below 0, a margin: promoted when no worse than "
+                                                                     "it")] = None
     min_events: Annotated[StrictInt | None, Field(ge=2, description="paired events before any decision (default: "
                                                                     "NEXTSTEP_GATE_MIN_EVENTS, 100)")] = None
 
@@ -104,9 +106,12 @@ class RolloutRequest(Strict):
     fraction: Annotated[float, Field(ge=0, le=1, description="share of the model's entities the candidate "
                                                              "answers, chosen by a hash of their id")]
     gate: Annotated[GateRequest | None, Field(
-        description="a shadow decided by live evidence: both versions scored on the same events, an anytime-valid "
+        description="a rollout decided by live evidence: both versions scored on the same events, an anytime-valid "
                     "confidence sequence for the mean loss difference, promote or abort when it excludes no gain "
                     "(knowledge tracing)")] = None
+    ramp: Annotated[list[Annotated[float, Field(gt=0, le=1)]] | None, Field(
+        min_length=2, description="a gated canary's fractions, increasing, the first its `fraction`: each promote "
+                                  "decision moves it to the next (gated afresh), the last to everyone")] = None
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"candidate": "2", "mode": "canary", "fraction": 0.1}]})
@@ -198,6 +203,8 @@ class DecisionRecord(GateDecision):
     serving: str
     at: float
     applied: bool = Field(description="the gate changed the rollout itself (auto)")
+    mode: Literal["canary", "shadow"]
+    fraction: float = Field(description="the rollout's fraction when it decided")
 
 
 class RolloutStatus(Answer):
@@ -210,6 +217,7 @@ class RolloutStatus(Answer):
     updated: float | None
     versions: list[str] = Field(description="the model's loaded versions")
     gate: GateStatus | None = None
+    ramp: list[float] | None = None
     decisions: list[DecisionRecord] = Field(default_factory=list, description="the gate's decisions, newest first")
 
 

@@ -1,4 +1,4 @@
-"""The gate (issue 60, part 1): a gated shadow scores both versions on the same events, keeps an anytime-valid
+"""The gate (issue 60, part 1): a gated shadow (or canary) scores both versions on the same events, keeps an anytime-valid
 confidence sequence of their mean loss difference in Redis, and promotes or aborts the candidate itself; every
 replica sees the one decision. The arithmetic on a small case by hand, its error rate when looked at after every
 event, and the whole loop through real HTTP, real ONNX Runtime and a real Redis."""
@@ -141,6 +141,28 @@ def test_an_equal_candidate_is_neither_promoted_nor_aborted(tmp_path, redis_url,
         assert "decisions" not in rollout or rollout["decisions"] == []
 
 
+def test_a_gated_canary_ramps_up_at_each_promotion_and_then_serves_everyone(tmp_path, redis_url, serve):
+    """A canary of the better version ("good") at half the learners, ramp [0.5, 1.0]: the serving version follows
+    the canary's learners, so every event is paired; the first promote moves it to every learner, gated afresh;
+    the second makes it the serving version."""
+    flattened(tmp_path, "good", 2026)
+    add_version(tmp_path, "deep_gpcm", "bad", 2027)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        reply = http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "good", "mode": "canary", "fraction": 0.5,
+                                                               "ramp": [0.5, 1.0], "gate": {"min_events": 30}})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["ramp"] == [0.5, 1.0]
+        stepped = _drive([http], learner_events(60, 8, seed=7), lambda r: r["fraction"] == 1.0)
+        (first,) = stepped["decisions"]
+        assert (first["decision"], first["mode"], first["fraction"]) == ("promote", "canary", 0.5)
+        assert stepped["candidate"] == "good" and stepped["gate"]["events"] < 30  # new evidence at the new step
+        done = _drive([http], {f"more-{k}": v for k, v in learner_events(40, 8, seed=8).items()},
+                      lambda r: r["candidate"] is None)
+        assert done["serving"] == "good" and [d["fraction"] for d in done["decisions"]] == [1.0, 0.5]
+        assert all(d["decision"] == "promote" and d["interval"][1] < 0 for d in done["decisions"])
+
+
 def test_the_gate_is_refused_where_it_cannot_pair(tmp_path, redis_url, serve):
     add_version(tmp_path, "deep_gpcm", "1", 2027)
     add_version(tmp_path, "deep_gpcm", "2", 2026)
@@ -148,9 +170,12 @@ def test_the_gate_is_refused_where_it_cannot_pair(tmp_path, redis_url, serve):
     add_version(tmp_path, "gru4rec", "2", 2026)
     settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
-        canary = http.put("/v1/models/deep_gpcm/rollout", json={"candidate": "2", "mode": "canary",
-                                                                "fraction": 0.5, "gate": {}})
         sessions = http.put("/v1/models/gru4rec/rollout", json={"candidate": "2", "mode": "shadow",
                                                                 "fraction": 1.0, "gate": {}})
-        for reply in (canary, sessions):
-            assert reply.status_code == 422 and reply.json()["field"] == "gate", reply.text
+        assert sessions.status_code == 422 and sessions.json()["field"] == "gate", sessions.text
+        for body in ({"candidate": "2", "mode": "shadow", "fraction": 0.5, "ramp": [0.5, 1.0], "gate": {}},
+                     {"candidate": "2", "mode": "canary", "fraction": 0.5, "ramp": [0.5, 1.0]},
+                     {"candidate": "2", "mode": "canary", "fraction": 0.2, "ramp": [0.5, 1.0], "gate": {}},
+                     {"candidate": "2", "mode": "canary", "fraction": 0.5, "ramp": [0.5, 0.4], "gate": {}}):
+            reply = http.put("/v1/models/deep_gpcm/rollout", json=body)
+            assert reply.status_code == 422 and reply.json()["field"] == "ramp", (body, reply.text)

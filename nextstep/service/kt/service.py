@@ -90,9 +90,10 @@ def logged_event(row: LogRow) -> Event:
 
 @dataclass(frozen=True)
 class PairedTurn:
-    """A gated shadow's turn (gate.py): the log position of the serving version's fresh events, and what the
-    serving version scores them from (its state before them, their rows and responses, its bank), so that the
-    candidate's turn scores both versions on the same events."""
+    """A gated rollout's turn (gate.py): the log position of the fresh events of the version that answered them
+    (`serving`: the serving version under a shadow, the candidate under a canary), and what it scores them from (its
+    state before them, their rows and responses, its bank), so that the other version's turn scores both on the
+    same events."""
 
     since: int
     serving: LoadedModel
@@ -368,18 +369,22 @@ class KnowledgeTracer(StatefulTask):
             await self._pair(model, turn, known, before, responses)
         return written is not None
 
-    async def _pair(self, candidate: LoadedModel, turn: PairedTurn, known: np.ndarray, scored: np.ndarray,
+    async def _pair(self, follower: LoadedModel, turn: PairedTurn, known: np.ndarray, scored: np.ndarray,
                     responses: np.ndarray) -> None:
-        """The gate's evidence of a turn: on the serving version's fresh events (the first the candidate scored,
-        when it could score each of them: a question it cannot step leaves the turn unpaired), each event's log
-        loss through the candidate minus through the serving version, from each one's state before it."""
+        """The gate's evidence of a turn: on the fresh events of the version that answered (the first the follower
+        scored, when it could score each of them: a question it cannot step leaves the turn unpaired), each event's
+        log loss through the candidate minus through the serving version, from each one's state before it."""
         m = len(turn.responses)
-        if len(known) < m or not known[:m].all() or not np.array_equal(responses[:m], turn.responses):
+        rollout = self.rollouts.current.get(follower.name) if self.rollouts is not None else None
+        if (rollout is None or len(known) < m or not known[:m].all()
+                or not np.array_equal(responses[:m], turn.responses)):
             return
-        _, _, served = await self._fold_scored(turn.serving, turn.state, turn.questions, turn.responses,
-                                               list(range(m)), None, turn.bank, keep_state=False)
-        await self.gate_evidence(candidate.name, candidate.version,
-                                 log_losses(scored[:m], turn.responses) - log_losses(served, turn.responses))
+        _, _, answered = await self._fold_scored(turn.serving, turn.state, turn.questions, turn.responses,
+                                                 list(range(m)), None, turn.bank, keep_state=False)
+        followed, answered = log_losses(scored[:m], turn.responses), log_losses(answered, turn.responses)
+        # (a shadow: the candidate follows the serving version; a gated canary: the serving version follows it)
+        await self.gate_evidence(follower.name, rollout.candidate,
+                                 followed - answered if follower.version == rollout.candidate else answered - followed)
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, said = await self._state(model, entity, await self.banks.current(model))

@@ -129,6 +129,8 @@ async def rollout_answer(request: Request, name: str) -> dict:
         fields = await gate.read(gate.key(latest.name, rollout.candidate, rollout.updated))
         evidence = evidence_of(fields, config.alpha)
         answer["gate"] = {**asdict(config), "decision": decide(evidence, config), **evidence.as_dict()}
+        if rollout.ramp:
+            answer["ramp"] = rollout.ramp
     decisions = await gate.decisions(latest.name)
     if decisions:
         answer["decisions"] = decisions
@@ -172,11 +174,13 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
     if body.candidate == serving:
         raise InvalidInput("candidate", f"version {body.candidate} is the one serving {latest.name}")
     gate = None
+    if body.ramp is not None:
+        if body.gate is None or body.mode != "canary":
+            raise InvalidInput("ramp", "a ramp moves a gated canary: give a gate and mode \"canary\"")
+        if any(b <= a for a, b in zip(body.ramp, body.ramp[1:], strict=False)) or body.ramp[0] != body.fraction:
+            raise InvalidInput("ramp", f"{body.ramp} must increase, from the rollout's fraction ({body.fraction})")
     if body.gate is not None:
         settings = request.app.state.settings
-        if body.mode != "shadow":
-            raise InvalidInput("gate", "only a shadow is gated: both versions are scored on the same events there "
-                                       "(mode \"shadow\")")
         task = stateful_task(request.app, latest.task)
         if task is None or not task.PAIRED:
             raise InvalidInput("gate", f"model {latest.name} is a {latest.task} model, whose shadows do not score "
@@ -185,7 +189,8 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
             auto=body.gate.auto, alpha=body.gate.alpha if body.gate.alpha is not None else settings.gate_alpha,
             min_gain=body.gate.min_gain if body.gate.min_gain is not None else settings.gate_min_gain,
             min_events=body.gate.min_events if body.gate.min_events is not None else settings.gate_min_events))
-    await rollouts.put(latest.name, Rollout(serving, body.candidate, body.mode, body.fraction, gate=gate))
+    await rollouts.put(latest.name, Rollout(serving, body.candidate, body.mode, body.fraction, gate=gate,
+                                            ramp=body.ramp))
     return await rollout_answer(request, latest.name)
 
 
