@@ -107,12 +107,16 @@ class Attempts:
 
 
 class _Base:
-    def __init__(self, url: str, *, api_key: str | None, versions: dict[str, str] | None, retry: Retry | None,
-                 headers: dict | None):
+    HTTP: type  # httpx.Client or httpx.AsyncClient
+
+    def __init__(self, url: str, *, api_key: str | None = None, versions: dict[str, str] | None = None,
+                 timeout: float | httpx.Timeout = 10.0, limits: httpx.Limits | None = None, retry: Retry | None = None,
+                 headers: dict | None = None, **httpx_options):
         self.retry = retry or Retry()
         self.versions = dict(versions or {})
-        self._headers = {"user-agent": "nextstep-client", **(headers or {}),
-                         **({"x-api-key": api_key} if api_key else {})}
+        headers = {"user-agent": "nextstep-client", **(headers or {}), **({"x-api-key": api_key} if api_key else {})}
+        self.http = self.HTTP(base_url=url, timeout=timeout, limits=limits or httpx.Limits(), headers=headers,
+                              **httpx_options)
         self.kt = KnowledgeTracing(self.send, self._model_path)
         self.sessions = Sessions(self.send, self._model_path)
         self.srs = SpacedRepetition(self.send, self._model_path)
@@ -141,12 +145,7 @@ class Client(_Base):
     call). `timeout`: seconds, or an httpx.Timeout. `limits`: the connection pool (httpx.Limits). `retry`: the
     budget of every call (Retry). Further keywords go to httpx.Client (a transport, a proxy, TLS settings)."""
 
-    def __init__(self, url: str, *, api_key: str | None = None, versions: dict[str, str] | None = None,
-                 timeout: float | httpx.Timeout = 10.0, limits: httpx.Limits | None = None, retry: Retry | None = None,
-                 headers: dict | None = None, **httpx_options):
-        super().__init__(url, api_key=api_key, versions=versions, retry=retry, headers=headers)
-        self.http = httpx.Client(base_url=url, timeout=timeout, limits=limits or httpx.Limits(),
-                                 headers=self._headers, **httpx_options)
+    HTTP = httpx.Client
 
     def send(self, call: Call):
         attempts = Attempts(self.retry, call)
@@ -179,12 +178,7 @@ class AsyncClient(_Base):
             answer = await client.sessions.events("gru4rec", "visit-7", [{"item_id": "214536502"}], recommend_k=5)
     """
 
-    def __init__(self, url: str, *, api_key: str | None = None, versions: dict[str, str] | None = None,
-                 timeout: float | httpx.Timeout = 10.0, limits: httpx.Limits | None = None, retry: Retry | None = None,
-                 headers: dict | None = None, **httpx_options):
-        super().__init__(url, api_key=api_key, versions=versions, retry=retry, headers=headers)
-        self.http = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits or httpx.Limits(),
-                                      headers=self._headers, **httpx_options)
+    HTTP = httpx.AsyncClient
 
     async def send(self, call: Call):
         attempts = Attempts(self.retry, call)

@@ -26,21 +26,6 @@ from tests.service.conftest import RedisProcess, serving
 NOW = 1767225600.0
 
 
-@pytest.fixture(autouse=True)
-def _no_background_refit(monkeypatch):
-    monkeypatch.setenv("NEXTSTEP_SRS_REFIT", "off")  # (as tests/service/conftest.py: no state version moves by itself)
-
-
-@pytest.fixture
-def redis(tmp_path):
-    server = RedisProcess(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 class DroppingProxy:
     """A TCP relay in front of the service, in a thread of its own: with probability `drop` (seeded) a chunk of the
     service's answer is not passed on, and both connections are closed instead. The service had answered, so the
@@ -88,9 +73,10 @@ class DroppingProxy:
 
 
 @pytest.fixture
-def faulty(tmp_path, redis):
+def faulty(tmp_path, redis_process):
     """(the service's own URL, the proxy, the Redis process): the demo models on a Redis whose replies time out
     after 0.3 s (a request gives up on it after two such waits), behind a proxy dropping 25% of the answers."""
+    redis = redis_process
     settings = Settings(artifacts_dir=demo.BUNDLED, redis_url=redis.url, redis_timeout_seconds=0.3)
     with serving(settings) as url:
         proxy = DroppingProxy(int(url.rsplit(":", 1)[1]), drop=0.25)
@@ -216,8 +202,8 @@ def test_every_event_counts_once_through_dropped_answers_and_a_freezing_redis(fa
     assert freezer.freezes > 0 and "503" in reasons, "the store never failed under the service"
 
 
-def test_answers_are_typed_errors_name_the_field_and_pins_choose_the_version(redis, tmp_path):
-    with serving(Settings(artifacts_dir=demo.BUNDLED, redis_url=redis.url)) as url, Client(url) as client:
+def test_answers_are_typed_errors_name_the_field_and_pins_choose_the_version(redis_process, tmp_path):
+    with serving(Settings(artifacts_dir=demo.BUNDLED, redis_url=redis_process.url)) as url, Client(url) as client:
         ids = client.models.ids("deep_gpcm").ids
         answer = client.kt.events("deep_gpcm", "s/1", [KtEvent(question_id=ids[0], response=2)],
                                   predict_question_ids=[ids[1]])
@@ -241,10 +227,11 @@ def test_answers_are_typed_errors_name_the_field_and_pins_choose_the_version(red
         assert schedule.cards[0].status == "new"
 
 
-def test_a_call_that_spends_its_budget_says_whether_it_may_have_been_applied(redis, tmp_path):
+def test_a_call_that_spends_its_budget_says_whether_it_may_have_been_applied(redis_process, tmp_path):
     """Every answer dropped: OutcomeUnknown after the budget, and the event applied once by its three attempts.
     Redis frozen before the write (its read times out, no write is sent): Unavailable, nothing applied. Nothing
     listening: Unavailable, nothing applied."""
+    redis = redis_process
     settings = Settings(artifacts_dir=demo.BUNDLED, redis_url=redis.url, redis_timeout_seconds=0.2)
     quick = Retry(attempts=3, backoff=0.01, max_backoff=0.05)
     with serving(settings) as url, Client(url, retry=quick) as client:
