@@ -214,17 +214,17 @@ class StatefulTask:
                 log.exception("shadow %s@%s did not follow %r", name, version, entity)
                 self.on_shadow(name, "failed")
 
-    async def gate_evidence(self, name: str, candidate: str, differences: np.ndarray) -> str | None:
-        """Add paired loss differences (candidate's minus serving's, on the same events) to the gated shadow of
-        `name` whose candidate is `candidate`; its decision, which the first replica to see it applies (gate.py).
-        None: no gate covers that candidate now."""
+    async def gate_evidence(self, name: str, candidate: str, entity: str, differences: np.ndarray) -> str | None:
+        """Add an entity's paired loss differences (candidate's minus serving's, on the same events) to the gated
+        rollout of `name` whose candidate is `candidate`; its decision, which the first replica to see it applies
+        (gate.py). None: no gate covers that candidate now."""
         rollout = self.rollouts.current.get(name) if self.rollouts is not None else None
         if (rollout is None or rollout.gate is None or rollout.candidate != candidate or self.gate is None
                 or not len(differences)):
             return None
         config = GateConfig(**rollout.gate)
         key = self.gate.key(name, candidate, rollout.updated)
-        fields = await self.gate.add(key, differences)
+        fields = await self.gate.add(key, entity, differences)
         evidence = evidence_of(fields, config.alpha)
         self.on_gate(name, evidence)
         decision = decide(evidence, config)

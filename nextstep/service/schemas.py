@@ -95,6 +95,8 @@ class GateRequest(Strict):
                                                                      "it")] = None
     min_events: Annotated[StrictInt | None, Field(ge=2, description="paired events before any decision (default: "
                                                                     "NEXTSTEP_GATE_MIN_EVENTS, 100)")] = None
+    min_learners: Annotated[StrictInt | None, Field(ge=2, description="learners before any decision (default: "
+                                                                      "NEXTSTEP_GATE_MIN_LEARNERS, 30)")] = None
 
 
 class RolloutRequest(Strict):
@@ -187,6 +189,7 @@ class Quality(Answer):
 class GateDecision(Answer):
     decision: Literal["promote", "abort", "continue"]
     events: int = Field(description="paired events scored")
+    learners: int = Field(0, description="learners they came from")
     mean_difference: float | None = Field(description="mean of loss(candidate) - loss(serving), nats per event")
     interval: list[float] | None = Field(description="the confidence sequence's interval for it")
 
@@ -196,6 +199,7 @@ class GateStatus(GateDecision):
     alpha: float
     min_gain: float
     min_events: int
+    min_learners: int
 
 
 class DecisionRecord(GateDecision):

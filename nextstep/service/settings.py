@@ -112,10 +112,12 @@ class CoreSettings(BaseSettings):
     # unscored on its next turn
     shadow_queue: int = Field(default=1_000, ge=1)
     # a gated shadow (PUT rollout with "gate"): what a gate without its own settings takes (gate.py): the sequential
-    # test's error rate, the gain in nats per event a promotion needs, the paired events before any decision
+    # test's error rate, the gain in nats per event a promotion needs, the paired events and learners before any
+    # decision
     gate_alpha: float = Field(default=0.05, gt=0, lt=1)
     gate_min_gain: float = Field(default=0.0, ge=0)
     gate_min_events: int = Field(default=100, ge=2)
+    gate_min_learners: int = Field(default=30, ge=2)
     # how far ahead of the server's clock a time from a client may be (srs review times, event timestamps; a query's
     # time may be any): a day lets a device clock a time zone or a date off still sync, and a review taken at the
     # limit holds that user's later reviews (which must not be older) back for at most a day

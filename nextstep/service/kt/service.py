@@ -366,11 +366,11 @@ class KnowledgeTracer(StatefulTask):
         if written is not None and before is not None and self.quality is not None:
             self.quality.record(model.name, model.version, before, responses, "shadow")
         if written is not None and before is not None and turn is not None:
-            await self._pair(model, turn, known, before, responses)
+            await self._pair(model, entity, turn, known, before, responses)
         return written is not None
 
-    async def _pair(self, follower: LoadedModel, turn: PairedTurn, known: np.ndarray, scored: np.ndarray,
-                    responses: np.ndarray) -> None:
+    async def _pair(self, follower: LoadedModel, entity: str, turn: PairedTurn, known: np.ndarray,
+                    scored: np.ndarray, responses: np.ndarray) -> None:
         """The gate's evidence of a turn: on the fresh events of the version that answered (the first the follower
         scored, when it could score each of them: a question it cannot step leaves the turn unpaired), each event's
         log loss through the candidate minus through the serving version, from each one's state before it."""
@@ -383,7 +383,7 @@ class KnowledgeTracer(StatefulTask):
                                                  list(range(m)), None, turn.bank, keep_state=False)
         followed, answered = log_losses(scored[:m], turn.responses), log_losses(answered, turn.responses)
         # (a shadow: the candidate follows the serving version; a gated canary: the serving version follows it)
-        await self.gate_evidence(follower.name, rollout.candidate,
+        await self.gate_evidence(follower.name, rollout.candidate, entity,
                                  followed - answered if follower.version == rollout.candidate else answered - followed)
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:

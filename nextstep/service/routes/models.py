@@ -188,7 +188,9 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
         gate = asdict(GateConfig(
             auto=body.gate.auto, alpha=body.gate.alpha if body.gate.alpha is not None else settings.gate_alpha,
             min_gain=body.gate.min_gain if body.gate.min_gain is not None else settings.gate_min_gain,
-            min_events=body.gate.min_events if body.gate.min_events is not None else settings.gate_min_events))
+            min_events=body.gate.min_events if body.gate.min_events is not None else settings.gate_min_events,
+            min_learners=body.gate.min_learners if body.gate.min_learners is not None
+            else settings.gate_min_learners))
     await rollouts.put(latest.name, Rollout(serving, body.candidate, body.mode, body.fraction, gate=gate,
                                             ramp=body.ramp))
     return await rollout_answer(request, latest.name)
