@@ -59,6 +59,8 @@ def next_step(rollout: Rollout, decision: str) -> Rollout:
     if rollout.mode == "canary" and later:
         return Rollout(rollout.serving, rollout.candidate, "canary", later[0], gate=rollout.gate, ramp=rollout.ramp)
     return Rollout(rollout.candidate)
+
+
 FOLD_FROM = 2  # events from which `fold` takes the fold graph (one event: the step graph, as a live event is stepped)
 
 
