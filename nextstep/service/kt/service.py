@@ -92,14 +92,11 @@ def logged_event(row: LogRow) -> Event:
 class PairedTurn:
     """A gated rollout's turn (gate.py): the log position of the fresh events of the version that answered them
     (`serving`: the serving version under a shadow, the candidate under a canary), and what it scores them from (its
-    state before them, their rows and responses, its bank), so that the other version's turn scores both on the
-    same events."""
+    state before them, its bank), so that the other version's turn scores both on the same events of the log."""
 
     since: int
     serving: LoadedModel
     state: dict
-    questions: np.ndarray
-    responses: np.ndarray
     bank: Bank | None
 
 
@@ -334,13 +331,12 @@ class KnowledgeTracer(StatefulTask):
                                                bank, keep_state=False)
         self.quality.record(model.name, model.version, before, responses, role)
 
-    def _turn(self, serving: LoadedModel, since: int, state: dict, questions: np.ndarray, responses: np.ndarray,
-              bank: Bank | None) -> int | PairedTurn:
+    def _turn(self, serving: LoadedModel, since: int, state: dict, bank: Bank | None) -> int | PairedTurn:
         """What a shadow's turn takes: the log position of the fresh events, with what pairs them under a gate."""
         rollout = self.rollouts.current.get(serving.name) if self.rollouts is not None else None
         if rollout is None or rollout.gate is None or self.gate is None:
             return since
-        return PairedTurn(since, serving, state, questions, responses, bank)
+        return PairedTurn(since, serving, state, bank)
 
     async def follow_log(self, model: LoadedModel, entity: str, since: int | PairedTurn) -> bool:
         turn, since = (since, since.since) if isinstance(since, PairedTurn) else (None, since)
@@ -366,25 +362,34 @@ class KnowledgeTracer(StatefulTask):
         if written is not None and before is not None and self.quality is not None:
             self.quality.record(model.name, model.version, before, responses, "shadow")
         if written is not None and before is not None and turn is not None:
-            await self._pair(model, entity, turn, known, before, responses)
+            await self._pair(model, entity, turn, behind.rows[split:], known, before)
         return written is not None
 
-    async def _pair(self, follower: LoadedModel, entity: str, turn: PairedTurn, known: np.ndarray,
-                    scored: np.ndarray, responses: np.ndarray) -> None:
-        """The gate's evidence of a turn: on the fresh events of the version that answered (the first the follower
-        scored, when it could score each of them: a question it cannot step leaves the turn unpaired), each event's
-        log loss through the candidate minus through the serving version, from each one's state before it."""
-        m = len(turn.responses)
+    async def _pair(self, follower: LoadedModel, entity: str, turn: PairedTurn, rows: list[LogRow],
+                    known: np.ndarray, scored: np.ndarray) -> None:
+        """The gate's evidence of a turn: every event the follower scored from the turn's log position on (the
+        answering version's fresh events, and those of its later writes when the follower's queue ran behind), each
+        event's log loss through the candidate minus through the serving version, each from its own state before it:
+        the answering version's from the state the turn carries, through the same log rows. Events one of the two
+        cannot step are left out."""
         rollout = self.rollouts.current.get(follower.name) if self.rollouts is not None else None
-        if (rollout is None or len(known) < m or not known[:m].all()
-                or not np.array_equal(responses[:m], turn.responses)):
+        if rollout is None:
             return
-        _, _, answered = await self._fold_scored(turn.serving, turn.state, turn.questions, turn.responses,
-                                                 list(range(m)), None, turn.bank, keep_state=False)
-        followed, answered = log_losses(scored[:m], turn.responses), log_losses(answered, turn.responses)
+        questions, responses = self._logged(turn.serving, rows)
+        answerable = (questions >= 0) & (responses < turn.serving.extra.n_cats)
+        if not answerable.any():
+            return
+        _, _, answered = await self._fold_scored(turn.serving, turn.state, questions[answerable],
+                                                 responses[answerable], list(range(int(answerable.sum()))), None,
+                                                 turn.bank, keep_state=False)
+        followed_loss, answered_loss = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+        followed_loss[known] = log_losses(scored, responses[known])
+        answered_loss[answerable] = log_losses(answered, responses[answerable])
+        both = known & answerable
         # (a shadow: the candidate follows the serving version; a gated canary: the serving version follows it)
+        sign = 1.0 if follower.version == rollout.candidate else -1.0
         await self.gate_evidence(follower.name, rollout.candidate, entity,
-                                 followed - answered if follower.version == rollout.candidate else answered - followed)
+                                 sign * (followed_loss[both] - answered_loss[both]))
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, said = await self._state(model, entity, await self.banks.current(model))
@@ -435,8 +440,8 @@ class KnowledgeTracer(StatefulTask):
                 elif self.quality is not None and fresh:
                     self.quality.later(model.name, functools.partial(
                         self._score, model, before, questions[fresh], responses[fresh], self.role(model), bank))
-                self.shadow(model, student_id, written, len(fresh), turn=lambda: self._turn(
-                    model, written.total - len(fresh), before, questions[fresh], responses[fresh], bank))
+                self.shadow(model, student_id, written, len(fresh),
+                            turn=lambda: self._turn(model, written.total - len(fresh), before, bank))
                 self._count(model, len(fresh_unknown) + len(predict_unknown))
                 if predict_index is not None and outputs is None:  # no new event: predict from the stored state
                     outputs = await self._predict(model, state, predict_index, bank)
