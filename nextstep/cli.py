@@ -1,6 +1,7 @@
 """`nextstep` command line.
 
     train        train a registered family on a data set, evaluate it on held-out data, export it
+    tune         tune a family's settings on a data set within a time budget (Optuna), then train and export the best
     evaluate     re-measure an artifact on a data set's held-out data
     export       export an artifact's weights again through its family's exporter
     banks build  rebuild a SimAKT artifact's memory banks from training students
@@ -108,6 +109,115 @@ def cmd_train(args) -> int:
                                               indent=2) + "\n")
     print("\n".join(_train_summary(out, manifest, time.monotonic() - started)))
     return 0
+
+
+TUNE_OPTIONS = ("format", "day_columns", "duration_cap_s")  # options of train that tune passes on (reading the data)
+TUNE_KEEP = ("study.db", "study.db-journal", "study.db-wal", "study.db-shm")  # what --force keeps of a tuned OUT
+
+
+def cmd_tune(args) -> int:
+    """Tune a family on a data set (training/tune.py), then train the best settings on the whole training file
+    through the family's run (as `train` does), its test file read once, and write the artifact, the study's
+    trials.csv, report.html and config.json into --out."""
+    require("torch", "train", "nextstep tune")
+    require("optuna", "train", "nextstep tune")
+    from dataclasses import replace
+
+    from .training import tune
+
+    entry = family(args.model)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"tune: --out {out} is a file, not a directory")
+    if (out / "manifest.json").is_file() and not args.force:
+        raise SystemExit(f"tune: --out {out} holds a tuned artifact already; --force goes on with its study and "
+                         "replaces the artifact, or give another directory")
+    options, train_kwargs = {}, {}
+    for option in TUNE_OPTIONS:
+        value = getattr(args, option, None)
+        if value is None:
+            continue
+        if option not in entry.train_options:
+            raise SystemExit(f"--{option.replace('_', '-')}: not an option of {entry.name}")
+        keyword = entry.train_options[option]
+        options[keyword] = train_kwargs[keyword] = value
+    try:
+        entry.read_train_config(args.config)  # refused here, before any data is read
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    base = json.loads(Path(args.config).read_text()) if args.config else {}
+    if args.device and "device" not in entry.config_fields("train_config"):
+        raise SystemExit(f"tune: --device: {entry.name} trains on the CPU only")
+    storage = args.storage or f"sqlite:///{(out / 'study.db').absolute()}"
+    try:
+        summary = tune.run_study(entry, args.data, out, base=base, timeout=args.timeout, trials=args.trials,
+                                 storage=storage, jobs=args.jobs, seed=args.seed, metric=args.metric,
+                                 pruner=args.pruner, device=args.device, progress=not args.quiet, options=options)
+    except KeyboardInterrupt:
+        print(f"nextstep tune: interrupted; the study is kept in {tune._public(storage)}: the same command goes on "
+              "where it stopped", file=sys.stderr)
+        return INTERRUPTED
+    best = {**base, **summary["best"]["config"],
+            "model": {**base.get("model", {}), **summary["best"]["config"].get("model", {})}}
+    if not best["model"]:
+        del best["model"]
+    config = out / "config.json"
+    config.write_text(json.dumps(best, indent=2) + "\n")
+    cfg = _config(argparse.Namespace(model=entry.name, config=str(config)), entry)  # as `train --config` reads it
+    if args.device:
+        cfg = replace(cfg, device=args.device)
+    if entry.progress:
+        train_kwargs[entry.progress] = not args.quiet
+    print(f"tune: best validation {summary['metric']} {summary['best']['value']:.4f} (trial "
+          f"{summary['best']['trial']}; the defaults' {_fmt(summary['defaults']['value'])}); training it on the "
+          "whole training file", file=sys.stderr, flush=True)
+    partial = out.absolute().with_name(f".{out.absolute().name}{PARTIAL}{os.getpid()}")
+    started = time.monotonic()
+    user_error = entry.resolve("user_error") or ()
+    try:
+        manifest = entry.resolve("train")(entry, args.data, partial, cfg=cfg, **train_kwargs)
+        held_out = manifest["metrics"].get("test", manifest["metrics"].get("valid"))
+        manifest["study"] = {**summary, "test": held_out, "final_seconds": round(time.monotonic() - started, 1)}
+        (partial / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+        with _uninterrupted():
+            for old in out.iterdir():
+                if old.name not in TUNE_KEEP:
+                    shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+            for path in sorted(partial.iterdir(), key=lambda p: p.name == "manifest.json"):  # the manifest last
+                path.rename(out / path.name)
+        config.write_text(json.dumps(best, indent=2) + "\n")
+    except user_error as exc:
+        raise SystemExit(f"tune {entry.name}: {exc}") from None
+    except KeyboardInterrupt:
+        print("nextstep tune: interrupted while training the best settings; the study is kept, the artifact was not "
+              "written: run the same command with --force", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        _remove(partial)
+    import optuna
+
+    study = optuna.load_study(study_name=summary["study"], storage=tune.make_storage(storage))
+    tune.write_trials_csv(study, out / "trials.csv")
+    tune.write_report(study, out / "report.html", summary, held_out)
+    if args.save_config:
+        Path(args.save_config).write_text(config.read_text())
+    if args.json:
+        Path(args.json).write_text(json.dumps({"artifact": str(out), "study": manifest["study"]}, indent=2,
+                                              default=str) + "\n")
+    trials = summary["trials"]
+    print("\n".join([
+        f"study {summary['study']}: {trials['complete']} trials complete, {trials['pruned']} pruned, "
+        f"{trials['fail']} failed ({trials['this_run']} in this run, {summary['seconds']:.0f} s)",
+        f"validation {summary['metric']}: defaults {_fmt(summary['defaults']['value'])}, best "
+        f"{summary['best']['value']:.4f}",
+        *_train_summary(out, manifest, time.monotonic() - started)[:2],
+        f"settings: {config}{f' and {args.save_config}' if args.save_config else ''} (nextstep train {entry.name} "
+        f"--config {args.save_config or config}); report: {out / 'report.html'}, {out / 'trials.csv'}"]))
+    return 0
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 # the held-out metrics the line `train` ends with shows, where the task has them (knowledge tracing, sessions,
@@ -641,6 +751,44 @@ def build_parser() -> argparse.ArgumentParser:
     for entry in FAMILIES.values():
         _train_parser(models.add_parser(entry.name, help=entry.help, description=f"Train {entry.name}: "
                                         f"{entry.help}. Data formats: {', '.join(entry.formats)}."), entry)
+
+    tune = sub.add_parser(
+        "tune", help="tune a family's settings on a data set within a time budget, then train and export the best",
+        description="Search a family's settings (its registry entry's space) with Optuna on a validation split "
+                    "carved from the training data (the test file is never opened by the study), then train the "
+                    "best on the whole training file, evaluate it once on the test file and export it to --out, "
+                    "beside the study's trials.csv, report.html and config.json (`train --config` takes it). Run "
+                    "again, a study goes on where it stopped. docs/guide/tune.md.")
+    tune.add_argument("model", choices=list(FAMILIES), metavar="MODEL", help="the family to tune: "
+                      + ", ".join(FAMILIES))
+    tune.add_argument("--data", required=True, help="the data set, as train takes it")
+    tune.add_argument("--out", required=True, help="the folder of the study (study.db) and, at its end, the artifact")
+    tune.add_argument("--timeout", type=_above_zero, default=3600.0,
+                      help="wall-clock seconds of the study on this machine (default 3600); the final training "
+                           "comes after it")
+    tune.add_argument("--trials", type=_int_in(1), help="stop once the study has this many trials (complete or "
+                                                        "pruned; default: only the time limit)")
+    tune.add_argument("--storage", help="an Optuna storage URL (default sqlite:///OUT/study.db); a PostgreSQL or "
+                                        "MySQL URL lets `nextstep tune` on many machines work on one study")
+    tune.add_argument("--jobs", type=_int_in(1), default=1, help="trials run at once, each in its own process")
+    tune.add_argument("--config", help="JSON training config the study starts from: trial 0, and the settings the "
+                                       "space leaves alone (default: the family's defaults)")
+    tune.add_argument("--metric", help="validation metric to optimise (default: auc, or qwk on ordinal data; "
+                                       "recall@20; log_loss)")
+    tune.add_argument("--pruner", choices=["median", "hyperband", "none"], default="median",
+                      help="how hopeless trials are stopped on their per-epoch validation (default median)")
+    tune.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+    tune.add_argument("--device", help="torch device of the trials and the final training (e.g. cuda), where the "
+                                       "family's training config has one")
+    tune.add_argument("--format", help="the data format, where detection is wrong")
+    tune.add_argument("--day-columns", choices=["check", "ignore", "trust"], help="time_aware: as in train")
+    tune.add_argument("--duration-cap-s", type=_above_zero, help="time_aware: as in train")
+    tune.add_argument("--save-config", metavar="FILE", help="also write the best settings here (e.g. configs/...)")
+    tune.add_argument("--force", action="store_true", help="go on with the study in an --out that holds a tuned "
+                                                           "artifact, and replace it")
+    tune.add_argument("--quiet", action="store_true", help="no progress bar or lines")
+    tune.add_argument("--json", metavar="OUT", help="also write the study's record (JSON) to this file")
+    tune.set_defaults(func=cmd_tune)
 
     evaluate_formats = list(dict.fromkeys(f for e in FAMILIES.values() if "format" in e.evaluate_options
                                           for f in e.formats))

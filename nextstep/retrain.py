@@ -136,14 +136,21 @@ def retrain(model: str, artifacts: Path, *, redis_url: str, redis_options: dict,
         version = next_version(artifacts, model)
         out = artifacts / model / version
         report = work / "train.json"
-        command = train_command(entry.name, data, out, config, tune, report)
+        # (a study writes its folder as it goes: it runs in the work folder, and its artifact is moved in at the end)
+        made = work / "tuned" if tune is not None else out
+        command = train_command(entry.name, data, made, config, tune, report)
         log(f"retrain: {'tuning' if tune is not None else 'training'} {entry.name} version {version} with the "
             f"settings of version {base['version']}: {' '.join(command[2:])}")
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            shutil.rmtree(out, ignore_errors=True)
+            if tune is None:
+                shutil.rmtree(out, ignore_errors=True)
             raise RuntimeError(f"retrain: {' '.join(command[2:4])} failed ({done.returncode}):\n"
                                f"{(done.stderr or done.stdout)[-3000:]}")
+        if tune is not None:  # (beside the artifact: the study, its trials and report, kept with it)
+            partial = out.with_name(f".{out.name}.retrain")
+            shutil.copytree(made, partial)
+            partial.rename(out)
         manifest = json.loads((out / "manifest.json").read_text())
         summary = {"model": model, "family": entry.name, "serving": str(base["version"]), "version": version,
                    "artifact": str(out), "traffic": {"entities": exported["entities"], "events": exported["events"]},

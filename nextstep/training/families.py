@@ -172,6 +172,8 @@ class Family:
     # a small untrained model of the family, for the tests every family is held to (tests/models/test_streaming.py):
     # a config dict for `build`, or "module:function" () -> model (a family fitted from counts)
     sample: dict | str | None = None
+    # its search space for `nextstep tune` (training/tune.py): "module:NAME" of a spaces.Space, the ranges searched
+    space: str | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -245,7 +247,8 @@ class Family:
 
 
 def _kt(name: str, model: str, config: str, help: str, restorer: str | None = None,
-        loss: str = f"{KT}.losses:OutputLoss", demo: Demo | None = None, sample: dict | None = None) -> Family:
+        loss: str = f"{KT}.losses:OutputLoss", demo: Demo | None = None, sample: dict | None = None,
+        space: str | None = None) -> Family:
     return Family(name, "knowledge_tracing", model, config, f"{KT}.loop:TrainConfig",
                   f"{KT_RUN}:train_model", f"{KT}.export:KTExporter", f"{KT_RUN}:evaluate_artifact", help,
                   reader=f"{KT}.data:load_dataset", batcher=f"{KT}.loop:batches",
@@ -254,12 +257,13 @@ def _kt(name: str, model: str, config: str, help: str, restorer: str | None = No
                   metrics="nextstep.training.metrics:ordinal_metrics", formats=KT_FORMATS, data=KT_DATA,
                   options=(_format(KT_FORMATS), EPOCHS, SEED),
                   evaluate_options={"format": "fmt", "max_len": "max_len"},
-                  restorer=restorer, demo=demo, sample=sample)
+                  restorer=restorer, demo=demo, sample=sample, space=space)
 
 
 def _next_item(name: str, model: str, config: str, train_config: str, help: str, *, fit: str, batcher: str | None,
                loss: str | None, restorer: str | None = None, options: tuple[Option, ...] = (EPOCHS, SEED),
-               reads_clicks: bool = True, demo: Demo | None = None, sample: dict | str | None = None) -> Family:
+               reads_clicks: bool = True, demo: Demo | None = None, sample: dict | str | None = None,
+               space: str | None = None) -> Family:
     return Family(name, "next_item", model, config, train_config, f"{NEXT_ITEM}.run:train_next_item",
                   f"{NEXT_ITEM}.export:NextItemExporter",
                   f"{NEXT_ITEM}.run:evaluate_next_item", help,
@@ -268,7 +272,7 @@ def _next_item(name: str, model: str, config: str, train_config: str, help: str,
                   data=SESSION_DATA,
                   options=(_format(SESSION_FORMATS), *options, VALID),
                   evaluate_options={"format": "fmt", "valid": "valid"}, fit=fit,
-                  reads_clicks=reads_clicks, demo=demo, sample=sample)
+                  reads_clicks=reads_clicks, demo=demo, sample=sample, space=space)
 
 
 def _counts(name: str, model: str, help: str, **kwargs) -> Family:
@@ -281,6 +285,7 @@ def _counts(name: str, model: str, help: str, **kwargs) -> Family:
 GPCM = "nextstep.models.deep_gpcm"
 GPCM_LOSS = f"{KT}.losses:GPCMLoss"  # the CORAL variant's cumulative logits, the order penalty
 COUNTS = f"{NEXT_ITEM}.counts:CountConfig"
+SPACES = "nextstep.training.spaces"
 GPCM_SAMPLE = {"n_questions": 12, "n_cats": 3, "window": 4}
 
 
@@ -295,13 +300,14 @@ def _gpcm_demo(model: dict | None = None, bundled: bool = False) -> Demo:
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _kt("deep_gpcm", f"{GPCM}:deep_gpcm", f"{GPCM}:GPCMConfig", "DKVMN memory with a GPCM (IRT) output",
-        restorer=f"{GPCM}:restore", loss=GPCM_LOSS, demo=_gpcm_demo(bundled=True), sample=GPCM_SAMPLE),
+        restorer=f"{GPCM}:restore", loss=GPCM_LOSS, demo=_gpcm_demo(bundled=True), sample=GPCM_SAMPLE,
+        space=f"{SPACES}:DEEP_GPCM"),
     _kt("attention_gpcm", f"{GPCM}:AttentionGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM with attention-refined writes",
-        loss=GPCM_LOSS, demo=_gpcm_demo({"window": 16}), sample=GPCM_SAMPLE),
+        loss=GPCM_LOSS, demo=_gpcm_demo({"window": 16}), sample=GPCM_SAMPLE, space=f"{SPACES}:ATTENTION_GPCM"),
     _kt("coral_gpcm", f"{GPCM}:CORALGPCM", f"{GPCM}:GPCMConfig", "Deep-GPCM blended with CORAL thresholds",
-        loss=GPCM_LOSS, demo=_gpcm_demo(), sample=GPCM_SAMPLE),
+        loss=GPCM_LOSS, demo=_gpcm_demo(), sample=GPCM_SAMPLE, space=f"{SPACES}:CORAL_GPCM"),
     _kt("dkt", "nextstep.models.dkt:DKT", "nextstep.models.dkt:DKTConfig", "Deep Knowledge Tracing (an LSTM)",
-        sample={"n_questions": 12, "n_cats": 3, "hidden": 8, "embed_dim": 8, "layers": 2}),
+        sample={"n_questions": 12, "n_cats": 3, "hidden": 8, "embed_dim": 8, "layers": 2}, space=f"{SPACES}:DKT"),
     Family("simakt", "knowledge_tracing", "nextstep.models.simakt:SimAKT", "nextstep.models.simakt:SimAKTConfig",
            f"{KT}.simakt_run:SimAKTTrainConfig", f"{KT}.simakt_run:train_entry",
            f"{KT}.simakt_export:SimAKTExporter",
@@ -317,7 +323,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                            ("similarity", f"{KT}.simakt_run:load_similarity")),
                     Option("device", "torch device to train on (default cpu)")),
            user_error="nextstep.models.simakt:ConfigError", banks=f"{KT}.simakt_run:build_artifact_banks",
-           sample={"n_questions": 12, "n_skills": 6, "d_model": 16, "n_heads": 2, "n_know": 2, "window": 8}),
+           sample={"n_questions": 12, "n_skills": 6, "d_model": 16, "n_heads": 2, "n_know": 2, "window": 8},
+           space=f"{SPACES}:SIMAKT"),
     _next_item("gru4rec", "nextstep.models.gru4rec:GRU4Rec", "nextstep.models.gru4rec:GRU4RecConfig",
                f"{NEXT_ITEM}.gru4rec_loop:GRU4RecTrainConfig", "GRU4Rec (session-based RNN)",
                fit=f"{NEXT_ITEM}.gru4rec_loop:train_gru4rec", batcher=f"{NEXT_ITEM}.gru4rec_loop:session_parallel",
@@ -328,16 +335,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                          {"n_sessions": 300, "n_items": 60, "length_range": (2, 9), "follow": 0.7, "seed": 0},
                          {"epochs": 2, "n_sample": 16, "seed": 0, "model": {"layers": (16,)}},
                          run={"log": False, "top_k": 30}, bundled=True),
-               sample={"n_items": 8, "layers": (6,)}),
+               sample={"n_items": 8, "layers": (6,)}, space=f"{SPACES}:GRU4REC"),
     # the builder sets the family's defaults (a learned repeat channel, a transition head), the restorer keeps an
     # older artifact's config as it was trained (models/mrn.py)
     _next_item("mrn", "nextstep.models.mrn:mrn", "nextstep.models.mrn:MRNConfig",
                f"{NEXT_ITEM}.mrn_loop:MRNTrainConfig", "MRN (modular reasoning over the session)",
                fit=f"{NEXT_ITEM}.mrn_loop:train_mrn", batcher=f"{NEXT_ITEM}.mrn_loop:length_batches",
                loss=f"{NEXT_ITEM}.mrn_loop:mrn_loss",
-               restorer="nextstep.models.mrn:restore", sample={"n_items": 8}),
-    _counts("popularity", "Popularity", "training click counts", reads_clicks=False),
-    _counts("markov", "Markov", "first-order Markov chain"),
+               restorer="nextstep.models.mrn:restore", sample={"n_items": 8}, space=f"{SPACES}:MRN"),
+    _counts("popularity", "Popularity", "training click counts", reads_clicks=False, space=f"{SPACES}:POPULARITY"),
+    _counts("markov", "Markov", "first-order Markov chain", space=f"{SPACES}:MARKOV"),
     Family("time_aware", "srs", "nextstep.models.time_aware:TimeAwareTransformer",
            "nextstep.models.time_aware:TimeAwareConfig", f"{SRS}.time_aware_loop:TimeAwareTrainConfig",
            f"{SRS}.time_aware_run:train_entry", f"{SRS}.time_aware_export:TimeAwareExporter",
@@ -365,7 +372,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                                 "card_window": 4},
                       "n_splits": 2},
                      run={"baselines": False, "log_lines": False}, bundled=True),
-           sample={"d_model": 16, "ffn_dim": 16, "window": 8, "card_window": 2}),
+           sample={"d_model": 16, "ffn_dim": 16, "window": 8, "card_window": 2}, space=f"{SPACES}:TIME_AWARE"),
 )}
 
 

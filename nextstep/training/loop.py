@@ -3,6 +3,8 @@
 in a log file, where a long epoch is. Each task's fit is in its subpackage (kt/loop.py, next_item/
 gru4rec_loop.py, next_item/mrn_loop.py, srs/time_aware_loop.py)."""
 
+import contextlib
+import contextvars
 import math
 import sys
 import time
@@ -15,6 +17,21 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 HEARTBEAT_SECONDS = 30.0  # without a progress bar, a line at most this often within an epoch says where it is
+# told after every epoch's validation, (epoch, model, row), with the weights validated in the model: `nextstep tune`
+# scores a trial's epochs on its validation split there and stops a hopeless trial (optuna.TrialPruned) or one past
+# the study's time (training/tune.py); None outside a study
+_EPOCH_HOOK: contextvars.ContextVar = contextvars.ContextVar("epoch_hook", default=None)
+
+
+@contextlib.contextmanager
+def epoch_hook(hook: Callable[[int, torch.nn.Module, dict], None]):
+    """Within the block, every `train_epochs` calls `hook(epoch, model, row)` after each epoch's validation; an
+    exception the hook raises ends the training there."""
+    token = _EPOCH_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _EPOCH_HOOK.reset(token)
 
 
 class Counted:
@@ -130,6 +147,8 @@ def train_epochs(model: torch.nn.Module, epochs: int, batches: Callable[[int], I
             row["best"] = score < best - min_delta
         if report is not None:
             report(row)
+        if (hook := _EPOCH_HOOK.get()) is not None:
+            hook(epoch, model, row)
         if say is not None and epoch == 1 and epochs > 1:
             say(estimate(row["seconds"], epochs - 1, monitor is not None and patience is not None,
                          None if max_seconds is None else max_seconds - (time.perf_counter() - started)))

@@ -358,16 +358,19 @@ def train_entry(entry, data_dir: str | Path, out_dir: str | Path, *, cfg: SimAKT
 
 
 def train_simakt(data_dir: str | Path, out_dir: str | Path | None, *, cfg: SimAKTTrainConfig,
-                 similarity: dict | None = None, name: str = "simakt", export: bool = True, log=print_line) -> dict:
+                 similarity: dict | None = None, name: str = "simakt", export: bool = True, log=print_line,
+                 datasets: tuple[KTDataset, KTDataset] | None = None) -> dict:
     """Train, evaluate on the test file, and (export=True) export to out_dir; returns the manifest (without
-    export: the manifest's metrics and training sections, for sweeps on machines without ONNX)."""
+    export: the manifest's metrics and training sections, for sweeps on machines without ONNX). `datasets`: the
+    (train, test) data sets already read, in place of data_dir's files (`nextstep tune`: training learners held
+    out as the test)."""
     data_dir = Path(data_dir)
     parse_similarity(similarity or {}, cfg.model.get("n_heads", 8))  # fail before reading data on a bad file
     if isinstance(cfg.bank_folds, bool) or not isinstance(cfg.bank_folds, int) or cfg.bank_folds < 2:
         raise ConfigError("bank_folds", f"must be an integer >= 2 (the folds banks are cross-fitted over), got "
                                         f"{cfg.bank_folds!r}")
     started = time.perf_counter()
-    train_ds, test_ds = load_dataset(data_dir)
+    train_ds, test_ds = datasets or load_dataset(data_dir)
     if train_ds.n_cats != 2:
         raise ValueError(f"{train_ds.path}: SimAKT predicts right/wrong responses; this data has K = {train_ds.n_cats}")
     fit_ds, valid_ds = split_students(train_ds, cfg.valid_fraction, cfg.seed)
