@@ -48,7 +48,7 @@ def pack(*args: bytes | str | int | float) -> bytes:
             a = b"%d" % a
         elif isinstance(a, float):
             a = repr(a).encode()
-        out.append(b"$%d\r\n%b\r\n" % (len(a), a))
+        out += (b"$%d\r\n" % len(a), a, b"\r\n")  # (not "%b" % a: that copies a state blob once more)
     return b"".join(out)
 
 

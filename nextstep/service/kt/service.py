@@ -260,6 +260,9 @@ class KnowledgeTracer(StatefulTask):
         """The state with the logged events it lacks folded in, and what the answer says about them: how many were
         folded (`rebuilt_from_events`), and, where some could not be, how many the log no longer holds and how many
         name a question this version does not know (left out)."""
+        if not behind.rows:  # (every live event: nothing to decode, no array to make)
+            return state, ({"rebuilt_from_events": 0, "events_not_in_log": behind.missing} if behind.missing
+                           else {"rebuilt_from_events": 0})
         questions, responses = self._logged(model, behind.rows)
         known = (questions >= 0) & (responses < model.extra.n_cats)
         questions, responses = questions[known], responses[known]

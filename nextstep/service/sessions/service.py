@@ -230,6 +230,8 @@ class SessionRecommender(StatefulTask):
         """The state and seen rows with the logged clicks they lack folded in (clicks on items this version does not
         know are left out, as unknown_items=skip does); how many were folded."""
         # an unknown item goes through the unknown row where a live click would (the setting), else is left out
+        if not behind.rows:  # (every live click: nothing to decode, no array to make)
+            return state, seen, 0
         rows = model.lookup([row.payload.decode() for row in behind.rows])
         if self.unknown_items == "answer" and model.unknown_row:
             rows[rows < 0] = UNKNOWN_ROW
