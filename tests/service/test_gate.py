@@ -4,7 +4,9 @@ itself; every replica sees the one decision. The arithmetic on a small case by h
 after every event, and the whole loop through real HTTP, real ONNX Runtime and a real Redis."""
 
 import asyncio
+import json
 import math
+import shutil
 import time
 
 import httpx
@@ -222,16 +224,48 @@ def test_a_gated_canary_ramps_up_at_each_promotion_and_then_serves_everyone(tmp_
         assert all(d["decision"] == "promote" and d["interval"][1] < 0 for d in done["decisions"])
 
 
+def test_a_gated_session_shadow_aborts_a_candidate_that_ranks_the_next_click_worse(tmp_path, redis_url, serve,
+                                                                                   rec_artifacts):
+    """Sessions: GRU4Rec trained on sessions with a successor signal serves; the popularity model of the same data is
+    the shadow. Both rank each click from their states before it (the loss: 1 - 1/rank); popularity ranks the next
+    click worse, and the gate aborts it by itself."""
+    for name, version, year in (("gru4rec", "gru", 2027), ("popularity", "pop", 2026)):
+        out = tmp_path / "gru4rec" / version
+        shutil.copytree(rec_artifacts / name / "1", out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        (out / "manifest.json").write_text(json.dumps({**manifest, "version": version,
+                                                       "created": f"{year}-01-01T00:00:00Z"}))
+    from nextstep.training.next_item.sessions import zipf_sessions
+
+    data = zipf_sessions(200, 60, (4, 9), follow=0.7, seed=1)
+    sessions = [[str(item) for item in data.session(i)] for i in range(len(data))]
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
+        put = http.put("/v1/models/gru4rec/rollout", json={"candidate": "pop", "mode": "shadow", "fraction": 1.0,
+                                                           "gate": {"min_events": 30, "min_learners": 10}})
+        assert put.status_code == 200, put.text
+        for k, items in enumerate(sessions):
+            reply = http.post("/v1/sessions/gru4rec/events", json={"session_id": f"s{k}", "events": [
+                {"item_id": item} for item in items]})
+            assert reply.status_code == 200, reply.text
+        deadline = time.monotonic() + 30
+        while (rollout := http.get("/v1/models/gru4rec/rollout").json())["candidate"] is not None:
+            assert time.monotonic() < deadline, rollout
+            time.sleep(0.1)
+        (decision,) = rollout["decisions"]
+        assert decision["decision"] == "abort" and decision["interval"][0] > 0 and rollout["serving"] == "gru"
+
+
 def test_the_gate_is_refused_where_it_cannot_pair(tmp_path, redis_url, serve):
     add_version(tmp_path, "deep_gpcm", "1", 2027)
     add_version(tmp_path, "deep_gpcm", "2", 2026)
-    add_version(tmp_path, "gru4rec", "1", 2027)
-    add_version(tmp_path, "gru4rec", "2", 2026)
+    add_version(tmp_path, "time_aware", "1", 2027)
+    add_version(tmp_path, "time_aware", "2", 2026)
     settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
-        sessions = http.put("/v1/models/gru4rec/rollout", json={"candidate": "2", "mode": "shadow",
-                                                                "fraction": 1.0, "gate": {}})
-        assert sessions.status_code == 422 and sessions.json()["field"] == "gate", sessions.text
+        flashcards = http.put("/v1/models/time_aware/rollout", json={"candidate": "2", "mode": "shadow",
+                                                                     "fraction": 1.0, "gate": {}})
+        assert flashcards.status_code == 422 and flashcards.json()["field"] == "gate", flashcards.text
         for body in ({"candidate": "2", "mode": "shadow", "fraction": 0.5, "ramp": [0.5, 1.0], "gate": {}},
                      {"candidate": "2", "mode": "canary", "fraction": 0.5, "ramp": [0.5, 1.0]},
                      {"candidate": "2", "mode": "canary", "fraction": 0.2, "ramp": [0.5, 1.0], "gate": {}},

@@ -54,8 +54,27 @@ class Click:
     time: float | None = None  # unix seconds the app gave; None: when the service received it
 
 
+@dataclass(frozen=True)
+class PairedTurn:
+    """A gated rollout's turn (gate.py): the log position of the clicks the answering version took (`serving`: the
+    serving version under a shadow, the candidate under a canary), its state before them and whether the session had
+    clicked before, so that the other version's turn ranks both on the same clicks of the log."""
+
+    since: int
+    serving: LoadedModel
+    state: dict
+    clicked_before: bool
+
+
+def rank_loss(ranks: list[float]) -> np.ndarray:
+    """The gate's loss of a click: 1 - 1/rank of the clicked item in the list the state before it recommends (0 for
+    the first item, 1 when it is not listed): its mean difference between two versions is their MRR's."""
+    return 1.0 - 1.0 / np.asarray(ranks, dtype=np.float64)
+
+
 class SessionRecommender(StatefulTask):
     TASK, PREFIX = SPEC.name, "sess"
+    PAIRED = True
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  cold_start_model: str | None = None, on_retry=None, limits: BatchLimits = DEFAULT_LIMITS,
@@ -159,7 +178,8 @@ class SessionRecommender(StatefulTask):
                 if self.quality is not None and fresh:  # (once: the attempt that was written)
                     self.quality.later(model.name, functools.partial(
                         self._score, model, before, clicked_before, fresh, self.role(model)))
-                self.shadow(model, session_id, written, len(fresh))
+                self.shadow(model, session_id, written, len(fresh),
+                            turn=lambda: self._turn(model, written.total - len(fresh), before, clicked_before))
                 self._count(model, fresh)  # (once: the attempt that was written)
                 result = {"session_id": session_id, "model": model.name, "version": model.version,
                           "state_version": written.version, "events_absorbed": len(fresh),
@@ -254,7 +274,15 @@ class SessionRecommender(StatefulTask):
                                                       schema=self.schema(model), expected_total=stored.total) or stored
         return stored, state, seen, caught
 
-    async def follow_log(self, model: LoadedModel, entity: str, since: int) -> bool:
+    def _turn(self, serving: LoadedModel, since: int, state: dict, clicked_before: bool) -> int | PairedTurn:
+        """What a shadow's turn takes: the log position of the fresh clicks, with what pairs them under a gate."""
+        rollout = self.rollouts.current.get(serving.name) if self.rollouts is not None else None
+        if rollout is None or rollout.gate is None or self.gate is None:
+            return since
+        return PairedTurn(since, serving, state, clicked_before)
+
+    async def follow_log(self, model: LoadedModel, entity: str, since: int | PairedTurn) -> bool:
+        turn, since = (since, since.since) if isinstance(since, PairedTurn) else (None, since)
         key, schema = self.key(model, entity), self.schema(model)
         stored = await self.store.get(key, schema=schema)
         if stored.behind <= 0:
@@ -275,7 +303,28 @@ class SessionRecommender(StatefulTask):
                                                    caught + len(fresh), schema=schema, expected_total=stored.total)
         if written is not None and ranks and self.quality is not None:
             self.quality.record_ranks(model.name, model.version, ranks, "shadow")
+        if written is not None and ranks and turn is not None:
+            await self._pair(model, entity, turn, clicks, fresh, ranks)
         return written is not None
+
+    async def _pair(self, follower: LoadedModel, entity: str, turn: PairedTurn, clicks: list[Click],
+                    fresh: list[int], ranks: list[float]) -> None:
+        """The gate's evidence of a turn: every click the follower ranked from the turn's log position on, ranked by
+        the answering version too from the state the turn carries, through the same clicks; each click's rank loss
+        through the candidate minus through the serving version. A turn whose clicks the two versions do not both
+        take (an item one of them skips) adds nothing."""
+        rollout = self.rollouts.current.get(follower.name) if self.rollouts is not None else None
+        mode = "answer" if self.unknown_items == "answer" and turn.serving.unknown_row else "skip"
+        rows = [r for r in self._rows(turn.serving, clicks, mode, "") if r is not None]
+        if rollout is None or len(rows) != len(fresh):
+            return
+        _, _, answered = await self._fold_scored(turn.serving, turn.state, turn.clicked_before, rows, None,
+                                                 keep_state=False)
+        if len(answered) != len(ranks):
+            return
+        sign = 1.0 if follower.version == rollout.candidate else -1.0
+        await self.gate_evidence(follower.name, rollout.candidate, entity,
+                                 sign * (rank_loss(ranks) - rank_loss(answered)))
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, _, caught = await self._current(model, entity)
