@@ -216,6 +216,11 @@ class StatefulTask:
                 log.exception("shadow %s@%s did not follow %r", name, version, entity)
                 self.on_shadow(name, "failed")
 
+    def gated(self, name: str) -> bool:
+        """Whether model `name` has a gated rollout now (a turn then carries what pairs both versions: gate.py)."""
+        rollout = self.rollouts.current.get(name) if self.rollouts is not None else None
+        return rollout is not None and rollout.gate is not None and self.gate is not None
+
     async def gate_evidence(self, name: str, candidate: str, entity: str, differences: np.ndarray) -> str | None:
         """Add an entity's paired loss differences (candidate's minus serving's, on the same events) to the gated
         rollout of `name` whose candidate is `candidate`; its decision, which the first replica to see it applies

@@ -336,10 +336,7 @@ class KnowledgeTracer(StatefulTask):
 
     def _turn(self, serving: LoadedModel, since: int, state: dict, bank: Bank | None) -> int | PairedTurn:
         """What a shadow's turn takes: the log position of the fresh events, with what pairs them under a gate."""
-        rollout = self.rollouts.current.get(serving.name) if self.rollouts is not None else None
-        if rollout is None or rollout.gate is None or self.gate is None:
-            return since
-        return PairedTurn(since, serving, state, bank)
+        return PairedTurn(since, serving, state, bank) if self.gated(serving.name) else since
 
     async def follow_log(self, model: LoadedModel, entity: str, since: int | PairedTurn) -> bool:
         turn, since = (since, since.since) if isinstance(since, PairedTurn) else (None, since)
