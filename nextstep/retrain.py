@@ -7,8 +7,8 @@ a gated shadow that the service then promotes or aborts by itself (service/gate.
 3. train the model's family with the settings of the version serving now (its manifest's `train_config`), or tune
    them first (`nextstep tune`, with a time budget), through the same commands a user runs, in a child process;
 4. write the new version into the artifacts folder (the next number after the model's numbered versions);
-5. with a service URL: reload it, and start the new version as a shadow of every entity, gated where the task's
-   shadows are (knowledge tracing), else for a person to decide;
+5. with a service URL: reload it, and start the new version as a gated shadow of every entity (the service then
+   promotes or aborts it by itself);
 6. say what it did in one summary (learners and events used, the new version's held-out metrics beside the serving
    version's, the rollout started).
 """
@@ -94,17 +94,17 @@ def train_command(family: str, data: Path, out: Path, config: Path, tune: float 
             str(report), "--quiet"]
 
 
-def start_shadow(url: str, api_key: str | None, model: str, version: str, gated: bool) -> dict:
-    """Reload the service and put `version` on every entity as a shadow (gated where `gated`)."""
+def start_shadow(url: str, api_key: str | None, model: str, version: str) -> dict:
+    """Reload the service and put `version` on every entity as a gated shadow."""
     from .client import Client, InvalidRequest
 
     with Client(url, api_key=api_key, timeout=60.0) as client:
         client.models.reload()
         try:
-            rollout = client.models.set_rollout(model, version, fraction=1.0, mode="shadow", gate={} if gated else None)
+            rollout = client.models.set_rollout(model, version, fraction=1.0, mode="shadow", gate={})
         except InvalidRequest as exc:
             return {"started": False, "why": exc.detail}
-        return {"started": True, "gated": gated, **rollout.model_dump(mode="json", exclude_none=True)}
+        return {"started": True, "gated": True, **rollout.model_dump(mode="json", exclude_none=True)}
 
 
 def retrain(model: str, artifacts: Path, *, redis_url: str, redis_options: dict, url: str | None = None,
@@ -158,13 +158,7 @@ def retrain(model: str, artifacts: Path, *, redis_url: str, redis_options: dict,
                    "serving_metrics": base.get("metrics", {}).get("test", {}),
                    "tuned": tune is not None, "seconds": round(time.monotonic() - started, 1)}
         if url is not None:
-            from .service import register_tasks
-            from .service.tasks import plugin
-
-            register_tasks()
-            task = plugin(base["task"])
-            summary["rollout"] = start_shadow(url, api_key, model, version, gated=bool(
-                task is not None and task.service.PAIRED))
+            summary["rollout"] = start_shadow(url, api_key, model, version)
         return summary
     finally:
         shutil.rmtree(work, ignore_errors=True)

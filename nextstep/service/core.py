@@ -110,7 +110,6 @@ class StatefulTask:
     on_shadow: Callable[[str, str], None] = staticmethod(lambda model, outcome: None)  # (model, done/dropped/failed)
     gate: Gate | None = None  # the evidence of gated shadows (gate.py)
     on_gate: Callable[[str, Evidence], None] = staticmethod(lambda model, evidence: None)  # (a metric)
-    PAIRED = False  # whether a shadow of this task scores both versions on the same events (a gate needs it)
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None):

@@ -2,7 +2,8 @@
 
 A gated shadow scores both versions on the same events: for each event of a learner in the shadow's fraction, the
 candidate's loss and the serving version's loss on it (knowledge tracing: log loss of the observed response;
-sessions: 1 - 1/rank of the clicked item, sessions/service.py rank_loss), each from its own state before the event.
+sessions: 1 - 1/rank of the clicked item, sessions/service.py rank_loss; flashcards: log loss of recall on each review
+live quality scores, srs/shadow.py), each from its own state before the event.
 Their difference d = loss(candidate) - loss(serving) is one paired observation; the gate keeps,
 for the mean difference mu, an asymptotic confidence sequence (Waudby-Smith, Arbour, Sinha, Kennedy and Ramdas,
 "Time-uniform central limit theory and asymptotic confidence sequences", 2021, built on Robbins' normal mixture as in

@@ -256,16 +256,73 @@ def test_a_gated_session_shadow_aborts_a_candidate_that_ranks_the_next_click_wor
         assert decision["decision"] == "abort" and decision["interval"][0] > 0 and rollout["serving"] == "gru"
 
 
-def test_the_gate_is_refused_where_it_cannot_pair(tmp_path, redis_url, serve):
-    add_version(tmp_path, "deep_gpcm", "1", 2027)
-    add_version(tmp_path, "deep_gpcm", "2", 2026)
-    add_version(tmp_path, "time_aware", "1", 2027)
-    add_version(tmp_path, "time_aware", "2", 2026)
+def forgetful(root, version: str, year: int, size: int | None = None) -> None:
+    """time_aware/<version>: the demo flashcard model answering P(recall) 0.05 for every review (its network's, its
+    FSRS-6 defaults' and their mixture's), far worse than the demo's on users who recall three reviews in four; with
+    `size`, reading windows of that many rows (another layout: it keeps its own states of the users)."""
+    from onnx import helper
+
+    add_version(root, "time_aware", version, year)
+    if size is not None:
+        path = root / "time_aware" / version / "manifest.json"
+        manifest = json.loads(path.read_text())
+        path.write_text(json.dumps({**manifest, "window": {**manifest["window"], "size": size}}))
+    for graph in ("predict", "predict_memory"):
+        path = root / "time_aware" / version / f"{graph}.onnx"
+        model = onnx.load(path)
+        low = numpy_helper.from_array(np.array(0.05, dtype=np.float32), "forgetful_recall")
+        zero = numpy_helper.from_array(np.array(0.0, dtype=np.float32), "forgetful_zero")
+        model.graph.initializer.extend([low, zero])
+        for name in ("recall", "network_recall", "default_recall"):
+            for node in model.graph.node:
+                node.output[:] = [f"{name}_model" if o == name else o for o in node.output]
+            model.graph.node.extend([helper.make_node("Mul", [f"{name}_model", "forgetful_zero"], [f"{name}_zero"]),
+                                     helper.make_node("Add", [f"{name}_zero", "forgetful_recall"], [name])])
+        onnx.checker.check_model(model)
+        onnx.save(model, path)
+
+
+@pytest.mark.parametrize("layout", ["same", "other"])
+@pytest.mark.parametrize("mode", ["shadow", "canary"])
+def test_a_gated_flashcard_rollout_is_decided_on_each_review_scored_by_both(tmp_path, redis_url, serve, mode, layout):
+    """Flashcards: each review live quality scores is paired, the follower's P(recall) of it (the candidate's under a
+    shadow; under a gated canary, the serving version's, following the canary's users) against the answering
+    version's; of the same window layout from the same windows, of another from its own state of the user, which
+    takes the reviews as they come. A shadow that forecasts forgetting for users who recall three reviews in four is
+    aborted; the demo model as a canary over that one is promoted."""
+    from tests.service.srs.test_srs_upgrades import reviews_of
+
+    serving, candidate = ("good", "bad") if mode == "shadow" else ("bad", "good")
+    add_version(tmp_path, "time_aware", "good", 2027 if serving == "good" else 2026)
+    forgetful(tmp_path, "bad", 2027 if serving == "bad" else 2026, size=16 if layout == "other" else None)
     settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
     with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
-        flashcards = http.put("/v1/models/time_aware/rollout", json={"candidate": "2", "mode": "shadow",
-                                                                     "fraction": 1.0, "gate": {}})
-        assert flashcards.status_code == 422 and flashcards.json()["field"] == "gate", flashcards.text
+        assert http.get("/v1/models/time_aware/rollout").json()["serving"] == serving
+        put = http.put("/v1/models/time_aware/rollout", json={"candidate": candidate, "mode": mode, "fraction": 0.5
+                                                              if mode == "canary" else 1.0,
+                                                              "gate": {"min_events": 30, "min_learners": 8}})
+        assert put.status_code == 200, put.text
+        deadline = time.monotonic() + 60
+        for user in range(40):
+            reviews = reviews_of(user, 30, 6)
+            for part in (reviews[:12], reviews[12:]):  # (a follower's first turn of a user, then a later one)
+                reply = http.post("/v1/srs/time_aware/reviews", json={"user_id": f"u{user}", "reviews": part})
+                assert reply.status_code == 200, reply.text
+        while (rollout := http.get("/v1/models/time_aware/rollout").json())["candidate"] is not None:
+            assert time.monotonic() < deadline, rollout
+            time.sleep(0.1)
+        (decision,) = rollout["decisions"]
+        want = "abort" if mode == "shadow" else "promote"
+        assert decision["decision"] == want and decision["mode"] == mode and rollout["serving"] == "good"
+        assert decision["learners"] >= 8 and decision["events"] >= 30
+        assert decision["interval"][0] > 0 if want == "abort" else decision["interval"][1] < 0
+
+
+def test_a_ramp_needs_a_gated_canary_rising_from_its_fraction(tmp_path, redis_url, serve):
+    add_version(tmp_path, "deep_gpcm", "1", 2027)
+    add_version(tmp_path, "deep_gpcm", "2", 2026)
+    settings = Settings(artifacts_dir=tmp_path, redis_url=redis_url, new_versions="manual", reload_refresh_seconds=0.2)
+    with serve(settings) as url, httpx.Client(base_url=url, timeout=30) as http:
         for body in ({"candidate": "2", "mode": "shadow", "fraction": 0.5, "ramp": [0.5, 1.0], "gate": {}},
                      {"candidate": "2", "mode": "canary", "fraction": 0.5, "ramp": [0.5, 1.0]},
                      {"candidate": "2", "mode": "canary", "fraction": 0.2, "ramp": [0.5, 1.0], "gate": {}},

@@ -163,7 +163,6 @@ def explanation(model: LoadedModel, bank: Bank, outputs: list[np.ndarray], top: 
 
 class KnowledgeTracer(StatefulTask):
     TASK, PREFIX = SPEC.name, "kt"
-    PAIRED = True
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  on_retry=None, banks: Banks | None = None, limits: BatchLimits = DEFAULT_LIMITS,

@@ -181,10 +181,9 @@ async def put_rollout(request: Request, model: Annotated[str, PathParam(descript
             raise InvalidInput("ramp", f"{body.ramp} must increase, from the rollout's fraction ({body.fraction})")
     if body.gate is not None:
         settings = request.app.state.settings
-        task = stateful_task(request.app, latest.task)
-        if task is None or not task.PAIRED:
+        if stateful_task(request.app, latest.task) is None:
             raise InvalidInput("gate", f"model {latest.name} is a {latest.task} model, whose shadows do not score "
-                                       "both versions on the same events yet: decide its rollout by hand")
+                                       "both versions on the same events: decide its rollout by hand")
         gate = asdict(GateConfig(
             auto=body.gate.auto, alpha=body.gate.alpha if body.gate.alpha is not None else settings.gate_alpha,
             min_gain=body.gate.min_gain if body.gate.min_gain is not None else settings.gate_min_gain,

@@ -74,7 +74,6 @@ def rank_loss(ranks: list[float]) -> np.ndarray:
 
 class SessionRecommender(StatefulTask):
     TASK, PREFIX = SPEC.name, "sess"
-    PAIRED = True
 
     def __init__(self, registry: ModelRegistry, store: StateStore, engines: Engines, *, cas_retries: int = 100,
                  cold_start_model: str | None = None, on_retry=None, limits: BatchLimits = DEFAULT_LIMITS,

@@ -365,7 +365,7 @@ class SpacedRepetition(Layouts, Shadows, Refits, Simulations, StatefulTask):
                 if self.refits is not None and fresh:  # a fit due now: the refit worker's, off the request path
                     self.refits.offer(model, user_id, scored, history.fit)
                 turn = functools.partial(ShadowTurn.of, model, history, new, [reviews[i] for i in fresh], windows,
-                                         scored_now)
+                                         recall)
                 self.shadow(model, user_id, written, len(fresh), turn)
                 self.keep_up(model, user_id, len(fresh), turn)
                 return {"user_id": user_id, "model": model.name, "version": model.version,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import UnknownModel
+from ..gate import log_losses
 from ..registry import LoadedModel
 from ..state import StoredState
 from .layouts import _holds, _merged, _same_row, _took
@@ -47,19 +48,23 @@ class ShadowTurn:
     cards: tuple[str, ...]
     event_ids: tuple[str, ...]
     windows: tuple[np.ndarray, ...]
-    scored: np.ndarray
+    answered: np.ndarray
     keep_up: bool = False
+
+    @property
+    def scored(self) -> np.ndarray:
+        return ~np.isnan(self.answered)
 
     @classmethod
     def of(cls, model: LoadedModel, history: History, new: np.ndarray, reviews: Sequence[Review],
-           windows: Sequence[np.ndarray], scored: np.ndarray) -> ShadowTurn:
+           windows: Sequence[np.ndarray], answered: np.ndarray) -> ShadowTurn:
         cards = tuple(r.card_id for r in reviews)
         own = {card: history.cards[card] for card in dict.fromkeys(cards) if card in history.cards}
         rows = new.copy()
         rows["error"] = np.nan
         return cls(model.schema, replace(history, cards=own),
                    rows, cards, tuple(r.event_id for r in reviews if r.event_id is not None), tuple(windows),
-                   scored)
+                   answered)
 
 
 class Shadows:
@@ -90,16 +95,16 @@ class Shadows:
         windows the serving version read, under the user's drift sums and FSRS-6 parameters as they were. Of
         another layout, the candidate's own state of the user takes the reviews too (`_follow`). Whether its state
         was stored (or had nothing to store)."""
-        new, scored = turn.new, turn.scored
+        new = turn.new
         if model.schema != turn.schema:
             return await self._follow(model, user_id, turn)
-        if scored.any():
+        if turn.scored.any():
             windows = turn.windows
             hist = user_feeds(model, windows, turn.before)
             out = await self._predict(model, windows, hist, np.arange(len(new)),
                                       *(np.ascontiguousarray(new[f]) for f in ("card", "deck", "time")),
                                       background=True)
-            self._score_shadow(model, out["recall"].astype(np.float64), new, scored)
+            await self._score_shadow(model, user_id, out["recall"].astype(np.float64), turn)
         return True
 
     async def _follow(self, model: LoadedModel, user_id: str, turn: ShadowTurn) -> bool:
@@ -142,7 +147,7 @@ class Shadows:
         if written is None:
             return False
         if not turn.keep_up:
-            self._score_shadow(model, recall, new, turn.scored)
+            await self._score_shadow(model, user_id, recall, turn)
         return True
 
     async def _before_write(self, model: LoadedModel, user_id: str, turn: ShadowTurn, target: StoredState
@@ -183,10 +188,22 @@ class Shadows:
         return (replace(b, stored=target, recent=recent, cards=cards),
                 {**emptied, **{card: rows.tobytes() for card, rows in cards.items()}}, took and took[:2])
 
-    def _score_shadow(self, model: LoadedModel, recall: np.ndarray, new: np.ndarray, scored: np.ndarray) -> None:
-        """Live quality of a shadow: its P(recall) of the reviews the serving version's was scored on."""
-        keep = scored & ~np.isnan(recall)
-        if self.quality is not None and keep.any():
-            p = recall[keep]
-            self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1),
-                                (new["rating"][keep] > 1).astype(np.int64), "shadow")
+    async def _score_shadow(self, model: LoadedModel, user_id: str, recall: np.ndarray, turn: ShadowTurn) -> None:
+        """Live quality of a follower (a shadow's candidate; under a gated canary, the serving version): its
+        P(recall) `recall` of the reviews the answering version's was scored on; under a gate, each review's log
+        loss through the candidate minus through the serving version, added to the gate's evidence (gate.py)."""
+        new = turn.new
+        keep = turn.scored & ~np.isnan(recall)
+        if not keep.any():
+            return
+        recalled = (new["rating"][keep] > 1).astype(np.int64)
+        p = recall[keep]
+        if self.quality is not None:
+            self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1), recalled, "shadow")
+        rollout = self.rollouts.current.get(model.name) if self.gated(model.name) else None
+        if rollout is not None:
+            q = turn.answered[keep]
+            # (a shadow: the candidate follows the serving version; a gated canary: the serving version follows it)
+            sign = 1.0 if model.version == rollout.candidate else -1.0
+            followed, answered = (log_losses(np.stack([1 - x, x], axis=1), recalled) for x in (p, q))
+            await self.gate_evidence(model.name, rollout.candidate, user_id, sign * (followed - answered))
