@@ -65,7 +65,10 @@ def export_traffic(model: str, task: str, artifacts: Path, out: Path, redis_url:
     async def run() -> dict:
         store = make_store(redis_url, ttl_seconds=None, options=options)
         try:
-            return await export_events(store, task, model, out, artifacts=artifacts)
+            # (flashcards: every user trains; the family holds out each user's latest reviews itself, and never
+            # reads a test file of other users)
+            return await export_events(store, task, model, out, artifacts=artifacts,
+                                       test_fraction=0.0 if task == "srs" else 0.2)
         finally:
             await store.close()
 

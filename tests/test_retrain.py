@@ -16,15 +16,16 @@ from nextstep.client import Client
 from nextstep.service.settings import Settings
 from tests.service.conftest import RedisProcess, serving
 
+MODELS = ("deep_gpcm", "gru4rec", "time_aware")  # a demo model of each task
 
-@pytest.fixture
-def served(tmp_path):
-    """(artifacts dir with deep_gpcm/1, the demo model; the service's URL, manual versions; its Redis URL)."""
+
+def served_model(tmp_path, model: str):
+    """(artifacts dir with <model>/1, the demo model; the service's URL, manual versions; its Redis URL)."""
     redis = RedisProcess(tmp_path / "redis")
     redis.start()
     artifacts = tmp_path / "artifacts"
-    shutil.copytree(demo.BUNDLED / "deep_gpcm" / "demo", artifacts / "deep_gpcm" / "1")
-    manifest = artifacts / "deep_gpcm" / "1" / "manifest.json"
+    shutil.copytree(demo.BUNDLED / model / "demo", artifacts / model / "1")
+    manifest = artifacts / model / "1" / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": "1"}))
     try:
         with serving(Settings(artifacts_dir=artifacts, redis_url=redis.url, new_versions="manual",
@@ -34,41 +35,58 @@ def served(tmp_path):
         redis.stop()
 
 
-def traffic(url: str, learners: int, events: int, seed: int = 0) -> None:
+@pytest.fixture
+def served(tmp_path):
+    yield from served_model(tmp_path, "deep_gpcm")
+
+
+def traffic(url: str, learners: int, events: int, seed: int = 0, model: str = "deep_gpcm") -> None:
+    """`learners` entities of the model's task with `events` events each: learners' responses, sessions' clicks,
+    flashcard users' reviews (over a few weeks, some cards reviewed on several days)."""
     rng = random.Random(seed)
     with Client(url) as client:
-        ids = client.models.ids("deep_gpcm").ids
+        ids = client.models.ids(model).ids if model != "time_aware" else []
         for i in range(learners):
-            client.kt.events("deep_gpcm", f"learner-{i}", [
-                {"question_id": rng.choice(ids), "response": rng.randrange(4)} for _ in range(events)])
+            if model == "deep_gpcm":
+                client.kt.events(model, f"learner-{i}", [
+                    {"question_id": rng.choice(ids), "response": rng.randrange(4)} for _ in range(events)])
+            elif model == "gru4rec":
+                client.sessions.events(model, f"session-{seed}-{i}", [{"item_id": rng.choice(ids)}
+                                                                      for _ in range(events)])
+            else:
+                times = sorted(1.7e9 + rng.uniform(0, 30 * 86400) for _ in range(events))
+                client.srs.reviews(model, f"user-{seed}-{i}", [{"card_id": f"card-{rng.randrange(5)}", "time": t,
+                                                         "rating": rng.choice([1, 3, 3, 3, 4])} for t in times])
 
 
-def retrain(artifacts, url, redis_url, *extra) -> subprocess.CompletedProcess:
+def retrain(artifacts, url, redis_url, *extra, model: str = "deep_gpcm") -> subprocess.CompletedProcess:
     env = {**os.environ, "NEXTSTEP_REDIS_URL": redis_url, "NEXTSTEP_ARTIFACTS_DIR": str(artifacts)}
-    return subprocess.run([sys.executable, "-m", "nextstep.cli", "retrain", "--model", "deep_gpcm", "--url", url,
+    return subprocess.run([sys.executable, "-m", "nextstep.cli", "retrain", "--model", model, "--url", url,
                            *extra], capture_output=True, text=True, env=env, timeout=600)
 
 
 @pytest.mark.slow
-def test_retrain_trains_the_next_version_on_the_traffic_and_starts_it_as_a_gated_shadow(served, tmp_path):
-    artifacts, url, redis_url = served
-    traffic(url, learners=30, events=12)
-    done = retrain(artifacts, url, redis_url, "--json", str(tmp_path / "summary.json"))
-    assert done.returncode == 0, done.stderr
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["version"] == "2" and summary["serving"] == "1" and summary["family"] == "deep_gpcm"
-    assert sum(summary["traffic"]["entities"].values()) == 30 and sum(summary["traffic"]["events"].values()) == 360
-    manifest = json.loads((artifacts / "deep_gpcm" / "2" / "manifest.json").read_text())
-    served_settings = json.loads((artifacts / "deep_gpcm" / "1" / "manifest.json").read_text())["train_config"]
-    assert manifest["train_config"]["model"] == served_settings["model"]  # the serving version's settings
-    assert manifest["parity"]["passed"] and summary["metrics"] == manifest["metrics"]["test"]
-    assert "started as a gated shadow of every entity over version 1" in done.stdout, done.stdout
-    with Client(url) as client:
-        rollout = client.models.rollout("deep_gpcm")
-        assert (rollout.candidate, rollout.mode, rollout.fraction) == ("2", "shadow", 1.0)
-        assert rollout.gate is not None and rollout.gate.decision == "continue"
-        traffic(url, learners=3, events=4)  # the shadow follows, and the gate counts the pairs
-        assert client.kt.predict("deep_gpcm", "learner-0", ["3"]).version == "1"
+@pytest.mark.parametrize("model", MODELS)
+def test_retrain_trains_the_next_version_on_the_traffic_and_starts_it_as_a_gated_shadow(tmp_path, model):
+    for artifacts, url, redis_url in served_model(tmp_path, model):
+        traffic(url, learners=30, events=12, model=model)
+        done = retrain(artifacts, url, redis_url, "--json", str(tmp_path / "summary.json"), model=model)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["version"] == "2" and summary["serving"] == "1" and summary["model"] == model
+        assert sum(summary["traffic"]["entities"].values()) == 30
+        assert sum(summary["traffic"]["events"].values()) == 360
+        manifest = json.loads((artifacts / model / "2" / "manifest.json").read_text())
+        served_settings = json.loads((artifacts / model / "1" / "manifest.json").read_text())["train_config"]
+        assert manifest["train_config"]["model"] == served_settings["model"]  # the serving version's settings
+        assert manifest["parity"]["passed"] and summary["metrics"] == manifest["metrics"]["test"]
+        assert "started as a gated shadow of every entity over version 1" in done.stdout, done.stdout
+        with Client(url) as client:
+            rollout = client.models.rollout(model)
+            assert (rollout.candidate, rollout.mode, rollout.fraction) == ("2", "shadow", 1.0)
+            assert rollout.gate is not None and rollout.gate.decision == "continue"
+            traffic(url, learners=3, events=4, seed=1, model=model)  # the shadow follows, the gate counts the pairs
+            assert client.models.rollout(model).serving == "1"
 
 
 def test_a_traffic_too_small_to_train_on_is_refused_saying_by_how_much(served):

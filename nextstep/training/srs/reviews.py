@@ -725,11 +725,16 @@ def _visible_files(data_dir: Path) -> list[Path]:
 
 def _pick_review_file(data_dir: Path) -> Path:
     """A user's folder's review data: its revlogs.csv, else its one *.anki2 collection, else its *.colpkg backup
-    (of several, Anki's latest backup, which holds every review of the earlier ones), else its one py-fsrs CSV."""
+    (of several, Anki's latest backup, which holds every review of the earlier ones), else its one py-fsrs CSV; a
+    folder `nextstep events export` wrote: its train file (<model>_train.csv.gz, a review-log CSV of many users)."""
     for name in REVIEW_FILE_NAMES:
         if (data_dir / name).is_file():
             return data_dir / name
     files = _visible_files(data_dir)
+    exported = [p for p in files if base_name(p).lower().endswith("_train.csv")
+                and set(REVIEW_CSV_REQUIRED) <= set(_csv_header(p))]
+    if len(exported) == 1:
+        return exported[0]
     collections = [p for p in files if p.suffix.lower() == ".anki2"]
     if len(collections) == 1:
         return collections[0]

@@ -364,5 +364,7 @@ def test_events_export_writes_the_review_csv_that_training_reads(tmp_path, redis
             assert log.state[rows].tolist() == [r.get("state", -1) for r in sent]
             np.testing.assert_array_equal(log.duration[rows], np.array([r.get("duration", np.nan) for r in sent],
                                                                        dtype=np.float32))
+    whole = read_review_data(out)  # (the folder itself, as `--data`: its train file, as `nextstep retrain` reads it)
+    assert set(whole.user_ids) == {*users, "big"} - test_side
     with pytest.raises(SystemExit, match="empty folder"):
         main(["events", "export", "--model", "time_aware", "--out", str(out), "--quiet"])
