@@ -100,6 +100,30 @@ def tensor_info(name: str, elem_type: int, dims: list[bytes]) -> bytes:
     return field_bytes(1, name) + field_bytes(2, field_bytes(1, field_int(1, elem_type) + field_bytes(2, shape)))
 
 
+def has_subgraph(node: bytes) -> bool:
+    """Whether a NodeProto has an attribute holding a graph (g 6, graphs 11): If, Loop, Scan."""
+    return any(n == 5 and any(m in (6, 11) for m, _, _ in read_fields(value)) for n, value, _ in read_fields(node))
+
+
+def node_io(node: bytes) -> tuple[list[str], list[str], str]:
+    """(input names, output names, op type) of a NodeProto."""
+    inputs, outputs, op = [], [], ""
+    for n, value, _ in read_fields(node):
+        if n == 1:
+            inputs.append(value.decode())
+        elif n == 2:
+            outputs.append(value.decode())
+        elif n == 4:
+            op = value.decode()
+    return inputs, outputs, op
+
+
+def int64_tensor(name: str, values: list[int]) -> bytes:
+    """A TensorProto of a 1-D int64 constant (dims 1, data_type 2, name 8, raw_data 9)."""
+    raw = b"".join(v.to_bytes(8, "little", signed=True) for v in values)
+    return field_int(1, len(values)) + field_int(2, 7) + field_bytes(8, name) + field_bytes(9, raw)
+
+
 def node_bytes(op: str, inputs: list[str], outputs: list[str], name: str = "", attributes: list[bytes] = ()) -> bytes:
     return (b"".join(field_bytes(1, i) for i in inputs) + b"".join(field_bytes(2, o) for o in outputs)
             + (field_bytes(3, name) if name else b"") + field_bytes(4, op)
@@ -117,7 +141,13 @@ def open_made(make: Callable[[], bytes], check: Callable[[ort.InferenceSession],
         raise
     except Exception as e:  # (the artifact's own sessions opened, so this is unexpected: say so)
         raise unavailable(f"the {against} could not be read ({type(e).__name__}: {e})") from None
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    key = "session.model_external_initializers_file_folder_path"
+    try:
+        already = options.get_session_config_entry(key)
+    except Exception:  # (none set)
+        already = None
+    if already != str(folder):  # (ONNX Runtime warns when an entry is set again)
+        options.add_session_config_entry(key, str(folder))
     try:
         session = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
     except Exception as e:

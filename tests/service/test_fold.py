@@ -117,6 +117,58 @@ def test_the_fold_graph_is_valid_onnx_with_the_step_s_inputs_and_an_events_axis(
     assert len(body.node) == len(onnx.load(DEMO / "deep_gpcm" / "demo" / "step.onnx").graph.node)  # the step's own
 
 
+def test_the_fold_graph_computes_what_reads_no_state_for_all_events_before_the_scan():
+    """deep_gpcm's step: of its 46 nodes, 23 read only the event (embeddings, the attention over the fixed keys, the
+    response's projection); the registry's fold graph computes those for every event at once and scans the other 23,
+    and it folds as it steps for several entities whose events differ (the tests above run this graph). The step
+    graph whole in the Scan (`fold_model`, where hoisting is not possible) folds the same."""
+    onnx = pytest.importorskip("onnx")
+    import onnxruntime as ort
+
+    from nextstep.service.fold import ELEMENT_TYPES, _parsed, hoisted_fold_model, hoisting, probe_model
+
+    source = (DEMO / "deep_gpcm" / "demo" / "step.onnx").read_bytes()
+    hoisted, body, scanned = hoisting(_parsed(source, ["value_memory"], "fold/"))
+    assert (len(hoisted), len(body)) == (23, 23) and scanned
+    probe = ort.InferenceSession(probe_model(source, scanned), providers=["CPUExecutionProvider"])
+    types = {o.name: ELEMENT_TYPES[o.type] for o in probe.get_outputs()}
+    proto, events, prefix = hoisted_fold_model(source, ["value_memory"], types)
+    onnx.checker.check_model(onnx.load_from_string(proto), full_check=True)
+    model = demo("deep_gpcm")
+    scan = onnx.load_from_string(proto).graph.node[-1]
+    assert scan.op_type == "Scan" and len(next(a.g for a in scan.attribute if a.name == "body").node) == 23
+    assert [i.name for i in model.sessions[FOLD].get_inputs()] == [prefix + n for n in ["value_memory", *events]]
+    whole = ort.InferenceSession(fold_model(source, ["value_memory"])[0], providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    state, events = started(model, rng, 4), events_of(model, rng, 4, 50)
+    want = stepped(model, state, events)
+    assert_same_state(folded(model, state, events), want)
+    assert_same_state(whole.run(None, {**{prefix + k: v for k, v in state.items()},
+                                       **{prefix + k: v for k, v in events.items()}}), want)
+
+
+def test_a_step_graph_whose_every_node_reads_the_state_is_folded_whole():
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from nextstep.service.fold import _parsed, hoisting
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["question"], ["q"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["memory", "q"], ["memory_next"])], "step",
+        [helper.make_tensor_value_info("memory", TensorProto.FLOAT, ["batch"]),
+         helper.make_tensor_value_info("question", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("memory_next", TensorProto.FLOAT, ["batch"])])
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    assert len(hoisting(_parsed(source, ["memory"], "fold/"))[0]) == 1  # the Cast reads the event alone
+    graph.node[0].input[:] = ["memory"]  # now every node reads the state
+    graph.node[0].output[:] = ["m"]
+    graph.node[1].input[:] = ["m", "question"]
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    with pytest.raises(FoldUnavailable, match="every node of the step graph reads the state"):
+        hoisting(_parsed(source, ["memory"], "fold/"))
+
+
 def kt_steps(model: LoadedModel, rng: np.random.Generator, n: int) -> list[dict[str, np.ndarray]]:
     """One learner's events as kt.py hands them to `fold`: a dict of (1,) feeds each."""
     events = events_of(model, rng, 1, n)

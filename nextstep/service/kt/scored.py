@@ -28,7 +28,17 @@ import numpy as np
 import onnxruntime as ort
 
 from ..fold import BANK_ROWS, ONNX_TYPES
-from ..onnx_wire import field_bytes, field_int, first_field, node_bytes, open_made, read_fields, value_name, varint
+from ..onnx_wire import (
+    field_bytes,
+    field_int,
+    first_field,
+    has_subgraph,
+    node_bytes,
+    open_made,
+    read_fields,
+    value_name,
+    varint,
+)
 from ..registry import say_once, session_options
 
 SCORED = {"step": "scored_step", "step_predict": "scored_step_predict"}  # graph -> its scored graph's name
@@ -37,11 +47,6 @@ INT64 = 7  # TensorProto.DataType
 
 class ScoredUnavailable(Exception):
     """Why a model gets no scored step graphs (live quality scores it with a second call)."""
-
-
-def _subgraphs(node: bytes) -> bool:
-    """Whether a NodeProto has an attribute holding a graph (g 6, graphs 11)."""
-    return any(n == 5 and any(m in (6, 11) for m, _, _ in read_fields(value)) for n, value, _ in read_fields(node))
 
 
 def scored_model(predict: bytes, step: bytes, asked: str = "questions", event: str = "question",
@@ -100,7 +105,7 @@ def scored_model(predict: bytes, step: bytes, asked: str = "questions", event: s
     for n, value, _ in p_graph:
         if n != 1:
             continue
-        if _subgraphs(value):
+        if has_subgraph(value):
             raise ScoredUnavailable("the predict graph has a subgraph (If, Loop or Scan)")
         out = b""
         for m, v, raw in read_fields(value):
