@@ -2,10 +2,11 @@
 and schedule latency for 10 cards.
 
 Starts a real redis-server and `nextstep serve` with one worker (the machinery of bench/service_load.py),
-serving a time-aware artifact with a 256-review window (card window 32): by default one exported here with
-the default model sizes and random weights (seed 0; the weights do not change the cost), or the srs artifact
-given with --artifact. It loads --users users with --reviews reviews each (over 100 cards in 4 decks, the
-last a day ago), so every window is full (256 rows, checked), then drives the service with wrk:
+serving a time-aware artifact: by default one exported here with the default model sizes and windows (64 reviews, of
+which 16 the card's own: those of a model trained on AnkiMath; --window and --card-window for others) and random
+weights (seed 0; the weights do not change the cost), or the srs artifact given with --artifact. It loads --users
+users with --reviews reviews each (over 100 cards in 4 decks, the last a day ago), so every window is full
+(checked), then drives the service with wrk:
 
     predict            POST /v1/srs/time_aware/predict {user_id, card_id, deck_id} (time: now)
     review + predict   POST /v1/srs/time_aware/reviews {one review at wrk's clock, predict: another card}
@@ -17,8 +18,8 @@ any other the grid and its bisection, so the desired retention (--retention) def
 recall the model predicts now for a sample of users and cards, which keeps the cards from being due now (the
 statuses of one request are reported). Prints each run, then the whole result as JSON (also to --json OUT).
 
-    python bench/srs_load.py [--artifact DIR] [--duration 10] [--users 200] [--reviews 300] [--retention R]
-                             [--json OUT]
+    python bench/srs_load.py [--artifact DIR | --window 64 --card-window 16] [--duration 10] [--users 200]
+                             [--reviews 300] [--retention R] [--json OUT]
 """
 
 import argparse
@@ -57,7 +58,7 @@ from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Wi
 from nextstep.training.srs.time_aware_export import export_time_aware
 
 torch.manual_seed(0)
-model = TimeAwareTransformer(TimeAwareConfig(window=256, card_window=32)).eval()
+model = TimeAwareTransformer(TimeAwareConfig(window=int(sys.argv[2]), card_window=int(sys.argv[3]))).eval()
 rng = np.random.default_rng(0)
 
 def window(b, h, valid_from):
@@ -157,6 +158,8 @@ def redis_bytes(port: int, user: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", help="an srs artifact directory (default: export one here, random weights)")
+    parser.add_argument("--window", type=int, default=64, help="the exported model's window (no --artifact)")
+    parser.add_argument("--card-window", type=int, default=16, help="of which the card's own reviews")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--users", type=int, default=200)
     parser.add_argument("--reviews", type=int, default=300)
@@ -174,9 +177,11 @@ def run(args, work: Path, procs: Processes) -> int:
         art.symlink_to(Path(args.artifact).resolve(), target_is_directory=True)
     else:
         art = artifacts / MODEL / "bench"
-        print("exporting a time-aware model (window 256, card window 32, random weights) ...", flush=True)
+        print(f"exporting a time-aware model (window {args.window}, card window {args.card_window}, random weights)"
+              " ...", flush=True)
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", BUILD, str(art)], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-c", BUILD, str(art), str(args.window), str(args.card_window)],
+                              capture_output=True, text=True)
         if done.returncode:
             raise BenchError(f"export failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
         print(f"  exported in {time.perf_counter() - started:.0f} s", flush=True)
