@@ -157,12 +157,14 @@ def test_a_two_trial_study_starts_from_the_defaults_and_never_opens_the_test_fil
     assert summary["best"]["value"] == better(t.value for t in study.trials if t.value is not None)
 
 
-# the whole command (the final training and export included) of every family; the slow tier all but two
+# the whole command (the final training and export included) of every family; the slow tier all but two. Not
+# time_aware's (2.3 min, CI's longest call): its two-trial study runs above, and its final training and export through
+# the CLI in tests/test_retrain.py
 FAST_END_TO_END = {"gru4rec", "popularity"}
 
 
 @pytest.mark.parametrize("name", [n if n in FAST_END_TO_END else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in CASES])
+                                  for n in CASES if n != "time_aware"])
 def test_tune_trains_the_best_on_the_whole_training_file_and_tests_it_once(name, tmp_path, monkeypatch, data):
     dataset, test_file, base = _case(name, tmp_path, data)
     (tmp_path / "base.json").write_text(json.dumps(base))
