@@ -220,6 +220,15 @@ class StatefulTask:
         rollout = self.rollouts.current.get(name) if self.rollouts is not None else None
         return rollout is not None and rollout.gate is not None and self.gate is not None
 
+    async def pair(self, follower: LoadedModel, entity: str, followed: np.ndarray, answered: np.ndarray) -> None:
+        """A follower's turn under a gate: each event's loss through the follower and through the version that
+        answered it, added to the evidence as the candidate's minus the serving version's (a shadow: the candidate
+        follows the serving version; a gated canary: the serving version follows the candidate)."""
+        rollout = self.rollouts.current.get(follower.name) if self.rollouts is not None else None
+        if rollout is not None:
+            sign = 1.0 if follower.version == rollout.candidate else -1.0
+            await self.gate_evidence(follower.name, rollout.candidate, entity, sign * (followed - answered))
+
     async def gate_evidence(self, name: str, candidate: str, entity: str, differences: np.ndarray) -> str | None:
         """Add an entity's paired loss differences (candidate's minus serving's, on the same events) to the gated
         rollout of `name` whose candidate is `candidate`; its decision, which the first replica to see it applies

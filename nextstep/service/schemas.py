@@ -110,7 +110,8 @@ class RolloutRequest(Strict):
     gate: Annotated[GateRequest | None, Field(
         description="a rollout decided by live evidence: both versions scored on the same events, an anytime-valid "
                     "confidence sequence for the mean loss difference, promote or abort when it excludes no gain "
-                    "(knowledge tracing: log loss; sessions: 1 - 1/rank of the click)")] = None
+                    "(knowledge tracing: log loss; sessions: 1 - 1/rank of the click; flashcards: log loss of "
+                    "recall)")] = None
     ramp: Annotated[list[Annotated[float, Field(gt=0, le=1)]] | None, Field(
         min_length=2, description="a gated canary's fractions, increasing, the first its `fraction`: each promote "
                                   "decision moves it to the next (gated afresh), the last to everyone")] = None

@@ -371,8 +371,7 @@ class KnowledgeTracer(StatefulTask):
         event's log loss through the candidate minus through the serving version, each from its own state before it:
         the answering version's from the state the turn carries, through the same log rows. Events one of the two
         cannot step are left out."""
-        rollout = self.rollouts.current.get(follower.name) if self.rollouts is not None else None
-        if rollout is None:
+        if not self.gated(follower.name):
             return
         questions, responses = self._logged(turn.serving, rows)
         answerable = (questions >= 0) & (responses < turn.serving.extra.n_cats)
@@ -385,10 +384,7 @@ class KnowledgeTracer(StatefulTask):
         followed_loss[known] = log_losses(scored, responses[known])
         answered_loss[answerable] = log_losses(answered, responses[answerable])
         both = known & answerable
-        # (a shadow: the candidate follows the serving version; a gated canary: the serving version follows it)
-        sign = 1.0 if follower.version == rollout.candidate else -1.0
-        await self.gate_evidence(follower.name, rollout.candidate, entity,
-                                 sign * (followed_loss[both] - answered_loss[both]))
+        await self.pair(follower, entity, followed_loss[both], answered_loss[both])
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, said = await self._state(model, entity, await self.banks.current(model))

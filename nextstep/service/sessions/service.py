@@ -309,18 +309,15 @@ class SessionRecommender(StatefulTask):
         the answering version too from the state the turn carries, through the same clicks; each click's rank loss
         through the candidate minus through the serving version. A turn whose clicks the two versions do not both
         take (an item one of them skips) adds nothing."""
-        rollout = self.rollouts.current.get(follower.name) if self.rollouts is not None else None
         mode = "answer" if self.unknown_items == "answer" and turn.serving.unknown_row else "skip"
         rows = [r for r in self._rows(turn.serving, clicks, mode, "") if r is not None]
-        if rollout is None or len(rows) != len(fresh):
+        if not self.gated(follower.name) or len(rows) != len(fresh):
             return
         _, _, answered = await self._fold_scored(turn.serving, turn.state, turn.clicked_before, rows, None,
                                                  keep_state=False)
         if len(answered) != len(ranks):
             return
-        sign = 1.0 if follower.version == rollout.candidate else -1.0
-        await self.gate_evidence(follower.name, rollout.candidate, entity,
-                                 sign * (rank_loss(ranks) - rank_loss(answered)))
+        await self.pair(follower, entity, rank_loss(ranks), rank_loss(answered))
 
     async def catch_up(self, model: LoadedModel, entity: str) -> tuple[int, bool]:
         stored, _, _, caught = await self._current(model, entity)

@@ -200,10 +200,6 @@ class Shadows:
         p = recall[keep]
         if self.quality is not None:
             self.quality.record(model.name, model.version, np.stack([1 - p, p], axis=1), recalled, "shadow")
-        rollout = self.rollouts.current.get(model.name) if self.gated(model.name) else None
-        if rollout is not None:
-            q = turn.answered[keep]
-            # (a shadow: the candidate follows the serving version; a gated canary: the serving version follows it)
-            sign = 1.0 if model.version == rollout.candidate else -1.0
-            followed, answered = (log_losses(np.stack([1 - x, x], axis=1), recalled) for x in (p, q))
-            await self.gate_evidence(model.name, rollout.candidate, user_id, sign * (followed - answered))
+        if self.gated(model.name):
+            followed, answered = (log_losses(np.stack([1 - x, x], axis=1), recalled) for x in (p, turn.answered[keep]))
+            await self.pair(model, user_id, followed, answered)
