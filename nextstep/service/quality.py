@@ -13,6 +13,10 @@ engines' executor): from the state before a request's events, one `predict` call
 * for the calibration table and the AUC: P(full credit) (the highest response; binary data: P(right)) against
   whether the response was full credit, counted in `BINS` fixed buckets of width 1/BINS.
 
+A request only hands its events' predictions over (`record`: one list append); they are added up in batches, with
+numpy, when they are flushed, reported or scraped, or once `SETTLE_AT` records wait (`settle`), so that the request
+path pays nothing for the sums.
+
 Sums, not means, are kept (per model, version and role), so that replicas and minutes add: in process, flushed every
 `flush_seconds` into Redis hashes (a minute's and an hour's, `<prefix>:quality:{<model>}:<version>:m:<minute>` and
 `:h:<hour>`, kept `MINUTE_TTL` and `HOUR_TTL`; `<version>@canary` and `<version>@shadow` for the scores a candidate
@@ -43,6 +47,7 @@ if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without on
 
 log = logging.getLogger(__name__)
 
+SETTLE_AT = 4096  # records waiting that are added up at once, whatever the time (bounds the memory they hold)
 BINS = 200  # P(full credit) buckets kept for the AUC and calibration (width 0.005)
 TABLE_BINS = 10  # rows of the calibration table answered (each adds BINS // TABLE_BINS buckets)
 MINUTE_TTL = 2 * 86400  # seconds a minute bucket is kept
@@ -70,19 +75,18 @@ def event_scores(probs: np.ndarray, responses: np.ndarray) -> dict[str, np.ndarr
 
 
 def fields_of(probs: np.ndarray, responses: np.ndarray) -> dict[str, float]:
-    """The sums one batch of scored events adds: n, ll, br, and per bucket b: p<b> (full credit) and q<b> (not).
-    (`event_scores`' figures, in plain Python: a request scores a few events, for which numpy's per-call cost is
-    most of the work; it runs on every request.)"""
-    rows, observed = np.asarray(probs, dtype=np.float64).tolist(), np.asarray(responses).tolist()
-    top = len(rows[0]) - 1 if rows else 0
-    log_loss = brier = 0.0
-    out: dict[str, float] = {}
-    for p, r in zip(rows, observed, strict=True):
-        log_loss -= math.log(max(p[r], EPS))
-        brier += sum(x * x for x in p) - 2.0 * p[r] + 1.0
-        name = f"{'p' if r == top else 'q'}{min(int(p[top] * BINS), BINS - 1)}"
-        out[name] = out.get(name, 0.0) + 1.0
-    return {"n": float(len(observed)), "ll": log_loss, "br": brier, **out}
+    """The sums one batch of scored events adds: n, ll, br, and per bucket b: p<b> (full credit) and q<b> (not)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    responses = np.asarray(responses, dtype=np.int64)
+    if not len(responses):
+        return {"n": 0.0, "ll": 0.0, "br": 0.0}
+    observed = probs[np.arange(len(responses)), responses]
+    top = probs.shape[1] - 1
+    bucket = np.clip((probs[:, top] * BINS).astype(np.int64), 0, BINS - 1)
+    counts = np.bincount(bucket + BINS * (responses == top), minlength=2 * BINS)  # q<b> first, then p<b>
+    out = {("p" if i >= BINS else "q") + str(i % BINS): float(counts[i]) for i in np.flatnonzero(counts)}
+    return {"n": float(len(responses)), "ll": float(-np.log(np.maximum(observed, EPS)).sum()),
+            "br": float(((probs ** 2).sum(1) - 2.0 * observed + 1.0).sum()), **out}
 
 
 HIT_KS = (1, 5, 10, 20)  # sessions: the hit rates kept (a click ranked within the first k recommended)
@@ -143,6 +147,7 @@ class Quality:
         self._queue_size = queue
         self._jobs: asyncio.Queue | None = None  # scoring jobs run after the answers (`later`)
         self._worker: asyncio.Task | None = None
+        self._raw: list[tuple[Key, np.ndarray | list[float], np.ndarray | None]] = []  # records not added up yet
         self._pending: dict[Key, dict[str, float]] = defaultdict(dict)
         self._local: dict[str, dict[str, float]] = defaultdict(dict)  # bucket key -> sums (no Redis)
         self._since: dict[str, float] = {}  # bucket key -> the time of its first record (no Redis)
@@ -151,14 +156,36 @@ class Quality:
     # -- writing -------------------------------------------------------------------------------------------
     def record(self, model: str, version: str, probs: np.ndarray, responses: np.ndarray, role: str = "serving"
                ) -> None:
-        """Knowledge-tracing events: the predicted distributions (n, K) and the observed responses (n,)."""
+        """Knowledge-tracing events (and flashcard reviews): the predicted distributions (n, K) and the observed
+        responses (n,). Kept as they are until `settle`."""
         if len(responses):
-            self._record((model, version, role), fields_of(probs, responses))
+            self._keep((model, version, role), probs, responses)
 
     def record_ranks(self, model: str, version: str, ranks: list[float], role: str = "serving") -> None:
         """Clicks: where each clicked item stood in the list recommended before it (1-based; inf: not in it)."""
-        if ranks:
-            self._record((model, version, role), ranking_fields(ranks))
+        if len(ranks):
+            self._keep((model, version, role), ranks, None)
+
+    def _keep(self, key: Key, scores, responses) -> None:
+        self._raw.append((key, scores, responses))
+        if len(self._raw) >= SETTLE_AT:
+            self.settle()
+
+    def settle(self) -> None:
+        """Add up the records kept since the last time: per (model, version, role) and kind, one batch (the
+        distributions of one key share their number of responses), into the pending sums and the metrics."""
+        raw, self._raw = self._raw, []
+        groups: dict[tuple, list] = {}
+        for key, scores, responses in raw:
+            kind = None if responses is None else np.shape(scores)[-1]
+            groups.setdefault((key, kind), []).append((scores, responses))
+        for (key, kind), parts in groups.items():
+            if kind is None:
+                fields = ranking_fields([r for ranks, _ in parts for r in ranks])
+            else:
+                probs = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1, kind) for p, _ in parts])
+                fields = fields_of(probs, np.concatenate([np.asarray(r).reshape(-1) for _, r in parts]))
+            self._record(key, fields)
 
     def later(self, model: str, job: Callable[[], Awaitable[None]]) -> None:
         """Run `job` (it computes scores and records them) after the answer, off the request path: a bounded queue
@@ -203,6 +230,7 @@ class Quality:
 
     async def flush(self) -> None:
         """Write the pending sums to the current minute's and hour's buckets (kept pending if Redis fails)."""
+        self.settle()
         pending, self._pending = self._pending, defaultdict(dict)
         now = self.clock()
         for key, fields in pending.items():

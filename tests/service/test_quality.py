@@ -154,3 +154,31 @@ def test_an_event_is_scored_by_the_graph_call_that_steps_it(tmp_path, serve):
         assert live["scored"] == 8
         assert calls(http.get("/metrics").text) == {"scored_step": 4, "scored_step_predict": 1, "fold": 1,
                                                     "predict": 1, "step_predict": 2}
+
+
+def test_records_are_added_up_in_batches_when_flushed_or_once_enough_wait():
+    """`record` only keeps what it is given (the request path); `settle` (a flush, a report, a scrape of /metrics)
+    adds it up, in one batch per version and role, to the same sums as event by event; SETTLE_AT records waiting
+    are added up at once."""
+    from nextstep.service import quality as module
+
+    added: list[tuple] = []
+    quality = Quality(None, on_record=lambda key, fields: added.append((key, fields)))
+    probs, responses = random_predictions(40, 3, seed=2)
+    for i in range(40):
+        quality.record("m", "1", probs[i:i + 1], responses[i:i + 1], "serving" if i % 2 else "shadow")
+    quality.record_ranks("s", "1", [1.0, float("inf")])
+    assert added == []
+    quality.settle()
+    by_key = {key: fields for key, fields in added}
+    assert set(by_key) == {("m", "1", "serving"), ("m", "1", "shadow"), ("s", "1", "serving")}
+    for role, first in (("serving", 1), ("shadow", 0)):
+        want = fields_of(probs[first::2], responses[first::2])
+        assert by_key[("m", "1", role)] == pytest.approx(want)
+        assert want["n"] == 20 and want["ll"] == pytest.approx(event_scores(probs[first::2],
+                                                                            responses[first::2])["log_loss"].sum())
+    assert by_key[("s", "1", "serving")]["n"] == 2 and by_key[("s", "1", "serving")]["rr"] == 1.0
+    added.clear()
+    for _ in range(module.SETTLE_AT):
+        quality.record("m", "1", probs[:1], responses[:1])
+    assert [fields["n"] for _, fields in added] == [module.SETTLE_AT]

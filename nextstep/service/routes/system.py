@@ -75,6 +75,9 @@ async def readyz(request: Request):  # (open: clients that are not admins see no
 
 @router.get("/metrics", tags=["system"], summary="Prometheus metrics", response_class=PlainTextResponse)
 async def prometheus(request: Request) -> PlainTextResponse:
+    quality = getattr(request.app.state, "quality", None)
+    if quality is not None:  # (the live scores recorded since the last flush, added up)
+        quality.settle()
     return PlainTextResponse(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
