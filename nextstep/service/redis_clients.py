@@ -571,7 +571,7 @@ class PoolClient(Client):
             for i in range(len(commands)):
                 timeout = self._wait_read_timeout if wait and i == len(commands) - 1 else None
                 try:
-                    replies.append(await conn.read_response(timeout=timeout))
+                    replies.append(await conn.read_response(timeout=timeout, disconnect_on_error=False))
                 except rexc.ResponseError as exc:  # an error reply: the rest still follow
                     replies.append(exc)
                 except rexc.ConnectionError as exc:

@@ -775,6 +775,47 @@ def test_redis_out_of_memory_is_unavailable_and_leaves_the_state_as_it_was(redis
     asyncio.run(body())
 
 
+def test_redis_read_gives_fields_of_the_version_it_read_while_another_client_writes(redis_process: Any,
+                                                                                      client: str) -> None:
+    """The read is a pipeline of plain reads (it must answer while Redis is out of memory, which refuses a
+    transaction): with a writer on its own connection changing the blob and a companion field together on every
+    write, every state read has the field of its own version (the read goes again when the version moved). The
+    fields asked for are many (40 KB of names), so Redis gets the pipeline in several reads and runs the writer's
+    commands between them."""
+    names = ["f", *(f"absent-{i:05d}" for i in range(3000))]
+
+    async def body() -> int:
+        writer = RedisStore(_as(redis_process.url, client), ttl_seconds=None)
+        reader = RedisStore(_as(redis_process.url, client), ttl_seconds=None)
+        try:
+            state = await writer.compare_and_set(KEY, 0, b"0", 1, fields={"f": b"0"})
+            stop = asyncio.Event()
+
+            async def write() -> None:
+                nonlocal state
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    state = await writer.compare_and_set(KEY, state.version, str(n).encode(), 1,
+                                                         fields={"f": str(n).encode()}, rows=[LogRow(0, b"e")])
+                    await asyncio.sleep(0)
+
+            task = asyncio.create_task(write())
+            versions = set()
+            for _ in range(300):
+                got, _ = await reader.read(KEY, ["x"], fields=names)
+                assert got.fields["f"] == got.blob and got.logged <= got.total, got
+                versions.add(got.version)
+            stop.set()
+            await task
+            return len(versions)
+        finally:
+            await writer.close()
+            await reader.close()
+
+    assert asyncio.run(body()) > 30  # (the reads did meet the writes)
+
+
 # -- every way Redis can refuse: a 503 naming it, and the state before a refused write is the state after ----------
 
 
