@@ -22,6 +22,22 @@ def test_the_stack_is_the_last_resort_then_the_service_middleware_then_the_route
     assert len(api) > 20 and all(isinstance(r, JsonRoute) for r in api), [r.path for r in api]
 
 
+def test_the_per_event_routes_are_tried_first_and_no_path_of_theirs_meets_another_route(tmp_path):
+    """The router tries routes in order (a regex each): every task's per-event POST routes come first, in the tasks'
+    order, and no route behind one of them takes a POST to its path (the order changed nothing but the cost)."""
+    app = create_app(Settings(artifacts_dir=tmp_path, redis_url=None))
+    routes = [r for r in app.router.routes if isinstance(r, APIRoute)]
+    first = ["/v1/kt/{model}/events", "/v1/kt/{model}/predict", "/v1/kt/{model}/next-item",
+             "/v1/sessions/{model}/events", "/v1/sessions/{model}/recommend", "/v1/srs/{model}/reviews",
+             "/v1/srs/{model}/predict", "/v1/srs/{model}/schedule"]
+    assert [r.path for r in routes[:len(first)]] == first
+    for route in routes[:len(first)]:
+        path = route.path.replace("{model}", "m")
+        scope = {"type": "http", "method": "POST", "path": path, "root_path": ""}
+        takers = [r.path for r in routes if "POST" in r.methods and r.matches(scope)[0].name == "FULL"]
+        assert takers == [route.path]
+
+
 def test_every_error_gets_its_handlers_answer_and_is_counted(artifacts, serve):
     art, _ = artifacts
     settings = Settings(artifacts_dir=art)
