@@ -219,17 +219,17 @@ def probe_model(step: bytes, tensors: list[str]) -> bytes:
     return b"".join(field_bytes(7, value + extra) if n == 7 else raw for n, value, raw in read_fields(step))
 
 
-def hoisted_fold_model(step: bytes, state: list[str], types: dict[str, int], prefix: str = "fold/"
+def hoisted_fold_model(step_: _Step, split: tuple[list[bytes], list[bytes], list[str]], types: dict[str, int]
                        ) -> tuple[bytes, list[str], str]:
     """The fold graph as `fold_model`'s, with what the step computes from an event alone (embeddings, projections,
     attention over fixed keys: `hoisting`) computed for all the events at once, before the Scan, and only what
     reads the state left in its body: the events flattened into the batch axis (batch x events rows), each hoisted
     tensor the body reads (elem types `types`, probed: `probe_model`) reshaped back to (batch, events, ...) and
     scanned over its events axis. Every row of a step graph is its own (the micro-batcher relies on it), so the
-    hoisted nodes compute for batch x events rows what the step computes for each: the same state, to rounding."""
-    step_ = _parsed(step, state, prefix)
-    hoisted, body_nodes, scanned = hoisting(step_)
-    p = step_.prefix
+    hoisted nodes compute for batch x events rows what the step computes for each: the same state, to rounding.
+    `step_` is the parsed step graph (`_parsed`), `split` its `hoisting` (made once by the caller)."""
+    hoisted, body_nodes, scanned = split
+    p, state = step_.prefix, step_.state
     inside = {t: f"{p}in/{t}" for t in scanned}  # (a body input may not reuse an outer graph's name)
 
     def renamed_inputs(node: bytes) -> bytes:
@@ -327,13 +327,14 @@ def build_fold(step_path: Path, state: list[str], options: ort.SessionOptions, s
     made = {}
 
     def hoisted() -> bytes:
-        _, _, scanned = hoisting(_parsed(source, state, "fold/"))
-        probe = open_made(lambda: probe_model(source, scanned), lambda session: None, folder, options,
+        step_ = _parsed(source, state, "fold/")
+        split = hoisting(step_)
+        probe = open_made(lambda: probe_model(source, split[2]), lambda session: None, folder, options,
                           FoldUnavailable, "step graph")
         types = {o.name: ELEMENT_TYPES.get(o.type, 0) for o in probe.get_outputs()}
-        if not all(types.get(t) for t in scanned):
+        if not all(types.get(t) for t in split[2]):
             raise FoldUnavailable(f"a hoisted tensor of a type the fold cannot declare: {types}")
-        proto, made["events"], made["prefix"] = hoisted_fold_model(source, state, types)
+        proto, made["events"], made["prefix"] = hoisted_fold_model(step_, split, types)
         return proto
 
     def whole() -> bytes:

@@ -128,11 +128,12 @@ def test_the_fold_graph_computes_what_reads_no_state_for_all_events_before_the_s
     from nextstep.service.fold import ELEMENT_TYPES, _parsed, hoisted_fold_model, hoisting, probe_model
 
     source = (DEMO / "deep_gpcm" / "demo" / "step.onnx").read_bytes()
-    hoisted, body, scanned = hoisting(_parsed(source, ["value_memory"], "fold/"))
+    parsed = _parsed(source, ["value_memory"], "fold/")
+    hoisted, body, scanned = hoisting(parsed)
     assert (len(hoisted), len(body)) == (23, 23) and scanned
     probe = ort.InferenceSession(probe_model(source, scanned), providers=["CPUExecutionProvider"])
     types = {o.name: ELEMENT_TYPES[o.type] for o in probe.get_outputs()}
-    proto, events, prefix = hoisted_fold_model(source, ["value_memory"], types)
+    proto, events, prefix = hoisted_fold_model(parsed, (hoisted, body, scanned), types)
     onnx.checker.check_model(onnx.load_from_string(proto), full_check=True)
     model = demo("deep_gpcm")
     scan = onnx.load_from_string(proto).graph.node[-1]
