@@ -68,6 +68,8 @@ def main() -> int:
                     base, one, many = served[n]
                     p50[n].append(sl.run_wrk(base + EVENTS, one, 1, 1, args.duration)["p50_us"])
                     rps[n].append(sl.run_wrk(base + EVENTS, many, 2, 32, args.duration)["rps"])
+                    print(f"round {r + 1} {str(args.trees[n]):30s} p50 {p50[n][-1]:6.0f} us   {rps[n][-1]:6.0f} req/s",
+                          flush=True)
         finally:
             procs.stop_all()
     print(f"{args.rounds} rounds of {args.duration:g} s per run; medians over rounds")

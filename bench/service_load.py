@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from machine import machine  # bench/machine.py (the script's directory is on sys.path)
@@ -309,7 +310,7 @@ $threads
 
 function init(args)
   tid = tid or 0
-  prefix = TAG .. "-t" .. tid
+  prefix = TAG .. "-" .. (args[1] or "") .. "-t" .. tid  -- (args[1]: run_wrk's run id)
 end
 
 function request()
@@ -336,8 +337,10 @@ def events_lua(question_ids: list[str], n_cats: int, tag: str, students_per_thre
 
 def run_wrk(url: str, script: Path, threads: int, connections: int, duration: float,
             pids: dict[str, int] | None = None) -> dict:
+    """One wrk run; the script's init(args) gets a run id of its own as args[1] (a script that makes event ids puts
+    it in them: a later run of the same script then sends new events, not replays of the earlier run's)."""
     argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
-            "--timeout", "5s", "-s", str(script), url]
+            "--timeout", "5s", "-s", str(script), url, "--", uuid.uuid4().hex[:12]]
     before = {name: cpu_seconds(pid) for name, pid in (pids or {}).items()}
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
@@ -353,7 +356,7 @@ def run_wrk(url: str, script: Path, threads: int, connections: int, duration: fl
     res["rps"] = res["requests"] / (res["duration_us"] / 1e6)
     res["errors"] = sum(res[k] for k in ("connect_errors", "read_errors", "write_errors", "status_errors",
                                          "timeouts"))
-    res["command"] = " ".join(["wrk", *argv[1:-3], Path(script).name, url])
+    res["command"] = " ".join(["wrk", *argv[1:-5], Path(script).name, url])
     seconds = res["duration_us"] / 1e6
     cpu = {"wrk": (children_after.ru_utime + children_after.ru_stime) - (children.ru_utime + children.ru_stime)}
     for name in after:

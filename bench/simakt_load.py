@@ -79,6 +79,7 @@ local n = 0
 $threads
 function init(args)
   tid = tid or 0
+  run = args[1] or ""  -- (run_wrk's run id: each run's event ids are new)
 end
 function request()
   n = n + 1
@@ -89,7 +90,7 @@ function request()
                       '{"student_id":' .. student .. ',"question_ids":[' .. q .. ']}')
   end
   local e = '{"question_id":' .. q .. ',"response":' .. (n * 5 + tid) % 2 ..
-            ',"event_id":"$tag-' .. tid .. '-' .. n .. '"}'
+            ',"event_id":"$tag-' .. run .. '-' .. tid .. '-' .. n .. '"}'
   return wrk.format("POST", "/v1/kt/$model/events", HEADERS, '{"student_id":' .. student .. ',"events":[' .. e ..
                     '],"predict_question_ids":[' .. Q[(n * 11 + 3) % NQ + 1] .. ']}')
 end
