@@ -72,6 +72,7 @@ from .refit import Refits
 from .shadow import Shadows, ShadowTurn
 from .simulate import Simulations
 from .stored import (
+    DEFAULT_FSRS6,
     ROW,
     History,
     Review,
@@ -81,6 +82,7 @@ from .stored import (
     check_time,
     default_params,
     id_hash,
+    manifest_params,
     schema_hash,
 )
 from .windows import (
@@ -104,6 +106,7 @@ class SrsFields(TaskFields):
     """A flashcard model's own fields (LoadedModel.extra)."""
 
     window: tuple[int, int]  # (size, card_size) of the review window the model reads
+    fsrs6: tuple[float, ...] = DEFAULT_FSRS6  # the FSRS-6 parameters a user starts with (stored.manifest_params)
 
     def shown(self) -> dict:
         return {"window": {"size": self.window[0], "card_size": self.window[1]}}
@@ -148,7 +151,7 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
     if not isinstance(halflife, (int, float)) or isinstance(halflife, bool) or not 0 < halflife < math.inf:
         raise fail(f"manifest drift.halflife_scored_reviews {halflife!r} is not a positive number (re-export "
                    "with this version)")
-    return {"extra": SrsFields(window), "schema": schema_hash(name, *window)}
+    return {"extra": SrsFields(window, manifest_params(manifest)), "schema": schema_hash(name, *window)}
 
 
 # no state tensors, no vocabulary: the service keeps raw reviews and feeds them as a window; ids are hashed
@@ -194,14 +197,16 @@ class SpacedRepetition(Layouts, Shadows, Refits, Simulations, StatefulTask):
         names = [o.name for o in model.sessions[graph].get_outputs()]
         step = max(1, MAX_CELLS // hist["hist_valid"].shape[1])
         parts = []
+        whole = len(which) <= step and len(which) == len(hist["hist_valid"]) \
+            and bool((which == np.arange(len(which))).all())  # (hist as it is: a prediction, a review's windows)
         for lo in range(0, len(which), step):
             rows = which[lo:lo + step]
-            feed = {name: value[rows] for name, value in hist.items()}
+            feed = dict(hist) if whole else {name: value[rows] for name, value in hist.items()}
             feed.update(card=cards[lo:lo + step], deck=decks[lo:lo + step], time=times[lo:lo + step],
                         **{name: value[lo:lo + step] for name, value in extra.items()})
             outs = await self.engines.run(model, graph, feed, background=background)
             parts.append(dict(zip(names, outs, strict=True)))
-        return {name: np.concatenate([p[name] for p in parts]) for name in names}
+        return parts[0] if len(parts) == 1 else {name: np.concatenate([p[name] for p in parts]) for name in names}
 
     async def _predict(self, model: LoadedModel, windows: Sequence[np.ndarray], hist: dict[str, np.ndarray],
                        which: np.ndarray, cards: np.ndarray, decks: np.ndarray, times: np.ndarray,
@@ -239,14 +244,14 @@ class SpacedRepetition(Layouts, Shadows, Refits, Simulations, StatefulTask):
                       at: float) -> dict:
         rows = window(model, history, card_id)
         hist = user_feeds(model, [rows], history)
-        out = await self._predict(model, [rows], hist, np.zeros(1, dtype=np.int64),
-                                  np.array([id_hash(card_id)]), np.array([id_hash(deck_id)]),
-                                  np.array([at], dtype=np.float64))
+        card = id_hash(card_id)
+        out = await self._predict(model, [rows], hist, np.zeros(1, dtype=np.int64), np.array([card]),
+                                  np.array([id_hash(deck_id)]), np.array([at], dtype=np.float64))
         probs = out["rating_probs"][0].tolist()
         return {"card_id": card_id, "deck_id": deck_id, "time": at,
                 "p_rating": {str(k + 1): p for k, p in enumerate(probs)}, "p_recall": float(out["recall"][0]),
                 "expected_duration_s": float(out["duration_s"][0]), "history_used": len(rows),
-                "card_reviews": int(np.count_nonzero(rows["card"] == id_hash(card_id)))}
+                "card_reviews": int(np.count_nonzero(rows["card"] == card))}
 
     async def _drift(self, model: LoadedModel, history: History, windows: list[np.ndarray], new: np.ndarray,
                      background: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:

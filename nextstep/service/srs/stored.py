@@ -200,11 +200,16 @@ def check_reviews(reviews: Sequence[Review], field: str = "reviews") -> None:
 DEFAULT_FSRS6 = (0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796, 1.4835, 0.0614,
                  0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542)
 
-def default_params(model: LoadedModel) -> tuple[float, ...]:
-    """The FSRS-6 parameters a user of `model` starts with: the manifest's `fsrs6.parameters`, else fsrs-rs's
+def manifest_params(manifest: dict) -> tuple[float, ...]:
+    """The FSRS-6 parameters a user of a model starts with: its manifest's `fsrs6.parameters`, else fsrs-rs's
     defaults."""
-    w = (model.manifest.get("fsrs6") or {}).get("parameters")
+    w = (manifest.get("fsrs6") or {}).get("parameters")
     return tuple(float(x) for x in w) if w and len(w) == N_PARAMS else DEFAULT_FSRS6
+
+
+def default_params(model: LoadedModel) -> tuple[float, ...]:
+    """manifest_params of `model`'s manifest, as its fields hold them since it was loaded (SrsFields.fsrs6)."""
+    return model.extra.fsrs6
 
 def evidence_prior(model: LoadedModel) -> float:
     """The evidence a new user of `model` starts with: the manifest's `evidence.prior` (0 without a mixture)."""

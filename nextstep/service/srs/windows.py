@@ -35,6 +35,7 @@ MEMORY_GRAPH = "predict_memory"
 
 _PAD = {"card": (0, np.int64), "deck": (0, np.int64), "time": (0.0, np.float64), "rating": (1, np.int64),
         "duration": (0.0, np.float32), "state": (-1, np.int64), "error": (np.nan, np.float32)}  # the hist_* inputs
+_PAD_ROW = np.array(tuple(_PAD[name][0] if name in _PAD else -1 for name in ROW.names), dtype=ROW)  # a pad cell
 
 
 
@@ -54,11 +55,16 @@ def window(model: LoadedModel, history: History, card_id: str) -> np.ndarray:
         _, first = np.unique(held["seq"], return_index=True)
         held = held[first]
         return held[np.isin(held["seq"], seqs)]
-    older = seqs[seqs < first_recent]  # only the card's rows can be older than the recent block
+    split = int(np.searchsorted(seqs, first_recent))  # only the card's rows can be older than the recent block
+    older = seqs[:split]
     at = np.searchsorted(card_rows["seq"], older)
-    if len(older) and not np.array_equal(card_rows["seq"][np.minimum(at, len(card_rows) - 1)], older):
+    if split and not (card_rows["seq"].take(np.minimum(at, len(card_rows) - 1)) == older).all():
         raise RuntimeError(f"stored reviews of card {card_id!r} lack rows {older.tolist()} that the window needs")
-    return np.concatenate([card_rows[at], recent[seqs[seqs >= first_recent] - first_recent]])
+    # (one array filled by take, not np.concatenate: numpy promotes a structured dtype field by field in Python)
+    out = np.empty(len(seqs), dtype=ROW)
+    out[:split] = card_rows.take(at)
+    out[split:] = recent.take(seqs[split:] - first_recent)
+    return out
 
 def _tail(rows: np.ndarray, size: int) -> np.ndarray:
     """The rows (ROW, in sequence order) of the user's last `size` reviews: the recent block."""
@@ -105,13 +111,15 @@ def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
     user's drift sums (2,), FSRS-6 parameters (21,), day boundary (seconds after 00:00 UTC) and evidence for every
     window (parameters, day boundary or evidence None: not fed, the graph's defaults, for a test's graph without the
     input; a graph exported before the day boundary or the evidence was an input ignores it)."""
-    out = {f"hist_{name}": np.full((len(windows), width), fill, dtype=dtype) for name, (fill, dtype) in _PAD.items()}
-    out["hist_valid"] = np.zeros((len(windows), width), dtype=bool)
+    rows = np.empty((len(windows), width), dtype=ROW)  # the windows right-aligned in one array, then each column
+    rows[...] = _PAD_ROW
+    valid = np.zeros((len(windows), width), dtype=bool)
     for i, w in enumerate(windows):
         if len(w):
-            for name in _PAD:
-                out[f"hist_{name}"][i, width - len(w):] = w[name]
-            out["hist_valid"][i, width - len(w):] = True
+            rows[i, width - len(w):] = w
+            valid[i, width - len(w):] = True
+    out = {f"hist_{name}": rows[name].astype(dtype) for name, (_, dtype) in _PAD.items()}
+    out["hist_valid"] = valid
     out["drift"] = np.tile(np.asarray(drift, dtype=np.float32), (len(windows), 1))
     if params is not None:
         out["fsrs_w"] = np.tile(np.asarray(params, dtype=np.float32), (len(windows), 1))
