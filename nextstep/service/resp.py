@@ -39,7 +39,16 @@ class NotSent(ConnectionError):
 
 
 def pack(*args: bytes | str | int | float) -> bytes:
-    """One command in RESP."""
+    """One command in RESP: hiredis's encoder (in C, about a third of pack_python's time), pack_python for what it
+    does not take (bool, bytearray)."""
+    try:
+        return hiredis.pack_command(args)
+    except TypeError:
+        return pack_python(*args)
+
+
+def pack_python(*args: bytes | str | int | float) -> bytes:
+    """One command in RESP, in Python: str as UTF-8, an int in decimal, a float as its repr."""
     out = [b"*%d\r\n" % len(args)]
     for a in args:
         if isinstance(a, str):
