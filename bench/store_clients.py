@@ -3,6 +3,8 @@ and the code before redis_clients.py (a git revision) as the baseline; all inter
 
     python bench/store_clients.py [--rounds 5] [--duration 5] [--baseline main] [--json OUT]
 
+0. In process: the commands of one KT event (the read's five HMGET/HGET, the compare-and-set's EVALSHA with a
+   1,952-byte state) encoded by resp.pack (hiredis's encoder) and by resp.pack_python; medians of 20,000.
 1. In process: `RedisStore` read (state + replay bucket, one round trip) and compare-and-set (EVALSHA), one caller,
    for each client (`?client=resp`, `?client=redis-py`), alternating, `--rounds` x 2,000 of each; medians.
 2. Over HTTP: one redis-server; one `nextstep serve` per variant (this tree with client=resp, with client=redis-py,
@@ -30,6 +32,29 @@ from pathlib import Path
 import service_load as sl  # bench/service_load.py (the script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def encoding(n: int = 20000) -> dict:
+    from nextstep.service.resp import pack, pack_python
+
+    key = "nextstep:{kt:deep_gpcm:student-1}"
+    commands = [("HMGET", f"{key}:s:7a85aa79d3fc", "version", "events", "updated", "blob", "logged"),
+                ("HMGET", key, "total", "base", "recorded", "ids"), ("HMGET", f"{key}:seen", b"\xf7"),
+                ("HMGET", f"{key}:ids", b"\xf7"), ("HGET", f"{key}:s:7a85aa79d3fc", "version"),
+                ("EVALSHA", "cf924fa06c652503072749e660879432931b6fb7", 8, key, f"{key}:s:7a85aa79d3fc",
+                 f"{key}:order", f"{key}:s:7a85aa79d3fc:fields", f"{key}:log", f"{key}:seen", f"{key}:ids",
+                 f"{key}:ring", 3, -1, os.urandom(1952), 1, repr(time.time()), 15552000000, 10000, 100000, 50000,
+                 -1, "s:7a85aa79d3fc", 0, 1, b"k\x10.\xf1\x013", b"\xf7lO\xeb\xcb\xb7E")]
+    out = {}
+    for name, encode in (("pack (hiredis)", pack), ("pack_python", pack_python)):
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            for command in commands:
+                encode(*command)
+            times.append(time.perf_counter() - start)
+        out[name] = statistics.median(times) * 1e6
+    return out
 
 
 def roundtrips(url: str, rounds: int, n: int = 2000) -> dict:
@@ -131,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             redis_port, _ = sl.start_redis(procs, work)
             url = f"redis://127.0.0.1:{redis_port}/0"
+            results["encoding_us"] = enc = encoding()
+            print("in process, one KT event's six commands encoded, median us:",
+                  ", ".join(f"{k} {v:.1f}" for k, v in enc.items()))
             rt = roundtrips(url, args.rounds)
             results["roundtrips_ms"] = rt
             print("in process, one caller, median ms per call over", args.rounds, "rounds (interleaved):")
