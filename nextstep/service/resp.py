@@ -39,7 +39,7 @@ class NotSent(ConnectionError):
 
 
 def pack(*args: bytes | str | int | float) -> bytes:
-    """One command in RESP: hiredis's encoder (in C, about a third of pack_python's time), pack_python for what it
+    """One command in RESP: hiredis's encoder (in C: under half of pack_python's time), pack_python for what it
     does not take (bool, bytearray)."""
     try:
         return hiredis.pack_command(args)

@@ -206,7 +206,6 @@ def manifest_params(manifest: dict) -> tuple[float, ...]:
     w = (manifest.get("fsrs6") or {}).get("parameters")
     return tuple(float(x) for x in w) if w and len(w) == N_PARAMS else DEFAULT_FSRS6
 
-
 def default_params(model: LoadedModel) -> tuple[float, ...]:
     """manifest_params of `model`'s manifest, as its fields hold them since it was loaded (SrsFields.fsrs6)."""
     return model.extra.fsrs6

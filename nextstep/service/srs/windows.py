@@ -115,6 +115,8 @@ def history_feeds(windows: Sequence[np.ndarray], width: int, drift: np.ndarray,
     rows[...] = _PAD_ROW
     valid = np.zeros((len(windows), width), dtype=bool)
     for i, w in enumerate(windows):
+        if w.dtype != ROW:  # (structured arrays of other dtypes would be assigned field by position)
+            raise TypeError(f"window {i} is of dtype {w.dtype}, not ROW")
         if len(w):
             rows[i, width - len(w):] = w
             valid[i, width - len(w):] = True
