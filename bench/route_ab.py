@@ -4,6 +4,7 @@ so that this machine's slow and fast spells fall on both alike. What it isolates
 ONNX Runtime work for a request.
 
     python bench/route_ab.py OLD_TREE NEW_TREE [--task kt|srs] [--rounds 20] [--calls 300] [--artifact DIR]
+                             [--second-env NAME=VALUE ...]
 
 kt: POST /v1/kt/deep_gpcm/events (one event, one prediction, 20 students in turn), each tree's bundled demo
 deep_gpcm. srs: POST /v1/srs/time_aware/predict (10 users of 300 reviews each over 100 cards, loaded first: full
@@ -11,6 +12,8 @@ windows), one time-aware export for both trees: `--artifact` (an srs artifact di
 bench/srs_load.py makes its own (window 64, card window 16, random weights). Prints the median over rounds of each
 worker's per-round median, and the median of the per-round ratios (paired). The two workers are alike but not the
 same process: run the trees in both orders (or a tree against itself) to see how far the order alone moves it.
+`--second-env` sets an environment variable for the second worker only: a tree against itself with one setting
+changed (`. . --second-env NEXTSTEP_LIVE_QUALITY=false`).
 """
 
 import argparse
@@ -104,6 +107,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--calls", type=int, default=300, help="calls per worker per round")
     parser.add_argument("--artifact", help="srs: a time-aware artifact directory (default: export one here)")
+    parser.add_argument("--second-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the second worker only (repeatable)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)  # (task, artifacts root): a worker's own run
     args = parser.parse_args()
     if args.worker:
@@ -117,13 +122,15 @@ def main() -> int:
 
             given = str(work / "export")
             subprocess.run([sys.executable, "-c", srs_load.BUILD, given, "64", "16"], check=True, capture_output=True)
+        second = dict(item.split("=", 1) for item in args.second_env)
         workers = []
         for n, tree in enumerate(args.trees):
             tree = tree.resolve()
             root = artifacts_for(args.task, tree, given, work / str(n))
             workers.append(subprocess.Popen(
                 [sys.executable, __file__, "a", "b", "--worker", args.task, str(root)], cwd=tmp, text=True,
-                env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+                env={**os.environ, "PYTHONPATH": str(tree), **(second if n else {})}, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE))
         try:
             for w in workers:
                 if w.stdout.readline().strip() != "ready":
