@@ -329,10 +329,11 @@ def build_fold(step_path: Path, state: list[str], options: ort.SessionOptions, s
     def hoisted() -> bytes:
         step_ = _parsed(source, state, "fold/")
         split = hoisting(step_)
-        probe = open_made(lambda: probe_model(source, split[2]), lambda session: None, folder, options,
+        scanned = split[2]
+        probe = open_made(lambda: probe_model(source, scanned), lambda session: None, folder, options,
                           FoldUnavailable, "step graph")
         types = {o.name: ELEMENT_TYPES.get(o.type, 0) for o in probe.get_outputs()}
-        if not all(types.get(t) for t in split[2]):
+        if not all(types.get(t) for t in scanned):
             raise FoldUnavailable(f"a hoisted tensor of a type the fold cannot declare: {types}")
         proto, made["events"], made["prefix"] = hoisted_fold_model(step_, split, types)
         return proto
