@@ -110,7 +110,7 @@ async def lifespan(app: FastAPI):
     engines = Engines(settings.max_batch, settings.max_wait_ms, metrics.on_batch)
     app.state.registry = registry
     quality = app.state.quality = Quality(redis, on_record=metrics.on_live_scores,
-                                          on_drop=lambda model: metrics.live_unscored.labels(model).inc())
+                                          on_drop=lambda model, n: metrics.live_unscored.labels(model).inc(n))
     await quality.start()
     shared = Shared(registry, engines, settings, metrics, quality if settings.live_quality else None)
     # each task's entities in a store of their own (same client, the task's TTL: learners keep their state for

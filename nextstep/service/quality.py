@@ -1,11 +1,12 @@
 """Live model quality: every prediction a version would have made for an event, scored on that event when it comes.
 
 Knowledge tracing: before each event with a response, the version's P(each response) for the event's question, from
-the learner's state before the event. For a request of one event, kt.py takes it from the graph call that steps the
-event (the scored step graph, scored.py: no call more). Otherwise (several events, or a model without scored graphs)
-it computes it after the answer, off the request path (`later`: a bounded queue, one worker, its graph calls in the
-engines' executor): from the state before a request's events, one `predict` call for the first and the fused
-`step_predict` call that steps each event for the next. The score of one event:
+the learner's state before the event, computed after the answer, off the request path (`later`: a bounded queue, one
+worker, its graph calls in the engines' executor). A request of one event hands its state before the event over
+(`pend`); the events a version gets are scored together, one `predict` call with a row per event, when `BATCH` wait
+or at the next flush. A request of several events is scored by a job of its own: from the state before them, one
+`predict` call for the first and the fused `step_predict` call that steps each event for the next. The score of one
+event:
 
 * log loss: -ln P(the observed response), the quantity `nextstep evaluate` averages (its NLL);
 * Brier score: the squared distance between the predicted distribution and the observed response (one-hot), summed
@@ -31,11 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,6 +49,7 @@ if TYPE_CHECKING:  # (no Redis client at import: offline scoring runs without on
 
 log = logging.getLogger(__name__)
 
+BATCH = 64  # pending events scored in one graph call (`pend`): a group is scored once it holds this many
 SETTLE_AT = 4096  # records waiting that are added up at once, whatever the time (bounds the memory they hold)
 BINS = 200  # P(full credit) buckets kept for the AUC and calibration (width 0.005)
 TABLE_BINS = 10  # rows of the calibration table answered (each adds BINS // TABLE_BINS buckets)
@@ -147,6 +150,7 @@ class Quality:
         self._queue_size = queue
         self._jobs: asyncio.Queue | None = None  # scoring jobs run after the answers (`later`)
         self._worker: asyncio.Task | None = None
+        self._pending_scores: dict[Hashable, tuple[str, Callable, list]] = {}  # group -> (model, job, items): `pend`
         self._raw: list[tuple[Key, np.ndarray | list[float], np.ndarray | None]] = []  # records not added up yet
         self._pending: dict[Key, dict[str, float]] = defaultdict(dict)
         self._local: dict[str, dict[str, float]] = defaultdict(dict)  # bucket key -> sums (no Redis)
@@ -187,18 +191,35 @@ class Quality:
                 fields = fields_of(probs, np.concatenate([np.asarray(r).reshape(-1) for _, r in parts]))
             self._record(key, fields)
 
-    def later(self, model: str, job: Callable[[], Awaitable[None]]) -> None:
+    def later(self, model: str, job: Callable[[], Awaitable[None]], requests: int = 1) -> None:
         """Run `job` (it computes scores and records them) after the answer, off the request path: a bounded queue
         and one worker, whose graph calls go through the engines' executor (the event loop stays free for
-        requests). A full queue drops the job (`on_drop(model)`: those events go unscored). Without a started
-        worker the job is dropped too."""
+        requests). A full queue drops the job (`on_drop(model, requests)`: the events of those requests go
+        unscored). Without a started worker the job is dropped too."""
         try:
             if self._jobs is None:
                 raise asyncio.QueueFull
             self._jobs.put_nowait(job)
         except asyncio.QueueFull:
             if self.on_drop is not None:
-                self.on_drop(model)
+                self.on_drop(model, requests)
+
+    def pend(self, model: str, group: Hashable, item, job: Callable[[list], Awaitable[None]]) -> None:
+        """Keep `item` (what one request's event is scored from) to be scored with the others of its `group` by one
+        `job(items)` run `later`: once the group holds BATCH items, or at the next flush (every `flush_seconds`),
+        whichever comes first. The items of a group must be scored by one call (the same model, role, bank)."""
+        pending = self._pending_scores.get(group)
+        if pending is None:
+            pending = self._pending_scores[group] = (model, job, [])
+        pending[2].append(item)
+        if len(pending[2]) >= BATCH:
+            self._due(group)
+
+    def _due(self, *groups: Hashable) -> None:
+        """Queue the pending items of these groups (`pend`) for scoring."""
+        for group in groups:
+            model, job, items = self._pending_scores.pop(group)
+            self.later(model, functools.partial(job, items), len(items))
 
     async def _work(self) -> None:
         while True:
@@ -213,7 +234,8 @@ class Quality:
                 self._jobs.task_done()
 
     async def drain(self) -> None:
-        """Wait for the scoring jobs queued so far."""
+        """Score the pending items (`pend`) and wait for the scoring jobs queued so far."""
+        self._due(*self._pending_scores)
         if self._jobs is not None and self._worker is not None:
             await self._jobs.join()
 
@@ -254,6 +276,7 @@ class Quality:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(self.flush_seconds)
+                self._due(*self._pending_scores)
                 await self.flush()
 
         self._task = asyncio.create_task(loop())

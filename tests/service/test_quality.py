@@ -115,11 +115,12 @@ def test_a_replayed_test_file_scores_what_evaluate_measures(artifacts, store_url
         assert 'nextstep_live_scored_total{model="deep_gpcm",role="serving",version="v1"}' in metrics
 
 
-def test_an_event_is_scored_by_the_graph_call_that_steps_it(tmp_path, serve):
-    """A request of one event is scored by the scored step graph (scored.py) that steps it: one graph call in all,
-    asked a question or not. A request of several events is scored after the answer, by a job that keeps only the
-    predictions: a `predict` call from the state before the first, a `step_predict` for each later one, and not the
-    step after the last that the request has already run."""
+def test_single_events_are_scored_together_after_their_answers(tmp_path, serve):
+    """A request of one event runs one graph call (the step, or step_predict when it asks a question); its score
+    waits, with those of other single-event requests, for one `predict` call with a row per event, off the request
+    path. A request of several events is scored after the answer, by a job that keeps only the predictions: a
+    `predict` call from the state before the first, a `step_predict` for each later one, and not the step after the
+    last that the request has already run."""
     import shutil
     from pathlib import Path
 
@@ -129,31 +130,74 @@ def test_an_event_is_scored_by_the_graph_call_that_steps_it(tmp_path, serve):
     shutil.copytree(demo, tmp_path / "deep_gpcm" / "1")
     question = str(json.loads((tmp_path / "deep_gpcm" / "1" / "vocab_questions.json").read_text())["ids"][3])
 
-    def calls(metrics: str) -> dict[str, int]:
+    def calls(metrics: str, kind: str = "count") -> dict[str, int]:
         out = {}
         for line in metrics.splitlines():
-            if line.startswith("nextstep_microbatch_rows_count{") and 'model="deep_gpcm"' in line:
+            if line.startswith(f"nextstep_microbatch_rows_{kind}{{") and 'model="deep_gpcm"' in line:
                 graph = line.split('graph="')[1].split('"')[0]
                 out[graph] = out.get(graph, 0) + int(float(line.split()[-1]))
         return out
 
     with serve(Settings(artifacts_dir=tmp_path)) as url, httpx.Client(base_url=url, timeout=30) as http:
-        def send(events: int, asked: bool) -> None:
-            body = {"student_id": "ada", "events": [{"question_id": question, "response": n % 2}
-                                                    for n in range(events)],
+        def send(events: int, asked: bool, student: str = "ada") -> None:
+            body = {"student_id": student, "events": [{"question_id": question, "response": n % 2}
+                                                      for n in range(events)],
                     **({"predict_question_ids": [question]} if asked else {})}
             assert http.post("/v1/kt/deep_gpcm/events", json=body).status_code == 200
 
         for n in range(1, 6):
-            send(1, asked=n == 5)
-            (live,) = http.get("/v1/models/deep_gpcm/quality").json()["versions"]  # (waits for the scoring queue)
-            assert live["scored"] == n
-        assert calls(http.get("/metrics").text) == {"scored_step": 4, "scored_step_predict": 1}
+            send(1, asked=n == 5, student=f"s{n % 2}")
+        (live,) = http.get("/v1/models/deep_gpcm/quality").json()["versions"]  # (scores what waits, first)
+        assert live["scored"] == 5
+        metrics = http.get("/metrics").text
+        assert calls(metrics, "sum") == {"step": 4, "step_predict": 1, "predict": 5}  # (rows)
+        assert calls(metrics)["step"] == 4 and calls(metrics)["step_predict"] == 1
         send(3, asked=False)
         (live,) = http.get("/v1/models/deep_gpcm/quality").json()["versions"]
         assert live["scored"] == 8
-        assert calls(http.get("/metrics").text) == {"scored_step": 4, "scored_step_predict": 1, "fold": 1,
-                                                    "predict": 1, "step_predict": 2}
+        assert calls(http.get("/metrics").text, "sum") == {"step": 4, "step_predict": 3, "predict": 6, "fold": 1}
+
+
+def test_pending_events_are_scored_in_batches_when_enough_wait_or_at_the_flush():
+    """`pend` keeps a group's items until BATCH wait (then one job takes them) or the next flush; groups never mix;
+    /quality's drain scores what waits; a full queue drops a batch, counted as the requests it held."""
+    from nextstep.service.quality import BATCH
+
+    async def run() -> None:
+        ran: list[tuple[str, list]] = []
+
+        def job(group: str):
+            async def score(items: list) -> None:
+                ran.append((group, list(items)))
+            return score
+
+        quality = Quality(None, flush_seconds=3600)
+        await quality.start()
+        for i in range(BATCH + 3):
+            quality.pend("m", "a", i, job("a"))
+        quality.pend("m", "b", "x", job("b"))
+        await asyncio.sleep(0.05)
+        assert ran == [("a", list(range(BATCH)))]  # a full batch at once, the rest waits
+        await quality.drain()
+        assert sorted(ran[1:]) == [("a", [BATCH, BATCH + 1, BATCH + 2]), ("b", ["x"])]
+        await quality.close()
+
+        ran.clear()
+        quality = Quality(None, flush_seconds=0.05)
+        await quality.start()
+        quality.pend("m", "a", 1, job("a"))
+        await asyncio.sleep(0.3)
+        assert ran == [("a", [1])]  # the flush scored it, no drain needed
+        await quality.close()
+
+        dropped: list[tuple[str, int]] = []
+        quality = Quality(None, flush_seconds=3600, queue=1, on_drop=lambda model, n: dropped.append((model, n)))
+        for i in range(3):  # no worker started: the batch is dropped, its three requests counted
+            quality.pend("m", "a", i, job("a"))
+        await quality.drain()
+        assert dropped == [("m", 3)] and ran == [("a", [1])]
+
+    asyncio.run(run())
 
 
 def test_records_are_added_up_in_batches_when_flushed_or_once_enough_wait():

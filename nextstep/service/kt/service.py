@@ -40,7 +40,6 @@ from ..settings import DEFAULT_LIMITS, BatchLimits
 from ..state import LogRow, StateStore, StoredState
 from ..writes import batched
 from .banks import Bank, Banks, InProcessBankStore, check_banks
-from .scored import SCORED, open_scored
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +66,7 @@ def _check(name: str, manifest: dict, graphs: dict, fail, inside) -> dict:
 
 
 SPEC = register_task(TaskSpec("knowledge_tracing", ("step", "predict", "step_predict"), "questions", True, _check,
-                              optional=("bank_project", "rebase"), scored=open_scored))
+                              optional=("bank_project", "rebase")))
 # (optional, SimAKT's: banks -> their keys and values; a state folded with one bank -> the state with another)
 
 
@@ -333,6 +332,16 @@ class KnowledgeTracer(StatefulTask):
                                                bank, keep_state=False)
         self.quality.record(model.name, model.version, before, responses, role)
 
+    async def _score_each(self, model: LoadedModel, role: str, bank: Bank | None,
+                          items: list[tuple[dict[str, np.ndarray], np.int64, np.int64]]) -> None:
+        """Live quality of single events already answered (`Quality.pend`: one version's, in one role, with one
+        bank), together: each (state before, question, response) a row of one `predict` call, recorded."""
+        feeds = {name: np.stack([state[name] for state, _, _ in items]) for name in items[0][0]}
+        feeds["questions"] = np.array([question for _, question, _ in items], dtype=np.int64)[:, None]
+        probs = (await self.engines.run(model, "predict", feeds, shared=bank.kv if bank else None,
+                                        background=True))[0][:, 0]
+        self.quality.record(model.name, model.version, probs, np.array([r for _, _, r in items]), role)
+
     def _turn(self, serving: LoadedModel, since: int, state: dict, bank: Bank | None) -> int | PairedTurn:
         """What a shadow's turn takes: the log position of the fresh events, with what pairs them under a gate."""
         return PairedTurn(since, serving, state, bank) if self.gated(serving.name) else since
@@ -416,22 +425,16 @@ class KnowledgeTracer(StatefulTask):
             state, rebased = await self._decode(model, stored, bank)
             state, said = await self._catch_up(model, state, behind, bank)
             before = state  # (the state the fresh events' predictions are scored from, after the answer)
-            combined = "step_predict" if query else None
-            # one event, live quality on: its score from the same graph call that steps it (scored.py)
-            scored = SCORED[combined or "step"] if self.quality is not None and len(fresh) == 1 else None
-            if scored not in model.sessions:
-                scored = None
-            state, outputs = await self.fold(model, state, steps, scored or combined, query or {},
+            state, outputs = await self.fold(model, state, steps, "step_predict" if query else None, query or {},
                                              bank.kv if bank else None)
-            score = None
-            if scored is not None:
-                outputs, score = outputs[:-1] or None, outputs[-1][0]  # (the score: (1, K), the event's P(each))
             now = time.time()
 
             async def answer(written: StoredState) -> dict:
                 nonlocal outputs
-                if self.quality is not None and score is not None:  # (once: the attempt that was written)
-                    self.quality.record(model.name, model.version, score, responses[fresh], self.role(model))
+                if self.quality is not None and len(fresh) == 1:  # (once: the attempt that was written)
+                    role = self.role(model)
+                    self.quality.pend(model.name, (id(model), role, id(bank)), (before, questions[fresh[0]],
+                                      responses[fresh[0]]), functools.partial(self._score_each, model, role, bank))
                 elif self.quality is not None and fresh:
                     self.quality.later(model.name, functools.partial(
                         self._score, model, before, questions[fresh], responses[fresh], self.role(model), bank))
