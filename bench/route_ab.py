@@ -10,7 +10,8 @@ kt: POST /v1/kt/deep_gpcm/events (one event, one prediction, 20 students in turn
 deep_gpcm. srs: POST /v1/srs/time_aware/predict (10 users of 300 reviews each over 100 cards, loaded first: full
 windows), one time-aware export for both trees: `--artifact` (an srs artifact directory), else one made here as
 bench/srs_load.py makes its own (window 64, card window 16, random weights). Prints the median over rounds of each
-worker's per-round median, and the median of the per-round ratios (paired). The two workers are alike but not the
+worker's per-round median and CPU time per call (the process's, every thread: what a call leaves to the executor,
+such as live quality's scoring, counts too), and the median of the per-round ratios (paired). The two workers are alike but not the
 same process: run the trees in both orders (or a tree against itself) to see how far the order alone moves it.
 `--second-env` sets an environment variable for the second worker only: a tree against itself with one setting
 changed (`. . --second-env NEXTSTEP_LIVE_QUALITY=false`).
@@ -50,7 +51,8 @@ async def call(app, path: str, body: dict) -> None:
 
 
 async def worker(task: str, artifacts: Path) -> None:
-    """Load the app, then for each line N on stdin make N calls and print their median in microseconds."""
+    """Load the app, then for each line N on stdin make N calls and print their median and the process's CPU time per
+    call (every thread's: work the calls left to the executor counts too), in microseconds."""
     from nextstep.service.app import create_app
     from nextstep.service.settings import Settings
 
@@ -79,13 +81,13 @@ async def worker(task: str, artifacts: Path) -> None:
         print("ready", flush=True)
         i = 0
         for line in sys.stdin:
-            times = []
+            times, cpu = [], time.process_time()
             for _ in range(int(line)):
                 i += 1
                 start = time.perf_counter()
                 await call(app, path, body(i))
                 times.append(time.perf_counter() - start)
-            print(statistics.median(times) * 1e6, flush=True)
+            print(statistics.median(times) * 1e6, (time.process_time() - cpu) / len(times) * 1e6, flush=True)
 
 
 def artifacts_for(task: str, tree: Path, given: str | None, work: Path) -> Path:
@@ -135,22 +137,25 @@ def main() -> int:
             for w in workers:
                 if w.stdout.readline().strip() != "ready":
                     raise SystemExit("a worker did not start")
-            medians = [[], []]
+            medians, cpus = [[], []], [[], []]
             for r in range(args.rounds):
                 for k in ((0, 1) if r % 2 == 0 else (1, 0)):
                     workers[k].stdin.write(f"{args.calls}\n")
                     workers[k].stdin.flush()
-                    medians[k].append(float(workers[k].stdout.readline()))
+                    median, cpu = map(float, workers[k].stdout.readline().split())
+                    medians[k].append(median)
+                    cpus[k].append(cpu)
         finally:
             for w in workers:
                 w.stdin.close()
                 w.wait()
     print(f"{args.task}: {args.rounds} rounds of {args.calls} calls per tree, in process; medians over rounds")
-    for tree, values in zip(args.trees, medians, strict=True):
-        print(f"  {str(tree):30s} {statistics.median(values):8.1f} us")
-    paired = statistics.median(b / a for a, b in zip(*medians, strict=True))
-    print(f"  {args.trees[1]} / {args.trees[0]}: {statistics.median(medians[1]) / statistics.median(medians[0]):.3f}x "
-          f"(paired {paired:.3f}x)")
+    for tree, values, cpu in zip(args.trees, medians, cpus, strict=True):
+        print(f"  {str(tree):30s} {statistics.median(values):8.1f} us   CPU {statistics.median(cpu):8.1f} us a call")
+    for what, pair in (("median", medians), ("CPU", cpus)):
+        paired = statistics.median(b / a for a, b in zip(*pair, strict=True))
+        print(f"  {args.trees[1]} / {args.trees[0]}, {what}: "
+              f"{statistics.median(pair[1]) / statistics.median(pair[0]):.3f}x (paired {paired:.3f}x)")
     return 0
 
 
