@@ -101,8 +101,7 @@ class TimedStore:
 async def lifespan(app: FastAPI):
     settings, metrics = app.state.settings, app.state.metrics
     registry = ModelRegistry(settings.artifacts_dir, intra_op_threads=settings.ort_threads,
-                             new_versions=settings.new_versions, scored_graphs=settings.live_quality,
-                             demo_dir=settings.demo_artifacts_dir)
+                             new_versions=settings.new_versions, demo_dir=settings.demo_artifacts_dir)
     metrics.set_refused(registry.reload().refused)  # (the registry logs each refusal)
     metrics.set_models(registry.models())
     options = settings.redis_options()

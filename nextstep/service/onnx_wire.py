@@ -1,5 +1,5 @@
-"""Enough of the protobuf wire format to read and write the ONNX messages of the graphs the service makes at load
-from an artifact's own (fold.py: the fold graph; scored.py: the scored step graphs).
+"""Enough of the protobuf wire format to read and write the ONNX messages of the graph the service makes at load
+from an artifact's own (fold.py: the fold graph).
 
 The service installs ONNX Runtime, not the `onnx` package (docs/decisions.md): these functions copy the bytes of
 the artifact's graphs and write the few messages around them. `read_fields` walks one message's fields; the others

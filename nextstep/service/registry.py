@@ -69,10 +69,6 @@ class TaskSpec:
     state: bool  # whether the model has state tensors (without: the manifest need not list any)
     check: Callable[[str, dict, dict, Callable[[str], Exception], Callable[[str, str], Path]], dict]
     optional: tuple[str, ...] = ()  # graphs opened (and checked) when the manifest has them
-    # opens the graphs live quality scores the task's events with, where the task has them (knowledge tracing's scored
-    # step graphs: its `predict` asked for the step's event in the step's own call): (path, graphs, sessions, input
-    # names, output names, inside, initial state, intra-op threads) -> LoadedModel fields; never refuses the artifact
-    scored: Callable[..., dict] | None = None
     scores: str = "probabilities"  # what live quality records of its events: "probabilities" or "ranking" (quality.py)
 
 
@@ -138,7 +134,6 @@ class LoadedModel:
     fold_events: tuple[str, ...] = ()  # the step's per-event inputs, which the fold graph takes (fold.py); () if none
     fold_prefix: str = ""  # of the fold graph's names for the state and the per-event inputs
     no_fold: str | None = None  # why a model with state has no fold graph (it steps event by event)
-    no_scored: str | None = None  # why a model whose task has scored graphs (TaskSpec.scored) has none
     _index: dict[str, int] = field(init=False, repr=False)
     # whether row 1 was trained to answer the ids the model never saw (the manifest's `unknown` section says so:
     # `answers`; an artifact trained before that section existed has an untrained row 1)
@@ -218,7 +213,7 @@ def schema_hash(name: str, version: str, spec: list[dict]) -> str:
     return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:12]
 
 
-_told: set[tuple[str, str]] = set()  # (artifact, why) of the models without a fold (or scored) graph, logged once
+_told: set[tuple[str, str]] = set()  # (artifact, why) of the models without a fold graph, logged once
 
 
 def say_once(path: Path, why: str, so: str) -> str:
@@ -244,10 +239,9 @@ def _fold(path: Path, spec: list[dict], sessions: dict, input_names: dict, outpu
     return {"fold_events": tuple(events), "fold_prefix": prefix}
 
 
-def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True, scored: bool = False) -> LoadedModel:
+def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True) -> LoadedModel:
     """Validate and open one artifact directory; raise ArtifactError naming the directory and the fault. `fold`: also
-    make the fold graph from the step graph (fold.py) for a model with state; `scored`: the graphs live quality
-    scores with, for a model whose task has them (its TaskSpec's `scored`)."""
+    make the fold graph from the step graph (fold.py) for a model with state."""
 
     def fail(what: str, kind: str = "manifest invalid", part: str | None = None):
         # (the task modules' checks call fail(what): their faults are the manifest's)
@@ -358,8 +352,6 @@ def load_artifact(path: Path, *, intra_op_threads: int = 1, fold: bool = True, s
     if fold and spec and "step" in sessions:  # (after every check: a refused artifact makes none)
         fields |= _fold(path, spec, sessions, input_names, output_names, inside(graphs["step"]["onnx"], "step graph"),
                         initial, intra_op_threads)
-    if scored and task.scored is not None:
-        fields |= task.scored(path, graphs, sessions, input_names, output_names, inside, initial, intra_op_threads)
     return LoadedModel(
         name=name, version=version, family=str(manifest["family"]), task=str(manifest["task"]), path=path,
         manifest=manifest, state_spec=spec, initial_state=initial, ids=ids, sessions=sessions,
@@ -428,7 +420,7 @@ class ModelRegistry:
     model served keeps out of `latest` until a rollout names it: `set_serving`)."""
 
     def __init__(self, artifacts_dir: Path, *, intra_op_threads: int = 1, new_versions: str = "auto",
-                 fold_graphs: bool = True, scored_graphs: bool = False, demo_dir: Path | None = None):
+                 fold_graphs: bool = True, demo_dir: Path | None = None):
         if new_versions not in ("auto", "manual"):
             raise ValueError(f"new_versions must be 'auto' or 'manual', got {new_versions!r}")
         self.artifacts_dir = Path(artifacts_dir)
@@ -437,7 +429,6 @@ class ModelRegistry:
         self.demo_dir = Path(demo_dir) if demo_dir is not None else None
         self.intra_op_threads = intra_op_threads
         self.fold_graphs = fold_graphs  # False: no fold graphs, every rebuild steps event by event (tests, benches)
-        self.scored_graphs = scored_graphs  # True: the scored step graphs (live quality on: scored.py)
         self.new_versions = new_versions
         self._serving: dict[str, str] = {}  # name -> the version a rollout made latest (rollouts.py)
         self._snapshot = _Snapshot({}, {}, LoadReport((), (), {}))
@@ -480,8 +471,7 @@ class ModelRegistry:
             if path.name.startswith(".") or path.parent.name.startswith("."):
                 continue
             try:
-                model = load_artifact(path, intra_op_threads=self.intra_op_threads, fold=self.fold_graphs,
-                                      scored=self.scored_graphs)
+                model = load_artifact(path, intra_op_threads=self.intra_op_threads, fold=self.fold_graphs)
             except ArtifactError as e:
                 broken.setdefault(path.parent.name, {})[path.name] = (path, e)
                 continue

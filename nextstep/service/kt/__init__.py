@@ -1,2 +1,2 @@
-"""Knowledge tracing: learners answering questions (service.py), its routes (routes.py), SimAKT's memory banks
-(banks.py) and the scored step graphs of live quality (scored.py)."""
+"""Knowledge tracing: learners answering questions (service.py), its routes (routes.py) and SimAKT's memory banks
+(banks.py)."""

@@ -479,45 +479,40 @@ def test_the_fold_graph_reads_the_banks_from_outside_its_loop_and_equals_steppin
             np.testing.assert_allclose(got.astype(np.float64), stepped[k].astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
-def test_the_scored_graphs_read_the_banks_and_answer_what_predict_then_step_answer(simakt):
-    """SimAKT's scored step graphs (nextstep/service/kt/scored.py): the banks are inputs the predict and the step parts
-    both read; from a state past the window, with a float16 and a float32 cache, two learners (one at the unknown
-    row), the outputs equal predict-then-step run apart with the same bank (1e-5)."""
-    from nextstep.service.kt.scored import SCORED
-
-    registry = ModelRegistry(simakt["artifacts"], scored_graphs=True)
+def test_live_quality_scores_learners_together_as_each_alone(simakt):
+    """Live quality scores single events together (quality.py `pend`): one `predict` call with a row per learner's
+    state before its event, over one bank. From states past the window, with a float16 and a float32 cache, three
+    learners (one asked the unknown row), each row equals that learner's predict alone (1e-5)."""
+    registry = ModelRegistry(simakt["artifacts"])
     assert registry.load() == {}
     rng = np.random.default_rng(11)
     for name in ("simakt", "simakt32"):
         model = registry.get(name)
-        assert model.no_scored is None and set(SCORED.values()) <= set(model.sessions)
         folder = model.path / "banks" / simakt["v1"]
         feeds = {f"bank_{h}_{p}": np.load(folder / f"{h}_{p}.npy") for h in model.extra.banks["heads"]
                  for p in ("states", "lengths")}
         kv = dict(zip(model.extra.banks["keys"], model.sessions["bank_project"].run(None, feeds), strict=True))
         kv |= {n: np.load(folder / f"{n.removeprefix('bank_')}.npy") for n in model.extra.banks["answer_inputs"]}
         names = [s["name"] for s in model.state_spec]
-        state = {k: np.repeat(model.initial_state[k][None], 2, axis=0) for k in names}
-        for _ in range(W + 5):
-            given = {**state, "question": rng.integers(1, len(model.ids) + 2, 2), "response": rng.integers(0, 2, 2),
+        state = {k: np.repeat(model.initial_state[k][None], 3, axis=0) for k in names}
+        for step in range(W + 5):
+            given = {**state, "question": rng.integers(1, len(model.ids) + 2, 3), "response": rng.integers(0, 2, 3),
                      **kv}
             outs = model.sessions["step"].run(None, {k: given[k] for k in model.input_names["step"]})
             state = dict(zip(names, outs, strict=True))
-        event = {"question": np.array([1, 2 + len(model.ids) // 2]), "response": np.array([1, 0])}
-        query = {"questions": rng.integers(2, len(model.ids) + 2, (2, 3))}
+            if step == W:  # (learners at different points)
+                state = {k: np.concatenate([v[:2], np.repeat(model.initial_state[k][None], 1, axis=0)])
+                         for k, v in state.items()}
+        questions = np.array([[1], [2 + len(model.ids) // 2], [3]])
 
-        given = {**state, **event, **kv}
+        def predict(rows: slice) -> np.ndarray:
+            given = {**{k: v[rows] for k, v in state.items()}, "questions": questions[rows], **kv}
+            return model.sessions["predict"].run(None, {k: given[k] for k in model.input_names["predict"]})[0]
 
-        def run(model: LoadedModel, graph: str, feeds: dict) -> list[np.ndarray]:
-            return model.sessions[graph].run(None, {k: feeds[k] for k in model.input_names[graph]})
-
-        before = run(model, "predict", {**given, "questions": event["question"][:, None]})[0]
-        for graph, extra in (("step", {}), ("step_predict", query)):
-            got, want = run(model, SCORED[graph], given | extra), run(model, graph, given | extra) + [before]
-            assert len(got) == len(want)
-            for g, w in zip(got, want, strict=True):
-                assert g.shape == w.shape and g.dtype == w.dtype
-                np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-5, atol=1e-5)
+        together = predict(slice(0, 3))
+        for i in range(3):
+            np.testing.assert_allclose(together[i:i + 1].astype(np.float64), predict(slice(i, i + 1)).astype(
+                np.float64), rtol=1e-5, atol=1e-5)
 
 
 def test_a_bank_version_with_a_mangled_answer_bank_is_refused_and_the_rest_serve(simakt, tmp_path, serve):
