@@ -101,7 +101,8 @@ class CoreSettings(BaseSettings):
     max_logged_events: int = Field(default=10_000, ge=1)
     log_max_age_seconds: float | None = Field(default=None, gt=0)
     # live quality (quality.py): each knowledge-tracing event scores the prediction the serving version would have
-    # made for it (one graph call more per request); GET /v1/models/{model}/quality and the nextstep_live_* metrics
+    # made for it (after the answer; single events together, one graph call for many); GET
+    # /v1/models/{model}/quality and the nextstep_live_* metrics
     live_quality: bool = True
     # a model version added to the artifacts directory after the model served: `auto` makes it latest at the next
     # reload (the newest version serves); `manual` loads and validates it but serves it to no one until a rollout

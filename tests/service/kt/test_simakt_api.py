@@ -21,7 +21,7 @@ from nextstep.service.kt.schemas import (
     KtPredictAnswer,
     KtSummary,
 )
-from nextstep.service.registry import LoadedModel, ModelRegistry
+from nextstep.service.registry import ModelRegistry
 from nextstep.service.runtime import MicroBatcher
 from nextstep.service.settings import Settings
 from tests.service.test_answers import conforms
@@ -505,14 +505,17 @@ def test_live_quality_scores_learners_together_as_each_alone(simakt):
                          for k, v in state.items()}
         questions = np.array([[1], [2 + len(model.ids) // 2], [3]])
 
-        def predict(rows: slice) -> np.ndarray:
-            given = {**{k: v[rows] for k, v in state.items()}, "questions": questions[rows], **kv}
-            return model.sessions["predict"].run(None, {k: given[k] for k in model.input_names["predict"]})[0]
-
-        together = predict(slice(0, 3))
+        together = _predict_rows(model, state, questions, kv, slice(0, 3))
         for i in range(3):
-            np.testing.assert_allclose(together[i:i + 1].astype(np.float64), predict(slice(i, i + 1)).astype(
-                np.float64), rtol=1e-5, atol=1e-5)
+            alone = _predict_rows(model, state, questions, kv, slice(i, i + 1))
+            np.testing.assert_allclose(together[i:i + 1].astype(np.float64), alone.astype(np.float64), rtol=1e-5,
+                                       atol=1e-5)
+
+
+def _predict_rows(model, state: dict, questions: np.ndarray, kv: dict, rows: slice) -> np.ndarray:
+    """The predict graph's first output for these rows of the learners' states and questions, over one bank."""
+    given = {**{k: v[rows] for k, v in state.items()}, "questions": questions[rows], **kv}
+    return model.sessions["predict"].run(None, {k: given[k] for k in model.input_names["predict"]})[0]
 
 
 def test_a_bank_version_with_a_mangled_answer_bank_is_refused_and_the_rest_serve(simakt, tmp_path, serve):
