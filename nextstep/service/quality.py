@@ -283,7 +283,13 @@ class Quality:
         self._jobs = asyncio.Queue(maxsize=self._queue_size)
         self._worker = asyncio.create_task(self._work())
 
-    async def close(self) -> None:
+    async def close(self, grace_seconds: float = 5.0) -> None:
+        """Score the pending items and the queued jobs (for at most `grace_seconds`: a shutdown does not wait on
+        them longer), then stop the worker and the flushes and flush what was scored."""
+        if self._worker is not None and not self._worker.done():
+            self._due(*self._pending_scores)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._jobs.join(), grace_seconds)
         for task in (self._worker, self._task):
             if task is not None:
                 task.cancel()

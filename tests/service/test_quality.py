@@ -160,7 +160,7 @@ def test_single_events_are_scored_together_after_their_answers(tmp_path, serve):
 
 def test_pending_events_are_scored_in_batches_when_enough_wait_or_at_the_flush():
     """`pend` keeps a group's items until BATCH wait (then one job takes them) or the next flush; groups never mix;
-    /quality's drain scores what waits; a full queue drops a batch, counted as the requests it held."""
+    /quality's drain and a shutdown score what waits; a full queue drops a batch, counted as the requests it held."""
     from nextstep.service.quality import BATCH
 
     async def run() -> None:
@@ -189,6 +189,13 @@ def test_pending_events_are_scored_in_batches_when_enough_wait_or_at_the_flush()
         await asyncio.sleep(0.3)
         assert ran == [("a", [1])]  # the flush scored it, no drain needed
         await quality.close()
+
+        quality = Quality(None, flush_seconds=3600)
+        await quality.start()
+        quality.pend("m", "c", 2, job("c"))
+        await quality.close()  # (a shutdown scores what waits)
+        assert ran == [("a", [1]), ("c", [2])]
+        ran.remove(("c", [2]))
 
         dropped: list[tuple[str, int]] = []
         quality = Quality(None, flush_seconds=3600, queue=1, on_drop=lambda model, n: dropped.append((model, n)))
