@@ -215,11 +215,14 @@ class Quality:
         if len(pending[2]) >= BATCH:
             self._due(group)
 
-    def _due(self, *groups: Hashable) -> None:
-        """Queue the pending items of these groups (`pend`) for scoring."""
-        for group in groups:
-            model, job, items = self._pending_scores.pop(group)
-            self.later(model, functools.partial(job, items), len(items))
+    def _due(self, group: Hashable) -> None:
+        """Queue the pending items of this group (`pend`) for scoring."""
+        model, job, items = self._pending_scores.pop(group)
+        self.later(model, functools.partial(job, items), len(items))
+
+    def _due_all(self) -> None:
+        for group in list(self._pending_scores):
+            self._due(group)
 
     async def _work(self) -> None:
         while True:
@@ -235,7 +238,7 @@ class Quality:
 
     async def drain(self) -> None:
         """Score the pending items (`pend`) and wait for the scoring jobs queued so far."""
-        self._due(*self._pending_scores)
+        self._due_all()
         if self._jobs is not None and self._worker is not None:
             await self._jobs.join()
 
@@ -276,7 +279,7 @@ class Quality:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(self.flush_seconds)
-                self._due(*self._pending_scores)
+                self._due_all()
                 await self.flush()
 
         self._task = asyncio.create_task(loop())
@@ -287,7 +290,7 @@ class Quality:
         """Score the pending items and the queued jobs (for at most `grace_seconds`: a shutdown does not wait on
         them longer), then stop the worker and the flushes and flush what was scored."""
         if self._worker is not None and not self._worker.done():
-            self._due(*self._pending_scores)
+            self._due_all()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._jobs.join(), grace_seconds)
         for task in (self._worker, self._task):
