@@ -230,9 +230,10 @@ async def _drive(url: str, student: str, clients: int, per_client: int, *, expec
     dropped connection is retried with the same body (the event id makes that safe). Returns the events absorbed,
     the retries and the answers."""
     absorbed = retries = answered = 0
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=clients)) as http:
-        async def client(c: int) -> None:
-            nonlocal absorbed, retries, answered
+
+    async def client(c: int) -> None:
+        nonlocal absorbed, retries, answered
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:  # (a pool each: see test_kt_api's)
             for i in range(per_client):
                 body = {"student_id": student, "events": [
                     {"question_id": 2 + (c + i) % 10, "response": (c * i) % 4, "event_id": f"{c}-{i}"}]}
@@ -256,7 +257,7 @@ async def _drive(url: str, student: str, clients: int, per_client: int, *, expec
                 if after is not None:
                     await after(answered)
 
-        await asyncio.gather(*(client(c) for c in range(clients)))
+    await asyncio.gather(*(client(c) for c in range(clients)))
     return {"absorbed": absorbed, "retries": retries, "answered": answered}
 
 
