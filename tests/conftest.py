@@ -29,12 +29,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The files that take longest (most of it training and exporting models), slowest first (measured 2026-11-27 on
-# the 2-core development machine, both tiers). Under xdist they are handed out first, so that no worker is left
-# with one of them while the others have finished; the Makefile's --no-loadscope-reorder keeps this order (xdist
-# would otherwise start with the files that hold most tests).
+# the 2-core development machine, both tiers; test_tune and test_retrain, 3-4 min each, added 2026-12-03). Under
+# xdist they are handed out first, so that no worker is left with one of them while the others have finished; the
+# Makefile's --no-loadscope-reorder keeps this order (xdist would otherwise start with the files that hold most
+# tests).
 FIRST = (
     "tests/service/kt/test_simakt_api.py",
     "tests/training/test_export.py",
+    "tests/training/test_tune.py",
+    "tests/test_retrain.py",
     "tests/training/srs/test_time_aware_run.py",
     "tests/service/srs/test_srs_api.py",
     "tests/test_cli.py",
