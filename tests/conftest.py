@@ -90,6 +90,29 @@ def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Calla
     return once
 
 
+# -- the bundled demo models built again ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def demo_rebuilt(build_once) -> Path:
+    """The demo models built again from scratch as `make demo-artifacts` does (generated data, fixed seeds, one
+    thread): out/<name>/demo as bundled, work/artifacts/<name> each run's whole artifact (its weights too); once per
+    run (the slow tier: about 3 min), read-only."""
+    def build(root: Path) -> None:
+        import torch
+
+        from nextstep import demo
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            demo.build(root / "out", work=root / "work", log=lambda line: None)
+        finally:
+            torch.set_num_threads(threads)
+
+    return build_once("demo-rebuilt", build)
+
+
 # -- a knowledge-tracing model trained for real: served by the service tests, measured by the training tests ---------
 SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
 

@@ -132,38 +132,24 @@ def test_bundle_holds_only_what_the_service_reads_and_loads():
 # -- the bundle is what `python -m nextstep.demo` builds --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def rebuilt(tmp_path_factory):
-    """The demo models built again from scratch (generated data, fixed seeds) as the documented command does."""
-    root = tmp_path_factory.mktemp("demo")
-    torch = pytest.importorskip("torch")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        demo.build(root / "out", work=root / "work", log=lambda line: None)
-    finally:
-        torch.set_num_threads(threads)
-    return root
-
-
 @pytest.mark.slow
-def test_the_bundle_is_rebuilt_from_the_same_generated_data_and_settings(rebuilt):
+def test_the_bundle_is_rebuilt_from_the_same_generated_data_and_settings(demo_rebuilt):
     for name in demo.MODELS:
         bundled = json.loads((demo.BUNDLED / name / demo.VERSION / "manifest.json").read_text())
-        again = json.loads((rebuilt / "out" / name / demo.VERSION / "manifest.json").read_text())
+        again = json.loads((demo_rebuilt / "out" / name / demo.VERSION / "manifest.json").read_text())
         # the data fingerprint is a hash of the generated files: the bundle came from this generator, these seeds
         assert again["data"] == bundled["data"], name
         for key in ("task", "family", "graphs", "state", "vocabularies", "train_config", "model_config", "demo"):
             assert again.get(key) == bundled.get(key), (name, key)
-        assert sorted(p.name for p in (rebuilt / "out" / name / demo.VERSION).iterdir()) == \
+        assert sorted(p.name for p in (demo_rebuilt / "out" / name / demo.VERSION).iterdir()) == \
             sorted(p.name for p in (demo.BUNDLED / name / demo.VERSION).iterdir())
         for vocab in bundled.get("vocabularies", {}).values():
-            assert (rebuilt / "out" / name / demo.VERSION / vocab).read_text() == \
+            assert (demo_rebuilt / "out" / name / demo.VERSION / vocab).read_text() == \
                 (demo.BUNDLED / name / demo.VERSION / vocab).read_text()
 
 
 @pytest.mark.slow
-def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
+def test_the_bundled_models_answer_as_the_rebuilt_ones(demo_rebuilt, serve):
     """Training is seeded and single-threaded: the rebuilt models answer the README's examples as the bundle does
     (a bundle left stale by a change to training or export fails here: rebuild it with `make demo-artifacts`).
 
@@ -172,7 +158,7 @@ def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
     on another answered within 2.1e-3 (deep_gpcm's theta; its probabilities within 5.6e-4, gru4rec's scores within
     3.4e-5, time_aware's within 6e-8): the tolerance is about five times that."""
     answers = {}
-    for which, path in (("bundled", demo.BUNDLED), ("rebuilt", rebuilt / "out")):
+    for which, path in (("bundled", demo.BUNDLED), ("rebuilt", demo_rebuilt / "out")):
         with serve(Settings(artifacts_dir=path)) as url, httpx.Client(base_url=url) as http:
             answers[which] = {prefix: check_answer(prefix, body, http.post(p, json=body))
                               for prefix, (p, body) in readme_examples().items()}
@@ -197,14 +183,14 @@ def test_the_bundled_models_answer_as_the_rebuilt_ones(rebuilt, serve):
 
 
 @pytest.mark.slow
-def test_slimming_drops_only_debug_metadata(rebuilt):
+def test_slimming_drops_only_debug_metadata(demo_rebuilt):
     """The bundled graphs are the exported ones without per-node metadata: same nodes, same weights."""
     checked = 0
     for name in demo.MODELS:
-        exported = rebuilt / "work" / "artifacts" / name
+        exported = demo_rebuilt / "work" / "artifacts" / name
         for graph in json.loads((exported / "manifest.json").read_text())["graphs"].values():
             full = onnx.load(str(exported / graph["onnx"]))
-            slim = onnx.load(str(rebuilt / "out" / name / demo.VERSION / graph["onnx"]))
+            slim = onnx.load(str(demo_rebuilt / "out" / name / demo.VERSION / graph["onnx"]))
             assert [(n.op_type, list(n.input), list(n.output), [a.SerializeToString() for a in n.attribute])
                     for n in full.graph.node] == \
                    [(n.op_type, list(n.input), list(n.output), [a.SerializeToString() for a in n.attribute])

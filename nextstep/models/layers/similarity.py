@@ -84,6 +84,12 @@ class BankHead(nn.Module):
 
     kind: ClassVar[str] = "abstract"
 
+    @property
+    def min_entries(self) -> int:
+        """The fewest bank entries the head's graphs take (the export declares it: a bank size its weighting needs
+        more of would make the exporter capture the graph twice, first with too wide a range)."""
+        return 2  # (one entry would be specialised away as a constant size)
+
     def __init__(self, d_model: int, d_head: int, spec):
         super().__init__()
         self.spec = spec
@@ -210,6 +216,10 @@ class KNNHead(BankHead):
     @classmethod
     def select(cls, summaries, spec, seed):
         return [np.array([i]) for i in _farthest_first(np.asarray(summaries, dtype=np.float64), spec.size, seed)]
+
+    @property
+    def min_entries(self) -> int:
+        return max(2, self.spec.k_neighbors)  # (top-k of the bank)
 
     def weights(self, q, keys):
         sq = (q * q).sum(-1, keepdim=True) + (keys * keys).sum(-1)[None] - 2 * torch.einsum("btd,tmd->btm", q, keys)

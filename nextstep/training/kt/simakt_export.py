@@ -113,7 +113,7 @@ class SimAKTExporter(KTExporter):
     def dims(self, dim):
         # a head's bank size is one dimension shared by its keys and values (and by its raw states and lengths);
         # an answer head's entries are one dimension of its per-entry parts (its per-question parts are fixed)
-        sizes = [dim(f"bank_{i}_m", min=2) for i in range(len(self.model.heads))]
+        sizes = [dim(f"bank_{i}_m", min=head.min_entries) for i, head in enumerate(self.model.heads)]
         entries = {f"bank_{h.spec.name}_{part}": {0: dim(f"bank_{h.spec.name}_n", min=2)}
                    for h in self.model.answerers for part in h.entry_parts}
         return {**super().dims(dim), **{n: {1: sizes[i // 2]} for i, n in enumerate(bank_kv_names(self.model))},

@@ -1,5 +1,6 @@
 """Spaced repetition end to end: real HTTP into the app, real ONNX Runtime on an exported time-aware model
-(the bundled demo model; in the slow tier also one trained here), real Redis (or the in-process store)."""
+(the bundled demo model; in the slow tier also the demo trained again, with its eager model), real Redis (or the
+in-process store)."""
 
 from __future__ import annotations
 
@@ -21,19 +22,18 @@ import schemathesis
 import torch
 
 from nextstep.demo import BUNDLED
-from nextstep.models.time_aware import TimeAwareConfig, Window
 from nextstep.service.redis_store import RedisStore
 from nextstep.service.registry import load_artifact
 from nextstep.service.settings import Settings
 from nextstep.service.srs.stored import HEADER, ROW, id_hash
 from nextstep.srs.review_window import select
+from nextstep.training.export import load_weights
 from nextstep.training.srs.reviews import ReviewLog
-from nextstep.training.srs.time_aware_export import INPUTS, export_time_aware
-from nextstep.training.srs.time_aware_loop import ReviewTensors, TimeAwareTrainConfig, fit, predict
+from nextstep.training.srs.time_aware_export import INPUTS, restore_time_aware
+from nextstep.training.srs.time_aware_loop import ReviewTensors, predict
 from tests.service.conftest import ODD_IDS, encoded
 
 SIZE, CARD_SIZE = 32, 4  # small windows, so a few hundred reviews exercise the card-history rule
-CONFIG = TimeAwareConfig(d_model=16, n_layers=1, ffn_dim=32, t2v_dim=4, window=SIZE, card_window=CARD_SIZE)
 T0 = 1_767_225_600.0  # 2026-01-01 UTC
 DAY = 86400.0
 
@@ -92,32 +92,18 @@ def srs_art(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def srs_model(build_once):
-    """(artifacts dir with time_aware/1, the PyTorch model): the time-aware model trained for a few epochs on
-    three generated users (600 reviews), exported through the real exporter (which checks parity); built once per
-    run (model.pt holds the model for the other workers)."""
-    def build(root: Path) -> None:
-        log = as_log([r for seed in (101, 102, 103) for r in review_log(seed, n=200)])
-        log.offsets = np.array([0, 200, 400, 600])
-        log.user_ids = ["a", "b", "c"]
-        rt = ReviewTensors(log, SIZE, CARD_SIZE)
-        threads = torch.get_num_threads()
-        try:
-            model, _ = fit(rt, np.arange(len(log)), CONFIG,
-                           TimeAwareTrainConfig(max_epochs=5, batch_size=64, lr=3e-3, seed=0, threads=1))
-        finally:
-            torch.set_num_threads(threads)
-        model.deck_drift_gain.fill_(1.5)  # the deck's drift in play whatever calibration made of this little data
-        seq = Window(*(torch.stack([x[:12], x[200:212]]) for x in (rt.card, rt.deck, rt.time, rt.rating,
-                                                                    rt.duration, rt.state)),
-                     torch.ones(2, 12, dtype=torch.bool))
-        export_time_aware(model, root / "artifacts" / "time_aware" / "1",
-                          manifest={"name": "time_aware", "version": "1", "created": "2026-01-01T00:00:00Z"},
-                          sequence=seq)
-        torch.save(model, root / "model.pt")
-
-    root = build_once("srs", build)
-    return root / "artifacts", torch.load(root / "model.pt", weights_only=False)
+def srs_model(demo_rebuilt, tmp_path_factory):
+    """(artifacts dir with time_aware/1, the PyTorch model): the demo's time-aware model trained again from scratch
+    (shared with tests/service/test_demo_served.py's rebuild: the whole artifact, exported through the real exporter,
+    which checks parity, and its weights)."""
+    root = tmp_path_factory.mktemp("srs-trained")
+    shutil.copytree(demo_rebuilt / "work" / "artifacts" / "time_aware", root / "time_aware" / "1")
+    path = root / "time_aware" / "1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["window"] == {"size": SIZE, "card_size": CARD_SIZE}, "the demo's windows are this file's"
+    path.write_text(json.dumps({**manifest, "version": "1"}))
+    model, _ = load_weights(root / "time_aware" / "1", restore_time_aware)
+    return root, model
 
 
 def post_all(http: httpx.Client, user: str, reviews: list[dict], chunk: int) -> list[dict]:
@@ -240,8 +226,8 @@ def check_answer(got: dict, want: dict, atol: float = 1e-5) -> None:
 
 @pytest.fixture(params=["demo", pytest.param("trained", marks=pytest.mark.slow)])
 def served_model(request) -> tuple[Path, torch.nn.Module | None]:
-    """(artifacts dir, the PyTorch model or None): the demo artifact, and in the slow tier one trained and exported
-    here, whose eager model the answers are held to as well."""
+    """(artifacts dir, the PyTorch model or None): the bundled demo artifact (graphs only), and in the slow tier the
+    same recipe trained and exported again, whose eager model the answers are held to as well."""
     if request.param == "demo":
         return request.getfixturevalue("srs_art"), None
     return request.getfixturevalue("srs_model")
