@@ -314,6 +314,8 @@ def test_knn_weights_keep_k_neighbours_and_cluster_weights_all():
     assert torch.equal(torch.sort(w.topk(4).indices, -1).values, torch.sort(nearest, -1).values)
     w = cluster.weights(q, keys[:, :10])
     assert (w > 0).all() and torch.allclose(w.sum(-1), torch.ones(2, 5))
+    # the fewest entries each head's graphs take (the export's bank dimension): k for the KNN head
+    assert (cluster.min_entries, knn.min_entries) == (2, 4)
 
 
 def test_kmeans_finds_separated_clusters_and_farthest_first_spreads():
