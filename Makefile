@@ -33,10 +33,9 @@ test:  ## the fast tier, after every change: lint and every test but the slow an
 	$(BIN)/ruff check .
 	$(BIN)/pytest -m "not slow and not cluster" $(XDIST)
 
-test-all:  ## what CI runs: lint and every test, the slow tier and the Redis Cluster and Sentinel tests included (prints the 20 slowest: CI has 30 minutes)
+test-all:  ## what CI runs: lint and every test, the slow tier and the Redis Cluster and Sentinel tests included, in one run of the workers (prints the 20 slowest: CI has 30 minutes)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -m "not cluster" $(XDIST) --durations=20
-	$(BIN)/pytest -m cluster tests/service/test_cluster.py
+	$(BIN)/pytest $(XDIST) --durations=20
 
 test-slow:  ## the slow tier alone (whole training runs, spawned processes, load, fuzzing)
 	$(BIN)/pytest -m "slow and not cluster" $(XDIST)

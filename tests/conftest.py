@@ -29,10 +29,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The files that take longest (most of it training and exporting models), slowest first (measured 2026-11-27 on
-# the 2-core development machine, both tiers; test_tune and test_retrain, 3-4 min each, added 2026-12-03). Under
-# xdist they are handed out first, so that no worker is left with one of them while the others have finished; the
-# Makefile's --no-loadscope-reorder keeps this order (xdist would otherwise start with the files that hold most
-# tests).
+# the 2-core development machine, both tiers; test_tune and test_retrain, 3-4 min each, and the Redis Cluster tests
+# added 2026-12-03). Under xdist they are handed out first, so that no worker is left with one of them while the
+# others have finished; the Makefile's --no-loadscope-reorder keeps this order (xdist would otherwise start with the
+# files that hold most tests).
 FIRST = (
     "tests/service/kt/test_simakt_api.py",
     "tests/training/test_export.py",
@@ -43,6 +43,7 @@ FIRST = (
     "tests/test_cli.py",
     "tests/training/kt/test_simakt_run.py",
     "tests/service/test_reload.py",
+    "tests/service/test_cluster.py",  # (make test-all only: about 1.5 min alone, 2.5 beside two busy cores)
     "tests/service/test_replicas.py",
     "tests/service/kt/test_kt_api.py",
     "tests/service/test_demo_served.py",
