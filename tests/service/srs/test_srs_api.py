@@ -78,12 +78,9 @@ def as_log(reviews: list[dict], query: dict | None = None) -> ReviewLog:
         np.full(len(rows), -1, dtype=np.int64))
 
 
-@pytest.fixture(scope="session")
-def srs_art(tmp_path_factory) -> Path:
-    """An artifacts dir with time_aware/1: the bundled demo model (`make demo-artifacts` trains it on a simulated
-    log), which has this file's window sizes and layer sizes; no training or export here."""
-    root = tmp_path_factory.mktemp("srs-demo")
-    shutil.copytree(BUNDLED / "time_aware" / "demo", root / "time_aware" / "1")
+def as_version_1(artifact: Path, root: Path) -> Path:
+    """`root`, an artifacts dir holding a copy of a demo time-aware `artifact` as time_aware/1."""
+    shutil.copytree(artifact, root / "time_aware" / "1")
     path = root / "time_aware" / "1" / "manifest.json"
     manifest = json.loads(path.read_text())
     assert manifest["window"] == {"size": SIZE, "card_size": CARD_SIZE}, "the demo's windows are this file's"
@@ -92,16 +89,18 @@ def srs_art(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def srs_art(tmp_path_factory) -> Path:
+    """An artifacts dir with time_aware/1: the bundled demo model (`make demo-artifacts` trains it on a simulated
+    log), which has this file's window sizes and layer sizes; no training or export here."""
+    return as_version_1(BUNDLED / "time_aware" / "demo", tmp_path_factory.mktemp("srs-demo"))
+
+
+@pytest.fixture(scope="session")
 def srs_model(demo_rebuilt, tmp_path_factory):
     """(artifacts dir with time_aware/1, the PyTorch model): the demo's time-aware model trained again from scratch
     (shared with tests/service/test_demo_served.py's rebuild: the whole artifact, exported through the real exporter,
     which checks parity, and its weights)."""
-    root = tmp_path_factory.mktemp("srs-trained")
-    shutil.copytree(demo_rebuilt / "work" / "artifacts" / "time_aware", root / "time_aware" / "1")
-    path = root / "time_aware" / "1" / "manifest.json"
-    manifest = json.loads(path.read_text())
-    assert manifest["window"] == {"size": SIZE, "card_size": CARD_SIZE}, "the demo's windows are this file's"
-    path.write_text(json.dumps({**manifest, "version": "1"}))
+    root = as_version_1(demo_rebuilt / "work" / "artifacts" / "time_aware", tmp_path_factory.mktemp("srs-trained"))
     model, _ = load_weights(root / "time_aware" / "1", restore_time_aware)
     return root, model
 
