@@ -178,8 +178,13 @@ def test_a_gated_shadow_decides_by_itself_and_every_replica_sees_the_one_decisio
         low, high = decision["interval"]
         assert (high < 0) if better else (low > 0)
         winner = candidate if better else serving
-        for http in (http_a, http_b):
-            seen = http.get("/v1/models/deep_gpcm/rollout").json()
+        for http in (http_a, http_b):  # each replica follows the fleet's rollout every 0.2 s (longer on a busy machine)
+            deadline = time.monotonic() + 10
+            while True:
+                seen = http.get("/v1/models/deep_gpcm/rollout").json()
+                if seen["candidate"] is None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             assert seen["serving"] == winner and seen["candidate"] is None and seen["decisions"] == [decision]
         answered = http_b.post("/v1/kt/deep_gpcm/predict", json={"student_id": "learner-0", "question_ids": ["3"]})
         assert answered.json()["version"] == winner
