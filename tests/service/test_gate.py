@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from nextstep.service.gate import Evidence, GateConfig, confidence_sequence, decide, learner_spread, log_losses
 from nextstep.service.settings import Settings
+from tests.service.test_state import _wait_for
 from tests.service.test_upgrades import add_version, learner_events
 
 
@@ -179,12 +180,9 @@ def test_a_gated_shadow_decides_by_itself_and_every_replica_sees_the_one_decisio
         assert (high < 0) if better else (low > 0)
         winner = candidate if better else serving
         for http in (http_a, http_b):  # each replica follows the fleet's rollout every 0.2 s (longer on a busy machine)
-            deadline = time.monotonic() + 10
-            while True:
-                seen = http.get("/v1/models/deep_gpcm/rollout").json()
-                if seen["candidate"] is None or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+            _wait_for(lambda: http.get("/v1/models/deep_gpcm/rollout").json()["candidate"] is None,  # noqa: B023
+                      "the replica to follow the decided rollout")
+            seen = http.get("/v1/models/deep_gpcm/rollout").json()
             assert seen["serving"] == winner and seen["candidate"] is None and seen["decisions"] == [decision]
         answered = http_b.post("/v1/kt/deep_gpcm/predict", json={"student_id": "learner-0", "question_ids": ["3"]})
         assert answered.json()["version"] == winner
