@@ -114,6 +114,31 @@ def demo_rebuilt(build_once) -> Path:
     return build_once("demo-rebuilt", build)
 
 
+# -- a SimAKT trained for real: measured by tests/training/kt/test_simakt_run.py, served by test_simakt_api.py ------
+SIMAKT_SIMILARITY = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
+                                                       {"type": "knn", "size": 10, "k_neighbors": 3}],
+                     "answer_heads": [{"type": "peers", "size": 8, "d_key": 8}]}
+SIMAKT_SMALL = {"d_model": 32, "n_heads": 8, "n_know": 4, "window": 32}
+
+
+@pytest.fixture(scope="session")
+def simakt_trained(build_once) -> Path:
+    """root/data (generated DTransformer-format problems, 100 training and 30 test students) and root/artifact: a
+    small SimAKT (SIMAKT_SMALL; a cluster and a KNN head in block 3, the peers head at the answer) trained for real
+    through `train_simakt` (two epochs, answer heads refitted, 3 bank folds) and exported; once per run (an export
+    of about 1.5 min), read-only: copy it to change it."""
+    def build(root: Path) -> None:
+        from nextstep.training.kt.simakt_run import SimAKTTrainConfig, train_simakt
+        from nextstep.training.kt.synthetic import write_problem_dataset
+
+        data = write_problem_dataset(root / "data", n_train=100, n_test=30, length=(5, 50))
+        train_simakt(data, root / "artifact", cfg=SimAKTTrainConfig(epochs=2, model=SIMAKT_SMALL,
+                                                                    refit_answer_heads=True, bank_folds=3),
+                     similarity=SIMAKT_SIMILARITY, log=lambda *_: None)
+
+    return build_once("simakt", build)
+
+
 # -- a knowledge-tracing model trained for real: served by the service tests, measured by the training tests ---------
 SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
 

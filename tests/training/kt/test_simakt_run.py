@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +13,10 @@ from nextstep.training.kt.data import load_dataset
 from nextstep.training.kt.simakt_ablation import table
 from nextstep.training.kt.simakt_export import load_simakt
 from nextstep.training.kt.simakt_run import (
-    SimAKTTrainConfig,
     build_artifact_banks,
     build_vocab,
     encode_questions,
     split_folds,
-    train_simakt,
     trajectories,
     vocab_json,
     vocab_tables,
@@ -26,21 +25,13 @@ from nextstep.training.kt.synthetic import write_problem_dataset
 
 pytestmark = pytest.mark.slow  # whole SimAKT runs with banks (make test-all)
 
-SIM = {"intra_heads": 6, "inter_heads": [{"type": "cluster", "size": 6},
-                                         {"type": "knn", "size": 10, "k_neighbors": 3}],
-       "answer_heads": [{"type": "peers", "size": 8, "d_key": 8}]}
-SMALL = {"d_model": 32, "n_heads": 8, "n_know": 4, "window": 32}
-
-
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(simakt_trained, tmp_path_factory):
+    """(data, artifact, manifest): conftest's trained SimAKT, copied (a test rebuilds banks, rewrites the data)."""
     root = tmp_path_factory.mktemp("simakt")
-    data = write_problem_dataset(root / "data", n_train=100, n_test=30, length=(5, 50))
+    shutil.copytree(simakt_trained, root, dirs_exist_ok=True)
     out = root / "artifact"
-    manifest = train_simakt(data, out, cfg=SimAKTTrainConfig(epochs=2, model=SMALL, refit_answer_heads=True,
-                                                             bank_folds=3),
-                            similarity=SIM, log=lambda *_: None)
-    return data, out, manifest
+    return root / "data", out, json.loads((out / "manifest.json").read_text())
 
 
 def test_a_run_reports_binary_test_metrics_and_exports_with_parity(run):
