@@ -157,14 +157,16 @@ def test_a_two_trial_study_starts_from_the_defaults_and_never_opens_the_test_fil
     assert summary["best"]["value"] == better(t.value for t in study.trials if t.value is not None)
 
 
-# the whole command (the final training and export included) of every family; the slow tier all but two. Not
-# time_aware's (2.3 min, CI's longest call): its two-trial study runs above, and its final training and export through
-# the CLI in tests/test_retrain.py
+# the whole command (the final training and export included) of one family per training run (kt/run.py's, which
+# attention_gpcm, coral_gpcm and dkt share with deep_gpcm; SimAKT's; next_item/run.py's, each of its trainers); the
+# slow tier all but two. The others' studies run above. Not time_aware's (2.3 min, CI's longest call): its two-trial
+# study runs above, and its final training and export through the CLI in tests/test_retrain.py
+END_TO_END = ("deep_gpcm", "simakt", "gru4rec", "mrn", "popularity", "markov")
 FAST_END_TO_END = {"gru4rec", "popularity"}
 
 
 @pytest.mark.parametrize("name", [n if n in FAST_END_TO_END else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in CASES if n != "time_aware"])
+                                  for n in END_TO_END])
 def test_tune_trains_the_best_on_the_whole_training_file_and_tests_it_once(name, tmp_path, monkeypatch, data):
     dataset, test_file, base = _case(name, tmp_path, data)
     (tmp_path / "base.json").write_text(json.dumps(base))
