@@ -224,6 +224,9 @@ def test_export_refuses_a_model_whose_forward_disagrees_with_step(tmp_path):
     assert not (tmp_path / "bad" / "manifest.json").exists()  # no artifact that claims to be servable
 
 
+# The harness is the same for every family and test_weights_reload_to_the_same_model restores each one from its
+# weights, so one family (two state tensors) is exported again here: each export takes 10-20 s.
+@pytest.mark.parametrize("exported", ["deep_gpcm_learner"], indirect=True)
 def test_reexport_from_weights_writes_the_same_artifact(exported, tmp_path):
     from nextstep.training.export import reexport
     from nextstep.training.families import restore
