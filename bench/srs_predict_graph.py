@@ -8,11 +8,17 @@ service's session options (one intra-op thread, every graph optimisation): batch
 
     python bench/srs_predict_graph.py [--card-windows 1 4 16] [--sizes '{"d_model": 16, ...}'] [--calls 500]
                                       [--rounds 2]
+    python bench/srs_predict_graph.py --compare OLD NEW [--calls 500] [--rounds 6]
 
 Default sizes: the bundled demo's (window 32, d_model 16, one layer). Prints nodes and median microseconds per
 card window, of `predict` and of its twin `predict_memory`, which takes the card's FSRS-6 memory as an input (the
 service computes it with fsrs-rs, nextstep/srs/card_memory.py) instead of running the recurrence, and predict's cost per
 review of the card (a straight line through the first and last). About a minute an export on this machine.
+
+`--compare OLD NEW` times two existing exports of the same model (`nextstep export OLD --out NEW` with another
+version of the exporter, say) instead: `predict`, `predict_memory` and `schedule` (retention 0.9) of each, on the
+same feeds, the two alternating within each round (which goes first alternates too); prints nodes, each round's
+median and the median of the NEW/OLD ratios.
 """
 
 from __future__ import annotations
@@ -87,14 +93,61 @@ def median_us(session: ort.InferenceSession, feed: dict, calls: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def memory_feed(model: TimeAwareTransformer, session: ort.InferenceSession, feed: dict) -> dict:
+    """`feed` plus the query card's FSRS-6 memory (and the defaults' stability), as the service computes them, where
+    the session takes them (`predict_memory`)."""
+    kept = {i.name for i in session.get_inputs()}
+    if "memory" not in kept:
+        return feed
+    h, c = {k: v[0] for k, v in feed.items()}, model.cfg.card_window
+    rows = h["hist_card"], h["hist_time"], h["hist_rating"], 7
+    feed = {**feed, "memory": np.float32([card_memory(*rows, h["fsrs_w"], float(h["day_start"]), c)])}
+    if "default_stability" in kept:  # (with the mixture)
+        default = card_memory(*rows, model.fsrs_w.float().numpy(), float(h["day_start"]), c)
+        feed["default_stability"] = np.float32([default[0]])
+    return feed
+
+
+def compare(old: Path, new: Path, calls: int, rounds: int) -> None:
+    from nextstep.training.srs.time_aware_export import restore_time_aware
+
+    saved = torch.load(old / "weights.pt", weights_only=True)
+    model = restore_time_aware(saved["family"], saved["config"], saved["state_dict"]).eval()
+    for name in ("predict", "predict_memory", "schedule"):
+        sessions, nodes = {}, {}
+        for label, folder in (("old", old), ("new", new)):
+            path = folder / f"{name}.onnx"
+            sessions[label] = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
+            nodes[label] = len(onnx.load(str(path)).graph.node)
+        feed = memory_feed(model, sessions["old"], feeds(model, sessions["old"]))
+        if name == "schedule":
+            feed = {**{k: v for k, v in feed.items() if k not in ("memory", "default_stability")},
+                    "retention": np.float32([0.9])}
+        a, b = (sessions[k].run(None, {i.name: feed[i.name] for i in sessions[k].get_inputs()}) for k in sessions)
+        diff = max(float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max()) for x, y in zip(a, b, strict=True))
+        runs = {"old": [], "new": []}
+        for r in range(rounds):
+            for label in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                session = sessions[label]
+                runs[label].append(median_us(session, {i.name: feed[i.name] for i in session.get_inputs()}, calls))
+        ratio = statistics.median(n / o for o, n in zip(runs["old"], runs["new"], strict=True))
+        print(f"{name:14s} nodes {nodes['old']:5d} -> {nodes['new']:5d}; max |new - old| {diff:.1e}; median us: "
+              f"old {', '.join(f'{x:.0f}' for x in runs['old'])}; new {', '.join(f'{x:.0f}' for x in runs['new'])}; "
+              f"new/old {ratio:.3f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"),
+                        help="time two exports of one model instead (artifact directories)")
     parser.add_argument("--card-windows", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--sizes", type=json.loads, default=DEMO_SIZES, help="TimeAwareConfig fields, as JSON")
     parser.add_argument("--calls", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, help="rounds (default 2; 6 with --compare)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.compare:
+        return compare(*args.compare, args.calls, args.rounds or 6)
     graphs = {}
     with tempfile.TemporaryDirectory(prefix="srs-predict-graph-") as tmp:
         for c in args.card_windows:
@@ -102,17 +155,10 @@ def main() -> None:
             for name in ("predict", "predict_memory"):
                 path = Path(tmp) / str(c) / f"{name}.onnx"
                 session = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
-                feed = feeds(model, session)
-                if name == "predict_memory":  # the query card's memory, as the service computes it
-                    h = {k: v[0] for k, v in feed.items()}
-                    rows = h["hist_card"], h["hist_time"], h["hist_rating"], 7
-                    feed["memory"] = np.float32([card_memory(*rows, h["fsrs_w"], float(h["day_start"]), c)])
-                    if "default_stability" in {i.name for i in session.get_inputs()}:  # (with the mixture)
-                        default = card_memory(*rows, model.fsrs_w.float().numpy(), float(h["day_start"]), c)
-                        feed["default_stability"] = np.float32([default[0]])
+                feed = memory_feed(model, session, feeds(model, session))
                 graphs[c, name] = (len(onnx.load(str(path)).graph.node), session, feed)
         runs = {key: [] for key in graphs}
-        for _ in range(args.rounds):
+        for _ in range(args.rounds or 2):
             for key, (_, session, feed) in graphs.items():
                 runs[key].append(median_us(session, feed, args.calls))
     for (c, name), (nodes, _, _) in graphs.items():

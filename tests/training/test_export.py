@@ -264,3 +264,26 @@ def test_kt_graphs_output_only_what_the_readout_gives(tmp_path):
         assert names[-1] == "probs" and not set(names) & {"theta", "alpha", "beta"}, names
     assert manifest["parity"]["passed"]
 
+
+
+def test_a_graph_keeps_its_names_when_it_passes_an_input_through(tmp_path):
+    """The exporter's clean-up runs before the inputs and outputs are named (export.optimize_graph): a state that a
+    graph returns unchanged becomes an Identity from `count` to `count_next`, each with its own name."""
+    from nextstep.training.export import Graph, _export_onnx, onnx_session
+
+    class PassThrough(torch.nn.Module):  # the inputs as one tuple, as export.GraphModule takes them
+        def forward(self, *inputs):
+            count, x = inputs
+            return count, (x * 2 + 1).sum(-1)
+
+    batch = torch.export.Dim("batch", min=1)
+    g = Graph("g", "extra", ["count", "x"], ["count_next", "y"], (torch.ones(2, 3), torch.arange(8.0).reshape(2, 4)),
+              [{0: batch}, {0: batch}])
+    _export_onnx(PassThrough(), g, tmp_path / "g.onnx")
+    session = onnx_session(tmp_path / "g.onnx")
+    assert [i.name for i in session.get_inputs()] == ["count", "x"]
+    assert [o.name for o in session.get_outputs()] == ["count_next", "y"]
+    count, x = np.full((3, 3), 7, np.float32), np.ones((3, 4), np.float32)
+    got = session.run(None, {"count": count, "x": x})
+    np.testing.assert_array_equal(got[0], count)
+    np.testing.assert_array_equal(got[1], np.full(3, 12, np.float32))
