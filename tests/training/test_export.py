@@ -265,7 +265,6 @@ def test_kt_graphs_output_only_what_the_readout_gives(tmp_path):
     assert manifest["parity"]["passed"]
 
 
-
 def test_a_graph_keeps_its_names_when_it_passes_an_input_through(tmp_path):
     """The exporter's clean-up runs before the inputs and outputs are named (export.optimize_graph): a state that a
     graph returns unchanged becomes an Identity from `count` to `count_next`, each with its own name."""

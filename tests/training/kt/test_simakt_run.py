@@ -21,9 +21,9 @@ from nextstep.training.kt.simakt_run import (
     vocab_json,
     vocab_tables,
 )
-from nextstep.training.kt.synthetic import write_problem_dataset
 
 pytestmark = pytest.mark.slow  # whole SimAKT runs with banks (make test-all)
+
 
 @pytest.fixture(scope="module")
 def run(simakt_trained, tmp_path_factory):
@@ -99,11 +99,12 @@ def test_banks_hold_training_students_only(run):
     assert prov["n_students"] == len(train)  # every training student (fit and validation), nothing else
     # `banks build` never opens the test file: it works with the test file unreadable, and a test
     # student's trajectory cannot change a bank
+    original = (data / "test.txt").read_bytes()
     (data / "test.txt").write_text("not a data file")
     try:
         built = build_artifact_banks(out, data, version="rebuilt", seed=3)
     finally:
-        write_problem_dataset(data, n_train=100, n_test=30, length=(5, 50))
+        (data / "test.txt").write_bytes(original)
     assert built["students"] == len(train)
     vocab = Vocabulary.from_json(json.loads((out / "vocab_questions.json").read_text()))
     trajs, ids = trajectories(train, vocab, model.cfg.window)
