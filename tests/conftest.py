@@ -139,6 +139,35 @@ def simakt_trained(build_once) -> Path:
     return build_once("simakt", build)
 
 
+# -- every knowledge-tracing family but SimAKT trained small: served by test_families_served.py, folded by test_fold.py
+KT_TINY = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8, "embed_dim": 8, "n_heads": 2, "window": 4,
+           "hidden": 8}  # small sizes for whichever of these settings a family's config has
+
+
+@pytest.fixture(scope="session")
+def kt_families(build_once) -> tuple[Path, Path]:
+    """(artifacts dir holding <family>/1, data dir): each knowledge-tracing family of the registry but SimAKT (which
+    needs banks) trained for real at KT_TINY's sizes for one epoch on generated GPCM data (40 students, 12 questions,
+    seed 11) and exported, parity passed; once per run, read-only."""
+    def build(root: Path) -> None:
+        from nextstep.training.families import by_task
+        from nextstep.training.kt.loop import TrainConfig
+        from nextstep.training.kt.run import train_model
+        from nextstep.training.kt.synthetic import write_gpcm_dataset
+
+        data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 14), seed=11)
+        for entry in by_task("knowledge_tracing"):
+            if entry.name == "simakt":
+                continue
+            small = {k: v for k, v in KT_TINY.items() if k in entry.config_fields()}
+            manifest = train_model(entry.name, data, root / "artifacts" / entry.name / "1",
+                                   cfg=TrainConfig(epochs=1, model=small), progress=False, log=False)
+            assert manifest["parity"]["passed"], (entry.name, manifest["parity"])
+
+    root = build_once("kt-families", build)
+    return root / "artifacts", root / "data"
+
+
 # -- a knowledge-tracing model trained for real: served by the service tests, measured by the training tests ---------
 SMALL = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8}
 

@@ -286,24 +286,15 @@ def test_an_artifact_refused_for_its_manifest_makes_no_fold_graph(tmp_path):
     assert list(errors) == [str(art)] and "manifest declares" in errors[str(art)]
 
 
-@pytest.mark.slow  # trains and exports four more families (make test-all)
-def test_every_other_family_with_state_folds_as_it_steps(build_once):
-    """DKT (two LSTM state tensors), coral_gpcm, MRN (three state tensors) and the Markov baseline, trained small
-    for real: the families the fixtures above do not train."""
+@pytest.mark.slow  # trains and exports two more families (make test-all)
+def test_every_other_family_with_state_folds_as_it_steps(build_once, kt_families, tmp_path):
+    """DKT (two LSTM state tensors) and coral_gpcm (conftest's kt_families), MRN (three state tensors) and the Markov
+    baseline, trained small for real: the families the fixtures above do not train."""
     def build(root: Path) -> None:
-        from nextstep.training.kt.loop import TrainConfig
-        from nextstep.training.kt.run import train_model
-        from nextstep.training.kt.synthetic import write_gpcm_dataset
         from nextstep.training.next_item.mrn_loop import MRNTrainConfig
         from nextstep.training.next_item.run import train_next_item
         from nextstep.training.next_item.sessions import subset, write_gru4rec_tsv, zipf_sessions
 
-        data = write_gpcm_dataset(root / "kt", n_students=30, n_questions=12, seq_len_range=(8, 12), seed=3)
-        tiny = {"dkt": {"hidden": 8}, "coral_gpcm": {"memory_size": 4, "key_dim": 8, "value_dim": 8,
-                                                     "summary_dim": 8}}
-        for name, small in tiny.items():
-            train_model(name, data, root / "artifacts" / name / "1", cfg=TrainConfig(epochs=1, model=small),
-                        progress=False, log=False)
         sessions = zipf_sessions(200, 40, (2, 8), follow=0.7, seed=1)
         write_gru4rec_tsv(subset(sessions, np.arange(160)), root / "demo_train_full.txt")
         write_gru4rec_tsv(subset(sessions, np.arange(160, 200)), root / "demo_test.txt")
@@ -314,7 +305,11 @@ def test_every_other_family_with_state_folds_as_it_steps(build_once):
             train_next_item(name, root, root / "artifacts" / name / "1", cfg=cfg, progress=False, log=False,
                             top_k=20)
 
-    registry = ModelRegistry(build_once("fold-families", build) / "artifacts")
+    artifacts = tmp_path / "artifacts"
+    shutil.copytree(build_once("fold-families", build) / "artifacts", artifacts)
+    for name in ("dkt", "coral_gpcm"):
+        shutil.copytree(kt_families[0] / name, artifacts / name)
+    registry = ModelRegistry(artifacts)
     assert registry.load() == {}
     for name in ("dkt", "coral_gpcm", "mrn", "markov"):
         model = registry.get(name)

@@ -10,33 +10,16 @@ import torch
 from nextstep.service.settings import Settings
 from nextstep.training.families import by_task
 from nextstep.training.kt.data import load_dataset
-from nextstep.training.kt.loop import TrainConfig
-from nextstep.training.kt.run import load_model, train_model
-from nextstep.training.kt.synthetic import write_gpcm_dataset
+from nextstep.training.kt.run import load_model
 
 pytestmark = pytest.mark.slow  # trains and serves every knowledge-tracing family (make test-all)
 
-# small sizes for whichever of these settings a family's config has
-TINY = {"memory_size": 4, "key_dim": 8, "value_dim": 8, "summary_dim": 8, "embed_dim": 8, "n_heads": 2, "window": 4,
-        "hidden": 8}
-FAMILIES = [f for f in by_task("knowledge_tracing") if f.name != "simakt"]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    data = write_gpcm_dataset(root / "data", n_students=40, n_questions=12, seq_len_range=(10, 14), seed=11)
-    for entry in FAMILIES:
-        small = {k: v for k, v in TINY.items() if k in entry.config_fields()}
-        manifest = train_model(entry.name, data, root / "artifacts" / entry.name / "1",
-                               cfg=TrainConfig(epochs=1, model=small), progress=False, log=False)
-        assert manifest["parity"]["passed"], (entry.name, manifest["parity"])
-    return root / "artifacts", data
+FAMILIES = [f for f in by_task("knowledge_tracing") if f.name != "simakt"]  # trained: conftest kt_families
 
 
 @pytest.mark.parametrize("name", [f.name for f in FAMILIES])
-def test_served_answers_equal_the_offline_model(name, trained, redis_url, serve):
-    artifacts, data = trained
+def test_served_answers_equal_the_offline_model(name, kt_families, redis_url, serve):
+    artifacts, data = kt_families
     model, vocab, manifest = load_model(artifacts / name / "1")
     assert model.family == name and manifest["task"] == "knowledge_tracing"
     seq = load_dataset(data)[1].sequences[0]
