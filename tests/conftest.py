@@ -42,6 +42,7 @@ FIRST = (
     "tests/service/srs/test_srs_api.py",
     "tests/test_cli.py",
     "tests/training/kt/test_simakt_run.py",
+    "tests/service/kt/test_families_served.py",  # builds kt_families early: test_fold, handed out later, reads it
     "tests/service/test_reload.py",
     "tests/service/test_cluster.py",  # (make test-all only: about 1.5 min alone, 2.5 beside two busy cores)
     "tests/service/test_replicas.py",
