@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -65,8 +66,7 @@ class DKT(nn.Module):
         K, H = self.cfg.n_cats, self.cfg.hidden
         w = self.out_w(questions).view(*questions.shape, K - 1, H)
         logits = (w @ self.drop(h).unsqueeze(-1)).squeeze(-1) + self.out_b(questions)
-        logits = torch.cat([torch.zeros_like(logits[..., :1]), logits], dim=-1)
-        return DKTOutput(torch.log_softmax(logits, dim=-1))
+        return DKTOutput(torch.log_softmax(F.pad(logits, (1, 0)), dim=-1))
 
     # -- the streaming contract ------------------------------------------------------------------------
     def state_spec(self) -> list[dict]:

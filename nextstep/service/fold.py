@@ -21,10 +21,10 @@ the prefix because a subgraph may not redefine a name of its outer graph.
 Where it can, the registry takes the hoisted fold instead (`hoisted_fold_model`): what the step computes from an
 event alone (its embeddings, projections, attention over fixed keys) runs once for all the events, before the Scan,
 with the events flattened into the batch axis, and only the nodes that read the state stay in the body. The state
-is the same to rounding (every row of a step graph is its own); deep_gpcm's body keeps 23 of its 46 nodes (25 of 52
-since export stopped running onnxscript's rewrite rules), and a rebuild of 8,900 events took 0.45 and 0.60 of the
-time in two interleaved runs (bench/event_log.py). A step graph that cannot be split (a node with a subgraph,
-nothing per event outside the state's reach) is folded whole.
+is the same to rounding (every row of a step graph is its own); deep_gpcm's body keeps 23 of its 46 nodes (4 of 33
+since its ability grid broadcasts instead of being expanded to the state's batch), and a rebuild of 8,900 events took
+0.45 and 0.60 of the time in two interleaved runs (bench/event_log.py). A step graph that cannot be split (a node
+with a subgraph, nothing per event outside the state's reach) is folded whole.
 
 No `onnx` package here (the service installs ONNX Runtime only): the graph is written at the protobuf wire level
 (onnx_wire.py), copying the step graph's bytes and writing the few messages around them. Before it is used, the fold

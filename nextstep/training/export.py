@@ -376,13 +376,27 @@ class EagerSession:
         return [_numpy(x) for x in out]
 
 
+def _softplus(self, beta: float = 1.0, threshold: float = 20.0):
+    """aten.softplus at its defaults as ONNX's one Softplus node: the exporter's own translation spells out
+    torch's beta and threshold in five nodes (Mul, Softplus, Div, Greater, Where) for every call, and a small graph's
+    ONNX Runtime time is mostly per node. log(1 + e^x) is within float32 rounding of x past torch's threshold of 20,
+    where torch returns x itself."""
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.ops.nn import aten_softplus
+
+    if beta == 1.0 and threshold == 20.0:
+        return op.Softplus(self)
+    return aten_softplus(self, beta, threshold)
+
+
 def _export_onnx(module: nn.Module, g: Graph, path: Path) -> None:
     for noisy in ("onnxscript", "torch.onnx", "onnx_ir"):  # the exporter logs every folding decision
         logging.getLogger(noisy).setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, g.example, dynamic_shapes=(tuple(g.dynamic),), opset_version=OPSET,
-                                    dynamo=True, optimize=False, verbose=False)
+                                    dynamo=True, optimize=False, verbose=False,
+                                    custom_translation_table={torch.ops.aten.softplus.default: _softplus})
     optimize_graph(program.model)
     # named after the clean-up, as the exporter names them after its own (in order, as many as it kept): a state
     # passed through unchanged is then an Identity from the input to the output, each with its own name

@@ -286,3 +286,28 @@ def test_a_graph_keeps_its_names_when_it_passes_an_input_through(tmp_path):
     got = session.run(None, {"count": count, "x": x})
     np.testing.assert_array_equal(got[0], count)
     np.testing.assert_array_equal(got[1], np.full(3, 12, np.float32))
+
+
+def test_softplus_at_its_defaults_is_one_node_and_other_betas_keep_torchs_meaning(tmp_path):
+    """export._softplus: F.softplus at beta 1 and threshold 20 is ONNX's one Softplus node (the exporter's own
+    translation takes five), equal to torch's past the threshold too; another beta keeps torch's translation."""
+    import onnx
+
+    from nextstep.training.export import Graph, _export_onnx, onnx_session
+
+    class Softplus(torch.nn.Module):
+        def __init__(self, **kwargs):
+            super().__init__()
+            self.kwargs = kwargs
+
+        def forward(self, *inputs):
+            return (torch.nn.functional.softplus(inputs[0], **self.kwargs),)
+
+    x = torch.linspace(-60, 60, 2401).reshape(1, -1)
+    batch = torch.export.Dim("batch", min=1)
+    for kwargs, ops in (({}, ["Softplus"]), ({"beta": 2.0}, ["Mul", "Softplus", "Div", "Greater", "Where"])):
+        path = tmp_path / f"softplus{len(kwargs)}.onnx"
+        _export_onnx(Softplus(**kwargs), Graph("g", "extra", ["x"], ["y"], (x,), [{0: batch}]), path)
+        assert [n.op_type for n in onnx.load(path).graph.node if n.op_type not in ("Constant", "CastLike")] == ops
+        (got,) = onnx_session(path).run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got, torch.nn.functional.softplus(x, **kwargs).numpy(), rtol=1e-6, atol=1e-7)

@@ -34,8 +34,7 @@ class AbilityGrid(nn.Module):
 
     def item_log_probs(self, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         """alpha (...), beta (..., K-1) -> log P(k | theta_g) (..., G, K)."""
-        grid = self.grid.expand(*alpha.shape, -1)  # (..., G)
-        logits = gpcm_logits(grid, alpha.unsqueeze(-1).expand_as(grid), beta.unsqueeze(-2))
+        logits = gpcm_logits(self.grid, alpha.unsqueeze(-1), beta.unsqueeze(-2))  # broadcast to (..., G, K)
         return torch.log_softmax(logits, -1)
 
     @staticmethod

@@ -70,9 +70,9 @@ class Thresholds(nn.Module):
 def gpcm_logits(theta: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """GPCM category logits Z_0 = 0, Z_k = sum_{j<k} alpha (theta - beta_j).
 
-    theta, alpha (...), beta (..., K-1) -> (..., K); softmax over the last axis gives P(Y = k)."""
+    theta, alpha (...), beta (..., K-1), broadcast together -> (..., K); softmax over the last axis gives P(Y = k)."""
     steps = alpha.unsqueeze(-1) * (theta.unsqueeze(-1) - beta)  # (..., K-1)
-    return torch.cat([torch.zeros_like(steps[..., :1]), steps.cumsum(-1)], dim=-1)
+    return F.pad(steps.cumsum(-1), (1, 0))
 
 
 class IRTHead(nn.Module):
@@ -167,8 +167,7 @@ class CORALBlend(nn.Module):
         location = beta.detach().mean(-1, keepdim=True)  # delta_q
         cum_logits = alpha.unsqueeze(-1) * (theta.unsqueeze(-1) - location - self.tau())  # logits of P(Y > k)
         above = torch.sigmoid(cum_logits)
-        ones, zeros = torch.ones_like(above[..., :1]), torch.zeros_like(above[..., :1])
-        coral = torch.cat([ones, above], -1) - torch.cat([above, zeros], -1)  # P(Y = k)
+        coral = F.pad(above, (1, 0), value=1.0) - F.pad(above, (0, 1))  # P(Y = k)
         w = self.blend_weight(beta).unsqueeze(-1)
         blended = (1 - w) * gpcm_log_probs.exp() + w * coral.clamp(min=0)
         return torch.log(blended.clamp(min=1e-12)), cum_logits
