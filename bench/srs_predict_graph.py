@@ -121,8 +121,7 @@ def compare(old: Path, new: Path, calls: int, rounds: int) -> None:
             nodes[label] = len(onnx.load(str(path)).graph.node)
         feed = memory_feed(model, sessions["old"], feeds(model, sessions["old"]))
         if name == "schedule":
-            feed = {**{k: v for k, v in feed.items() if k not in ("memory", "default_stability")},
-                    "retention": np.float32([0.9])}
+            feed = {**feed, "retention": np.float32([0.9])}
         a, b = (sessions[k].run(None, {i.name: feed[i.name] for i in sessions[k].get_inputs()}) for k in sessions)
         diff = max(float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max()) for x, y in zip(a, b, strict=True))
         runs = {"old": [], "new": []}
@@ -145,9 +144,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--rounds", type=int, help="rounds (default 2; 6 with --compare)")
     args = parser.parse_args()
+    if args.rounds is None:
+        args.rounds = 6 if args.compare else 2
     torch.set_num_threads(1)
     if args.compare:
-        return compare(*args.compare, args.calls, args.rounds or 6)
+        return compare(*args.compare, args.calls, args.rounds)
     graphs = {}
     with tempfile.TemporaryDirectory(prefix="srs-predict-graph-") as tmp:
         for c in args.card_windows:
@@ -158,7 +159,7 @@ def main() -> None:
                 feed = memory_feed(model, session, feeds(model, session))
                 graphs[c, name] = (len(onnx.load(str(path)).graph.node), session, feed)
         runs = {key: [] for key in graphs}
-        for _ in range(args.rounds or 2):
+        for _ in range(args.rounds):
             for key, (_, session, feed) in graphs.items():
                 runs[key].append(median_us(session, feed, args.calls))
     for (c, name), (nodes, _, _) in graphs.items():

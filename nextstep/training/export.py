@@ -408,12 +408,12 @@ def _export_onnx(module: nn.Module, g: Graph, path: Path) -> None:
 
 
 def optimize_graph(model) -> None:
-    """The exporter's graph clean-up (`torch.onnx.export(optimize=True)`, onnxscript's optimizer) without its
-    pattern rewrite rules, in place on an onnx_ir model: functions inlined, constants folded (twice at most), dead
-    nodes and duplicate initializers dropped, common subexpressions merged, a graph input returned as an output
-    given an Identity. The rewrite rules took 73-90% of the optimizer's time and a fifth of a time-aware export
-    (docs/decisions.md), for 2% fewer nodes and no faster ONNX Runtime session: the session rewrites the graph
-    itself at load (ORT_ENABLE_ALL)."""
+    """The exporter's graph clean-up (`torch.onnx.export(optimize=True)`: onnxscript's `optimize_ir`, which this
+    follows pass by pass) without its pattern rewrite rules, in place on an onnx_ir model: functions inlined,
+    constants folded (twice at most), dead nodes and duplicate initializers dropped, common subexpressions merged, a
+    graph input returned as an output given an Identity. The rewrite rules took 73-90% of the optimizer's time and
+    about a sixth of a time-aware export (bench/export_time.py, docs/decisions.md) for 2-16% fewer nodes and no
+    faster ONNX Runtime session: the session rewrites the graph itself at load (ORT_ENABLE_ALL)."""
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript.optimizer import fold_constants_ir

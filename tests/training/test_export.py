@@ -225,14 +225,16 @@ def test_export_refuses_a_model_whose_forward_disagrees_with_step(tmp_path):
 
 
 # The harness is the same for every family and test_weights_reload_to_the_same_model restores each one from its
-# weights, so one family (two state tensors) is exported again here: each export takes 10-20 s.
-@pytest.mark.parametrize("exported", ["deep_gpcm_learner"], indirect=True)
+# weights, so one family (two state tensors) is exported again here: each export takes 10-20 s. (Skipped for the
+# others rather than parametrized: an indirect parameter makes the module fixture build that family a second time.)
 def test_reexport_from_weights_writes_the_same_artifact(exported, tmp_path):
     from nextstep.training.export import reexport
     from nextstep.training.families import restore
     from nextstep.training.kt.export import KTExporter
 
     name, model, out, manifest = exported
+    if name != "deep_gpcm_learner":
+        pytest.skip("re-exported for deep_gpcm_learner alone: the harness is the same for every family")
     again = reexport(out, tmp_path, KTExporter, restore)
     assert again["parity"]["passed"] and again["parity"]["steps"] == manifest["parity"]["steps"]
     for key in ("name", "version", "task", "family", "model_config", "vocabularies", "weights"):
