@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from srs_predict_graph import median_us  # bench/ (the script's directory is on sys.path)
 
 from nextstep.service.registry import session_options
 
@@ -39,17 +39,6 @@ def feed(artifact: Path, session: ort.InferenceSession) -> dict[str, np.ndarray]
         else:  # an event's question or response (batch), or the questions asked (batch, n)
             out[i.name] = np.ones([1] * len(i.shape), np.int64)
     return out
-
-
-def median_us(session: ort.InferenceSession, inputs: dict, calls: int) -> float:
-    for _ in range(100):
-        session.run(None, inputs)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        session.run(None, inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def main() -> None:
