@@ -45,7 +45,7 @@ def build_artifacts(root: Path, work: Path) -> None:
     """deep_gpcm, gru4rec and time_aware at their families' default sizes, on the demo's generated data."""
     import numpy as np
 
-    from nextstep import demo
+    from nextstep.training.families import FAMILIES
     from nextstep.training.kt.loop import TrainConfig
     from nextstep.training.kt.run import train_model
     from nextstep.training.kt.synthetic import write_gpcm_dataset
@@ -56,10 +56,11 @@ def build_artifacts(root: Path, work: Path) -> None:
     from nextstep.training.srs.time_aware_loop import TimeAwareTrainConfig
     from nextstep.training.srs.time_aware_run import train_time_aware
 
+    data = {name: FAMILIES[name].demo.generated for name in ("deep_gpcm", "gru4rec", "time_aware")}  # the recipes'
     kt = work / "kt"
-    write_gpcm_dataset(kt, **{**demo.KT_DATA, "n_questions": 200})
+    write_gpcm_dataset(kt, **{**data["deep_gpcm"], "n_questions": 200})
     train_model("deep_gpcm", kt, root / "deep_gpcm" / "1", cfg=TrainConfig(epochs=1), progress=False, log=False)
-    sessions = zipf_sessions(**{**demo.SESSION_DATA, "n_items": 2000, "n_sessions": 2000})
+    sessions = zipf_sessions(**{**data["gru4rec"], "n_items": 2000, "n_sessions": 2000})
     rec = work / "rec"
     rec.mkdir(parents=True)
     n_train = len(sessions) * 5 // 6
@@ -69,7 +70,7 @@ def build_artifacts(root: Path, work: Path) -> None:
                     log=False)
     srs = work / "srs"
     srs.mkdir(parents=True)
-    reviews = write_review_csv(simulate_reviews(**demo.REVIEW_DATA), srs / "reviews.csv")
+    reviews = write_review_csv(simulate_reviews(**data["time_aware"]), srs / "reviews.csv")
     train_time_aware(reviews, root / "time_aware" / "1", cfg=TimeAwareTrainConfig(max_epochs=1, threads=1),
                      n_splits=2, baselines=False, progress=False)
 
