@@ -174,7 +174,7 @@ def kt(http, meter: Meter, n: int, events: int = 200, long_events: int = 10_000)
         post(http, "/v1/kt/deep_gpcm/events", {"student_id": "long-learner", "events": [
             {"question_id": questions[(b * 1000 + i) % len(questions)], "response": i % 4, "event_id": f"l-{b}-{i}"}
             for i in range(1000)]})
-    long = meter.memory("nextstep:{kt:deep_gpcm:*:long-learner}*", 1, before)
+    long = meter.memory("nextstep:{kt:deep_gpcm:long-learner}*", 1, before)
     return {"entity": f"a learner after {events} events", "write": writes, "read": read, "memory": memory,
             f"memory_after_{long_events}_events": long}
 
