@@ -20,11 +20,8 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from srs_predict_graph import median_us  # bench/ (the script's directory is on sys.path)
-
-from nextstep.service.registry import session_options
+from graph_ab import alternate, open_pair  # bench/ (the script's directory is on sys.path)
 
 
 def feed(artifact: Path, session: ort.InferenceSession) -> dict[str, np.ndarray]:
@@ -50,19 +47,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     for name in args.graphs:
-        sessions, inputs, nodes = {}, {}, {}
-        for label, folder in (("old", args.old), ("new", args.new)):
-            path = folder / f"{name}.onnx"
-            sessions[label] = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
-            inputs[label] = feed(folder, sessions[label])
-            nodes[label] = len(onnx.load(str(path)).graph.node)
-        a, b = (sessions[k].run(None, inputs[k]) for k in ("old", "new"))
-        diff = max(float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max()) for x, y in zip(a, b, strict=True))
-        runs = {"old": [], "new": []}
-        for r in range(args.rounds):
-            for label in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                runs[label].append(median_us(sessions[label], inputs[label], args.calls))
-        ratio = statistics.median(n / o for o, n in zip(runs["old"], runs["new"], strict=True))
+        sessions, nodes = open_pair(args.old, args.new, name)
+        inputs = {label: feed(folder, sessions[label]) for label, folder in (("old", args.old), ("new", args.new))}
+        diff, runs, ratio = alternate(sessions, inputs, args.calls, args.rounds)
         print(f"{name:13s} nodes {nodes['old']:4d} -> {nodes['new']:4d}; max |new - old| {diff:.1e}; median us: "
               f"old {statistics.median(runs['old']):.1f}, new {statistics.median(runs['new']):.1f}; "
               f"new/old paired {ratio:.3f}", flush=True)

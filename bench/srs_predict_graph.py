@@ -27,13 +27,13 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from graph_ab import alternate, median_us, open_pair  # bench/ (the script's directory is on sys.path)
 
 from nextstep.models.time_aware import TimeAwareConfig, TimeAwareTransformer, Window
 from nextstep.service.registry import session_options
@@ -82,17 +82,6 @@ def feeds(model: TimeAwareTransformer, session: ort.InferenceSession) -> dict[st
     return {k: v for k, v in f.items() if k in kept}
 
 
-def median_us(session: ort.InferenceSession, feed: dict, calls: int) -> float:
-    for _ in range(50):
-        session.run(None, feed)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
 def memory_feed(model: TimeAwareTransformer, session: ort.InferenceSession, feed: dict) -> dict:
     """`feed` plus the query card's FSRS-6 memory (and the defaults' stability), as the service computes them, where
     the session takes them (`predict_memory`)."""
@@ -114,22 +103,12 @@ def compare(old: Path, new: Path, calls: int, rounds: int) -> None:
     saved = torch.load(old / "weights.pt", weights_only=True)
     model = restore_time_aware(saved["family"], saved["config"], saved["state_dict"]).eval()
     for name in ("predict", "predict_memory", "schedule"):
-        sessions, nodes = {}, {}
-        for label, folder in (("old", old), ("new", new)):
-            path = folder / f"{name}.onnx"
-            sessions[label] = ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
-            nodes[label] = len(onnx.load(str(path)).graph.node)
+        sessions, nodes = open_pair(old, new, name)
         feed = memory_feed(model, sessions["old"], feeds(model, sessions["old"]))
         if name == "schedule":
             feed = {**feed, "retention": np.float32([0.9])}
-        a, b = (sessions[k].run(None, {i.name: feed[i.name] for i in sessions[k].get_inputs()}) for k in sessions)
-        diff = max(float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max()) for x, y in zip(a, b, strict=True))
-        runs = {"old": [], "new": []}
-        for r in range(rounds):
-            for label in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                session = sessions[label]
-                runs[label].append(median_us(session, {i.name: feed[i.name] for i in session.get_inputs()}, calls))
-        ratio = statistics.median(n / o for o, n in zip(runs["old"], runs["new"], strict=True))
+        diff, runs, ratio = alternate(sessions, {k: {i.name: feed[i.name] for i in s.get_inputs()}
+                                                 for k, s in sessions.items()}, calls, rounds)
         print(f"{name:14s} nodes {nodes['old']:5d} -> {nodes['new']:5d}; max |new - old| {diff:.1e}; median us: "
               f"old {', '.join(f'{x:.0f}' for x in runs['old'])}; new {', '.join(f'{x:.0f}' for x in runs['new'])}; "
               f"new/old {ratio:.3f}", flush=True)

@@ -120,9 +120,9 @@ def test_the_fold_graph_is_valid_onnx_with_the_step_s_inputs_and_an_events_axis(
 def test_the_fold_graph_computes_what_reads_no_state_for_all_events_before_the_scan():
     """deep_gpcm's step: of its 33 nodes, 29 read only the event (embeddings, the attention over the fixed keys, the
     response's log-likelihood on the grid); the registry's fold graph computes those for every event at once and scans
-    the other 4 (the evidence added, shifted and floored),
-    and it folds as it steps for several entities whose events differ (the tests above run this graph). The step
-    graph whole in the Scan (`fold_model`, where hoisting is not possible) folds the same."""
+    the other 4 (the evidence added, shifted and floored), and it folds as it steps for several entities whose events
+    differ (the tests above run this graph). The step graph whole in the Scan (`fold_model`, where hoisting is not
+    possible) folds the same."""
     onnx = pytest.importorskip("onnx")
     import onnxruntime as ort
 
