@@ -1104,8 +1104,15 @@ def test_redis_other_refusals_are_unavailable(redis_process: Any, client: str, r
             else:
                 raw.ping()
                 raw.config_set("maxclients", 1)  # the raw connection is the one
-                with pytest.raises(StoreUnavailable, match="max number of clients reached"):
-                    await store.get(KEY)
+                # Redis writes its refusal and closes the connection; a client whose first command is already on the
+                # way may see the reset before the message (the kernel drops it): the refusal is named in most tries
+                # (about 1 in 5 saw the reset in the whole file's runs), and every try is a StoreUnavailable
+                refusals = []
+                for _ in range(5):
+                    with pytest.raises(StoreUnavailable) as refused:
+                        await store.get(KEY)
+                    refusals.append(str(refused.value))
+                assert any("max number of clients reached" in r for r in refusals), refusals
                 raw.config_set("maxclients", 100)
                 assert await store.get(KEY) == ABSENT
             assert (await store.compare_and_set(KEY, await _version(store), b"z", 1, ["e3"])) is not None
