@@ -8,9 +8,11 @@ A tree is a checkout of this repository (`git worktree add /tmp/old 182efa6`); i
 PYTHONPATH and its bundled nextstep/demo_artifacts/deep_gpcm/demo, over a redis-server of its own
 (bench/service_load.py's machinery: one worker, no persistence, no keys). After 2 s of warm-up each, every round
 runs, per tree (the order reversed every other round), POST /v1/kt/deep_gpcm/events (one event, one prediction) at 1
-connection, then at 32. Prints per tree the median over rounds of the 1-connection p50 and of req/s at 32
-connections, and for each tree after the first its ratios to the first: of the medians, and the median of the
-per-round ratios (paired: the runs of one round are seconds apart).
+connection, then at 32. Prints per tree the median over rounds of the 1-connection p50, of req/s at 32 connections
+and of the CPU time a request took at 32 connections (the service's process, every thread, plus its redis-server's),
+and for each tree after the first its ratios to the first: of the medians, and the median of the per-round ratios
+(paired: the runs of one round are seconds apart). The CPU a request takes moves less with the machine's spells than
+its wall-clock figures do: when they disagree, a throughput gap that the CPU does not show is the machine's.
 """
 
 import argparse
@@ -52,36 +54,39 @@ def main() -> int:
                 root, art, _ = sl.prepare_artifacts(str(tree.resolve() / "nextstep/demo_artifacts/deep_gpcm/demo"),
                                                     work)
                 questions, n_cats = sl.artifact_vocab(art)
-                port, _ = sl.start_redis(procs, work)
+                port, redis = sl.start_redis(procs, work)
                 with environment(PYTHONPATH=str(tree.resolve())):
-                    base, _ = sl.start_service(procs, work, root, port)
+                    base, service = sl.start_service(procs, work, root, port)
                 one, many = work / "c1.lua", work / "c32.lua"
                 one.write_text(sl.events_lua(questions, n_cats, "c1", 1))
                 many.write_text(sl.events_lua(questions, n_cats, "c32", 64))
                 sl.run_wrk(base + EVENTS, many, 2, 32, 2)  # warm-up
-                served.append((base, one, many))
+                served.append((base, one, many, {"service": service.pid, "redis": redis.pid}))
             p50 = [[] for _ in served]
             rps = [[] for _ in served]
+            cpu = [[] for _ in served]  # ms a request, service and Redis, at 32 connections
             for r in range(args.rounds):
                 order = range(len(served)) if r % 2 == 0 else reversed(range(len(served)))
                 for n in order:
-                    base, one, many = served[n]
+                    base, one, many, pids = served[n]
                     p50[n].append(sl.run_wrk(base + EVENTS, one, 1, 1, args.duration)["p50_us"])
-                    rps[n].append(sl.run_wrk(base + EVENTS, many, 2, 32, args.duration)["rps"])
-                    print(f"round {r + 1} {str(args.trees[n]):30s} p50 {p50[n][-1]:6.0f} us   {rps[n][-1]:6.0f} req/s",
-                          flush=True)
+                    loaded = sl.run_wrk(base + EVENTS, many, 2, 32, args.duration, pids)
+                    rps[n].append(loaded["rps"])
+                    cpu[n].append(loaded["cpu_ms_per_request"]["service"] + loaded["cpu_ms_per_request"]["redis"])
+                    print(f"round {r + 1} {str(args.trees[n]):30s} p50 {p50[n][-1]:6.0f} us   {rps[n][-1]:6.0f} req/s"
+                          f"   CPU {cpu[n][-1]:.3f} ms a request", flush=True)
         finally:
             procs.stop_all()
     print(f"{args.rounds} rounds of {args.duration:g} s per run; medians over rounds")
     for n, tree in enumerate(args.trees):
         print(f"  {str(tree):30s} p50 at 1 connection {statistics.median(p50[n]):6.0f} us   "
-              f"req/s at 32 connections {statistics.median(rps[n]):6.0f}")
+              f"req/s at 32 connections {statistics.median(rps[n]):6.0f}   "
+              f"CPU {statistics.median(cpu[n]):.3f} ms a request")
     for n in range(1, len(args.trees)):
-        paired_p50 = statistics.median(a / b for a, b in zip(p50[n], p50[0], strict=True))
-        paired_rps = statistics.median(a / b for a, b in zip(rps[n], rps[0], strict=True))
-        print(f"  {args.trees[n]} / {args.trees[0]}: p50 {statistics.median(p50[n]) / statistics.median(p50[0]):.3f}x "
-              f"(paired {paired_p50:.3f}x), req/s {statistics.median(rps[n]) / statistics.median(rps[0]):.3f}x "
-              f"(paired {paired_rps:.3f}x)")
+        ratios = [f"{name} {statistics.median(x[n]) / statistics.median(x[0]):.3f}x (paired "
+                  f"{statistics.median(a / b for a, b in zip(x[n], x[0], strict=True)):.3f}x)"
+                  for name, x in (("p50", p50), ("req/s", rps), ("CPU a request", cpu))]
+        print(f"  {args.trees[n]} / {args.trees[0]}: " + ", ".join(ratios))
     return 0
 
 
