@@ -54,23 +54,34 @@ end
 #       max_rows, keep_rows, min_time (-1: any age), schema marker (a meta field naming the schema; '' for
 #       schema ''), n_fields, n_fields (name, value) pairs, n_rows, rows (encoded), fingerprints (7 bytes each)...
 _CAS_LUA = _FIND_LUA + r"""
+local made = {}  -- made[i]: KEYS[i] may be new or rewritten here, without an expiry (given one below in any case)
 local function forget(field)  -- the window's oldest id: the first entry of its bucket
   local bucket = redis.call('HGET', KEYS[6], field)
   if not bucket then return end
-  if #bucket <= W then redis.call('HDEL', KEYS[6], field)
+  if #bucket <= W then
+    redis.call('HDEL', KEYS[6], field)
+    made[6] = true  -- (the bucket hash may have gone, and come back)
   else redis.call('HSET', KEYS[6], field, string.sub(bucket, W + 1)) end
 end
 
-local version = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
+local own = KEYS[2] == KEYS[1]  -- schema '': the state's fields are the meta hash's (one HMGET, one HSET)
+local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids', 'version', 'events')  -- ids: a window
+local state = own and {meta[5], meta[6]} or redis.call('HMGET', KEYS[2], 'version', 'events')  -- in the old layout
+local version = tonumber(state[1] or '0')
 if version ~= tonumber(ARGV[1]) then return false end
-local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids')  -- ids: a window in the old layout
 local total = tonumber(meta[1] or '0')
 if tonumber(ARGV[2]) >= 0 and total ~= tonumber(ARGV[2]) then return false end
+-- the keys' expiries are refreshed to the TTL by the first write after the state's fell more than 1% of it (at most
+-- 5 minutes) behind, not by every write: the state's PTTL says when (with no TTL, that it has none)
+local ttl = tonumber(ARGV[6])
+local left = redis.call('PTTL', KEYS[2])
+local current = (ttl > 0 and left <= ttl and left > ttl - math.min(ttl / 100, 300000)) or (ttl == 0 and left == -1)
+made[1] = not meta[1]  -- (a meta hash always holds `total`)
 version = version + 1
 local first_row = 14 + 2 * tonumber(ARGV[12])
 local n_rows = tonumber(ARGV[first_row - 1])
 local first_fp = first_row + n_rows
-if n_rows > 0 then redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) end
+if n_rows > 0 then made[5] = redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) == n_rows end
 total = total + n_rows
 local base = tonumber(meta[2] or '0')
 if total - base > tonumber(ARGV[8]) then  -- past the count bound: the oldest go, down to keep_rows
@@ -89,9 +100,15 @@ while min_time >= 0 and base < total do  -- then any older than the age bound
 end
 local counts = {'total', total, 'base', base}  -- the meta's fields written (one HSET)
 if ARGV[11] ~= '' then counts[5], counts[6] = ARGV[11], 1 end
-local events = redis.call('HINCRBY', KEYS[2], 'events', ARGV[4])
-redis.call('HSET', KEYS[2], 'version', version, 'blob', ARGV[3], 'updated', ARGV[5], 'logged', total)
+local events = tonumber(state[2] or '0') + tonumber(ARGV[4])
+local written = {'version', version, 'events', events, 'blob', ARGV[3], 'updated', ARGV[5], 'logged', total}
+if own then
+  for _, v in ipairs(written) do counts[#counts + 1] = v end
+else
+  redis.call('HSET', KEYS[2], unpack(written))
+end
 for i = 13, first_row - 2, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+made[4] = first_row > 14
 local old_n = meta[4]
 if #ARGV >= first_fp or old_n then
   local width = tonumber(ARGV[7])
@@ -102,6 +119,7 @@ if #ARGV >= first_fp or old_n then
       -- the key beside this layout's keys): the window starts afresh
       redis.call('DEL', KEYS[3], KEYS[6])
       n = 0
+      made[3], made[6] = true, true
     else  -- the window was made smaller or larger: forget all but the newest `width`, keep them oldest first
       local ring, kept = redis.call('GET', KEYS[3]) or '', {}
       for j = n - held, n - 1 do
@@ -110,9 +128,11 @@ if #ARGV >= first_fp or old_n then
       end
       redis.call('SET', KEYS[3], table.concat(kept))
       n = #kept
+      made[3] = true
     end
   end
   local function record(field, entry)
+    if n == 0 then made[3], made[6] = true, true end  -- (SETRANGE and HSET make them)
     local bucket = redis.call('HGET', KEYS[6], field) or ''
     if find(bucket, entry) then return end  -- a replayed id keeps its place
     local slot = n % width
@@ -125,6 +145,7 @@ if #ARGV >= first_fp or old_n then
     n = n + 1
     if n == width then  -- just filled: rewrite it at its exact size (growing left up to 2x spare room)
       redis.call('SET', KEYS[3], redis.call('GET', KEYS[3]))
+      made[3] = true
     end
   end
   if old_n then  -- the old layout's ids join the window (each fingerprint's first 7 bytes), oldest first
@@ -150,6 +171,7 @@ if #ARGV >= first_fp or old_n then
       if #args > 0 then redis.call('HSET', KEYS[6], unpack(args)) end
       n = math.min(#order, width)
       if n > 0 then redis.call('SET', KEYS[3], string.sub(order, -n)) end
+      made[3], made[6] = true, true
     elseif width > 0 then  -- (an older release wrote beside this layout during a rolling upgrade)
       for j = math.max(old_total - old_held, old_total - width), old_total - 1 do
         local at = (j % old_held) * 8
@@ -170,9 +192,10 @@ if #ARGV >= first_fp or old_n then
   end
 end
 redis.call('HSET', KEYS[1], unpack(counts))
-local ttl = tonumber(ARGV[6])
 for i = 1, 6 do
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end
+  if (i ~= 2 or not own) and (made[i] or not current) then
+    if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end
+  end
 end
 return {version, events, total, base}
 """
@@ -198,7 +221,8 @@ return redis.call('DEL', unpack(keys))
 """
 
 
-_FIELDS = (b"version", b"events", b"updated", b"blob", b"logged")
+_FIELDS = (b"version", b"events", b"updated", b"blob", b"logged")  # a state's, in its hash
+_META = (b"total", b"base", b"recorded", b"ids")  # the meta hash's log counts and window markers
 
 
 def _holds(bucket: bytes | None, entry: bytes, width: int) -> bool:
@@ -249,7 +273,10 @@ class RedisStore:
                                         their fingerprint's first byte, 6 more bytes of it per id, oldest first
         <prefix>:{K}:order        STRING the same ids' buckets, one byte each, in a ring (which id to forget)
 
-    all refreshed to the TTL by each write (another schema's state keeps its own). A fingerprint is BLAKE2b-64 of the
+    all refreshed to the TTL by a write once the written state's expiry is more than 1% of the TTL (at most 5
+    minutes) behind it, and any key a write makes or rewrites given its expiry then, so every key expires at least
+    the TTL less that slack after the entity's last write (another schema's state keeps its own). A hot entity's
+    writes skip five PEXPIREs (docs/decisions.md). A fingerprint is BLAKE2b-64 of the
     id, and the window keeps its first 7 bytes: a new id is taken for a replay only if those 56 bits equal an id's
     of the window, about `max_event_ids / 2**56` (1.4e-13 at 10,000) per event. A key written before November 2026
     may still hold its window in the old layout (`:ring` and `:ids`, counted by the meta's `ids`): it is read too,
@@ -328,7 +355,10 @@ class RedisStore:
         script did this in one command at about 13 us of Redis's time, against about 3 for the pipeline.)"""
         meta, state_key, _, fields_key, _, buckets_key, _, old_buckets = self._keys(key, schema)
         fingerprints = [_fingerprint(i) for i in event_ids]
-        commands = [("HMGET", state_key, *_FIELDS), ("HMGET", meta, "total", "base", "recorded", "ids")]
+        own = state_key == meta  # schema "": the state's fields are the meta hash's (one HMGET)
+        commands = [("HMGET", meta, *_FIELDS, *_META)] if own else [("HMGET", state_key, *_FIELDS),
+                                                                     ("HMGET", meta, *_META)]
+        head = len(commands)
         if fields:
             commands.append(("HMGET", fields_key, *fields))
         if fingerprints:
@@ -341,7 +371,7 @@ class RedisStore:
                 break
         else:  # (a key written without pause: one transaction, which cannot be cut into)
             replies = await self._execute(what, commands, atomic=True)
-        (version, events, updated, blob, logged), (total, base, recorded, old) = replies[0], replies[1]
+        version, events, updated, blob, logged, total, base, recorded, old = [x for r in replies[:head] for x in r]
         seen = set()
         if fingerprints:  # (a layout's buckets count only where the meta counts its ids: `recorded`, `ids`)
             none = [None] * len(fingerprints)
@@ -350,7 +380,7 @@ class RedisStore:
         total, base = _int(total), _int(base)
         if version is None:
             return replace(ABSENT, total=total, base=base), seen
-        found = {name: value for name, value in zip(fields, replies[2], strict=True) if value is not None} \
+        found = {name: value for name, value in zip(fields, replies[head], strict=True) if value is not None} \
             if fields else {}
         return StoredState(int(version), int(events), float(updated), blob, found, _int(logged), total, base), seen
 

@@ -384,6 +384,63 @@ def test_no_lost_updates_under_concurrency(open_store: Opener) -> None:
 # ---- Redis specifics -----------------------------------------------------------------------------
 
 
+def test_redis_writes_refresh_expiries_once_behind_and_give_every_key_they_make_one(redis_url: str,
+                                                                                   client: str) -> None:
+    """A write refreshes the entity's keys to the TTL once the state's expiry has fallen more than 1% of the TTL (at
+    most 5 minutes) behind; before then it leaves them as they are (a hot entity's writes skip five PEXPIREs), and
+    every key it makes or rewrites gets an expiry all the same: after each write, each key of the entity has one.
+    A shorter TTL than the keys hold is applied by the next write."""
+
+    async def body() -> None:
+        now = [1_000_000.0]
+        store = RedisStore(_as(redis_url, client), ttl_seconds=1000, max_event_ids=1, key_prefix="hot",
+                           log=LogBounds(max_age_seconds=100), clock=lambda: now[0])
+        raw = aioredis.Redis.from_url(redis_url)
+        meta = f"hot:{{{KEY}}}"
+        versions = {"": 0, "abc": 0}
+
+        async def write(schema: str = "", **given) -> dict[str, int]:  # -> each key's PTTL after the write
+            stored = await store.compare_and_set(KEY, versions[schema], b"x", 1, schema=schema, **given)
+            versions[schema] = stored.version
+            left = {k.decode(): await raw.pttl(k) for k in await raw.keys(f"{meta}*")}
+            assert all(0 < ms <= 1_000_000 for ms in left.values()), left
+            return left
+
+        try:
+            assert set(await write(rows=[LogRow(now[0], b"r")])) == {meta, f"{meta}:log"}
+            await raw.pexpire(meta, 998_000)  # 2 s behind: current
+            left = await write(event_ids=["a"], rows=[LogRow(now[0], b"r")])  # the replay window's keys made
+            assert set(left) == {meta, f"{meta}:order", f"{meta}:seen", f"{meta}:log"} and left[meta] <= 998_000
+            left = await write(event_ids=["b"])  # a window of 1: its bucket goes, another comes
+            assert left[meta] <= 998_000
+            left = await write(fields={"card": b"1"})  # the fields' hash made
+            assert f"{meta}:fields" in left and left[meta] <= 998_000
+            now[0] += 200  # the log's rows are past the age bound: a write empties it, the next makes it again
+            assert f"{meta}:log" not in await write()
+            left = await write(event_ids=["c"], rows=[LogRow(now[0], b"r")])
+            assert f"{meta}:log" in left and left[meta] <= 998_000
+            wider = RedisStore(_as(redis_url, client), ttl_seconds=1000, max_event_ids=3, key_prefix="hot")
+            for event_id in "fgh":  # the window filled: its ring rewritten at its size (a SET: no expiry) and given one
+                versions[""] = (await wider.compare_and_set(KEY, versions[""], b"x", 1, [event_id])).version
+                assert await raw.pttl(f"{meta}:order") > 0 and await raw.pttl(meta) <= 998_000
+            await wider.close()
+            await raw.pexpire(meta, 980_000)  # 20 s behind: refreshed, every key
+            left = await write(event_ids=["d"])
+            assert min(left.values()) > 999_000, left
+            left = await write(schema="abc", event_ids=["e"])  # another schema's first state: refreshed
+            assert min(left.values()) > 999_000, left
+            shorter = RedisStore(_as(redis_url, client), ttl_seconds=100, key_prefix="hot")
+            versions[""] = (await shorter.compare_and_set(KEY, versions[""], b"x", 1)).version
+            assert max([await raw.pttl(k) for k in await raw.keys(f"{meta}*")]) > 999_000  # (abc's own state)
+            assert 99_000 < await raw.pttl(meta) <= 100_000 and 99_000 < await raw.pttl(f"{meta}:log") <= 100_000
+            await shorter.close()
+        finally:
+            await store.close()
+            await raw.aclose()
+
+    asyncio.run(body())
+
+
 def test_redis_key_layout_and_ttl(redis_url: str, client: str) -> None:
     async def body() -> None:
         store = RedisStore(_as(redis_url, client), ttl_seconds=60, key_prefix="ns", clock=lambda: 1234.5)
