@@ -1,6 +1,7 @@
 """What each lifecycle feature costs a knowledge-tracing event (issue 58, part 3): POST /v1/kt/deep_gpcm/events
-(one event and one prediction) p50 at one connection and req/s at 32, with live quality off and on, and with a
-100% shadow and a 50% canary of a second version, interleaved in one run.
+(one event and one prediction) p50 at one connection, and req/s and the CPU a request takes (the service's process,
+every thread, and redis-server) at 32, with live quality off and on, and with a 100% shadow and a 50% canary of a
+second version, interleaved in one run.
 
     python bench/feature_costs.py [--artifact DIR] [--duration 5] [--rounds 2] [--json OUT]
 
@@ -51,14 +52,15 @@ def run(args, work: Path, procs) -> int:
     for version in ("1", "2"):
         shutil.copytree(Path(args.artifact), root / MODEL / version)
     question_ids, n_cats = artifact_vocab(root / MODEL / "1")
-    redis_port, _ = start_redis(procs, work)
-    bases = {}
+    redis_port, redis = start_redis(procs, work)
+    bases, pids = {}, {}
     for quality in ("off", "on"):
         os.environ["NEXTSTEP_LIVE_QUALITY"] = "true" if quality == "on" else "false"
         os.environ["NEXTSTEP_NEW_VERSIONS"] = "manual"
         os.environ["NEXTSTEP_RELOAD_REFRESH_SECONDS"] = "0.5"
         (work / quality).mkdir()
-        bases[quality], _ = start_service(procs, work / quality, root, redis_port)
+        bases[quality], service = start_service(procs, work / quality, root, redis_port)
+        pids[quality] = {"service": service.pid, "redis": redis.pid}
     scripts = {}
     for tag, pool in (("c1", 1), ("cN", 4 * args.connections // 2)):
         scripts[tag] = work / f"{tag}.lua"
@@ -80,21 +82,25 @@ def run(args, work: Path, procs) -> int:
             url = f"{base}/v1/kt/{MODEL}/events"
             run_wrk(url, scripts["cN"], 2, args.connections, 1.0)  # warm-up
             single = run_wrk(url, scripts["c1"], 1, 1, args.duration)
-            loaded = run_wrk(url, scripts["cN"], 2, args.connections, args.duration)
-            row = {"config": config, "p50_ms": single["p50_us"] / 1000, "rps": loaded["rps"]}
+            loaded = run_wrk(url, scripts["cN"], 2, args.connections, args.duration, pids[quality])
+            cpu = loaded["cpu_ms_per_request"]
+            row = {"config": config, "p50_ms": single["p50_us"] / 1000, "rps": loaded["rps"],
+                   "cpu_ms": cpu["service"] + cpu["redis"]}
             out["runs"].append(row)
             print(f"{config} {LABELS[config]:22s} p50 {row['p50_ms']:6.3f} ms   {row['rps']:7.0f} req/s "
-                  f"at {args.connections}", flush=True)
+                  f"at {args.connections}, CPU {row['cpu_ms']:.3f} ms a request", flush=True)
     base_p50 = statistics.median(r["p50_ms"] for r in out["runs"] if r["config"] == "A")
     base_rps = statistics.median(r["rps"] for r in out["runs"] if r["config"] == "A")
+    base_cpu = statistics.median(r["cpu_ms"] for r in out["runs"] if r["config"] == "A")
     print("\nmedians, and against A:")
     out["medians"] = {}
     for config in "ABCD":
         p50 = statistics.median(r["p50_ms"] for r in out["runs"] if r["config"] == config)
         rps = statistics.median(r["rps"] for r in out["runs"] if r["config"] == config)
-        out["medians"][config] = {"p50_ms": p50, "rps": rps}
+        cpu = statistics.median(r["cpu_ms"] for r in out["runs"] if r["config"] == config)
+        out["medians"][config] = {"p50_ms": p50, "rps": rps, "cpu_ms": cpu}
         print(f"| {config} | {LABELS[config]} | {p50:.3f} ms ({p50 / base_p50:.2f}x) | "
-              f"{rps:.0f} ({rps / base_rps:.2f}x) |")
+              f"{rps:,.0f} ({rps / base_rps:.2f}x) | {cpu:.3f} ms ({cpu / base_cpu:.2f}x) |")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
