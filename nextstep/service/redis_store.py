@@ -54,13 +54,10 @@ end
 #       max_rows, keep_rows, min_time (-1: any age), schema marker (a meta field naming the schema; '' for
 #       schema ''), n_fields, n_fields (name, value) pairs, n_rows, rows (encoded), fingerprints (7 bytes each)...
 _CAS_LUA = _FIND_LUA + r"""
-local made = {}  -- made[i]: KEYS[i] may be new or rewritten here, without an expiry (given one below in any case)
 local function forget(field)  -- the window's oldest id: the first entry of its bucket
   local bucket = redis.call('HGET', KEYS[6], field)
   if not bucket then return end
-  if #bucket <= W then
-    redis.call('HDEL', KEYS[6], field)
-    made[6] = true  -- (the bucket hash may have gone, and come back)
+  if #bucket <= W then redis.call('HDEL', KEYS[6], field)
   else redis.call('HSET', KEYS[6], field, string.sub(bucket, W + 1)) end
 end
 
@@ -71,17 +68,11 @@ local version = tonumber(state[1] or '0')
 if version ~= tonumber(ARGV[1]) then return false end
 local total = tonumber(meta[1] or '0')
 if tonumber(ARGV[2]) >= 0 and total ~= tonumber(ARGV[2]) then return false end
--- the keys' expiries are refreshed to the TTL by the first write after the state's fell more than 1% of it (at most
--- 5 minutes) behind, not by every write: the state's PTTL says when (with no TTL, that it has none)
-local ttl = tonumber(ARGV[6])
-local left = redis.call('PTTL', KEYS[2])
-local current = (ttl > 0 and left <= ttl and left > ttl - math.min(ttl / 100, 300000)) or (ttl == 0 and left == -1)
-made[1] = not meta[1]  -- (a meta hash always holds `total`)
 version = version + 1
 local first_row = 14 + 2 * tonumber(ARGV[12])
 local n_rows = tonumber(ARGV[first_row - 1])
 local first_fp = first_row + n_rows
-if n_rows > 0 then made[5] = redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) == n_rows end
+if n_rows > 0 then redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) end
 total = total + n_rows
 local base = tonumber(meta[2] or '0')
 if total - base > tonumber(ARGV[8]) then  -- past the count bound: the oldest go, down to keep_rows
@@ -108,7 +99,6 @@ else
   redis.call('HSET', KEYS[2], unpack(written))
 end
 for i = 13, first_row - 2, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
-made[4] = first_row > 14
 local old_n = meta[4]
 if #ARGV >= first_fp or old_n then
   local width = tonumber(ARGV[7])
@@ -119,7 +109,6 @@ if #ARGV >= first_fp or old_n then
       -- the key beside this layout's keys): the window starts afresh
       redis.call('DEL', KEYS[3], KEYS[6])
       n = 0
-      made[3], made[6] = true, true
     else  -- the window was made smaller or larger: forget all but the newest `width`, keep them oldest first
       local ring, kept = redis.call('GET', KEYS[3]) or '', {}
       for j = n - held, n - 1 do
@@ -128,11 +117,9 @@ if #ARGV >= first_fp or old_n then
       end
       redis.call('SET', KEYS[3], table.concat(kept))
       n = #kept
-      made[3] = true
     end
   end
   local function record(field, entry)
-    if n == 0 then made[3], made[6] = true, true end  -- (SETRANGE and HSET make them)
     local bucket = redis.call('HGET', KEYS[6], field) or ''
     if find(bucket, entry) then return end  -- a replayed id keeps its place
     local slot = n % width
@@ -145,7 +132,6 @@ if #ARGV >= first_fp or old_n then
     n = n + 1
     if n == width then  -- just filled: rewrite it at its exact size (growing left up to 2x spare room)
       redis.call('SET', KEYS[3], redis.call('GET', KEYS[3]))
-      made[3] = true
     end
   end
   if old_n then  -- the old layout's ids join the window (each fingerprint's first 7 bytes), oldest first
@@ -171,7 +157,6 @@ if #ARGV >= first_fp or old_n then
       if #args > 0 then redis.call('HSET', KEYS[6], unpack(args)) end
       n = math.min(#order, width)
       if n > 0 then redis.call('SET', KEYS[3], string.sub(order, -n)) end
-      made[3], made[6] = true, true
     elseif width > 0 then  -- (an older release wrote beside this layout during a rolling upgrade)
       for j = math.max(old_total - old_held, old_total - width), old_total - 1 do
         local at = (j % old_held) * 8
@@ -192,8 +177,9 @@ if #ARGV >= first_fp or old_n then
   end
 end
 redis.call('HSET', KEYS[1], unpack(counts))
+local ttl = tonumber(ARGV[6])
 for i = 1, 6 do
-  if (i ~= 2 or not own) and (made[i] or not current) then
+  if i ~= 2 or not own then
     if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end
   end
 end
@@ -273,10 +259,7 @@ class RedisStore:
                                         their fingerprint's first byte, 6 more bytes of it per id, oldest first
         <prefix>:{K}:order        STRING the same ids' buckets, one byte each, in a ring (which id to forget)
 
-    all refreshed to the TTL by a write once the written state's expiry is more than 1% of the TTL (at most 5
-    minutes) behind it, and any key a write makes or rewrites given its expiry then, so every key expires at least
-    the TTL less that slack after the entity's last write (another schema's state keeps its own). A hot entity's
-    writes skip five PEXPIREs (docs/decisions.md). A fingerprint is BLAKE2b-64 of the
+    all refreshed to the TTL by each write (another schema's state keeps its own). A fingerprint is BLAKE2b-64 of the
     id, and the window keeps its first 7 bytes: a new id is taken for a replay only if those 56 bits equal an id's
     of the window, about `max_event_ids / 2**56` (1.4e-13 at 10,000) per event. A key written before November 2026
     may still hold its window in the old layout (`:ring` and `:ids`, counted by the meta's `ids`): it is read too,
