@@ -61,11 +61,10 @@ local function forget(field)  -- the window's oldest id: the first entry of its 
   else redis.call('HSET', KEYS[6], field, string.sub(bucket, W + 1)) end
 end
 
-local own = KEYS[2] == KEYS[1]  -- schema '': the state's fields are the meta hash's (one HMGET, one HSET)
-local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids', 'version', 'events')  -- ids: a window
-local state = own and {meta[5], meta[6]} or redis.call('HMGET', KEYS[2], 'version', 'events')  -- in the old layout
+local state = redis.call('HMGET', KEYS[2], 'version', 'events')
 local version = tonumber(state[1] or '0')
 if version ~= tonumber(ARGV[1]) then return false end
+local meta = redis.call('HMGET', KEYS[1], 'total', 'base', 'recorded', 'ids')  -- ids: a window in the old layout
 local total = tonumber(meta[1] or '0')
 if tonumber(ARGV[2]) >= 0 and total ~= tonumber(ARGV[2]) then return false end
 version = version + 1
@@ -92,12 +91,7 @@ end
 local counts = {'total', total, 'base', base}  -- the meta's fields written (one HSET)
 if ARGV[11] ~= '' then counts[5], counts[6] = ARGV[11], 1 end
 local events = tonumber(state[2] or '0') + tonumber(ARGV[4])
-local written = {'version', version, 'events', events, 'blob', ARGV[3], 'updated', ARGV[5], 'logged', total}
-if own then
-  for _, v in ipairs(written) do counts[#counts + 1] = v end
-else
-  redis.call('HSET', KEYS[2], unpack(written))
-end
+redis.call('HSET', KEYS[2], 'version', version, 'events', events, 'blob', ARGV[3], 'updated', ARGV[5], 'logged', total)
 for i = 13, first_row - 2, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 local old_n = meta[4]
 if #ARGV >= first_fp or old_n then
@@ -179,9 +173,7 @@ end
 redis.call('HSET', KEYS[1], unpack(counts))
 local ttl = tonumber(ARGV[6])
 for i = 1, 6 do
-  if i ~= 2 or not own then
-    if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end
-  end
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl) else redis.call('PERSIST', KEYS[i]) end
 end
 return {version, events, total, base}
 """
@@ -207,8 +199,7 @@ return redis.call('DEL', unpack(keys))
 """
 
 
-_FIELDS = (b"version", b"events", b"updated", b"blob", b"logged")  # a state's, in its hash
-_META = (b"total", b"base", b"recorded", b"ids")  # the meta hash's log counts and window markers
+_FIELDS = (b"version", b"events", b"updated", b"blob", b"logged")
 
 
 def _holds(bucket: bytes | None, entry: bytes, width: int) -> bool:
@@ -338,10 +329,7 @@ class RedisStore:
         script did this in one command at about 13 us of Redis's time, against about 3 for the pipeline.)"""
         meta, state_key, _, fields_key, _, buckets_key, _, old_buckets = self._keys(key, schema)
         fingerprints = [_fingerprint(i) for i in event_ids]
-        own = state_key == meta  # schema "": the state's fields are the meta hash's (one HMGET)
-        commands = [("HMGET", meta, *_FIELDS, *_META)] if own else [("HMGET", state_key, *_FIELDS),
-                                                                     ("HMGET", meta, *_META)]
-        head = len(commands)
+        commands = [("HMGET", state_key, *_FIELDS), ("HMGET", meta, "total", "base", "recorded", "ids")]
         if fields:
             commands.append(("HMGET", fields_key, *fields))
         if fingerprints:
@@ -354,7 +342,7 @@ class RedisStore:
                 break
         else:  # (a key written without pause: one transaction, which cannot be cut into)
             replies = await self._execute(what, commands, atomic=True)
-        version, events, updated, blob, logged, total, base, recorded, old = [x for r in replies[:head] for x in r]
+        (version, events, updated, blob, logged), (total, base, recorded, old) = replies[0], replies[1]
         seen = set()
         if fingerprints:  # (a layout's buckets count only where the meta counts its ids: `recorded`, `ids`)
             none = [None] * len(fingerprints)
@@ -363,7 +351,7 @@ class RedisStore:
         total, base = _int(total), _int(base)
         if version is None:
             return replace(ABSENT, total=total, base=base), seen
-        found = {name: value for name, value in zip(fields, replies[head], strict=True) if value is not None} \
+        found = {name: value for name, value in zip(fields, replies[2], strict=True) if value is not None} \
             if fields else {}
         return StoredState(int(version), int(events), float(updated), blob, found, _int(logged), total, base), seen
 
