@@ -396,6 +396,17 @@ class BayesGPCM(DeepGPCM):
         evidence = torch.bmm(self._address(keys), state[0])  # (B, M, G)
         return self._predict(evidence, *self._items(keys))
 
+    def for_serving(self) -> "BayesGPCM":
+        """This model for export (training/export.py): a copy whose step and readout look the item side up (every
+        question's slot weights, alpha, beta and log P(k | theta_g) on the grid: none of it sees the learner) in
+        tables made once from these weights, instead of computing it from the question embedding at every call. The
+        same function (the export harness checks its stepping against `forward`, <= 1e-5) in about half the ONNX
+        Runtime time of a served event (bench/kt_graph_ab.py). Past TABLE_LIMIT floats the model itself."""
+        cfg = self.cfg
+        if cfg.n_questions * (cfg.grid_size * (2 * cfg.n_cats) + cfg.memory_size + cfg.n_cats) > TABLE_LIMIT:
+            return self
+        return TabulatedBayesGPCM(self)
+
     def forward(self, questions, responses):
         keys = self.question_embed(questions)  # (B, T, dk)
         weights = self._address(keys)  # (B, T, N)
@@ -408,6 +419,44 @@ class BayesGPCM(DeepGPCM):
             evidence.append(torch.bmm(weights[:, t:t + 1], memory))  # (B, 1, G)
             memory = self.grid.add_evidence(memory, weights[:, t], ll[:, t], keep)
         return self._predict(torch.cat(evidence, 1), alpha, beta, item_lp)
+
+
+TABLE_LIMIT = 1 << 24  # floats of item tables (64 MiB) past which a BayesGPCM is exported without them
+
+
+class TabulatedBayesGPCM(BayesGPCM):
+    """A BayesGPCM whose item side is looked up (BayesGPCM.for_serving): per question row, the slot weights (Q, N),
+    alpha (Q), beta (Q, K-1), log P(k | theta_g) as (Q * K, G) rows (a response's log-likelihood on the grid is one
+    row) and P(k | theta_g) (Q, G, K), whose product with the posterior is the predictive distribution (one batched
+    matmul in place of BayesGPCM's logsumexp over (G, K) terms). It shares the model's parameters (its state dict is
+    the model's: the tables are not in it) and trains no further: `forward` is the model's own pass, against which
+    the export harness checks this stepping."""
+
+    def __init__(self, model: BayesGPCM):
+        nn.Module.__init__(self)
+        self.cfg = model.cfg
+        for name, child in model.named_children():
+            setattr(self, name, child)
+        for name, parameter in model.named_parameters(recurse=False):
+            self.register_parameter(name, parameter)
+        with torch.no_grad():
+            keys = model.question_embed(torch.arange(model.cfg.n_questions))
+            alpha, beta, item_lp = model._items(keys)  # (Q), (Q, K-1), (Q, G, K)
+            tables = {"weights": model._address(keys), "alpha": alpha, "beta": beta, "item_probs": item_lp.exp(),
+                      "log_lik": item_lp.transpose(1, 2).reshape(-1, model.cfg.grid_size)}
+        for name, table in tables.items():
+            self.register_buffer(name, table.contiguous(), persistent=False)
+        self.train(model.training)
+
+    def step(self, state, question, response):
+        ll = self.log_lik[question * self.cfg.n_cats + response]  # (B, G)
+        return (self.grid.add_evidence(state[0], self.weights[question], ll, self._keep()),)
+
+    def readout(self, state, questions):
+        evidence = torch.bmm(self.weights[questions], state[0])  # (B, M, G)
+        post = torch.softmax(self.grid.log_prior + evidence, -1)
+        probs = (post.unsqueeze(-2) @ self.item_probs[questions]).squeeze(-2)  # (B, M, K)
+        return GPCMOutput(probs.log(), post @ self.grid.grid, self.alpha[questions], self.beta[questions])
 
 
 def _disorder(theta: torch.Tensor) -> torch.Tensor:

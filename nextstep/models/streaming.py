@@ -11,7 +11,10 @@ export and serving know a family only through these five members:
                                          readout gives after stepping through the events before t
 
 plus two class attributes, `family` (the name artifacts and the CLI use) and `task` (which service routes answer
-it). Each family is one file under nextstep/models/ with a dataclass config; deep_gpcm.py is the example.
+it), and optionally `for_serving() -> StreamingModel`: a form of the same model whose step and readout are cheaper
+to run (deep_gpcm's Bayes filter looks its item side up in tables), which the export harness exports in its place and
+checks against this model's `forward`. Each family is one file under nextstep/models/ with a dataclass config;
+deep_gpcm.py is the example.
 
     task               families                          event               query                 readout
     knowledge_tracing  deep_gpcm, attention_gpcm,        question, response  questions (B, M)      log_probs (B, M, K);

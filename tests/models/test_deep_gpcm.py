@@ -16,6 +16,11 @@ FIELDS = ("log_probs", "theta", "alpha", "beta")
 # a recurrent learner state beside the memory
 CASES = {**{name: (cls, {}) for name, cls in MODELS.items()},
          "deep_gpcm_bayes_drift": (MODELS["deep_gpcm_bayes"], {"evidence_keep": 0.9}),
+         # the form the export takes (for_serving: the item side looked up in tables), held to the same promises
+         # against the model's own forward pass
+         "deep_gpcm_bayes_served": (lambda cfg: MODELS["deep_gpcm_bayes"](cfg).for_serving(), {}),
+         "deep_gpcm_bayes_drift_served": (lambda cfg: MODELS["deep_gpcm_bayes"](cfg).for_serving(),
+                                          {"evidence_keep": 0.9}),
          # with the rest of right/wrong data's defaults: the item's own discrimination, the order penalty
          "deep_gpcm_learner": (MODELS["deep_gpcm"], {"learner_dim": 6, "item_discrimination": True,
                                                      "order_penalty": 1.0}),

@@ -205,3 +205,21 @@ def test_fading_evidence_scales_a_written_slot_s_old_evidence_by_the_keep_share(
     first = lls[0] - lls[0].max()
     expected = 0.8 * first + lls[1]
     torch.testing.assert_close(state[0][0, 0], (expected - expected.max()).clamp(min=-FLOOR))
+
+
+def test_the_served_form_looks_the_items_up_keeps_the_weights_and_gives_way_past_the_table_limit(monkeypatch):
+    from nextstep.models import deep_gpcm as family
+
+    torch.manual_seed(0)
+    model = BayesGPCM(GPCMConfig(n_questions=30, n_cats=K, key_dim=8)).eval()
+    served = model.for_serving()
+    assert isinstance(served, family.TabulatedBayesGPCM)
+    assert served.state_dict().keys() == model.state_dict().keys()  # weights.pt stays the model's
+    q, r = torch.tensor([4, 17]), torch.tensor([3, 1])
+    with torch.no_grad():
+        _, _, item_lp = model._items(model.question_embed(q))
+        torch.testing.assert_close(served.log_lik[q * K + r], item_lp[torch.arange(2), :, r])
+        state = served.step(model.init_state(2), q, r)
+        torch.testing.assert_close(state[0], model.step(model.init_state(2), q, r)[0])
+    monkeypatch.setattr(family, "TABLE_LIMIT", 30 * 61 * 2 * K)  # below what the tables would take
+    assert model.for_serving() is model
