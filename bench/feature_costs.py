@@ -89,18 +89,25 @@ def run(args, work: Path, procs) -> int:
             out["runs"].append(row)
             print(f"{config} {LABELS[config]:22s} p50 {row['p50_ms']:6.3f} ms   {row['rps']:7.0f} req/s "
                   f"at {args.connections}, CPU {row['cpu_ms']:.3f} ms a request", flush=True)
-    base_p50 = statistics.median(r["p50_ms"] for r in out["runs"] if r["config"] == "A")
-    base_rps = statistics.median(r["rps"] for r in out["runs"] if r["config"] == "A")
-    base_cpu = statistics.median(r["cpu_ms"] for r in out["runs"] if r["config"] == "A")
-    print("\nmedians, and against A:")
-    out["medians"] = {}
+    fields = ("p50_ms", "rps", "cpu_ms")
+    base = {f: statistics.median(r[f] for r in out["runs"] if r["config"] == "A") for f in fields}
+    rounds = [out["runs"][i:i + 8] for i in range(0, len(out["runs"]), 8)]
+
+    def paired(config: str, field: str) -> float:
+        """The median over rounds of (config's two runs) / (A's two runs): A B C D D C B A cancels a steady drift."""
+        return statistics.median(sum(r[field] for r in runs if r["config"] == config)
+                                 / sum(r[field] for r in runs if r["config"] == "A") for runs in rounds)
+
+    print("\nmedians, against A's median, and paired (the median over rounds of each round's ratio to its A runs):")
+    out["medians"], out["paired"] = {}, {}
     for config in "ABCD":
-        p50 = statistics.median(r["p50_ms"] for r in out["runs"] if r["config"] == config)
-        rps = statistics.median(r["rps"] for r in out["runs"] if r["config"] == config)
-        cpu = statistics.median(r["cpu_ms"] for r in out["runs"] if r["config"] == config)
-        out["medians"][config] = {"p50_ms": p50, "rps": rps, "cpu_ms": cpu}
-        print(f"| {config} | {LABELS[config]} | {p50:.3f} ms ({p50 / base_p50:.2f}x) | "
-              f"{rps:,.0f} ({rps / base_rps:.2f}x) | {cpu:.3f} ms ({cpu / base_cpu:.2f}x) |")
+        mid = out["medians"][config] = {f: statistics.median(r[f] for r in out["runs"] if r["config"] == config)
+                                        for f in fields}
+        pair = out["paired"][config] = {f: paired(config, f) for f in fields}
+        print(f"| {config} | {LABELS[config]} | {mid['p50_ms']:.3f} ms ({mid['p50_ms'] / base['p50_ms']:.2f}x, "
+              f"paired {pair['p50_ms']:.2f}x) | {mid['rps']:,.0f} ({mid['rps'] / base['rps']:.2f}x, paired "
+              f"{pair['rps']:.2f}x) | {mid['cpu_ms']:.3f} ms ({mid['cpu_ms'] / base['cpu_ms']:.2f}x, paired "
+              f"{pair['cpu_ms']:.2f}x) |")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
