@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .layers.attention import CausalRefinement
@@ -397,13 +398,13 @@ class BayesGPCM(DeepGPCM):
         return self._predict(evidence, *self._items(keys))
 
     def for_serving(self) -> "BayesGPCM":
-        """This model for export (training/export.py): a copy whose step and readout look the item side up (every
+        """This model for export (training/export.py): a form whose step and readout look the item side up (every
         question's slot weights, alpha, beta and log P(k | theta_g) on the grid: none of it sees the learner) in
-        tables made once from these weights, instead of computing it from the question embedding at every call. The
+        tables made from these weights now, instead of computing it from the question embedding at every call. The
         same function (the export harness checks its stepping against `forward`, <= 1e-5) in about half the ONNX
-        Runtime time of a served event (bench/kt_graph_ab.py). Past TABLE_LIMIT floats the model itself."""
+        Runtime time of a served event (bench/kt_graph_ab.py). Past TABLE_LIMIT floats, the model itself."""
         cfg = self.cfg
-        if cfg.n_questions * (cfg.grid_size * (2 * cfg.n_cats) + cfg.memory_size + cfg.n_cats) > TABLE_LIMIT:
+        if cfg.n_questions * (cfg.n_cats * cfg.grid_size + cfg.memory_size + cfg.n_cats) > TABLE_LIMIT:
             return self
         return TabulatedBayesGPCM(self)
 
@@ -421,16 +422,21 @@ class BayesGPCM(DeepGPCM):
         return self._predict(torch.cat(evidence, 1), alpha, beta, item_lp)
 
 
-TABLE_LIMIT = 1 << 24  # floats of item tables (64 MiB) past which a BayesGPCM is exported without them
+# floats of item tables (8 MiB; about 8,400 questions at K = 4 with the ordinal defaults) past which a BayesGPCM is
+# exported computing its item side: an artifact holds the tables about five times (step, predict and step_predict in
+# ONNX, step and predict in TorchScript) and the service's sessions about as many times in memory, per version loaded
+TABLE_LIMIT = 1 << 21
 
 
 class TabulatedBayesGPCM(BayesGPCM):
     """A BayesGPCM whose item side is looked up (BayesGPCM.for_serving): per question row, the slot weights (Q, N),
-    alpha (Q), beta (Q, K-1), log P(k | theta_g) as (Q * K, G) rows (a response's log-likelihood on the grid is one
-    row) and P(k | theta_g) (Q, G, K), whose product with the posterior is the predictive distribution (one batched
-    matmul in place of BayesGPCM's logsumexp over (G, K) terms). It shares the model's parameters (its state dict is
-    the model's: the tables are not in it) and trains no further: `forward` is the model's own pass, against which
-    the export harness checks this stepping."""
+    alpha and beta (Q, K) and log P(k | theta_g) (Q, K x G: response k's G values at k x G). The step adds the
+    response's G values; the readout sums the posterior times P(k | theta_g) over each response's G values (one
+    matmul with a 0/1 matrix, in linear space, in place of BayesGPCM's logsumexp over (G, K) terms). It shares the
+    model's parameters (its state dict is the model's: the tables are not in it), and the tables are made once:
+    weights changed afterwards (training on, a state dict loaded) leave them stale, so a form is made for each export
+    and used for nothing else. `forward` is the model's own pass, against which the export harness checks this
+    stepping."""
 
     def __init__(self, model: BayesGPCM):
         nn.Module.__init__(self)
@@ -440,23 +446,27 @@ class TabulatedBayesGPCM(BayesGPCM):
         for name, parameter in model.named_parameters(recurse=False):
             self.register_parameter(name, parameter)
         with torch.no_grad():
-            keys = model.question_embed(torch.arange(model.cfg.n_questions))
+            keys = model.question_embed(torch.arange(model.cfg.n_questions, device=model.question_embed.weight.device))
             alpha, beta, item_lp = model._items(keys)  # (Q), (Q, K-1), (Q, G, K)
-            tables = {"weights": model._address(keys), "alpha": alpha, "beta": beta, "item_probs": item_lp.exp(),
-                      "log_lik": item_lp.transpose(1, 2).reshape(-1, model.cfg.grid_size)}
+            tables = {"weights": model._address(keys), "items": torch.cat([alpha.unsqueeze(-1), beta], -1),
+                      "log_lik": item_lp.transpose(1, 2).flatten(1)}
+        K, G = model.cfg.n_cats, model.cfg.grid_size
+        tables["grid_index"] = torch.arange(G)  # a response's segment of a row of log_lik: k * G + grid_index
+        tables["segments"] = torch.eye(K).repeat_interleave(G, 0)  # (K x G, K): sums each response's G terms
         for name, table in tables.items():
             self.register_buffer(name, table.contiguous(), persistent=False)
         self.train(model.training)
 
     def step(self, state, question, response):
-        ll = self.log_lik[question * self.cfg.n_cats + response]  # (B, G)
-        return (self.grid.add_evidence(state[0], self.weights[question], ll, self._keep()),)
+        ll = F.embedding(question, self.log_lik).gather(1, response.unsqueeze(1) * self.cfg.grid_size + self.grid_index)
+        return (self.grid.add_evidence(state[0], F.embedding(question, self.weights), ll, self._keep()),)  # ll (B, G)
 
     def readout(self, state, questions):
-        evidence = torch.bmm(self.weights[questions], state[0])  # (B, M, G)
+        evidence = torch.bmm(F.embedding(questions, self.weights), state[0])  # (B, M, G)
         post = torch.softmax(self.grid.log_prior + evidence, -1)
-        probs = (post.unsqueeze(-2) @ self.item_probs[questions]).squeeze(-2)  # (B, M, K)
-        return GPCMOutput(probs.log(), post @ self.grid.grid, self.alpha[questions], self.beta[questions])
+        terms = F.embedding(questions, self.log_lik).exp() * post.repeat(1, 1, self.cfg.n_cats)  # (B, M, K x G)
+        items = F.embedding(questions, self.items)  # (B, M, K): alpha, beta
+        return GPCMOutput((terms @ self.segments).log(), post @ self.grid.grid, items[..., 0], items[..., 1:])
 
 
 def _disorder(theta: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,7 @@ class Exporter:
     step_tolerance = STEP_TOLERANCE  # full pass vs stepping; a family with a rounded state states its own
 
     def __init__(self, model: StreamingModel):
-        serving = getattr(model, "for_serving", None)  # a family's faster form of the same step and readout
+        serving = getattr(model.eval(), "for_serving", None)  # a family's faster form of the same step and readout
         self.model = (serving() if serving else model).eval()
 
     # -- hooks --------------------------------------------------------------------------------------------

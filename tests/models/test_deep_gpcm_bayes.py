@@ -16,6 +16,7 @@ from nextstep.models.layers.ordinal import solve_item_embeddings
 from nextstep.training.kt.synthetic import generate_gpcm, gpcm_probs
 
 K = 4
+FIELDS = ("log_probs", "theta", "alpha", "beta")
 
 
 def exact_filter(grid, alpha, beta, questions, responses):
@@ -207,19 +208,41 @@ def test_fading_evidence_scales_a_written_slot_s_old_evidence_by_the_keep_share(
     torch.testing.assert_close(state[0][0, 0], (expected - expected.max()).clamp(min=-FLOOR))
 
 
-def test_the_served_form_looks_the_items_up_keeps_the_weights_and_gives_way_past_the_table_limit(monkeypatch):
+@pytest.mark.parametrize("n_cats,memory_size,keep", [(4, 1, None), (2, 5, None), (4, 5, 0.9)])
+def test_the_served_form_steps_and_reads_out_as_the_model_does_on_every_row(n_cats, memory_size, keep):
+    """BayesGPCM.for_serving's tables against the model's computed item side: the state and every output, stepping
+    through questions that include the padding row 0 and the unknown row 1, several questions asked at once."""
     from nextstep.models import deep_gpcm as family
 
     torch.manual_seed(0)
-    model = BayesGPCM(GPCMConfig(n_questions=30, n_cats=K, key_dim=8)).eval()
+    Q = 12
+    model = BayesGPCM(GPCMConfig(n_questions=Q, n_cats=n_cats, memory_size=memory_size, key_dim=8,
+                                 evidence_keep=keep)).eval()
+    with torch.no_grad():  # larger embeddings: sharper items, evidence reaching the floor
+        model.question_embed.weight.mul_(3.0)
     served = model.for_serving()
     assert isinstance(served, family.TabulatedBayesGPCM)
     assert served.state_dict().keys() == model.state_dict().keys()  # weights.pt stays the model's
-    q, r = torch.tensor([4, 17]), torch.tensor([3, 1])
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(0, Q, (3, 40), generator=g)
+    q[:, :4] = torch.tensor([0, 1, 1, 0])
+    r = torch.randint(0, n_cats, (3, 40), generator=g)
+    asked = torch.arange(Q).repeat(3, 1)  # every row, the padding and unknown ones too
     with torch.no_grad():
-        _, _, item_lp = model._items(model.question_embed(q))
-        torch.testing.assert_close(served.log_lik[q * K + r], item_lp[torch.arange(2), :, r])
-        state = served.step(model.init_state(2), q, r)
-        torch.testing.assert_close(state[0], model.step(model.init_state(2), q, r)[0])
-    monkeypatch.setattr(family, "TABLE_LIMIT", 30 * 61 * 2 * K)  # below what the tables would take
+        ours, theirs = served.init_state(3), model.init_state(3)
+        for t in range(40):
+            a, b = served.readout(ours, asked), model.readout(theirs, asked)
+            for field in FIELDS:
+                torch.testing.assert_close(getattr(a, field), getattr(b, field), atol=2e-5, rtol=0)
+            ours, theirs = served.step(ours, q[:, t], r[:, t]), model.step(theirs, q[:, t], r[:, t])
+            torch.testing.assert_close(ours[0], theirs[0], atol=5e-5, rtol=0)
+    assert theirs[0].min() < -10.0  # (the evidence is far from trivially small)
+
+
+def test_the_served_form_gives_way_past_the_table_limit(monkeypatch):
+    from nextstep.models import deep_gpcm as family
+
+    model = BayesGPCM(GPCMConfig(n_questions=30, n_cats=K, key_dim=8)).eval()
+    assert isinstance(model.for_serving(), family.TabulatedBayesGPCM)
+    monkeypatch.setattr(family, "TABLE_LIMIT", 30 * (K * 61 + 1 + K) - 1)  # one float short of the tables
     assert model.for_serving() is model

@@ -118,7 +118,7 @@ def test_the_fold_graph_is_valid_onnx_with_the_step_s_inputs_and_an_events_axis(
 
 
 def test_the_fold_graph_computes_what_reads_no_state_for_all_events_before_the_scan():
-    """deep_gpcm's step: of its 15 nodes, 11 read only the event (the question's slot weights and the response's
+    """deep_gpcm's step: of its 13 nodes, 9 read only the event (the question's slot weights and the response's
     log-likelihood on the grid, looked up in the export's tables); the registry's fold graph computes those for every
     event at once and scans the other 4 (the evidence added, shifted and floored), and it folds as it steps for
     several entities whose events differ (the tests above run this graph). The step graph whole in the Scan
@@ -131,7 +131,7 @@ def test_the_fold_graph_computes_what_reads_no_state_for_all_events_before_the_s
     source = (DEMO / "deep_gpcm" / "demo" / "step.onnx").read_bytes()
     parsed = _parsed(source, ["value_memory"], "fold/")
     hoisted, body, scanned = hoisting(parsed)
-    assert (len(hoisted), len(body)) == (11, 4) and scanned
+    assert (len(hoisted), len(body)) == (9, 4) and scanned
     probe = ort.InferenceSession(probe_model(source, scanned), providers=["CPUExecutionProvider"])
     types = {o.name: ELEMENT_TYPES[o.type] for o in probe.get_outputs()}
     proto, events, prefix = hoisted_fold_model(parsed, (hoisted, body, scanned), types)

@@ -122,20 +122,13 @@ def flattened(root, version: str, year: int) -> None:
     """deep_gpcm/<version>: the demo model with every question's P(k | theta) on the ability grid set to 1/4 (as a
     discrimination of 0 gives), so that it predicts every response with probability 1/4: the best forecast of learners
     who answer uniformly at random, as `learner_events`' do, where the demo model, confident, is worse on nearly every
-    event. (The export looks the item side up in tables: BayesGPCM.for_serving; the grid's are (questions, 61, 4)
-    probabilities and (questions x 4, 61) log-likelihoods.)"""
+    event. (The export looks the item side up in tables, BayesGPCM.for_serving: `model.log_lik`, log P(k | theta_g).)"""
     add_version(root, "deep_gpcm", version, year)
     for graph in ("predict", "step_predict"):
         path = root / "deep_gpcm" / version / f"{graph}.onnx"
         model = onnx.load(path)
-        tables = {3: 0.25, 2: math.log(0.25)}  # by rank: the probabilities, the log-likelihood rows
-        changed = 0
-        for table in model.graph.initializer:
-            dims = list(table.dims)
-            if (len(dims) == 3 and dims[1:] == [61, 4]) or (len(dims) == 2 and dims[1] == 61 and dims[0] % 4 == 0):
-                table.CopyFrom(numpy_helper.from_array(np.full(dims, tables[len(dims)], dtype=np.float32), table.name))
-                changed += 1
-        assert changed == (1 if graph == "predict" else 2)
+        (table,) = [t for t in model.graph.initializer if t.name == "model.log_lik"]
+        table.CopyFrom(numpy_helper.from_array(np.full(list(table.dims), math.log(0.25), dtype=np.float32), table.name))
         onnx.save(model, path)
 
 
