@@ -71,7 +71,9 @@ version = version + 1
 local first_row = 14 + 2 * tonumber(ARGV[12])
 local n_rows = tonumber(ARGV[first_row - 1])
 local first_fp = first_row + n_rows
-if n_rows > 0 then redis.call('RPUSH', KEYS[5], unpack(ARGV, first_row, first_fp - 1)) end
+for i = first_row, first_fp - 1, 4000 do  -- (Lua unpacks about 8,000 values at most)
+  redis.call('RPUSH', KEYS[5], unpack(ARGV, i, math.min(i + 3999, first_fp - 1)))
+end
 total = total + n_rows
 local base = tonumber(meta[2] or '0')
 if total - base > tonumber(ARGV[8]) then  -- past the count bound: the oldest go, down to keep_rows

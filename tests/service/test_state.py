@@ -290,6 +290,25 @@ def test_the_log_keeps_its_bounds(open_store: Opener) -> None:
     asyncio.run(body())
 
 
+def test_one_write_of_many_events_logs_every_one(open_store: Opener) -> None:
+    """A request may carry more events than Lua unpacks at once (about 8,000 values; NEXTSTEP_MAX_EVENTS can be raised
+    past it): every row is logged, in order, with every event id recorded."""
+    now = 1_800_000_000.0
+    n = 20_000
+
+    async def body() -> None:
+        async with open_store(log=LogBounds(max_rows=50_000), max_event_ids=50_000, clock=lambda: now) as store:
+            rows = [LogRow(now, i.to_bytes(3, "big")) for i in range(n)]
+            written = await store.compare_and_set(KEY, 0, b"x", n, [f"e{i}" for i in range(n)], rows=rows)
+            assert (written.total, written.events) == (n, n)
+            base, logged = await store.log(KEY)
+            assert base == 0 and logged == rows
+            _, seen = await store.read(KEY, ["e0", f"e{n - 1}", "other"])
+            assert seen == {"e0", f"e{n - 1}"}
+
+    asyncio.run(body())
+
+
 def test_scan_walks_every_key_of_a_prefix_once(open_store: Opener) -> None:
     """A walk from "0" to "0" in small pages returns each key under the prefix that has a state (of any schema) or a
     log, and nothing else: not another model's keys, not a prefix's look-alike, not a deleted key; glob characters in
