@@ -450,9 +450,9 @@ class TabulatedBayesGPCM(BayesGPCM):
             alpha, beta, item_lp = model._items(keys)  # (Q), (Q, K-1), (Q, G, K)
             tables = {"weights": model._address(keys), "items": torch.cat([alpha.unsqueeze(-1), beta], -1),
                       "log_lik": item_lp.transpose(1, 2).flatten(1)}
-        K, G = model.cfg.n_cats, model.cfg.grid_size
-        tables["grid_index"] = torch.arange(G)  # a response's segment of a row of log_lik: k * G + grid_index
-        tables["segments"] = torch.eye(K).repeat_interleave(G, 0)  # (K x G, K): sums each response's G terms
+        K, G, device = model.cfg.n_cats, model.cfg.grid_size, keys.device
+        tables["grid_index"] = torch.arange(G, device=device)  # response k's values in a row: k * G + grid_index
+        tables["segments"] = torch.eye(K, device=device).repeat_interleave(G, 0)  # (K x G, K): sums each k's G terms
         for name, table in tables.items():
             self.register_buffer(name, table.contiguous(), persistent=False)
         self.train(model.training)
