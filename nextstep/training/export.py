@@ -78,7 +78,7 @@ class Exporter:
 
     def __init__(self, model: StreamingModel):
         serving = getattr(model.eval(), "for_serving", None)  # a family's faster form of the same step and readout
-        self.model = (serving() if serving else model).eval()
+        self.model = serving() if serving else model  # (a serving form takes the model's mode: eval)
 
     # -- hooks --------------------------------------------------------------------------------------------
     def answer(self, state: State, *query_and_shared) -> dict[str, torch.Tensor]:

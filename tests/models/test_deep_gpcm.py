@@ -181,6 +181,8 @@ def test_predict_and_step_leave_the_given_state_alone(name):
 
 
 def test_every_parameter_gets_a_gradient(name):
+    if name.endswith("_served"):
+        pytest.skip("a served form trains no further: its forward and parameters are the model's, tested as such")
     model = make(name)
     model.train()
     q, r = sequences(4, 8, seed=5)
