@@ -561,8 +561,9 @@ async def _hget(url: str, model: str) -> bytes:
 
 def test_a_rollout_takes_effect_on_every_replica_at_one_moment(tmp_path, redis_url, serve):
     """Two replicas read alternately while a canary is put on one of them: no learner is answered by the candidate
-    and then by the serving version again (each sees 1 until the change's moment, then 2); once the PUT answers,
-    both replicas give the candidate to every learner in the fraction. The same for the abort."""
+    and then by the serving version again (each replica's reader sees 1 until the change's moment, then 2, and no
+    answer of 1 was asked for after an answer of 2 had come back from either replica); once the PUT answers, both
+    replicas give the candidate to every learner in the fraction. The same for the abort."""
     import threading
 
     add_version(tmp_path, "deep_gpcm", "1", 2026)
@@ -575,16 +576,22 @@ def test_a_rollout_takes_effect_on_every_replica_at_one_moment(tmp_path, redis_u
             httpx.Client(base_url=b_url, timeout=30) as b:
         assert b.put("/v1/models/deep_gpcm/rollout", json={"candidate": "1", "fraction": 0.0}).status_code == 200
         for step, (body, after) in enumerate((({"candidate": "1", "fraction": 0.5}, "1"), (None, "2"))):
-            seen: dict[str, list[str]] = {e: [] for e in canary}
+            # (replica -> learner -> (asked, answered, version) in the reader's order; the two readers' answers are
+            # ordered only by their times: one asked before the moment may come back after the other's reply)
+            seen: dict[str, dict[str, list[tuple[float, float, str]]]] = {u: {e: [] for e in canary}
+                                                                          for u in (a_url, b_url)}
             done = threading.Event()
 
-            def read(http: httpx.Client, seen: dict[str, list[str]], done: threading.Event) -> None:
+            def read(http: httpx.Client, seen: dict[str, list[tuple[float, float, str]]],
+                     done: threading.Event) -> None:
                 while not done.is_set():
                     for e in canary:
-                        seen[e].append(http.get(f"/v1/kt/deep_gpcm/students/{e}").json()["version"])
+                        asked = time.monotonic()
+                        version = http.get(f"/v1/kt/deep_gpcm/students/{e}").json()["version"]
+                        seen[e].append((asked, time.monotonic(), version))
                     time.sleep(0.01)  # (readers that leave the replicas' event loops some room)
 
-            readers = [threading.Thread(target=read, args=(httpx.Client(base_url=u), seen, done))
+            readers = [threading.Thread(target=read, args=(httpx.Client(base_url=u), seen[u], done))
                        for u in (a_url, b_url)]
             for t in readers:
                 t.start()
@@ -601,9 +608,15 @@ def test_a_rollout_takes_effect_on_every_replica_at_one_moment(tmp_path, redis_u
                 for t in readers:
                     t.join()
             before = "2" if after == "1" else "1"
-            for e, versions in seen.items():
-                flips = sum(x != y for x, y in zip(versions, versions[1:], strict=False))
-                assert versions[0] == before and versions[-1] == after and flips == 1, (step, e, versions)
+            for e in canary:
+                for u in (a_url, b_url):
+                    versions = [v for _, _, v in seen[u][e]]
+                    flips = sum(x != y for x, y in zip(versions, versions[1:], strict=False))
+                    assert versions[0] == before and versions[-1] == after and flips == 1, (step, u, e, versions)
+                answers = [r for u in (a_url, b_url) for r in seen[u][e]]
+                last_old_asked = max(asked for asked, _, v in answers if v == before)
+                first_new_back = min(back for _, back, v in answers if v == after)
+                assert last_old_asked < first_new_back, (step, e, last_old_asked, first_new_back)
 
 
 def test_the_rollout_routes_refuse_a_pin_and_quality_keeps_phases_apart(tmp_path, redis_url, serve):
