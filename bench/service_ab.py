@@ -1,8 +1,10 @@
 """Knowledge-tracing events (or session clicks) of two or more code trees, interleaved: each tree's own service and
 demo model, run side by side, and short wrk runs that alternate between them, so that this machine's slow and fast
-spells fall on every tree alike.
+spells fall on every tree alike. `--second-env` sets an environment variable for the second tree's service only: a tree against
+itself with one setting changed (`. . --task session --second-env NEXTSTEP_LIVE_QUALITY=false`).
 
     python bench/service_ab.py OLD_TREE NEW_TREE [...] [--rounds 20] [--duration 1] [--task kt|session]
+                               [--second-env NAME=VALUE ...]
 
 A tree is a checkout of this repository (`git worktree add /tmp/old 182efa6`); its service runs with the tree on
 PYTHONPATH and its bundled nextstep/demo_artifacts/deep_gpcm/demo, over a redis-server of its own
@@ -77,6 +79,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--duration", type=float, default=1.0, help="seconds per wrk run")
     parser.add_argument("--task", choices=sorted(EVENTS), default="kt")
+    parser.add_argument("--second-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the second tree's service only (a tree against itself "
+                             "with one setting changed)")
     args = parser.parse_args()
     procs = sl.Processes()
     with tempfile.TemporaryDirectory(prefix="service-ab-") as tmp:
@@ -93,7 +98,8 @@ def main() -> int:
                     art.parent.mkdir(parents=True)
                     art.symlink_to(tree.resolve() / "nextstep/demo_artifacts/gru4rec/demo", target_is_directory=True)
                 port, redis = sl.start_redis(procs, work)
-                with environment(PYTHONPATH=str(tree.resolve())):
+                second = dict(item.split("=", 1) for item in args.second_env) if n == 1 else {}
+                with environment(PYTHONPATH=str(tree.resolve()), **second):
                     base, service = sl.start_service(procs, work, root, port)
                 one, many = work / "c1.lua", work / "c32.lua"
                 if args.task == "kt":

@@ -174,7 +174,11 @@ class SessionRecommender(StatefulTask):
             unknown = len(to_apply) - len(fresh)
 
             async def answer(written: StoredState) -> dict:
-                if self.quality is not None and fresh:  # (once: the attempt that was written)
+                if self.quality is not None and len(fresh) == 1 and clicked_before:  # (once: the attempt written)
+                    role = self.role(model)  # (a session's first click is not ranked: no list came before it)
+                    self.quality.pend(model.name, (id(model), role), (before, fresh[0]),
+                                      functools.partial(self._score_each, model, role))
+                elif self.quality is not None and len(fresh) > 1:
                     self.quality.later(model.name, functools.partial(
                         self._score, model, before, clicked_before, fresh, self.role(model)))
                 self.shadow(model, session_id, written, len(fresh),
@@ -209,6 +213,18 @@ class SessionRecommender(StatefulTask):
         Run after the answer."""
         _, _, ranks = await self._fold_scored(model, state, clicked_before, fresh, None, keep_state=False)
         self.quality.record_ranks(model.name, model.version, ranks, role)
+
+    async def _score_each(self, model: LoadedModel, role: str, items: list[tuple[dict[str, np.ndarray], int]]
+                          ) -> None:
+        """Live quality of single clicks already answered (`Quality.pend`: one version's, in one role), together:
+        each (state before, clicked row) a row of one `recommend` call over every item, ranked as `_fold_scored`
+        ranks a first fresh click; recorded."""
+        feeds = {name: np.stack([state[name] for state, _ in items]) for name in items[0][0]}
+        feeds["exclude"] = np.zeros((len(items), 1), dtype=np.int64)
+        outs = await self.engines.run(model, "recommend", feeds, background=True)
+        rows, scores = outs[-2], outs[-1]
+        self.quality.record_ranks(model.name, model.version, [
+            _rank([rows[i:i + 1], scores[i:i + 1]], row) for i, (_, row) in enumerate(items)], role)
 
     async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], clicked_before: bool,
                            fresh: list[int], query: dict | None, keep_state: bool = True):

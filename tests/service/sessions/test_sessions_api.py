@@ -189,8 +189,9 @@ def test_batch_cost_is_bounded_per_session_and_in_all(rec_artifacts, serve):
 
 
 def test_live_quality_of_replayed_test_sessions_is_the_offline_protocols(rec_artifacts, store_url, serve):
-    """Issue 35, part 5 for sessions: every test session's clicks through POST /v1/sessions/{model}/events (two
-    requests each, a recommendation asked with seen items left out, as apps do); the live MRR and hit rates, scored on
+    """Issue 35, part 5 for sessions: every test session's clicks through POST /v1/sessions/{model}/events (its
+    first two in one request, then one a request: a click scored alone and many scored in one batch, issue 58; a
+    recommendation asked with seen items left out, as apps do); the live MRR and hit rates, scored on
     each click after a session's first against the list recommended before it, are `evaluate`'s mrr@20 and recall@k
     (one target's worth apart at most: ONNX Runtime against eager PyTorch may swap two items of equal score)."""
     from nextstep.training.next_item.run import evaluate_next_item
@@ -202,7 +203,7 @@ def test_live_quality_of_replayed_test_sessions_is_the_offline_protocols(rec_art
             httpx.Client(base_url=url, timeout=30) as http:
         for i, name in enumerate(test.session_ids):
             clicks = [{"item_id": str(test.items[j])} for j in range(test.offsets[i], test.offsets[i + 1])]
-            for part in (clicks[:2], clicks[2:]):
+            for part in [clicks[:2]] + [[c] for c in clicks[2:]]:  # (several clicks at once, then one at a time)
                 if part:
                     reply = http.post("/v1/sessions/gru4rec/events", json={
                         "session_id": f"test-{name}", "events": part, "recommend_k": 5, "unknown_items": "skip"})
