@@ -3,11 +3,12 @@ on PYTHONPATH, the in-process state store: no sockets, no Redis), batches of cal
 so that this machine's slow and fast spells fall on both alike. What it isolates is the service's own Python and
 ONNX Runtime work for a request.
 
-    python bench/route_ab.py OLD_TREE NEW_TREE [--task kt|srs] [--rounds 20] [--calls 300] [--artifact DIR]
+    python bench/route_ab.py OLD_TREE NEW_TREE [--task kt|session|srs] [--rounds 20] [--calls 300] [--artifact DIR]
                              [--second-env NAME=VALUE ...]
 
 kt: POST /v1/kt/deep_gpcm/events (one event, one prediction, 20 students in turn), each tree's bundled demo
-deep_gpcm. srs: POST /v1/srs/time_aware/predict (10 users of 300 reviews each over 100 cards, loaded first: full
+deep_gpcm. session: POST /v1/sessions/gru4rec/events (one click, recommend_k 20, 20 sessions in turn), each
+tree's bundled demo gru4rec. srs: POST /v1/srs/time_aware/predict (10 users of 300 reviews each over 100 cards, loaded first: full
 windows), one time-aware export for both trees: `--artifact` (an srs artifact directory), else one made here as
 bench/srs_load.py makes its own (window 64, card window 16, random weights). Prints the median over rounds of each
 worker's per-round median and CPU time per call (the process's, every thread: what a call leaves to the executor,
@@ -68,6 +69,13 @@ async def worker(task: str, artifacts: Path) -> None:
             def body(i: int) -> dict:
                 return {"student_id": f"s{i % 20}", "predict_question_ids": [vocab[(i + 1) % len(vocab)]],
                         "events": [{"question_id": vocab[i % len(vocab)], "response": i % 4, "event_id": f"e{i}"}]}
+        elif task == "session":
+            items = app.state.registry.get("gru4rec").ids
+            path = "/v1/sessions/gru4rec/events"
+
+            def body(i: int) -> dict:
+                return {"session_id": f"s{i % 20}", "events": [{"item_id": items[i * 13 % len(items)]}],
+                        "recommend_k": 20}
         else:
             now = time.time()
             for u in range(10):
@@ -93,9 +101,10 @@ async def worker(task: str, artifacts: Path) -> None:
 def artifacts_for(task: str, tree: Path, given: str | None, work: Path) -> Path:
     """An artifacts root holding the model the worker serves."""
     root = work / tree.name / "artifacts"
-    if task == "kt":
-        (root / "deep_gpcm").mkdir(parents=True)
-        (root / "deep_gpcm" / "demo").symlink_to(tree / "nextstep" / "demo_artifacts" / "deep_gpcm" / "demo")
+    if task in ("kt", "session"):
+        model = "deep_gpcm" if task == "kt" else "gru4rec"
+        (root / model).mkdir(parents=True)
+        (root / model / "demo").symlink_to(tree / "nextstep" / "demo_artifacts" / model / "demo")
         return root
     (root / "time_aware").mkdir(parents=True)
     (root / "time_aware" / "bench").symlink_to(Path(given).resolve())
@@ -105,7 +114,7 @@ def artifacts_for(task: str, tree: Path, given: str | None, work: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trees", nargs=2, type=Path)
-    parser.add_argument("--task", choices=("kt", "srs"), default="kt")
+    parser.add_argument("--task", choices=("kt", "session", "srs"), default="kt")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--calls", type=int, default=300, help="calls per worker per round")
     parser.add_argument("--artifact", help="srs: a time-aware artifact directory (default: export one here)")
