@@ -7,15 +7,15 @@ ONNX Runtime work for a request.
                              [--second-env NAME=VALUE ...]
 
 kt: POST /v1/kt/deep_gpcm/events (one event, one prediction, 20 students in turn), each tree's bundled demo
-deep_gpcm. session: POST /v1/sessions/gru4rec/events (one click, recommend_k 20, 20 sessions in turn), each
-tree's bundled demo gru4rec. srs: POST /v1/srs/time_aware/predict (10 users of 300 reviews each over 100 cards, loaded first: full
-windows), one time-aware export for both trees: `--artifact` (an srs artifact directory), else one made here as
-bench/srs_load.py makes its own (window 64, card window 16, random weights). Prints the median over rounds of each
-worker's per-round median and CPU time per call (the process's, every thread: what a call leaves to the executor,
-such as live quality's scoring, counts too), and the median of the per-round ratios (paired). The two workers are
-alike but not the same process: run the trees in both orders (or a tree against itself) to see how far the order
-alone moves it. `--second-env` sets an environment variable for the second worker only: a tree against itself with
-one setting changed (`. . --second-env NEXTSTEP_LIVE_QUALITY=false`).
+deep_gpcm. session: POST /v1/sessions/gru4rec/events (one click, recommend_k 20, 20 sessions in turn), each tree's
+bundled demo gru4rec. srs: POST /v1/srs/time_aware/predict (10 users of 300 reviews each over 100 cards, loaded
+first: full windows), one time-aware export for both trees: `--artifact` (an srs artifact directory), else one made
+here as bench/srs_load.py makes its own (window 64, card window 16, random weights). Prints the median over rounds
+of each worker's per-round median and CPU time per call (the process's, every thread: what a call leaves to the
+executor, such as live quality's scoring, counts too), and the median of the per-round ratios (paired). The two
+workers are alike but not the same process: run the trees in both orders (or a tree against itself) to see how far
+the order alone moves it. `--second-env` sets an environment variable for the second worker only: a tree against
+itself with one setting changed (`. . --second-env NEXTSTEP_LIVE_QUALITY=false`).
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Knowledge-tracing events (or session clicks) of two or more code trees, interleaved: each tree's own service and
 demo model, run side by side, and short wrk runs that alternate between them, so that this machine's slow and fast
-spells fall on every tree alike. `--second-env` sets an environment variable for the second tree's service only: a tree against
-itself with one setting changed (`. . --task session --second-env NEXTSTEP_LIVE_QUALITY=false`).
+spells fall on every tree alike. `--second-env` sets an environment variable for the second tree's service only: a
+tree against itself with one setting changed (`. . --task session --second-env NEXTSTEP_LIVE_QUALITY=false`).
 
     python bench/service_ab.py OLD_TREE NEW_TREE [...] [--rounds 20] [--duration 1] [--task kt|session]
                                [--second-env NAME=VALUE ...]
@@ -11,11 +11,12 @@ PYTHONPATH and its bundled nextstep/demo_artifacts/deep_gpcm/demo, over a redis-
 (bench/service_load.py's machinery: one worker, no persistence, no keys). After 2 s of warm-up each, every round
 runs, per tree (the order reversed every other round), POST /v1/kt/deep_gpcm/events (one event, one prediction) at 1
 connection, then at 32; with --task session, POST /v1/sessions/gru4rec/events (one click, recommend_k 20) on the
-tree's demo gru4rec, sessions new to each run. Prints per tree the median over rounds of the 1-connection p50, of req/s at 32 connections
-and of the CPU time a request took at 32 connections (the service's process, every thread, plus its redis-server's),
-and for each tree after the first its ratios to the first: of the medians, and the median of the per-round ratios
-(paired: the runs of one round are seconds apart). The CPU a request takes moves less with the machine's spells than
-its wall-clock figures do: when they disagree, a throughput gap that the CPU does not show is the machine's.
+tree's demo gru4rec, sessions new to each run. Prints per tree the median over rounds of the 1-connection p50, of
+req/s at 32 connections and of the CPU time a request took at 32 connections (the service's process, every thread,
+plus its redis-server's), and for each tree after the first its ratios to the first: of the medians, and the median
+of the per-round ratios (paired: the runs of one round are seconds apart). The CPU a request takes moves less with
+the machine's spells than its wall-clock figures do: when they disagree, a throughput gap that the CPU does not show
+is the machine's.
 """
 
 import argparse
