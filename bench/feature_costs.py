@@ -35,6 +35,7 @@ from service_load import (
     BenchError,
     artifact_vocab,
     events_lua,
+    no_errors,
     run_in_tempdir,
     run_wrk,
     start_redis,
@@ -81,8 +82,8 @@ def run(args, work: Path, procs) -> int:
                 raise BenchError(f"rollout {rollout}: {answer.status_code} {answer.text}")
             url = f"{base}/v1/kt/{MODEL}/events"
             run_wrk(url, scripts["cN"], 2, args.connections, 1.0)  # warm-up
-            single = run_wrk(url, scripts["c1"], 1, 1, args.duration)
-            loaded = run_wrk(url, scripts["cN"], 2, args.connections, args.duration, pids[quality])
+            single = no_errors(run_wrk(url, scripts["c1"], 1, 1, args.duration))
+            loaded = no_errors(run_wrk(url, scripts["cN"], 2, args.connections, args.duration, pids[quality]))
             cpu = loaded["cpu_ms_per_request"]
             row = {"config": config, "p50_ms": single["p50_us"] / 1000, "rps": loaded["rps"],
                    "cpu_ms": cpu["service"] + cpu["redis"]}

@@ -119,8 +119,9 @@ def main() -> int:
                 order = range(len(served)) if r % 2 == 0 else reversed(range(len(served)))
                 for n in order:
                     base, one, many, pids = served[n]
-                    p50[n].append(sl.run_wrk(base + EVENTS[args.task], one, 1, 1, args.duration)["p50_us"])
-                    loaded = sl.run_wrk(base + EVENTS[args.task], many, 2, 32, args.duration, pids)
+                    single = sl.no_errors(sl.run_wrk(base + EVENTS[args.task], one, 1, 1, args.duration))
+                    loaded = sl.no_errors(sl.run_wrk(base + EVENTS[args.task], many, 2, 32, args.duration, pids))
+                    p50[n].append(single["p50_us"])
                     rps[n].append(loaded["rps"])
                     cpu[n].append(loaded["cpu_ms_per_request"]["service"] + loaded["cpu_ms_per_request"]["redis"])
                     print(f"round {r + 1} {str(args.trees[n]):30s} p50 {p50[n][-1]:6.0f} us   {rps[n][-1]:6.0f} req/s"

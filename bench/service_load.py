@@ -371,6 +371,15 @@ def run_wrk(url: str, script: Path, threads: int, connections: int, duration: fl
     return res
 
 
+def no_errors(res: dict) -> dict:
+    """`res` (a run_wrk result) when every request was answered with a 2xx; else BenchError: a refused request is no
+    measure of the route (for the benches that compare figures rather than print each run)."""
+    if res["errors"]:
+        raise BenchError(f"{res['errors']} errors or non-2xx answers (non-2xx {res['status_errors']}) in "
+                         f"`{res['command']}`:\n{res['wrk_output']}")
+    return res
+
+
 def metrics_snapshot(base: str) -> dict[tuple, float]:
     """The service's Prometheus counters and histogram sums/counts, keyed by (sample name, labels)."""
     import httpx
