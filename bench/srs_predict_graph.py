@@ -9,6 +9,7 @@ service's session options (one intra-op thread, every graph optimisation): batch
     python bench/srs_predict_graph.py [--card-windows 1 4 16] [--sizes '{"d_model": 16, ...}'] [--calls 500]
                                       [--rounds 2]
     python bench/srs_predict_graph.py --compare OLD NEW [--calls 500] [--rounds 6]
+    python bench/srs_predict_graph.py --node-floor [--calls 500]
 
 Default sizes: the bundled demo's (window 32, d_model 16, one layer). Prints nodes and median microseconds per
 card window, of `predict` and of its twin `predict_memory`, which takes the card's FSRS-6 memory as an input (the
@@ -19,6 +20,9 @@ review of the card (a straight line through the first and last). About a minute 
 version of the exporter, say) instead: `predict`, `predict_memory` and `schedule` (retention 0.9) of each, on the
 same feeds, the two alternating within each round (which goes first alternates too); prints nodes, each round's
 median and the median of the NEW/OLD ratios.
+
+`--node-floor` times chains of 1, 300 and 600 elementwise nodes on a (1, 64) tensor: what a node costs when its work
+is nothing, so how much of a graph's time its node count alone sets.
 """
 
 from __future__ import annotations
@@ -114,10 +118,43 @@ def compare(old: Path, new: Path, calls: int, rounds: int) -> None:
               f"new/old {ratio:.3f}", flush=True)
 
 
+def node_floor(calls: int, rounds: int) -> None:
+    """What a node costs ONNX Runtime when its work is nothing: chains of 1, 300 and 600 elementwise nodes (Add, Mul,
+    Sub by turns, a constant operand) on a (1, 64) float32, the service's session options but no graph optimisation
+    (nothing to fold away), alternating; the slope per node, the floor under a graph of that many nodes."""
+    import onnx.helper as oh
+
+    def chain(n: int) -> bytes:
+        nodes, prev = [], "x"
+        for i in range(n):
+            nodes.append(oh.make_node(("Add", "Mul", "Sub")[i % 3], [prev, "c"], [f"y{i}"]))
+            prev = f"y{i}"
+        graph = oh.make_graph(nodes, "chain", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+                              [oh.make_tensor_value_info(prev, onnx.TensorProto.FLOAT, [1, 64])],
+                              [onnx.numpy_helper.from_array(np.full(64, 1.0001, np.float32), "c")])
+        return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]).SerializeToString()
+
+    options = session_options(1)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sessions = {n: ort.InferenceSession(chain(n), options, providers=["CPUExecutionProvider"]) for n in (1, 300, 600)}
+    feed = {"x": np.ones((1, 64), np.float32)}
+    runs = {n: [] for n in sessions}
+    for r in range(rounds):
+        for n in (sorted(sessions) if r % 2 == 0 else sorted(sessions, reverse=True)):
+            runs[n].append(median_us(sessions[n], feed, calls))
+    median = {n: statistics.median(x) for n, x in runs.items()}
+    for n, x in runs.items():
+        print(f"{n:4d} nodes: median {', '.join(f'{v:.1f}' for v in x)} us")
+    print(f"per node: {(median[600] - median[1]) / 599:.3f} us (the floor of a 600-node graph: "
+          f"{median[600] - median[1]:.0f} us beyond one call)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"),
                         help="time two exports of one model instead (artifact directories)")
+    parser.add_argument("--node-floor", action="store_true",
+                        help="what a node costs ONNX Runtime when its work is nothing (chains of 1 to 600 nodes)")
     parser.add_argument("--card-windows", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--sizes", type=json.loads, default=DEMO_SIZES, help="TimeAwareConfig fields, as JSON")
     parser.add_argument("--calls", type=int, default=500)
@@ -128,6 +165,8 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.compare:
         return compare(*args.compare, args.calls, args.rounds)
+    if args.node_floor:
+        return node_floor(args.calls, max(args.rounds, 4))
     graphs = {}
     with tempfile.TemporaryDirectory(prefix="srs-predict-graph-") as tmp:
         for c in args.card_windows:
