@@ -60,10 +60,12 @@ local POOL = $pool
 local PATH = "/v1/sessions/$model/$route"
 local HEADERS = {["Content-Type"] = "application/json"}
 local CLICK = $click
+local FRESH = $fresh  -- new sessions each run (ids named by run_wrk's run id, args[1]), not the opened ones
 local n = 0
 $threads
 function init(args)
   tid = tid or 0
+  prefix = FRESH and ("ab-" .. (args[1] or "") .. "-t" .. tid .. "-") or "bench-"
 end
 function request()
   n = n + 1
@@ -71,13 +73,27 @@ function request()
   local body
   if CLICK then
     local it = ITEMS[(n * 13 + tid * 17) % NI + 1]
-    body = '{"session_id":"bench-' .. s .. '","events":[{"item_id":' .. it .. '}],"recommend_k":$k}'
+    body = '{"session_id":"' .. prefix .. s .. '","events":[{"item_id":' .. it .. '}],"recommend_k":$k}'
   else
-    body = '{"session_id":"bench-' .. s .. '","k":$k}'
+    body = '{"session_id":"' .. prefix .. s .. '","k":$k}'
   end
   return wrk.format("POST", PATH, HEADERS, body)
 end
 """)
+
+def artifact_items(art: Path) -> list[str]:
+    """A next-item artifact's item ids, as strings."""
+    manifest = json.loads((art / "manifest.json").read_text())
+    return [str(i) for i in json.loads((art / manifest["vocabularies"]["items"]).read_text())["ids"]]
+
+
+def clicks_lua(items: list[str], pool: int, *, route: str = "events", click: bool = True, fresh: bool = False) -> str:
+    """wrk script: POST /v1/sessions/gru4rec/{route}, one click and a top K (or, click False, a recommendation) a
+    request, over `pool` sessions per wrk thread: those opened beforehand ("bench-<n>"), or new ones each run."""
+    return LUA.substitute(items=",\n  ".join(lua_string(json.dumps(i)) for i in items), pool=pool, model=MODEL,
+                          route=route, click=str(click).lower(), fresh=str(fresh).lower(), k=K,
+                          threads=LUA_THREADS) + LUA_DONE
+
 
 HEALTHZ = """\
 function request() return wrk.format("GET", "/healthz") end
@@ -107,8 +123,7 @@ def run(args, work: Path, procs: Processes) -> int:
         done = subprocess.run([sys.executable, "-c", TRAIN, args.data, str(art)], capture_output=True, text=True)
         if done.returncode:
             raise BenchError(f"training failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    manifest = json.loads((art / "manifest.json").read_text())
-    items = [str(i) for i in json.loads((art / manifest["vocabularies"]["items"]).read_text())["ids"]]
+    items = artifact_items(art)
     redis_port, redis_proc = start_redis(procs, work)
     base, service = start_service(procs, work, artifacts, redis_port)
     pids = {"service": service.pid, "redis": redis_proc.pid}
@@ -122,11 +137,9 @@ def run(args, work: Path, procs: Processes) -> int:
     results = {"machine": machine_info(), "catalogue": len(items), "k": K, "sessions": args.sessions,
                "artifact": str(args.artifact or "trained here, 1 epoch"), "runs": {}}
     scripts = {}
-    for name, route, click in (("recommend", "recommend", "false"), ("click + recommend", "events", "true")):
+    for name, route, click in (("recommend", "recommend", False), ("click + recommend", "events", True)):
         path = work / f"{route}.lua"
-        path.write_text(LUA.substitute(items=",\n  ".join(lua_string(json.dumps(i)) for i in items),
-                                       pool=args.sessions, model=MODEL, route=route, click=click, k=K,
-                                       threads=LUA_THREADS) + LUA_DONE)
+        path.write_text(clicks_lua(items, args.sessions, route=route, click=click))
         scripts[name] = path
     (work / "healthz.lua").write_text(HEALTHZ + LUA_DONE)
     scripts["healthz"] = work / "healthz.lua"

@@ -224,7 +224,7 @@ class SessionRecommender(StatefulTask):
         outs = await self.engines.run(model, "recommend", feeds, background=True)
         rows, scores = outs[-2], outs[-1]
         self.quality.record_ranks(model.name, model.version, [
-            _rank([rows[i:i + 1], scores[i:i + 1]], row) for i, (_, row) in enumerate(items)], role)
+            _rank(rows[i], scores[i], row) for i, (_, row) in enumerate(items)], role)
 
     async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], clicked_before: bool,
                            fresh: list[int], query: dict | None, keep_state: bool = True):
@@ -240,8 +240,8 @@ class SessionRecommender(StatefulTask):
         n_state = len(model.state_spec)
         ranks = []
         if clicked_before:
-            ranks.append(_rank(await self.engines.run(model, "recommend", {**batched(state), **everything},
-                                                      background=True), fresh[0]))
+            outs = await self.engines.run(model, "recommend", {**batched(state), **everything}, background=True)
+            ranks.append(_rank(outs[-2][0], outs[-1][0], fresh[0]))
         outputs = None
         for j, row in enumerate(fresh):
             feeds = {**batched(state), "item": np.array([row], dtype=np.int64)}
@@ -256,7 +256,7 @@ class SessionRecommender(StatefulTask):
                 if last:
                     outputs = outs
                 else:
-                    ranks.append(_rank(outs, fresh[j + 1]))
+                    ranks.append(_rank(outs[-2][0], outs[-1][0], fresh[j + 1]))
             state = {spec["name"]: o[0] for spec, o in zip(model.state_spec, outs[:n_state], strict=True)}
         return state, outputs, ranks
 
@@ -395,10 +395,10 @@ class SessionRecommender(StatefulTask):
         return {"model": model.name, "version": model.version, "sessions": results}
 
 
-def _rank(outs: list, row: int) -> float:
-    """The 1-based rank of model row `row` in a recommend graph's list (rows and scores its last two outputs, best
-    first), ties counted against the model (every listed item scored at least as high); inf when not listed."""
-    rows, scores = outs[-2][0], outs[-1][0]
+def _rank(rows: np.ndarray, scores: np.ndarray, row: int) -> float:
+    """The 1-based rank of model row `row` in one list of a recommend graph (its rows and scores, the graph's last two
+    outputs, best first), ties counted against the model (every listed item scored at least as high); inf when not
+    listed."""
     at = np.flatnonzero(rows == row)
     if not len(at) or scores[at[0]] == -np.inf:
         return math.inf
