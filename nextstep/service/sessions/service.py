@@ -17,7 +17,6 @@ yet is cold: if a cold-start model is configured (e.g. `popularity`), it answers
 """
 
 import functools
-import math
 import time
 from dataclasses import dataclass
 
@@ -222,9 +221,8 @@ class SessionRecommender(StatefulTask):
         feeds = {name: np.stack([state[name] for state, _ in items]) for name in items[0][0]}
         feeds["exclude"] = np.zeros((len(items), 1), dtype=np.int64)
         outs = await self.engines.run(model, "recommend", feeds, background=True)
-        rows, scores = outs[-2], outs[-1]
-        self.quality.record_ranks(model.name, model.version, [
-            _rank(rows[i], scores[i], row) for i, (_, row) in enumerate(items)], role)
+        ranks = _ranks(outs[-2], outs[-1], np.array([row for _, row in items]))
+        self.quality.record_ranks(model.name, model.version, ranks.tolist(), role)
 
     async def _fold_scored(self, model: LoadedModel, state: dict[str, np.ndarray], clicked_before: bool,
                            fresh: list[int], query: dict | None, keep_state: bool = True):
@@ -399,10 +397,16 @@ def _rank(rows: np.ndarray, scores: np.ndarray, row: int) -> float:
     """The 1-based rank of model row `row` in one list of a recommend graph (its rows and scores, the graph's last two
     outputs, best first), ties counted against the model (every listed item scored at least as high); inf when not
     listed."""
-    at = np.flatnonzero(rows == row)
-    if not len(at) or scores[at[0]] == -np.inf:
-        return math.inf
-    return float((scores >= scores[at[0]]).sum())
+    return float(_ranks(rows[None], scores[None], np.array([row]))[0])
+
+
+def _ranks(rows: np.ndarray, scores: np.ndarray, clicked: np.ndarray) -> np.ndarray:
+    """`_rank` of clicked[i] in each list i (rows and scores (B, K)), at once: (B,) float64."""
+    at = rows == clicked[:, None]
+    first = at.argmax(1)
+    score = np.take_along_axis(scores, first[:, None], 1)
+    listed = at.any(1) & (score[:, 0] != -np.inf)
+    return np.where(listed, (scores >= score).sum(1), np.inf).astype(np.float64)
 
 
 def _remember_all(seen: np.ndarray, rows: list[int]) -> np.ndarray:

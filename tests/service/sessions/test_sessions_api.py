@@ -234,3 +234,25 @@ def test_remembering_a_whole_log_at_once_equals_remembering_it_click_by_click():
         for row in rows:
             want = _remember(want, row)
         assert np.array_equal(_remember_all(seen, rows), want)
+
+
+def test_ranks_of_many_lists_at_once_are_each_lists_rank():
+    """Live quality ranks pended clicks in one pass over their lists (`_ranks`): each the 1-based rank of the clicked
+    row in its own list, ties counted against the model, inf when the row is not listed or listed at -inf."""
+    from nextstep.service.sessions.service import _rank, _ranks
+
+    def by_hand(rows, scores, row):
+        where = [j for j, r in enumerate(rows.tolist()) if r == row]
+        if not where or scores[where[0]] == -np.inf:
+            return np.inf
+        return float(sum(s >= scores[where[0]] for s in scores.tolist()))
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n, k = int(rng.integers(1, 70)), int(rng.integers(1, 30))
+        rows = np.stack([rng.permutation(50)[:k] for _ in range(n)])
+        scores = -np.sort(-rng.choice([0.5, 1.0, 2.0, -np.inf], (n, k)), 1)  # best first, with ties and -inf
+        clicked = rng.integers(0, 50, n)
+        want = [by_hand(rows[i], scores[i], clicked[i]) for i in range(n)]
+        assert _ranks(rows, scores, clicked).tolist() == want
+        assert [_rank(rows[i], scores[i], clicked[i]) for i in range(n)] == want
